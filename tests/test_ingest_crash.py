@@ -83,3 +83,45 @@ async def test_sigkill_during_burst_loses_no_acknowledged_event(
     assert missing == []
     # Rows committed but never acknowledged are allowed (Meta redelivers; dedup absorbs them).
     assert len(stored) >= len(acked)
+
+
+async def test_sigterm_drains_pending_batches(db_dsn: str, pool: asyncpg.Pool) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = spawn(
+        ["serve"],
+        {
+            "DATABASE_URL": db_dsn,
+            "GATEWAY_PORT": str(port),
+            "GATEWAY_META_APP_SECRETS": META_SECRET,
+            "GATEWAY_RUN_CONSUMERS": "false",
+            "GATEWAY_RUN_SENDER": "false",
+            # Rows sit in the batch buffer when SIGTERM arrives.
+            "GATEWAY_COMMIT_WINDOW_MS": "500",
+        },
+    )
+    try:
+        await wait_healthy(base, proc)
+        bodies = [meta_bytes(message_payload(f"wamid.term{i:03d}")) for i in range(50)]
+        async with aiohttp.ClientSession() as http:
+
+            async def one(body: bytes) -> int:
+                async with http.post(
+                    f"{base}/webhooks/meta",
+                    data=body,
+                    headers={"X-Hub-Signature-256": sign_meta(body, META_SECRET)},
+                ) as r:
+                    return r.status
+
+            tasks = [asyncio.create_task(one(b)) for b in bodies]
+            await asyncio.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            statuses = await asyncio.gather(*tasks)
+        assert statuses == [200] * 50
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stored = {r["body"] for r in await pool.fetch("SELECT body FROM webhook_inbox")}
+    assert stored == set(bodies)
