@@ -33,8 +33,13 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
 
 async def _committer(app: web.Application) -> AsyncIterator[None]:
     s = app[SETTINGS]
+    assert s.database_url
+    # The ack path gets its own connections: busy consumers or senders can't starve it.
+    pool = await create_pool(
+        s.database_url, 1, s.commit_max_inflight, timeout=s.db_connect_timeout_s, stateless=True
+    )
     committer = GroupCommitter(
-        app[POOL],
+        pool,
         window_s=s.commit_window_ms / 1000,
         max_batch=s.commit_max_batch,
         max_inflight=s.commit_max_inflight,
@@ -43,6 +48,7 @@ async def _committer(app: web.Application) -> AsyncIterator[None]:
     app[COMMITTER] = committer
     yield
     await committer.close()
+    await pool.close()
 
 
 def build_app(settings: Settings, *, workers: bool = True) -> web.Application:

@@ -27,7 +27,13 @@ async def init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(typ, encoder=_dumps, decoder=orjson.loads, schema="pg_catalog")
 
 
-async def create_pool(dsn: str, min_size: int = 2, max_size: int = 10, timeout: float = 5.0) -> Pool:
+async def _no_reset(conn: asyncpg.Connection) -> None:
+    """Skip the RESET ALL round trip on release: for pools whose users never change session state."""
+
+
+async def create_pool(
+    dsn: str, min_size: int = 2, max_size: int = 10, timeout: float = 5.0, *, stateless: bool = False
+) -> Pool:
     pool = await asyncpg.create_pool(
         dsn,
         min_size=min_size,
@@ -35,6 +41,7 @@ async def create_pool(dsn: str, min_size: int = 2, max_size: int = 10, timeout: 
         init=init_connection,
         timeout=timeout,
         command_timeout=60,
+        reset=_no_reset if stateless else None,
     )
     assert pool is not None
     return pool

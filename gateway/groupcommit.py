@@ -60,6 +60,11 @@ class GroupCommitter:
         self._sql = q("insert_inbox_batch")
         self.batches_written = 0
 
+    @property
+    def pending(self) -> int:
+        """Rows waiting for a batch to be cut."""
+        return len(self._pending)
+
     def stage(self, source: str, body: bytes, delivery_id: str | None = None) -> asyncio.Future[int]:
         """Queue one row; the future resolves to its id after COMMIT, or raises Unavailable."""
         if self._closed:

