@@ -122,28 +122,28 @@ class PayloadFactory:
 
     def _meta_delivery(self, payload: dict[str, Any], kind: str, good: bool = True) -> Delivery:
         body = meta_json(payload)
-        msgs: list[str] = []
-        statuses: list[str] = []
+        keys: list[str] = []
         for entry in payload["entry"]:
             for change in entry["changes"]:
                 value = change["value"]
-                msgs += [f"msg:{m['id']}" for m in value.get("messages", [])]
-                statuses += [
+                keys += [f"msg:{m['id']}" for m in value.get("messages", [])]
+                keys += [
                     f"status:{s['id']}:{s['status']}:{s.get('recipient_participant_id', '')}"
                     for s in value.get("statuses", [])
                 ]
+        msgs = [k for k in keys if k.startswith("msg:")]
+        statuses = [k for k in keys if k.startswith("status:")]
         secret = self.secrets.meta if good else self.secrets.meta + "-wrong"
         headers = (
             ("Content-Type", "application/json"),
             ("X-Hub-Signature-256", sign_meta(body, secret)),
         )
-        keys = tuple(msgs + statuses)
         return Delivery(
             "meta",
             META_PATH,
             body,
             headers,
-            keys if good else (),
+            tuple(keys) if good else (),
             tuple(k[4:] for k in msgs) if good else (),
             tuple(statuses) if good else (),
             good,

@@ -1,0 +1,35 @@
+"""A short self-contained run: `python -m loadtest run` starts `gateway serve` (and the fake
+provider when it exists), drives it, verifies the database and writes its report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_self_contained_run_passes(db_dsn: str, tmp_path: Path) -> None:
+    argv = [
+        sys.executable, "-m", "loadtest", "run",
+        "--database-url", db_dsn,
+        "--rate", "40", "--duration", "3",
+        "--immediate", "0.1", "--delayed", "0.1", "--delay-s", "1", "--concurrent", "0.1",
+        "--bad-signature", "0.1",
+        "--drain-timeout", "30",
+        "--results", str(tmp_path), "--name", "e2e", "--quiet",
+    ]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS" in proc.stdout
+    (result_file,) = tmp_path.glob("e2e-*.json")
+    result = json.loads(result_file.read_text())
+    s = result["summary"]
+    assert s["sent"] == 120 and s["answered"] == 120 and s["errors"] == {}
+    assert result["verification"]["ok"]
+    kinds = result["sent_by_kind"]
+    assert kinds["bad_signature"] > 0 and kinds["immediate"] > 0 and kinds["concurrent"] > 0
+    assert any(x.get("rss_mb", 0) > 0 for x in result["samples"])
+    (page,) = tmp_path.glob("e2e-*.html")
+    html = page.read_text()
+    assert "<svg" in html and "<script" not in html

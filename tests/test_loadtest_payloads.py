@@ -1,0 +1,154 @@
+"""The load test's payload factory: keys by the consumers' rules, Meta's escaping, and signatures
+that the real gateway accepts (and rejects when they are wrong)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import asyncpg
+import pytest
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestServer
+
+from loadtest.httpclient import Pool
+from loadtest.payloads import Delivery, PayloadFactory, Secrets
+from loadtest.scenarios import SCENARIOS, Scenario, WebhookUser, task
+from tests.conftest import META_SECRET, TENASHI_SECRET
+
+SECRETS = Secrets(meta=META_SECRET, tenashi=TENASHI_SECRET)
+
+KINDS: dict[str, Callable[[PayloadFactory], Delivery]] = {
+    **{
+        f"inbound_{t}": (lambda t: lambda f: f.inbound(t))(t)
+        for t in (
+            "text", "image", "document", "audio", "sticker", "location",
+            "contacts", "interactive", "button", "reaction",
+        )
+    },
+    "status_sent": lambda f: f.status("sent"),
+    "status_delivered": lambda f: f.status("delivered"),
+    "status_read": lambda f: f.status("read"),
+    "status_failed": lambda f: f.status("failed"),
+    "group_status": lambda f: f.group_status(participants=4),
+    "batched": lambda f: f.batched(entries=3, changes=2),
+    "tenashi_status": lambda f: f.tenashi("message.status"),
+    "tenashi_received": lambda f: f.tenashi("message.received"),
+    "tenashi_other": lambda f: f.tenashi("number.updated"),
+}  # fmt: skip
+
+
+def keys_by_rules(d: Delivery) -> list[str]:
+    """The key rules of HELPERS.md / the consumers, applied independently to the body."""
+    doc = json.loads(d.body)
+    if d.source == "tenashi":
+        return [f"evt:{doc['id']}"]
+    keys = []
+    for entry in doc["entry"]:
+        for change in entry["changes"]:
+            v = change["value"]
+            keys += [f"msg:{m['id']}" for m in v.get("messages", [])]
+            keys += [
+                f"status:{s['id']}:{s['status']}:{s.get('recipient_participant_id', '')}"
+                for s in v.get("statuses", [])
+            ]
+    return keys
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_keys_follow_the_rules(kind: str) -> None:
+    d = KINDS[kind](PayloadFactory(SECRETS, seed=3, run_tag="t1"))
+    assert list(d.keys) == keys_by_rules(d)
+    assert d.keys, "every kind carries at least one event"
+    assert d.wire.endswith(d.body) and d.wire.startswith(f"POST {d.path} HTTP/1.1\r\n".encode())
+    if d.source == "meta":
+        assert d.body.isascii()  # Meta escapes non-ASCII as \uXXXX
+        assert b"/" not in d.body.replace(b"\\/", b"")  # and '/' as \/
+        assert set(d.msg_wamids) == {k[4:] for k in d.keys if k.startswith("msg:")}
+        assert set(d.status_keys) == {k for k in d.keys if k.startswith("status:")}
+    else:
+        assert dict(d.headers)["X-Tenashi-Delivery"] == d.keys[0][4:]
+
+
+def test_group_status_has_one_key_per_participant() -> None:
+    d = PayloadFactory(SECRETS).group_status(participants=4)
+    parts = [k.rsplit(":", 1)[1] for k in d.keys]
+    assert len(set(parts)) == 4 and all(parts)
+    assert len({k.split(":")[1] for k in d.keys}) == 1  # one message, one status type
+
+
+def test_seed_replays_and_run_tag_separates() -> None:
+    def bodies(seed: int, tag: str) -> list[bytes]:
+        f = PayloadFactory(SECRETS, seed, tag)
+        sc = Scenario(SCENARIOS["mixed"], f)
+        return [sc.next().body for _ in range(50)]
+
+    assert bodies(7, "a") == bodies(7, "a")
+    a, b = bodies(7, "a"), bodies(7, "b")
+    assert not set(a) & set(b)
+
+
+def test_bad_signature_keeps_bytes_and_drops_keys() -> None:
+    f = PayloadFactory(SECRETS)
+    for d in (f.inbound("text"), f.tenashi("message.status")):
+        bad = f.with_bad_signature(d)
+        assert bad.body == d.body and bad.keys == () and not bad.signed_ok
+        assert bad.headers != d.headers
+
+
+def test_scenario_picks_users_and_tasks_by_weight() -> None:
+    class A(WebhookUser):
+        weight = 3
+
+        @task(1)
+        def one(self) -> Delivery:
+            return self.f.inbound("text")
+
+        @task(3)
+        def three(self) -> Delivery:
+            return self.f.status("read")
+
+    class B(WebhookUser):
+        weight = 1
+
+        @task(1)
+        def tn(self) -> Delivery:
+            return self.f.tenashi("message.status")
+
+    sc = Scenario([A, B], PayloadFactory(SECRETS, seed=5))
+    kinds = [sc.next().kind for _ in range(4000)]
+    share = {k: kinds.count(k) / len(kinds) for k in set(kinds)}
+    # Expected: A 3/4 split 1:3 -> text 3/16, read 9/16; B 1/4.
+    assert share["inbound_text"] == pytest.approx(3 / 16, abs=0.03)
+    assert share["status_read"] == pytest.approx(9 / 16, abs=0.03)
+    assert share["tenashi_message.status"] == pytest.approx(1 / 4, abs=0.03)
+
+
+async def test_gateway_accepts_every_kind_and_rejects_bad_signatures(
+    gateway: TestServer, http: ClientSession, pool: asyncpg.Pool
+) -> None:
+    f = PayloadFactory(SECRETS, seed=11, run_tag="gw")
+    good = [KINDS[k](f) for k in sorted(KINDS)]
+    for d in good:
+        async with http.post(gateway.make_url(d.path), data=d.body, headers=dict(d.headers)) as r:
+            assert r.status == 200, (d.kind, await r.text())
+    bad = [f.with_bad_signature(KINDS[k](f)) for k in ("inbound_text", "tenashi_status")]
+    for d in bad:
+        async with http.post(gateway.make_url(d.path), data=d.body, headers=dict(d.headers)) as r:
+            assert r.status == 401
+    stored = [r["body"] for r in await pool.fetch("SELECT body FROM webhook_inbox ORDER BY id")]
+    assert stored == [d.body for d in good]  # byte for byte, nothing from the bad ones
+
+
+async def test_raw_client_speaks_to_the_gateway(gateway: TestServer, pool: asyncpg.Pool) -> None:
+    f = PayloadFactory(SECRETS, seed=12, run_tag="raw")
+    ds = [f.inbound("text") for _ in range(20)] + [f.with_bad_signature(f.status())]
+    client = Pool("127.0.0.1", gateway.port, max_connections=4)
+    try:
+        import asyncio
+
+        statuses = await asyncio.gather(*(client.request(d.wire) for d in ds))
+    finally:
+        client.close()
+    assert statuses == [200] * 20 + [401]
+    assert await pool.fetchval("SELECT count(*) FROM webhook_inbox") == 20
