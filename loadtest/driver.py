@@ -153,6 +153,7 @@ class ClosedResult:
     count: int
     outcomes: dict[str, int]
     generator_cpu: float
+    first_error: str = ""
 
 
 async def run_closed(
@@ -173,9 +174,10 @@ async def run_closed(
     good = 0
     outcomes: dict[str, int] = {}
     cpu: _Cpu | None = None
+    first_error = ""
 
     async def worker() -> None:
-        nonlocal good
+        nonlocal good, first_error
         while loop.time() < stop_at:
             wire, signed_ok = wires[next(counter) % n]
             status: int | None = None
@@ -184,6 +186,9 @@ async def run_closed(
                 status = await pool.request(wire)
             except HttpError as exc:
                 error = exc.kind
+                first_error = first_error or f"{exc} ({exc.__cause__!r})"
+                if exc.kind == "connect":
+                    await asyncio.sleep(0.01)  # don't spin on a server that is gone
             if loop.time() >= measure_from and loop.time() < stop_at:
                 outcome = classify(status, error, signed_ok)
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
@@ -199,7 +204,7 @@ async def run_closed(
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     await starter
     share = cpu.share() if cpu is not None else 0.0
-    return ClosedResult(good / duration_s, sum(outcomes.values()), outcomes, share)
+    return ClosedResult(good / duration_s, sum(outcomes.values()), outcomes, share, first_error)
 
 
 def summary_row(result: OpenResult) -> dict[str, Any]:

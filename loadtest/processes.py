@@ -21,11 +21,18 @@ from loadtest.payloads import Secrets
 DEFAULT_SECRETS = Secrets(meta="loadtest-meta-secret", tenashi="loadtest-tenashi-secret")
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A port free now and not handed to another of our children (they bind it a moment later)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def start_database(data_dir: Path) -> tuple[Any, str]:
