@@ -45,9 +45,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=6.0, help="seconds per saturation measurement")
     p.add_argument("--rounds", type=int, default=3, help="saturation rounds (interleaved; median kept)")
     p.add_argument("--concurrency", type=int, default=64, help="closed-loop workers when saturating")
-    p.add_argument(
-        "--half-duration", type=float, default=15.0, help="seconds of open-model load at half rate"
-    )
+    p.add_argument("--half-duration", type=float, default=10.0, help="seconds of open load at half rate")
+    p.add_argument("--half-rounds", type=int, default=3, help="half-load rounds (interleaved; median kept)")
     p.add_argument("--scenario", default="mixed", choices=sorted(SCENARIOS))
     p.add_argument("--payloads", type=int, default=20000, help="distinct pre-signed bodies for saturation")
     p.add_argument("--pool-max", type=int, default=10, help="DB pool size of the gateway and insert server")
