@@ -9,7 +9,8 @@ PostgreSQL, driven by the same generator with the same pre-built, pre-signed pay
 First the saturation throughput of each (closed loop, the best of the ``--concurrency``
 worker counts, since a server that answers after a commit needs more requests in flight
 to fill its batches; rounds interleaved so machine noise hits all three alike), then the
-open-model latency of each at half of the gateway's saturation rate. Ratios are printed against the DESIGN.md targets.
+open-model latency of each at half of the gateway's saturation rate. Ratios are printed
+against the DESIGN.md targets.
 """
 
 from __future__ import annotations
