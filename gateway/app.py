@@ -43,7 +43,7 @@ async def _committer(app: web.Application) -> AsyncIterator[None]:
         window_s=s.commit_window_ms / 1000,
         max_batch=s.commit_max_batch,
         max_inflight=s.commit_max_inflight,
-        acquire_timeout_s=s.ack_deadline_ms / 1000,
+        deadline_s=s.ack_deadline_ms / 1000,
     )
     app[COMMITTER] = committer
     yield
