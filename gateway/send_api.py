@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import asyncpg
 import orjson
 from aiohttp import web
 
@@ -174,7 +175,10 @@ async def post_message(request: web.Request) -> web.Response:
     assert key is not None
     if request.content_length is not None and request.content_length > MAX_BODY:
         return problem(413, "body too large", f"At most {MAX_BODY} bytes.")
-    raw = await request.content.read(MAX_BODY + 1)
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raw = b"x" * (MAX_BODY + 1)
     if len(raw) > MAX_BODY:
         return problem(413, "body too large", f"At most {MAX_BODY} bytes.")
     try:
@@ -187,6 +191,24 @@ async def post_message(request: web.Request) -> web.Response:
         return problem(400, "invalid message", "; ".join(exc.errors), errors=exc.errors)
 
     fp = fingerprint(body)
+    try:
+        return await _claim_and_answer(request, tenant, key, fp, to, number, message, policy)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        log.warning("send request not accepted: database %s", type(exc).__name__)
+        return problem(503, "not accepted, retry later", headers={"Retry-After": "5"})
+
+
+async def _claim_and_answer(
+    request: web.Request,
+    tenant: str,
+    key: str,
+    fp: str,
+    to: str,
+    number: str,
+    message: dict[str, Any],
+    policy: str,
+) -> web.Response:
+    settings = request.app[SETTINGS]
     pool = request.app[POOL]
     for _ in range(3):
         claimed = await pool.fetchval(

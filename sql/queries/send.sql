@@ -163,3 +163,10 @@ UPDATE outbox
 SET state = 'cancelled', updated_at = clock_timestamp()
 WHERE tenant = $1 AND idem_key = $2 AND state IN ('pending', 'review', 'unknown', 'failed')
 RETURNING state;
+
+-- name: outbox_enqueue_bulk
+-- Load tests: many rows in one statement (same shape as outbox_enqueue).
+INSERT INTO outbox (tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload, unknown_policy)
+SELECT $1, k, $1 || ':' || k, $2, $3, r, $4, 'review'
+FROM unnest($5::text[], $6::text[]) AS t(k, r)
+ON CONFLICT (tenant, idem_key) DO NOTHING;
