@@ -284,3 +284,32 @@ async def test_operator_release_and_cancel(
     finally:
         await sender.close()
     assert (fake.count(cb1), fake.count(cb2)) == (1, 0)
+
+
+async def test_metrics(settings: Settings, pool: asyncpg.Pool, fake: FakeProvider) -> None:
+    from prometheus_client import REGISTRY
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before_unknown = sample("gateway_sends_total", provider="meta", outcome="unknown", code="")
+    before_failed = sample("gateway_sends_total", provider="meta", outcome="failed", code="131026")
+    clock = FakeClock()
+    await enqueue(pool, "m1", TO)
+    await enqueue(pool, "m2", "4915100000002")
+    fake.add_fault("http", to=TO, status=500)
+    fake.add_fault("error", code=131026)
+    sender = Sender(pool, send_settings(settings, fake), clock=clock)
+    try:
+        await sender.step()
+        clock.advance(100)
+        await sender.housekeeping()
+    finally:
+        await sender.close()
+    assert sample("gateway_sends_total", provider="meta", outcome="unknown", code="") == before_unknown + 1
+    assert (
+        sample("gateway_sends_total", provider="meta", outcome="failed", code="131026") == before_failed + 1
+    )
+    assert sample("gateway_outbox_rows", state="unknown") == 1
+    assert sample("gateway_outbox_rows", state="failed") == 1
+    assert sample("gateway_outbox_oldest_unknown_seconds") == pytest.approx(100, abs=1)
