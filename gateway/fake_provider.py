@@ -25,9 +25,11 @@ import contextlib
 import hashlib
 import hmac
 import itertools
+import json
 import logging
 import random
 import secrets
+import signal
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -355,8 +357,6 @@ class FakeProvider:
                 ],
             }
             # Meta escapes non-ASCII: sign exactly the bytes sent.
-            import json
-
             body = json.dumps(payload, ensure_ascii=True, separators=(",", ":")).encode()
             headers = {"Content-Type": "application/json"}
             if self.config.app_secret:
@@ -539,8 +539,6 @@ def cmd_fake_provider(settings: Settings, ns: argparse.Namespace) -> int:
         print(f"fake provider listening on {url}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        import signal
-
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()

@@ -107,3 +107,54 @@ async def test_outbox_commands(db_dsn: str, pool: asyncpg.Pool) -> None:
     assert (await row(pool, "shared", "acme"))["state"] == "review"
     code, _, err = await gateway_cli(db_dsn, "outbox", "cancel", "missing")
     assert code == 1 and "no outbox row" in err
+
+
+async def test_sender_killed_mid_batch_never_resends(
+    db_dsn: str, pool: asyncpg.Pool, settings: Settings, fake: FakeProvider
+) -> None:
+    """SIGKILL `gateway send` while its requests are in flight: the rows become unknown, then
+    review; nothing is sent twice."""
+    from gateway.sender import Sender
+    from tests.sendkit import FakeClock
+
+    n = 20
+    callbacks = [await enqueue(pool, f"kill-{i}", f"49151{i:08d}") for i in range(n)]
+    fake.add_fault("hang", times=n)  # accepted, and the answers never come
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        "send",
+        env={
+            **os.environ,
+            "DATABASE_URL": db_dsn,
+            "GATEWAY_GRAPH_URL": fake.url + "/v21.0",
+            "GATEWAY_GRAPH_TOKEN": "t",
+            "GATEWAY_SEND_POLL_MS": "50",
+            "GATEWAY_LOG_LEVEL": "warning",
+        },
+    )
+    try:
+        for _ in range(400):
+            if len(fake.received) == n:
+                break
+            await asyncio.sleep(0.05)
+        assert len(fake.received) == n
+    finally:
+        proc.kill()
+        await proc.wait()
+    assert await pool.fetchval("SELECT count(*) FROM outbox WHERE state = 'sending'") == n
+
+    clock = FakeClock()
+    sender = Sender(pool, send_settings(settings, fake), clock=clock)
+    try:
+        assert await sender.step() == 0  # 'sending' rows are not due: no blind resend
+        clock.advance(sender.lease_s + 1)
+        assert (await sender.housekeeping())["expired_sending"] == n
+        clock.advance(settings.reconcile_window_s + 1)
+        assert (await sender.housekeeping())["reconciled"] == n
+        assert await sender.step() == 0
+    finally:
+        await sender.close()
+    assert await pool.fetchval("SELECT count(*) FROM outbox WHERE state = 'review'") == n
+    assert sorted(r.callback_data or "" for r in fake.received) == sorted(callbacks)  # each exactly once
