@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import health, ingest
+from gateway import health, ingest, send_api
 from gateway.appkeys import COMMITTER, POOL, SETTINGS
 from gateway.db import connect, create_pool, migrate
 from gateway.groupcommit import GroupCommitter
@@ -59,9 +59,14 @@ def build_app(settings: Settings, *, workers: bool = True) -> web.Application:
     app.cleanup_ctx.append(_committer)
     ingest.add_routes(app)
     health.add_routes(app)
+    send_api.add_routes(app)
     if not settings.meta_app_secrets:
         log.warning("GATEWAY_META_APP_SECRETS is empty: every Meta webhook POST will get 401")
     if workers:
         # Background workers, each owned by a cleanup_ctx so shutdown stops them in order.
         pass
+    if workers and settings.run_sender:
+        from gateway.sender import sender_ctx
+
+        app.cleanup_ctx.append(sender_ctx)
     return app

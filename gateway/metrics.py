@@ -28,3 +28,14 @@ COMMIT_SECONDS = Histogram(
 )
 COMMIT_FAILURES = Counter("gateway_commit_failures_total", "Group-commit batches that failed")
 INBOX_DEPTH = Gauge("gateway_inbox_depth", "Staged webhook rows not yet processed")
+
+# Send side (outbox, sender, reconciler)
+SENDS = Counter(
+    "gateway_sends_total",
+    "Send attempts by provider, resulting outbox state and provider error code",
+    ["provider", "outcome", "code"],
+)
+OUTBOX_ROWS = Gauge("gateway_outbox_rows", "Outbox rows by state", ["state"])
+OLDEST_UNKNOWN = Gauge(
+    "gateway_outbox_oldest_unknown_seconds", "Age of the oldest outbox row in state unknown (0: none)"
+)
