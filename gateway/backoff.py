@@ -19,5 +19,5 @@ def backoff_delay(
     """
     if attempt < 1:
         raise ValueError("attempt is 1-based")
-    window = min(cap_s, base_s * (2 ** min(attempt - 1, 62)))
+    window: float = min(cap_s, base_s * float(2 ** min(attempt - 1, 62)))
     return window / 2 + rand() * window / 2

@@ -132,7 +132,7 @@ def _load_plugins() -> None:
 
 
 # Modules that register commands with @command when imported.
-PLUGIN_MODULES: list[str] = []
+PLUGIN_MODULES: list[str] = ["gateway.consumer", "gateway.deadletters"]
 
 
 def main(argv: list[str] | None = None) -> int:
