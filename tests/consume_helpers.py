@@ -58,7 +58,8 @@ async def add_outbox(pool: asyncpg.Pool, callback: str, state: str = "sending", 
 
 async def outbox_row(pool: asyncpg.Pool, callback: str) -> dict[str, Any]:
     row = await pool.fetchrow(
-        "SELECT state, wamid, delivery_status, delivery_errors, accepted_at FROM outbox WHERE callback_data = $1",
+        "SELECT state, wamid, delivery_status, delivery_errors, accepted_at"
+        " FROM outbox WHERE callback_data = $1",
         callback,
     )
     assert row is not None

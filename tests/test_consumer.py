@@ -336,8 +336,11 @@ async def test_poisoned_event_parked_rest_commits_then_replayed_once(
     assert await inbox_states(pool) == {"done": 11}
     # Replaying a processed row again (an operator mistake) does nothing more.
     await pool.execute("UPDATE webhook_inbox SET state = 'dead' WHERE id = $1", poison_id)
-    assert await deadletters.replay(await_conn := await asyncpg.connect(db_dsn), None) == [poison_id]
-    await await_conn.close()
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        assert await deadletters.replay(conn, None) == [poison_id]
+    finally:
+        await conn.close()
     await drain(pool, s)
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 11
     assert await pool.fetchval("SELECT count(*) FROM processed_webhook_events") == 11
