@@ -177,13 +177,15 @@ class Consumer:
             ids: list[int] = []
             try:
                 async with conn.transaction():
-                    rows = await conn.fetch(q("claim_inbox_batch"), self._s.consumer_batch)
+                    rows = await conn.fetch(
+                        q("claim_inbox_batch"), self._s.consumer_batch, self._s.consumer_batch_bytes
+                    )
                     if not rows:
                         return 0
                     ids = [r["id"] for r in rows]
                     plan = plan_batch(rows)
                     result = await conn.fetchrow(q("apply_batch"), *plan.params())
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            except Exception as exc:  # any failure: isolate the rows (a bug in one must not block all)
                 if not ids or conn.is_closed():
                     raise
                 metrics.CONSUMER_FALLBACKS.inc()
@@ -208,7 +210,7 @@ class Consumer:
                     attempts = row["attempts"]
                     plan = plan_batch([row])
                     result = await conn.fetchrow(q("apply_batch"), *plan.params())
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            except Exception as exc:
                 if conn.is_closed():
                     raise
                 await self._failed(conn, inbox_id, attempts, exc)

@@ -391,10 +391,27 @@ async def test_crash_mid_batch_rolls_back_keys_and_effects(
     await init_connection(conn)
     tr = conn.transaction()
     await tr.start()
-    rows = await conn.fetch(q("claim_inbox_batch"), 10)
+    rows = await conn.fetch(q("claim_inbox_batch"), 10, 1 << 20)
     await conn.fetchrow(q("apply_batch"), *plan_batch(rows).params())
+    pid = conn.get_server_pid()
     conn.terminate()
+    # The server rolls the transaction back when it sees the socket close.
+    while await pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid):
+        await asyncio.sleep(0.01)
     await drain(pool, settings)
     c = await counts(pool)
     assert (c["processed_webhook_events"], c["inbound_messages"]) == (1, 1)
     assert await inbox_states(pool) == {"done": 1}
+
+
+async def test_batch_reads_bodies_up_to_a_byte_budget(pool: asyncpg.Pool, settings: Settings) -> None:
+    bodies = [to_bytes(messages_payload(message_obj(f"wamid.B{i}", text="x" * 800))) for i in range(5)]
+    for b in bodies:
+        await stage(pool, b)
+    size = len(bodies[0])
+    consumer = Consumer(pool, replace(settings, consumer_batch=100, consumer_batch_bytes=2 * size + 10))
+    assert [await consumer.process_batch() for _ in range(4)] == [2, 2, 1, 0]
+    # A single row larger than the budget is still processed, alone.
+    await stage(pool, to_bytes(messages_payload(message_obj("wamid.BIG", text="y" * 5000))))
+    assert await consumer.process_batch() == 1
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 6

@@ -1,11 +1,22 @@
 -- name: claim_inbox_batch
--- Due pending rows, locked for this transaction; other consumers skip them.
-SELECT id, source, body, delivery_id, attempts
-FROM webhook_inbox
-WHERE state = 'pending' AND next_attempt_at <= clock_timestamp()
-ORDER BY next_attempt_at, id
-LIMIT $1
-FOR UPDATE SKIP LOCKED;
+-- Due pending rows, locked for this transaction; other consumers skip them. Bodies are
+-- read only up to a byte budget ($2; the first row always), so a backlog of 3 MB payloads
+-- cannot make one batch huge: rows past the budget stay pending and are unlocked at COMMIT.
+WITH claimed AS (
+    SELECT id, next_attempt_at, octet_length(body) AS size
+    FROM webhook_inbox
+    WHERE state = 'pending' AND next_attempt_at <= clock_timestamp()
+    ORDER BY next_attempt_at, id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), budget AS (
+    SELECT id, next_attempt_at, sum(size) OVER (ORDER BY next_attempt_at, id) - size AS before
+    FROM claimed
+)
+SELECT w.id, w.source, w.body, w.delivery_id, w.attempts
+FROM budget b JOIN webhook_inbox w ON w.id = b.id
+WHERE b.before = 0 OR b.before + octet_length(w.body) <= $2
+ORDER BY b.next_attempt_at, b.id;
 
 -- name: claim_inbox_row
 -- One row again, for the one-by-one fallback after a batch failed.
