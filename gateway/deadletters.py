@@ -9,6 +9,7 @@ duplicate by its key and does nothing.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,10 +48,10 @@ def _one_line(text: str | None, width: int = 100) -> str:
 @command("dead", "dead letters: `dead list`, `dead replay ID...` or `dead replay --all`", _args)
 def cmd_dead(settings: Settings, ns: argparse.Namespace) -> int:
     if ns.action == "replay" and not ns.ids and not ns.all:
-        print("gateway dead replay: give row ids or --all")
+        print("gateway dead replay: give row ids or --all", file=sys.stderr)
         return 2
     if ns.action == "replay" and ns.ids and ns.all:
-        print("gateway dead replay: give row ids or --all, not both")
+        print("gateway dead replay: give row ids or --all, not both", file=sys.stderr)
         return 2
     settings, _server = resolve_database(settings)
 
