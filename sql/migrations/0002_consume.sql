@@ -6,7 +6,7 @@
 CREATE TABLE processed_webhook_events (
     event_key    text        PRIMARY KEY,
     inbox_id     bigint,
-    processed_at timestamptz NOT NULL DEFAULT now()
+    processed_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 -- Retention deletes the oldest keys in bounded batches.
 CREATE INDEX processed_webhook_events_processed_at ON processed_webhook_events (processed_at);
