@@ -415,3 +415,37 @@ async def test_batch_reads_bodies_up_to_a_byte_budget(pool: asyncpg.Pool, settin
     await stage(pool, to_bytes(messages_payload(message_obj("wamid.BIG", text="y" * 5000))))
     assert await consumer.process_batch() == 1
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 6
+
+
+async def test_a_batch_costs_a_constant_number_of_statements(db_dsn: str, settings: Settings) -> None:
+    from gateway.db import create_pool
+
+    pool = await create_pool(db_dsn, 1, 1)
+    try:
+        statements: list[str] = []
+        async with pool.acquire() as conn:
+            conn.add_query_logger(lambda rec: statements.append(rec.query))
+        consumer = Consumer(pool, replace(settings, consumer_batch=1000))
+        # The first batch also runs asyncpg's one-off type introspection: a warm-up.
+        for warm_up, n_rows in ((True, 1), (False, 1), (False, 300)):
+            for i in range(n_rows):
+                sts = [status_obj(f"wamid.{n_rows}.{i}", s) for s in ("sent", "delivered", "read")]
+                await pool.execute(
+                    "INSERT INTO webhook_inbox (source, body) VALUES ('meta', $1)",
+                    to_bytes(
+                        meta_payload(
+                            (
+                                "messages",
+                                meta_value(messages=[message_obj(f"wamid.m{n_rows}.{i}")], statuses=sts),
+                            )
+                        )
+                    ),
+                )
+            statements.clear()
+            assert await consumer.process_batch() == n_rows
+            # BEGIN, claim, apply_batch, COMMIT and the pool's reset on release:
+            # the same five for 4 events and for 1200.
+            if not warm_up:
+                assert len(statements) == 5, [s[:60] for s in statements]
+    finally:
+        await pool.close()
