@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import health, ingest, send_api
+from gateway import consumer, health, ingest, send_api
 from gateway.appkeys import COMMITTER, POOL, SETTINGS
 from gateway.db import connect, create_pool, migrate
 from gateway.groupcommit import GroupCommitter
@@ -62,9 +62,9 @@ def build_app(settings: Settings, *, workers: bool = True) -> web.Application:
     send_api.add_routes(app)
     if not settings.meta_app_secrets:
         log.warning("GATEWAY_META_APP_SECRETS is empty: every Meta webhook POST will get 401")
-    if workers:
-        # Background workers, each owned by a cleanup_ctx so shutdown stops them in order.
-        pass
+    # Background workers, each owned by a cleanup_ctx so shutdown stops them in order.
+    if workers and settings.run_consumers:
+        app.cleanup_ctx.append(consumer.consumers_ctx)
     if workers and settings.run_sender:
         from gateway.sender import sender_ctx
 

@@ -132,7 +132,13 @@ def _load_plugins() -> None:
 
 
 # Modules that register commands with @command when imported.
-PLUGIN_MODULES: list[str] = ["gateway.outbox", "gateway.sender", "gateway.fake_provider"]
+PLUGIN_MODULES: list[str] = [
+    "gateway.consumer",
+    "gateway.deadletters",
+    "gateway.outbox",
+    "gateway.sender",
+    "gateway.fake_provider",
+]
 
 
 def main(argv: list[str] | None = None) -> int:

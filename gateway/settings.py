@@ -178,6 +178,7 @@ class Settings:
     # Consumers
     consumer_concurrency: int = _env("GATEWAY_CONSUMER_CONCURRENCY", 2, _int(1, 64))
     consumer_batch: int = _env("GATEWAY_CONSUMER_BATCH", 200, _int(1, 10000))
+    consumer_batch_bytes: int = _env("GATEWAY_CONSUMER_BATCH_BYTES", 16 * 1024 * 1024, _int(1), "per batch")
     consumer_poll_ms: int = _env("GATEWAY_CONSUMER_POLL_MS", 1000, _int(10, 600000))
     max_attempts: int = _env("GATEWAY_MAX_ATTEMPTS", 8, _int(1, 1000))
     retry_base_ms: int = _env("GATEWAY_RETRY_BASE_MS", 1000, _int(1, 3600000))
