@@ -10,3 +10,7 @@ SELECT count(*) FROM webhook_inbox WHERE state = 'pending';
 
 -- name: ready_check
 SELECT coalesce(max(version), 0) FROM schema_migrations;
+
+-- name: insert_inbox_one
+-- One row, its own transaction: the baseline's path and a helper for tools and tests.
+INSERT INTO webhook_inbox (source, body, delivery_id) VALUES ($1, $2, $3) RETURNING id;
