@@ -71,12 +71,6 @@ async def get(conn: Conn, tenant: str, key: str) -> asyncpg.Record | None:
     return row
 
 
-async def apply_status(conn: Conn, callback: str, wamid: str | None, status: str) -> str | None:
-    """STAND-IN for the consumer's status handling (tests only until merge): see ``outbox_apply_status``."""
-    state: str | None = await conn.fetchval(q("outbox_apply_status"), callback, wamid, status)
-    return state
-
-
 class AmbiguousKey(Exception):
     pass
 

@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
-import orjson
 import pytest
 
 from gateway import outbox
 from gateway.fake_provider import FakeConfig, FakeProvider
 from gateway.settings import Settings
 from tests.conftest import META_SECRET, TENASHI_SECRET, replace
+from tests.consume_helpers import drain
 
 
 class FakeClock:
@@ -96,21 +96,8 @@ async def row(pool: asyncpg.Pool, key: str, tenant: str = "acme") -> asyncpg.Rec
     return r
 
 
-async def apply_statuses_from_inbox(pool: asyncpg.Pool) -> int:
-    """STAND-IN for the consumer: apply every staged Meta/Tenashi status to the outbox."""
-    applied = 0
-    for rec in await pool.fetch("SELECT source, body FROM webhook_inbox ORDER BY id"):
-        payload = orjson.loads(rec["body"])
-        if rec["source"] == "tenashi":
-            data = payload["data"]
-            await outbox.apply_status(pool, data["idempotency_key"], data["message_id"], data["status"])
-            applied += 1
-            continue
-        for entry in payload["entry"]:
-            for change in entry["changes"]:
-                for st in change["value"].get("statuses", []):
-                    callback = st.get("biz_opaque_callback_data")
-                    if callback:
-                        await outbox.apply_status(pool, callback, st["id"], st["status"])
-                        applied += 1
-    return applied
+async def apply_statuses_from_inbox(pool: asyncpg.Pool, settings: Settings) -> int:
+    """Run the real consumer over the staged status webhooks; returns statuses recorded."""
+    await drain(pool, settings)
+    n: int = await pool.fetchval("SELECT count(*) FROM message_statuses")
+    return n

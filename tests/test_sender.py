@@ -111,7 +111,7 @@ async def test_fault_matrix_meta(
     try:
         if resolve == "status":
             await fake.drain_webhooks()
-            assert await apply_statuses_from_inbox(pool) >= 1
+            assert await apply_statuses_from_inbox(pool, settings) >= 1
             assert (await row(pool, "k1"))["state"] == "accepted"
         # Time passes well beyond backoff and the reconciliation window, then everything runs.
         clock.advance(WINDOW + 1)

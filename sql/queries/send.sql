@@ -123,18 +123,6 @@ WHERE id IN (
     FOR UPDATE SKIP LOCKED)
 RETURNING id, tenant, idem_key, state;
 
--- name: outbox_apply_status
--- STAND-IN for the consumer pipeline (used by the send tests until merge): a status webhook for
--- callback_data proves the provider accepted the message.
-UPDATE outbox
-SET state = CASE WHEN state IN ('sending', 'unknown', 'review', 'pending') THEN 'accepted' ELSE state END,
-    wamid = coalesce(wamid, $2),
-    delivery_status = $3,
-    accepted_at = coalesce(accepted_at, clock_timestamp()),
-    updated_at = clock_timestamp()
-WHERE callback_data = $1
-RETURNING state;
-
 -- name: outbox_count_by_state
 SELECT state, count(*) AS n FROM outbox GROUP BY state;
 
