@@ -9,7 +9,7 @@ from aiohttp import web
 
 from gateway import consumer, health, ingest, send_api
 from gateway.appkeys import COMMITTER, POOL, SETTINGS
-from gateway.db import connect, create_pool, migrate
+from gateway.db import create_pool, migrate_dsn
 from gateway.groupcommit import GroupCommitter
 from gateway.settings import Settings
 
@@ -20,11 +20,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     s = app[SETTINGS]
     assert s.database_url, "database_url must be resolved before the app starts"
     if s.migrate_on_start:
-        conn = await connect(s.database_url, timeout=s.db_connect_timeout_s)
-        try:
-            await migrate(conn)
-        finally:
-            await conn.close()
+        await migrate_dsn(s.database_url, timeout=s.db_connect_timeout_s)
     pool = await create_pool(s.database_url, s.db_pool_min, s.db_pool_max, timeout=s.db_connect_timeout_s)
     app[POOL] = pool
     yield

@@ -28,7 +28,7 @@ from aiohttp import web
 from gateway import metrics, retention
 from gateway.backoff import backoff_delay
 from gateway.cli import command, resolve_database, run
-from gateway.db import connect, create_pool, migrate
+from gateway.db import connect, create_pool, migrate_dsn
 from gateway.events import AccountError, AccountUpdate, Event, InboundMessage, PayloadError, Status, parse
 from gateway.settings import Settings
 from gateway.sqlfiles import q
@@ -356,11 +356,7 @@ async def run_consumers(settings: Settings, stop: asyncio.Event) -> None:
     """Consumers alone (``gateway consume``) until ``stop`` is set."""
     assert settings.database_url
     if settings.migrate_on_start:
-        conn = await connect(settings.database_url, timeout=settings.db_connect_timeout_s)
-        try:
-            await migrate(conn)
-        finally:
-            await conn.close()
+        await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
     size = settings.consumer_concurrency + 2
     pool = await create_pool(settings.database_url, 1, size, timeout=settings.db_connect_timeout_s)
     group = ConsumerGroup(pool, settings)

@@ -272,18 +272,14 @@ async def sender_ctx(app: web.Application) -> AsyncIterator[None]:
 
 @command("send", "run the sender (outbox → provider) and reconciler alone")
 def cmd_send(settings: Settings, ns: argparse.Namespace) -> int:
-    from gateway.db import connect, create_pool, migrate
+    from gateway.db import create_pool, migrate_dsn
 
     settings, _server = resolve_database(settings)
 
     async def go() -> int:
         assert settings.database_url
         if settings.migrate_on_start:
-            conn = await connect(settings.database_url, timeout=settings.db_connect_timeout_s)
-            try:
-                await migrate(conn)
-            finally:
-                await conn.close()
+            await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
         pool = await create_pool(settings.database_url, settings.db_pool_min, settings.db_pool_max)
         sender = Sender(pool, settings)
         stop = asyncio.Event()

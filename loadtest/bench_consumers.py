@@ -21,14 +21,13 @@ import random
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from gateway.consumer import Consumer
-from gateway.db import connect, create_pool, migrate
+from gateway.db import connect, create_pool, migrate, scratch_database
 from gateway.events import InboundMessage, Status, parse
 from gateway.settings import Settings
 from gateway.sqlfiles import parse_queries, q
@@ -222,23 +221,8 @@ async def bench(dsn: str, ns: argparse.Namespace) -> int:
 
 
 async def _with_fresh_db(admin_dsn: str, ns: argparse.Namespace) -> int:
-    name = f"bench_consumers_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    scheme, _, rest = admin_dsn.partition("://")
-    authority, _, path = rest.partition("/")
-    _, sep, query = path.partition("?")
-    try:
-        return await bench(f"{scheme}://{authority}/{name}{sep}{query}", ns)
-    finally:
-        admin = await asyncpg.connect(admin_dsn)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+    async with scratch_database(admin_dsn, "bench_consumers") as dsn:
+        return await bench(dsn, ns)
 
 
 def main(argv: list[str] | None = None) -> int:

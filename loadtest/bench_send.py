@@ -18,14 +18,12 @@ import socket
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import aiohttp
-import asyncpg
 import orjson
 
-from gateway.db import connect, create_pool, migrate
+from gateway.db import connect, create_pool, migrate, scratch_database
 from gateway.sender import Sender
 from gateway.settings import Settings
 from gateway.sqlfiles import q
@@ -139,25 +137,9 @@ async def _run(dsn: str, args: argparse.Namespace) -> dict[str, float]:
         await fake.wait()
 
 
-async def _scratch_db(url: str) -> tuple[str, str]:
-    name = f"bench_send_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    scheme, _, rest = url.partition("://")
-    authority, _, path = rest.partition("/")
-    _, qmark, query = path.partition("?")
-    return name, f"{scheme}://{authority}/{name}{qmark}{query}"
-
-
-async def _drop_db(url: str, name: str) -> None:
-    admin = await asyncpg.connect(url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+async def _run_scratch(admin_dsn: str, args: argparse.Namespace) -> dict[str, float]:
+    async with scratch_database(admin_dsn, "bench_send") as dsn:
+        return await _run(dsn, args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,22 +158,17 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
 
-    server = None
-    tmp = None
     url = os.environ.get("DATABASE_URL")
     if url:
-        name, dsn = asyncio.run(_scratch_db(url))
+        result = asyncio.run(_run_scratch(url, args))
     else:
         from gateway import embedded
 
         tmp = tempfile.mkdtemp(prefix="bench-send-")
         server, dsn = embedded.start(Path(tmp), cleanup="delete")
-    try:
-        result = asyncio.run(_run(dsn, args))
-    finally:
-        if url:
-            asyncio.run(_drop_db(url, name))
-        if server is not None:
+        try:
+            result = asyncio.run(_run(dsn, args))
+        finally:
             server.cleanup()
     print(
         f"sender: {result['sends_per_s']:.0f} sends/s "
