@@ -15,8 +15,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.cli import command, resolve_database, run
-from gateway.db import connect
+from gateway.cli import command, with_connection
 from gateway.settings import Settings
 from gateway.sqlfiles import q
 
@@ -53,29 +52,23 @@ def cmd_dead(settings: Settings, ns: argparse.Namespace) -> int:
     if ns.action == "replay" and ns.ids and ns.all:
         print("gateway dead replay: give row ids or --all, not both", file=sys.stderr)
         return 2
-    settings, _server = resolve_database(settings)
 
-    async def go() -> int:
-        assert settings.database_url
-        conn = await connect(settings.database_url, timeout=settings.db_connect_timeout_s)
-        try:
-            if ns.action == "list":
-                rows = await list_dead(conn, ns.limit)
-                total = await conn.fetchval(q("dead_count"))
-                for r in rows:
-                    print(
-                        f"{r['id']:>10} {r['source']:8} {r['received_at']:%Y-%m-%dT%H:%M:%S%z} "
-                        f"attempts={r['attempts']} bytes={r['bytes']} {_one_line(r['last_error'])}"
-                    )
-                print(f"{total} dead row(s)" + (f", {len(rows)} shown" if total > len(rows) else ""))
-                return 0
-            done = await replay(conn, None if ns.all else ns.ids)
-            print(f"replayed {len(done)} row(s): {done}" if done else "nothing to replay")
-            missing = sorted(set(ns.ids) - set(done))
-            if missing:
-                print(f"not dead (or unknown): {missing}")
-            return 0 if not missing else 1
-        finally:
-            await conn.close()
+    async def work(conn: asyncpg.Connection) -> int:
+        if ns.action == "list":
+            rows = await list_dead(conn, ns.limit)
+            total = await conn.fetchval(q("dead_count"))
+            for r in rows:
+                print(
+                    f"{r['id']:>10} {r['source']:8} {r['received_at']:%Y-%m-%dT%H:%M:%S%z} "
+                    f"attempts={r['attempts']} bytes={r['bytes']} {_one_line(r['last_error'])}"
+                )
+            print(f"{total} dead row(s)" + (f", {len(rows)} shown" if total > len(rows) else ""))
+            return 0
+        done = await replay(conn, None if ns.all else ns.ids)
+        print(f"replayed {len(done)} row(s): {done}" if done else "nothing to replay")
+        missing = sorted(set(ns.ids) - set(done))
+        if missing:
+            print(f"not dead (or unknown): {missing}")
+        return 0 if not missing else 1
 
-    return run(go())
+    return with_connection(settings, work)

@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from gateway.cli import command, resolve_database, run
+from gateway.cli import command, with_connection
 from gateway.settings import Settings
 from gateway.sqlfiles import q
 
@@ -124,33 +124,24 @@ def _outbox_args(p: argparse.ArgumentParser) -> None:
 
 @command("outbox", "list, release or cancel outbox rows", _outbox_args)
 def cmd_outbox(settings: Settings, ns: argparse.Namespace) -> int:
-    from gateway.db import connect
-
-    settings, _server = resolve_database(settings)
-
-    async def go() -> int:
-        assert settings.database_url
-        conn = await connect(settings.database_url, timeout=settings.db_connect_timeout_s)
-        try:
-            if ns.action == "list":
-                rows = await conn.fetch(q("outbox_list_state"), ns.state, ns.limit)
-                print("tenant\tkey\tstate\trecipient\tattempts\tcode\terror\tupdated_at")
-                for r in rows:
-                    cols = [r["tenant"], r["idem_key"], r["state"], r["recipient"], r["attempts"]]
-                    cols += [r["last_error_code"] or "", r["last_error"] or "", r["updated_at"].isoformat()]
-                    print("\t".join(str(c) for c in cols))
-                return 0
-            fn = release if ns.action == "release" else cancel
-            try:
-                print(await fn(conn, ns.key, ns.tenant))
-            except AmbiguousKey as exc:
-                print(f"gateway: key {ns.key!r} is used by tenants {exc}: pass --tenant", file=sys.stderr)
-                return 2
-            except (LookupError, ValueError) as exc:
-                print(f"gateway: {exc}", file=sys.stderr)
-                return 1
+    async def work(conn: asyncpg.Connection) -> int:
+        if ns.action == "list":
+            rows = await conn.fetch(q("outbox_list_state"), ns.state, ns.limit)
+            print("tenant\tkey\tstate\trecipient\tattempts\tcode\terror\tupdated_at")
+            for r in rows:
+                cols = [r["tenant"], r["idem_key"], r["state"], r["recipient"], r["attempts"]]
+                cols += [r["last_error_code"] or "", r["last_error"] or "", r["updated_at"].isoformat()]
+                print("\t".join(str(c) for c in cols))
             return 0
-        finally:
-            await conn.close()
+        fn = release if ns.action == "release" else cancel
+        try:
+            print(await fn(conn, ns.key, ns.tenant))
+        except AmbiguousKey as exc:
+            print(f"gateway: key {ns.key!r} is used by tenants {exc}: pass --tenant", file=sys.stderr)
+            return 2
+        except (LookupError, ValueError) as exc:
+            print(f"gateway: {exc}", file=sys.stderr)
+            return 1
+        return 0
 
-    return run(go())
+    return with_connection(settings, work)
