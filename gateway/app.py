@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import health, ingest
+from gateway import consumer, health, ingest, send_api
 from gateway.appkeys import COMMITTER, POOL, SETTINGS
-from gateway.db import connect, create_pool, migrate
+from gateway.db import create_pool, migrate_dsn
 from gateway.groupcommit import GroupCommitter
 from gateway.settings import Settings
 
@@ -20,11 +20,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     s = app[SETTINGS]
     assert s.database_url, "database_url must be resolved before the app starts"
     if s.migrate_on_start:
-        conn = await connect(s.database_url, timeout=s.db_connect_timeout_s)
-        try:
-            await migrate(conn)
-        finally:
-            await conn.close()
+        await migrate_dsn(s.database_url, timeout=s.db_connect_timeout_s)
     pool = await create_pool(s.database_url, s.db_pool_min, s.db_pool_max, timeout=s.db_connect_timeout_s)
     app[POOL] = pool
     yield
@@ -43,7 +39,7 @@ async def _committer(app: web.Application) -> AsyncIterator[None]:
         window_s=s.commit_window_ms / 1000,
         max_batch=s.commit_max_batch,
         max_inflight=s.commit_max_inflight,
-        acquire_timeout_s=s.ack_deadline_ms / 1000,
+        deadline_s=s.ack_deadline_ms / 1000,
     )
     app[COMMITTER] = committer
     yield
@@ -59,9 +55,14 @@ def build_app(settings: Settings, *, workers: bool = True) -> web.Application:
     app.cleanup_ctx.append(_committer)
     ingest.add_routes(app)
     health.add_routes(app)
+    send_api.add_routes(app)
     if not settings.meta_app_secrets:
         log.warning("GATEWAY_META_APP_SECRETS is empty: every Meta webhook POST will get 401")
-    if workers:
-        # Background workers, each owned by a cleanup_ctx so shutdown stops them in order.
-        pass
+    # Background workers, each owned by a cleanup_ctx so shutdown stops them in order.
+    if workers and settings.run_consumers:
+        app.cleanup_ctx.append(consumer.consumers_ctx)
+    if workers and settings.run_sender:
+        from gateway.sender import sender_ctx
+
+        app.cleanup_ctx.append(sender_ctx)
     return app

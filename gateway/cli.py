@@ -8,10 +8,13 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from gateway.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    import asyncpg
 
 log = logging.getLogger("gateway")
 
@@ -62,6 +65,23 @@ def run(coro: Coroutine[Any, Any, int]) -> int:
     return asyncio.run(coro)
 
 
+def with_connection(settings: Settings, work: Callable[[asyncpg.Connection], Awaitable[int]]) -> int:
+    """Operator commands: resolve the database, run ``work`` on one connection, close it."""
+    from gateway.db import connect
+
+    settings, _server = resolve_database(settings)
+
+    async def go() -> int:
+        assert settings.database_url
+        conn = await connect(settings.database_url, timeout=settings.db_connect_timeout_s)
+        try:
+            return await work(conn)
+        finally:
+            await conn.close()
+
+    return run(go())
+
+
 @command("serve", "run the HTTP gateway (with consumers and sender unless disabled)")
 def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
     from aiohttp import web
@@ -85,22 +105,14 @@ def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
 
 @command("migrate", "apply pending database migrations and exit")
 def cmd_migrate(settings: Settings, ns: argparse.Namespace) -> int:
-    from gateway.db import connect, migrate
+    from gateway.db import migrate
 
-    settings, _server = resolve_database(settings)
-    assert settings.database_url
-
-    async def go() -> int:
-        assert settings.database_url
-        conn = await connect(settings.database_url, timeout=settings.db_connect_timeout_s)
-        try:
-            applied = await migrate(conn)
-        finally:
-            await conn.close()
+    async def work(conn: asyncpg.Connection) -> int:
+        applied = await migrate(conn)
         print(f"applied {len(applied)} migration(s): {applied}" if applied else "schema up to date")
         return 0
 
-    return run(go())
+    return with_connection(settings, work)
 
 
 @command("settings", "print every GATEWAY_* variable with its default")
@@ -132,7 +144,13 @@ def _load_plugins() -> None:
 
 
 # Modules that register commands with @command when imported.
-PLUGIN_MODULES: list[str] = []
+PLUGIN_MODULES: list[str] = [
+    "gateway.consumer",
+    "gateway.deadletters",
+    "gateway.outbox",
+    "gateway.sender",
+    "gateway.fake_provider",
+]
 
 
 def main(argv: list[str] | None = None) -> int:

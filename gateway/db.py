@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -83,3 +86,44 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
 def latest_version() -> int:
     ms = migrations()
     return ms[-1].version if ms else 0
+
+
+async def migrate_dsn(dsn: str, timeout: float = 5.0) -> list[int]:
+    """Open a connection, apply pending migrations, close it."""
+    conn = await connect(dsn, timeout=timeout)
+    try:
+        return await migrate(conn)
+    finally:
+        await conn.close()
+
+
+def with_database(dsn: str, name: str) -> str:
+    """``dsn`` pointing at database ``name`` (socket DSNs keep their ``?host=``)."""
+    scheme, _, rest = dsn.partition("://")
+    authority, _, path = rest.partition("/")
+    _, mark, query = path.partition("?")
+    return f"{scheme}://{authority}/{name}{mark}{query}"
+
+
+def database_name(dsn: str) -> str:
+    return dsn.partition("://")[2].partition("/")[2].partition("?")[0]
+
+
+@asynccontextmanager
+async def scratch_database(admin_dsn: str, prefix: str, template: str | None = None) -> AsyncIterator[str]:
+    """A throw-away database on the server of ``admin_dsn`` (for tests and benchmarks)."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    clause = f' TEMPLATE "{template}"' if template else ""
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"{clause}')
+    finally:
+        await admin.close()
+    try:
+        yield with_database(admin_dsn, name)
+    finally:
+        admin = await asyncpg.connect(admin_dsn)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()

@@ -3,6 +3,10 @@
 A batch is cut when it reaches ``max_batch`` rows or ``window`` seconds after its first
 row, whichever comes first. While ``max_inflight`` batches are being written the next
 one keeps growing, so batches get bigger exactly when the database is the bottleneck.
+
+Every row carries its acknowledgement deadline. The deadline is enforced per batch (one
+timer for the whole write) and for rows still waiting for a free slot, not per request:
+a timer per request was the largest single cost of the ack path.
 """
 
 from __future__ import annotations
@@ -21,7 +25,11 @@ log = logging.getLogger(__name__)
 
 
 class Unavailable(Exception):
-    """The row could not be committed (database down, or the committer is closed)."""
+    """The row was not confirmed committed: database down or slow, or the committer closed."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass(slots=True)
@@ -29,12 +37,8 @@ class _Item:
     source: str
     body: bytes
     delivery_id: str | None
-    future: asyncio.Future[int] = field(repr=False)
-
-
-def _retrieve(fut: asyncio.Future[int]) -> None:
-    if not fut.cancelled():
-        fut.exception()
+    deadline: float
+    future: asyncio.Future[None] = field(repr=False)
 
 
 class GroupCommitter:
@@ -45,19 +49,21 @@ class GroupCommitter:
         window_s: float = 0.002,
         max_batch: int = 256,
         max_inflight: int = 4,
-        acquire_timeout_s: float = 5.0,
+        deadline_s: float = 3.0,
     ) -> None:
         self._pool = pool
         self._window = window_s
         self._max_batch = max_batch
         self._max_inflight = max_inflight
-        self._acquire_timeout = acquire_timeout_s
+        self._deadline = deadline_s
         self._pending: list[_Item] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._expiry: asyncio.TimerHandle | None = None
         self._inflight = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._sql = q("insert_inbox_batch")
+        self._loop = asyncio.get_running_loop()
         self.batches_written = 0
 
     @property
@@ -65,18 +71,17 @@ class GroupCommitter:
         """Rows waiting for a batch to be cut."""
         return len(self._pending)
 
-    def stage(self, source: str, body: bytes, delivery_id: str | None = None) -> asyncio.Future[int]:
-        """Queue one row; the future resolves to its id after COMMIT, or raises Unavailable."""
+    def stage(self, source: str, body: bytes, delivery_id: str | None = None) -> asyncio.Future[None]:
+        """Queue one row; the future resolves after COMMIT, or raises Unavailable."""
         if self._closed:
-            raise Unavailable("shutting down")
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        # A request that gave up at its deadline never reads the outcome: mark it read.
-        fut.add_done_callback(_retrieve)
-        self._pending.append(_Item(source, body, delivery_id, fut))
+            raise Unavailable("closed")
+        loop = self._loop
+        fut: asyncio.Future[None] = loop.create_future()
+        self._pending.append(_Item(source, body, delivery_id, loop.time() + self._deadline, fut))
         if len(self._pending) >= self._max_batch:
             self._flush()
         elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._window, self._flush)
+            self._timer = loop.call_later(self._window, self._flush)
         return fut
 
     def _flush(self, force: bool = False) -> None:
@@ -87,33 +92,50 @@ class GroupCommitter:
             batch = self._pending[: self._max_batch]
             del self._pending[: self._max_batch]
             self._inflight += 1
-            task = asyncio.get_running_loop().create_task(self._write(batch))
+            task = self._loop.create_task(self._write(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        if self._pending and self._expiry is None:
+            # Every slot is busy: make sure waiting rows still answer by their deadline.
+            self._expiry = self._loop.call_at(self._pending[0].deadline, self._expire)
+
+    def _expire(self) -> None:
+        self._expiry = None
+        now = self._loop.time()
+        expired = 0
+        while expired < len(self._pending) and self._pending[expired].deadline <= now:
+            expired += 1
+        if expired:
+            _fail(self._pending[:expired], Unavailable("timeout"))
+            del self._pending[:expired]
+        if self._pending:
+            self._expiry = self._loop.call_at(self._pending[0].deadline, self._expire)
 
     async def _write(self, batch: list[_Item]) -> None:
         started = time.perf_counter()
         try:
-            async with self._pool.acquire(timeout=self._acquire_timeout) as conn:
-                rows = await conn.fetch(
-                    self._sql,
-                    [i.source for i in batch],
-                    [i.body for i in batch],
-                    [i.delivery_id for i in batch],
-                )
+            # Bounded by the oldest row's deadline; the late commit may still land,
+            # which only means a redelivery that dedup absorbs.
+            async with asyncio.timeout_at(batch[0].deadline):
+                async with self._pool.acquire() as conn:
+                    await conn.execute(
+                        self._sql,
+                        [i.source for i in batch],
+                        [i.body for i in batch],
+                        [i.delivery_id for i in batch],
+                    )
         except Exception as exc:  # any failure: nobody in this batch may get a 200
+            reason = "timeout" if isinstance(exc, TimeoutError) else "unavailable"
             metrics.COMMIT_FAILURES.inc()
             log.warning("group commit of %d rows failed: %s", len(batch), type(exc).__name__)
-            for item in batch:
-                if not item.future.done():
-                    item.future.set_exception(Unavailable(type(exc).__name__))
+            _fail(batch, Unavailable(reason))
         else:
             self.batches_written += 1
             metrics.COMMIT_BATCH_SIZE.observe(len(batch))
             metrics.COMMIT_SECONDS.observe(time.perf_counter() - started)
-            for item, row in zip(batch, rows, strict=True):
+            for item in batch:
                 if not item.future.done():
-                    item.future.set_result(row[0])
+                    item.future.set_result(None)
         finally:
             self._inflight -= 1
             # Rows that queued behind this batch have waited one commit already.
@@ -123,6 +145,15 @@ class GroupCommitter:
     async def close(self) -> None:
         """Stop taking rows, write what is pending, and wait for every batch."""
         self._closed = True
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         self._flush(force=True)
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def _fail(items: list[_Item], exc: Unavailable) -> None:
+    for item in items:
+        if not item.future.done():
+            item.future.set_exception(exc)

@@ -28,3 +28,47 @@ COMMIT_SECONDS = Histogram(
 )
 COMMIT_FAILURES = Counter("gateway_commit_failures_total", "Group-commit batches that failed")
 INBOX_DEPTH = Gauge("gateway_inbox_depth", "Staged webhook rows not yet processed")
+
+# Send side (outbox, sender, reconciler)
+SENDS = Counter(
+    "gateway_sends_total",
+    "Send attempts by provider, resulting outbox state and provider error code",
+    ["provider", "outcome", "code"],
+)
+OUTBOX_ROWS = Gauge("gateway_outbox_rows", "Outbox rows by state", ["state"])
+OLDEST_UNKNOWN = Gauge(
+    "gateway_outbox_oldest_unknown_seconds", "Age of the oldest outbox row in state unknown (0: none)"
+)
+
+# Consumers (exactly-once processing of staged webhooks)
+CONSUMER_EVENTS = Counter(
+    "gateway_consumer_events_total",
+    "Events extracted from staged webhooks, by kind and outcome (processed, duplicate)",
+    ["kind", "outcome"],
+)
+CONSUMER_DUPLICATES = Counter(
+    "gateway_consumer_duplicates_total", "Events skipped because their key was already processed"
+)
+DEAD_LETTERS = Counter(
+    "gateway_dead_letters_total",
+    "Staged rows parked as dead, by reason (unparseable, max_attempts)",
+    ["reason"],
+)
+CONSUMER_FAILURES = Counter(
+    "gateway_consumer_failures_total", "Staged rows whose processing failed and will be retried"
+)
+CONSUMER_LAG = Gauge("gateway_consumer_lag_seconds", "Age of the oldest due pending staged row")
+CONSUMER_BATCH_SECONDS = Histogram(
+    "gateway_consumer_batch_seconds",
+    "Duration of one consumer batch (claim, process, commit)",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+)
+CONSUMER_BATCH_ROWS = Histogram(
+    "gateway_consumer_batch_rows",
+    "Staged rows per consumer batch",
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+)
+CONSUMER_FALLBACKS = Counter(
+    "gateway_consumer_fallbacks_total", "Batches that failed and were retried one row at a time"
+)
+RETENTION_PURGED = Counter("gateway_retention_purged_total", "Rows purged by retention", ["table"])

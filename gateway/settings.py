@@ -178,6 +178,7 @@ class Settings:
     # Consumers
     consumer_concurrency: int = _env("GATEWAY_CONSUMER_CONCURRENCY", 2, _int(1, 64))
     consumer_batch: int = _env("GATEWAY_CONSUMER_BATCH", 200, _int(1, 10000))
+    consumer_batch_bytes: int = _env("GATEWAY_CONSUMER_BATCH_BYTES", 16 * 1024 * 1024, _int(1), "per batch")
     consumer_poll_ms: int = _env("GATEWAY_CONSUMER_POLL_MS", 1000, _int(10, 600000))
     max_attempts: int = _env("GATEWAY_MAX_ATTEMPTS", 8, _int(1, 1000))
     retry_base_ms: int = _env("GATEWAY_RETRY_BASE_MS", 1000, _int(1, 3600000))
@@ -197,6 +198,8 @@ class Settings:
     pair_interval_s: float = _env("GATEWAY_PAIR_INTERVAL_S", 6.0, _float(0))
     number_rate_per_s: float = _env("GATEWAY_NUMBER_RATE_PER_S", 80.0, _float(0.1))
     reconcile_window_s: int = _env("GATEWAY_RECONCILE_WINDOW_S", 600, _int(1))
+    send_max_attempts: int = _env("GATEWAY_SEND_MAX_ATTEMPTS", 8, _int(1, 1000))
+    send_loops: int = _env("GATEWAY_SEND_LOOPS", 2, _int(1, 64), "claim/send loops per sender")
     idempotency_ttl_h: int = _env("GATEWAY_IDEMPOTENCY_TTL_H", 72, _int(1))
     tenant_providers: tuple[tuple[str, str], ...] = _env(
         "GATEWAY_TENANT_PROVIDERS", (), _pairs, "tenant:meta|tenashi; default meta"
@@ -205,7 +208,10 @@ class Settings:
     # Fake provider (`gateway fake-provider`)
     fake_host: str = _env("GATEWAY_FAKE_HOST", "127.0.0.1", _str)
     fake_port: int = _env("GATEWAY_FAKE_PORT", 8090, _int(0, 65535))
-    fake_webhook_url: str = _env("GATEWAY_FAKE_WEBHOOK_URL", "", _str)
+    fake_webhook_url: str = _env("GATEWAY_FAKE_WEBHOOK_URL", "", _str, "gateway base URL for status webhooks")
+    fake_app_secret: str = _env("GATEWAY_FAKE_APP_SECRET", "", _str, "signs webhooks; unset: 1st meta secret")
+    fake_webhook_duplicates: int = _env("GATEWAY_FAKE_WEBHOOK_DUPLICATES", 0, _int(0, 10))
+    fake_webhook_reorder: bool = _env("GATEWAY_FAKE_WEBHOOK_REORDER", False, _bool)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -258,12 +264,15 @@ class Settings:
             value = getattr(self, f.name)
             if f.name in {"meta_app_secrets", "api_keys"}:
                 value = f"<{len(value)} set>"
-            elif f.name in {"tenashi_secret", "graph_token", "tenashi_token", "meta_verify_token"}:
+            elif f.name in _SINGLE_SECRETS:
                 value = "<set>" if value else "<unset>"
             elif f.name == "database_url" and value:
                 value = _redact_dsn(value)
             out[f.name] = value
         return out
+
+
+_SINGLE_SECRETS = {"tenashi_secret", "graph_token", "tenashi_token", "meta_verify_token", "fake_app_secret"}
 
 
 def _redact_dsn(dsn: str) -> str:

@@ -15,7 +15,7 @@ from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
 from gateway.app import build_app
-from gateway.db import connect, create_pool, migrate
+from gateway.db import connect, create_pool, database_name, migrate, with_database
 from gateway.settings import Settings
 
 META_SECRET = "meta-secret-current"
@@ -24,17 +24,8 @@ TENASHI_SECRET = "tenashi-secret-1"
 VERIFY_TOKEN = "verify-token-xyz"
 
 
-def _with_db(dsn: str, name: str) -> str:
-    """Swap the database name in a postgresql:// DSN (socket DSNs keep their ?host=)."""
-    scheme, _, rest = dsn.partition("://")
-    authority, _, path = rest.partition("/")
-    _, q, query = path.partition("?")
-    return f"{scheme}://{authority}/{name}{q}{query}"
-
-
 def db_name(dsn: str) -> str:
-    rest = dsn.partition("://")[2]
-    return rest.partition("/")[2].partition("?")[0]
+    return database_name(dsn)
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +54,7 @@ def template_db(pg_admin_dsn: str) -> str:
             await admin.execute(f'CREATE DATABASE "{name}"')
         finally:
             await admin.close()
-        conn = await connect(_with_db(pg_admin_dsn, name))
+        conn = await connect(with_database(pg_admin_dsn, name))
         try:
             await migrate(conn)
         finally:
@@ -82,7 +73,7 @@ async def db_dsn(pg_admin_dsn: str, template_db: str) -> AsyncIterator[str]:
         await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
     finally:
         await admin.close()
-    yield _with_db(pg_admin_dsn, name)
+    yield with_database(pg_admin_dsn, name)
     admin = await asyncpg.connect(pg_admin_dsn)
     try:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

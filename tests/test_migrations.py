@@ -11,8 +11,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from gateway.db import connect, latest_version, migrate
-from tests.conftest import _with_db
+from gateway.db import connect, latest_version, migrate, with_database
 from tests.schema import describe
 
 SNAPSHOT = Path(__file__).parent / "schema_snapshot.txt"
@@ -23,7 +22,7 @@ async def empty_db(pg_admin_dsn: str) -> AsyncIterator[str]:
     name = f"gw_m_{uuid.uuid4().hex[:10]}"
     admin = await asyncpg.connect(pg_admin_dsn)
     await admin.execute(f'CREATE DATABASE "{name}"')
-    yield _with_db(pg_admin_dsn, name)
+    yield with_database(pg_admin_dsn, name)
     await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
     await admin.close()
 

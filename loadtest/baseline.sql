@@ -1,0 +1,65 @@
+-- The naive consumer the benchmark compares against: one inbox row per transaction and
+-- one round trip per statement per event. Same semantics as apply_batch (exactly once,
+-- statuses only move the outbox forward), none of the batching.
+
+-- name: naive_claim_one
+SELECT id, source, body, delivery_id
+FROM webhook_inbox
+WHERE state = 'pending' AND next_attempt_at <= clock_timestamp()
+ORDER BY next_attempt_at, id
+LIMIT 1
+FOR UPDATE SKIP LOCKED;
+
+-- name: naive_claim_key
+INSERT INTO processed_webhook_events (event_key, inbox_id) VALUES ($1, $2)
+ON CONFLICT (event_key) DO NOTHING
+RETURNING event_key;
+
+-- name: naive_insert_message
+INSERT INTO inbound_messages
+    (wamid, source, phone_number_id, sender, type, timestamp, contact_name, message, inbox_id)
+VALUES ($1, $2, $3, $4, $5, to_timestamp($6), $7, $8, $9)
+ON CONFLICT (wamid) DO NOTHING;
+
+-- name: naive_insert_status
+INSERT INTO message_statuses
+    (event_key, source, wamid, status, participant, recipient, timestamp, callback_data, errors, raw, inbox_id)
+VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), $8, $9, $10, $11);
+
+-- name: naive_update_outbox
+UPDATE outbox o SET
+    state = CASE WHEN o.state IN ('pending', 'sending', 'unknown', 'review') THEN 'accepted' ELSE o.state END,
+    accepted_at = CASE WHEN o.state IN ('pending', 'sending', 'unknown', 'review')
+                       THEN coalesce(o.accepted_at, now()) ELSE o.accepted_at END,
+    wamid = coalesce(o.wamid, $2),
+    delivery_status = CASE WHEN delivery_rank($3) > delivery_rank(o.delivery_status)
+                           THEN $3 ELSE o.delivery_status END,
+    delivery_errors = CASE WHEN delivery_rank($3) > delivery_rank(o.delivery_status) AND $3 = 'failed'
+                           THEN $4::jsonb ELSE o.delivery_errors END,
+    updated_at = now()
+WHERE o.id = coalesce(
+    (SELECT id FROM outbox WHERE callback_data = $1),
+    (SELECT id FROM outbox WHERE wamid = $2 ORDER BY id LIMIT 1));
+
+-- name: naive_done
+UPDATE webhook_inbox SET state = 'done', processed_at = now() WHERE id = $1;
+
+-- name: bench_reset
+TRUNCATE webhook_inbox, processed_webhook_events, inbound_messages, message_statuses,
+         account_errors, account_updates;
+
+-- name: bench_reset_outbox
+UPDATE outbox SET state = 'sending', wamid = NULL, delivery_status = NULL, delivery_errors = NULL,
+                  accepted_at = NULL;
+
+-- name: bench_seed_outbox
+INSERT INTO outbox (tenant, idem_key, callback_data, recipient, payload, state)
+SELECT 'bench', 'k' || i, 'cb-' || i, '4915112345678', '{"type": "text"}'::jsonb, 'sending'
+FROM generate_series(0, $1 - 1) AS i;
+
+-- name: bench_check
+SELECT (SELECT count(*) FROM processed_webhook_events) AS keys,
+       (SELECT count(*) FROM inbound_messages) AS messages,
+       (SELECT count(*) FROM message_statuses) AS statuses,
+       (SELECT count(*) FROM outbox WHERE state = 'accepted' AND delivery_status = 'read') AS outbox_read,
+       (SELECT count(*) FROM webhook_inbox WHERE state <> 'done') AS not_done;

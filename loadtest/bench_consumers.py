@@ -1,0 +1,256 @@
+"""Consumer throughput: the set-based consumers vs one event per transaction, same run.
+
+    python -m loadtest.bench_consumers [--events 10000] [--concurrency 2] [--batch 200]
+
+Starts an embedded PostgreSQL in a temporary directory (or uses DATABASE_URL, in a fresh
+database it creates and drops), stages a realistic mix as webhook_inbox rows (one update
+per webhook, as Meta mostly sends them): for each outbox row its sent, delivered and read
+statuses in shuffled order, inbound messages, and a share of redeliveries. Each strategy
+drains the same rows from the same starting state; the database is then checked (every
+key once, every outbox row read) and events/s printed for both, with the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from gateway.consumer import Consumer
+from gateway.db import connect, create_pool, migrate, scratch_database
+from gateway.events import InboundMessage, Status, parse
+from gateway.settings import Settings
+from gateway.sqlfiles import parse_queries, q
+
+BASELINE = parse_queries((Path(__file__).parent / "baseline.sql").read_text(), "baseline.sql")
+
+
+def _meta(value: dict[str, Any]) -> bytes:
+    doc = {
+        "object": "whatsapp_business_account",
+        "entry": [{"id": "waba-1", "changes": [{"field": "messages", "value": value}]}],
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def workload(events: int, redeliveries: float, rng: random.Random) -> tuple[list[bytes], int]:
+    """Staged bodies (one event each) and the number of outbox rows they update."""
+    meta = {"display_phone_number": "15550001111", "phone_number_id": "1111"}
+    outbox_rows = max(1, int(events * 0.75 / (1 + redeliveries)) // 3)
+    n_messages = max(0, int(events / (1 + redeliveries)) - 3 * outbox_rows)
+    bodies: list[bytes] = []
+    for i in range(outbox_rows):
+        for j, status in enumerate(("sent", "delivered", "read")):
+            st = {
+                "id": f"wamid.out{i}",
+                "status": status,
+                "timestamp": str(1764460800 + j),
+                "recipient_id": "4915112345678",
+                "biz_opaque_callback_data": f"cb-{i}",
+                "conversation": {"id": f"conv{i}", "origin": {"type": "utility"}},
+                "pricing": {"billable": True, "pricing_model": "PMP", "category": "utility"},
+            }
+            bodies.append(_meta({"messaging_product": "whatsapp", "metadata": meta, "statuses": [st]}))
+    for i in range(n_messages):
+        sender = f"49151{i % 997:07d}"
+        msg = {
+            "from": sender,
+            "id": f"wamid.in{i}",
+            "timestamp": "1764460800",
+            "type": "text",
+            "text": {"body": f"Hallo, Bestellung {i} bitte"},
+        }
+        contacts = [{"profile": {"name": "Kunde"}, "wa_id": sender}]
+        bodies.append(
+            _meta(
+                {"messaging_product": "whatsapp", "metadata": meta, "contacts": contacts, "messages": [msg]}
+            )
+        )
+    rng.shuffle(bodies)
+    bodies += rng.sample(bodies, int(len(bodies) * redeliveries))
+    # Redeliveries arrive later, interleaved with the tail of the stream.
+    tail = bodies[len(bodies) // 2 :]
+    rng.shuffle(tail)
+    bodies[len(bodies) // 2 :] = tail
+    return bodies, outbox_rows
+
+
+async def stage(pool: asyncpg.Pool, bodies: list[bytes], outbox_rows: int) -> None:
+    async with pool.acquire() as conn:
+        await conn.execute(BASELINE["bench_reset"])
+        await conn.execute(BASELINE["bench_reset_outbox"])
+        if not await conn.fetchval("SELECT count(*) FROM outbox"):
+            await conn.execute(BASELINE["bench_seed_outbox"], outbox_rows)
+        for i in range(0, len(bodies), 1000):
+            chunk = bodies[i : i + 1000]
+            await conn.fetch(q("insert_inbox_batch"), ["meta"] * len(chunk), chunk, [None] * len(chunk))
+        await conn.execute("VACUUM ANALYZE webhook_inbox")
+        await conn.execute("VACUUM ANALYZE outbox")
+
+
+async def run_set_based(pool: asyncpg.Pool, settings: Settings) -> None:
+    async def loop(c: Consumer) -> None:
+        while await c.process_batch():
+            pass
+
+    await asyncio.gather(*(loop(Consumer(pool, settings)) for _ in range(settings.consumer_concurrency)))
+
+
+async def _naive_one(conn: asyncpg.Connection) -> bool:
+    async with conn.transaction():
+        row = await conn.fetchrow(BASELINE["naive_claim_one"])
+        if row is None:
+            return False
+        for ev in parse(row["source"], bytes(row["body"]), row["delivery_id"]):
+            if await conn.fetchval(BASELINE["naive_claim_key"], ev.key, row["id"]) is None:
+                continue  # duplicate
+            if isinstance(ev, InboundMessage):
+                await conn.execute(
+                    BASELINE["naive_insert_message"],
+                    ev.wamid,
+                    row["source"],
+                    ev.phone_number_id,
+                    ev.sender,
+                    ev.type,
+                    ev.timestamp,
+                    ev.contact_name,
+                    ev.message,
+                    row["id"],
+                )
+            elif isinstance(ev, Status):
+                await conn.execute(
+                    BASELINE["naive_insert_status"],
+                    ev.key,
+                    row["source"],
+                    ev.wamid,
+                    ev.status,
+                    ev.participant,
+                    ev.recipient,
+                    ev.timestamp,
+                    ev.callback_data,
+                    ev.errors,
+                    ev.raw,
+                    row["id"],
+                )
+                await conn.execute(
+                    BASELINE["naive_update_outbox"], ev.callback_data, ev.wamid, ev.status, ev.errors
+                )
+        await conn.execute(BASELINE["naive_done"], row["id"])
+    return True
+
+
+async def run_naive(pool: asyncpg.Pool, settings: Settings) -> None:
+    async def loop() -> None:
+        async with pool.acquire() as conn:
+            while await _naive_one(conn):
+                pass
+
+    await asyncio.gather(*(loop() for _ in range(settings.consumer_concurrency)))
+
+
+async def measure(
+    name: str,
+    runner: Any,
+    pool: asyncpg.Pool,
+    settings: Settings,
+    bodies: list[bytes],
+    outbox_rows: int,
+    expect: dict[str, int],
+) -> float:
+    await stage(pool, bodies, outbox_rows)
+    started = time.perf_counter()
+    await runner(pool, settings)
+    elapsed = time.perf_counter() - started
+    check = dict(await pool.fetchrow(BASELINE["bench_check"]))
+    if check != expect:
+        raise SystemExit(f"{name}: exactly-once check failed: got {check}, want {expect}")
+    rate = len(bodies) / elapsed
+    print(f"{name:28} {len(bodies):>7} events in {elapsed:7.2f} s = {rate:>9,.0f} events/s", flush=True)
+    return rate
+
+
+async def bench(dsn: str, ns: argparse.Namespace) -> int:
+    settings = dataclasses.replace(
+        Settings(), database_url=dsn, consumer_concurrency=ns.concurrency, consumer_batch=ns.batch
+    )
+    conn = await connect(dsn)
+    try:
+        await migrate(conn)
+    finally:
+        await conn.close()
+    rng = random.Random(ns.seed)
+    bodies, outbox_rows = workload(ns.events, ns.redeliveries, rng)
+    unique = {ev.key: ev for b in bodies for ev in parse("meta", b)}
+    expect = {
+        "keys": len(unique),
+        "messages": sum(isinstance(e, InboundMessage) for e in unique.values()),
+        "statuses": sum(isinstance(e, Status) for e in unique.values()),
+        "outbox_read": outbox_rows,
+        "not_done": 0,
+    }
+    print(
+        f"workload: {len(bodies)} staged events ({expect['statuses']} statuses "
+        f"for {outbox_rows} outbox rows, "
+        f"{expect['messages']} inbound messages, {len(bodies) - len(unique)} redeliveries); "
+        f"concurrency {ns.concurrency}, batch {ns.batch}",
+        flush=True,
+    )
+    pool = await create_pool(dsn, 1, ns.concurrency + 2)
+    try:
+        naive = await measure(
+            "one event per transaction", run_naive, pool, settings, bodies, outbox_rows, expect
+        )
+        fast = await measure(
+            "set-based consumers", run_set_based, pool, settings, bodies, outbox_rows, expect
+        )
+    finally:
+        await pool.close()
+    ratio = fast / naive
+    print(f"ratio: {ratio:.1f}x (target >= 5x)")
+    return 0 if ratio >= 5 else 1
+
+
+async def _with_fresh_db(admin_dsn: str, ns: argparse.Namespace) -> int:
+    async with scratch_database(admin_dsn, "bench_consumers") as dsn:
+        return await bench(dsn, ns)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench_consumers", description=__doc__.split("\n")[0])
+    p.add_argument("--events", type=int, default=10000, help="staged events, redeliveries included")
+    p.add_argument("--redeliveries", type=float, default=0.1, help="share of events delivered twice")
+    p.add_argument("--concurrency", type=int, default=2, help="consumer loops, the same for both")
+    p.add_argument("--batch", type=int, default=200, help="rows per batch (set-based consumers)")
+    p.add_argument("--seed", type=int, default=1)
+    ns = p.parse_args(argv)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover
+        pass
+    dsn = os.environ.get("DATABASE_URL")
+    if dsn:
+        return asyncio.run(_with_fresh_db(dsn, ns))
+    from gateway import embedded
+
+    with tempfile.TemporaryDirectory(prefix="bench-consumers-") as tmp:
+        server, _ = embedded.start(Path(tmp), cleanup="delete")
+        try:
+            return asyncio.run(_with_fresh_db(server.get_uri(), ns))
+        finally:
+            server.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

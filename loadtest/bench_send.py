@@ -1,0 +1,190 @@
+"""Sender throughput against the fake provider: sends per second to many distinct recipients.
+
+    python -m loadtest.bench_send [--messages 10000] [--recipients 1000]
+
+Self-contained: an embedded PostgreSQL in a temp dir (or a scratch database on DATABASE_URL),
+the fake provider in a subprocess (its own core), the sender in this process. Pacing is set so
+it is not the limit (pair interval 0, number rate 1e6/s). The baseline, measured in the same run,
+is a bare aiohttp client posting the same messages to the same fake with the same concurrency and
+no database: the ratio says what the outbox costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+from gateway.db import connect, create_pool, migrate, scratch_database
+from gateway.sender import Sender
+from gateway.settings import Settings
+from gateway.sqlfiles import q
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _start_fake(port: int) -> asyncio.subprocess.Process:
+    env = {**os.environ, "GATEWAY_FAKE_PORT": str(port), "GATEWAY_LOG_LEVEL": "warning"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", "fake-provider", env=env, stdout=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    if b"listening" not in line:
+        raise RuntimeError(f"fake provider did not start: {line!r}")
+    return proc
+
+
+async def _baseline(url: str, n: int, recipients: int, concurrency: int) -> float:
+    """Bare client: the same POSTs, no database, no classification."""
+    limit = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one(i: int) -> None:
+            body = orjson.dumps(
+                {
+                    "messaging_product": "whatsapp",
+                    "to": f"49151{i % recipients:08d}",
+                    "type": "text",
+                    "text": {"body": f"bench {i}"},
+                    "biz_opaque_callback_data": f"base:{i}",
+                }
+            )
+            async with limit, session.post(url, data=body, headers={"Authorization": "Bearer b"}) as r:
+                await r.read()
+                assert r.status == 200
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        return n / (time.perf_counter() - started)
+
+
+async def _received(fake_url: str) -> int:
+    async with aiohttp.ClientSession() as s, s.get(f"{fake_url}/_fake/received") as r:
+        return len(await r.json(content_type=None))
+
+
+async def _run(dsn: str, args: argparse.Namespace) -> dict[str, float]:
+    port = _free_port()
+    fake = await _start_fake(port)
+    fake_url = f"http://127.0.0.1:{port}"
+    try:
+        conn = await connect(dsn)
+        await migrate(conn)
+        await conn.close()
+        pool = await create_pool(dsn, 2, 10)
+        settings = Settings(
+            database_url=dsn,
+            graph_url=f"{fake_url}/v21.0",
+            graph_token="bench",
+            pair_interval_s=args.pair_interval,
+            number_rate_per_s=1e6,
+            send_batch=args.batch,
+            send_concurrency=args.concurrency,
+            send_loops=args.loops,
+            send_poll_ms=10,
+        )
+        base_rate = await _baseline(
+            f"{fake_url}/v21.0/1111/messages", args.messages, args.recipients, args.concurrency
+        )
+
+        keys = [f"m{i}" for i in range(args.messages)]
+        recips = [f"49152{i % args.recipients:08d}" for i in range(args.messages)]
+        payload = {"type": "text", "text": {"body": "bench"}}
+        await pool.execute(q("outbox_enqueue_bulk"), "bench", "meta", "1111", payload, keys, recips)
+
+        sender = Sender(pool, settings)
+        stop = asyncio.Event()
+        started = time.perf_counter()
+        task = asyncio.create_task(sender.run(stop))
+        done = 0
+        while done < args.messages:
+            await asyncio.sleep(0.02)
+            done = await pool.fetchval(
+                "SELECT count(*) FROM outbox WHERE state NOT IN ('pending', 'sending')"
+            )
+        elapsed = time.perf_counter() - started
+        stop.set()
+        await task
+        await sender.close()
+        accepted = await pool.fetchval("SELECT count(*) FROM outbox WHERE state = 'accepted'")
+        received = await _received(fake_url) - args.messages  # minus the baseline's
+        await pool.close()
+        return {
+            "messages": args.messages,
+            "recipients": args.recipients,
+            "accepted": accepted,
+            "received": received,
+            "seconds": elapsed,
+            "sends_per_s": args.messages / elapsed,
+            "baseline_per_s": base_rate,
+        }
+    finally:
+        fake.terminate()
+        await fake.wait()
+
+
+async def _run_scratch(admin_dsn: str, args: argparse.Namespace) -> dict[str, float]:
+    async with scratch_database(admin_dsn, "bench_send") as dsn:
+        return await _run(dsn, args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench_send", description=__doc__.splitlines()[0])
+    p.add_argument("--messages", type=int, default=10000)
+    p.add_argument("--recipients", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=500)
+    p.add_argument("--concurrency", type=int, default=256)
+    p.add_argument("--loops", type=int, default=3)
+    p.add_argument("--pair-interval", type=float, default=0.0, help="seconds; 0 so pacing is not the limit")
+    args = p.parse_args(argv)
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        result = asyncio.run(_run_scratch(url, args))
+    else:
+        from gateway import embedded
+
+        tmp = tempfile.mkdtemp(prefix="bench-send-")
+        server, dsn = embedded.start(Path(tmp), cleanup="delete")
+        try:
+            result = asyncio.run(_run(dsn, args))
+        finally:
+            server.cleanup()
+    print(
+        f"sender: {result['sends_per_s']:.0f} sends/s "
+        f"({result['messages']} messages to {result['recipients']} recipients in {result['seconds']:.2f} s; "
+        f"accepted {result['accepted']}, fake received {result['received']})"
+    )
+    print(
+        f"baseline (bare aiohttp client, same fake, no database): {result['baseline_per_s']:.0f} sends/s; "
+        f"sender/baseline = {result['sends_per_s'] / result['baseline_per_s']:.2f}"
+    )
+    print("target: >= 1000 sends/s ->", "met" if result["sends_per_s"] >= 1000 else "NOT met")
+    ok = result["accepted"] == result["messages"] == result["received"]
+    if not ok:
+        print("ERROR: every message must be accepted and received exactly once", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

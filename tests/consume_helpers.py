@@ -1,0 +1,66 @@
+"""Helpers for the consumer tests: stage rows, drain the inbox, count side effects."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+
+from gateway.consumer import Consumer
+from gateway.settings import Settings
+from gateway.sqlfiles import q
+
+
+async def stage(pool: asyncpg.Pool, body: bytes, source: str = "meta", delivery_id: str | None = None) -> int:
+    inbox_id: int = await pool.fetchval(q("insert_inbox_one"), source, body, delivery_id)
+    return inbox_id
+
+
+async def drain(pool: asyncpg.Pool, settings: Settings, consumers: int = 1) -> None:
+    """Process until no due row is left, with ``consumers`` concurrent consumers."""
+    workers = [Consumer(pool, settings) for _ in range(consumers)]
+
+    async def loop(c: Consumer) -> None:
+        while await c.process_batch():
+            pass
+
+    await asyncio.gather(*(loop(c) for c in workers))
+
+
+async def counts(pool: asyncpg.Pool) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for table in (
+        "processed_webhook_events",
+        "inbound_messages",
+        "message_statuses",
+        "account_errors",
+        "account_updates",
+    ):
+        out[table] = await pool.fetchval(f"SELECT count(*) FROM {table}")
+    return out
+
+
+async def inbox_states(pool: asyncpg.Pool) -> dict[str, int]:
+    rows = await pool.fetch("SELECT state, count(*) AS n FROM webhook_inbox GROUP BY state")
+    return {r["state"]: r["n"] for r in rows}
+
+
+async def add_outbox(pool: asyncpg.Pool, callback: str, state: str = "sending", **cols: Any) -> int:
+    names = ["tenant", "idem_key", "callback_data", "recipient", "payload", "state", *cols]
+    values = ["acme", callback, callback, "4915112345678", {"type": "text"}, state, *cols.values()]
+    marks = ", ".join(f"${i + 1}" for i in range(len(values)))
+    outbox_id: int = await pool.fetchval(
+        f"INSERT INTO outbox ({', '.join(names)}) VALUES ({marks}) RETURNING id", *values
+    )
+    return outbox_id
+
+
+async def outbox_row(pool: asyncpg.Pool, callback: str) -> dict[str, Any]:
+    row = await pool.fetchrow(
+        "SELECT state, wamid, delivery_status, delivery_errors, accepted_at"
+        " FROM outbox WHERE callback_data = $1",
+        callback,
+    )
+    assert row is not None
+    return dict(row)

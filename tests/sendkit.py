@@ -1,0 +1,103 @@
+"""Helpers for the send-side tests: a controllable clock, the fake provider, enqueueing."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from gateway import outbox
+from gateway.fake_provider import FakeConfig, FakeProvider
+from gateway.settings import Settings
+from tests.conftest import META_SECRET, TENASHI_SECRET, replace
+from tests.consume_helpers import drain
+
+
+class FakeClock:
+    """Epoch seconds that move only when a test says so.
+
+    Starts a little ahead of the database clock so rows enqueued during the test are due.
+    """
+
+    def __init__(self, start: float | None = None) -> None:
+        self.t = start if start is not None else time.time() + 5.0
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@pytest.fixture(name="fake")
+async def fake_provider() -> AsyncIterator[FakeProvider]:
+    f = FakeProvider(FakeConfig(app_secret=META_SECRET, tenashi_secret=TENASHI_SECRET, seed=7))
+    await f.start()
+    yield f
+    await f.stop()
+
+
+def closed_port() -> int:
+    """A port nothing listens on (connection refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def send_settings(settings: Settings, fake: FakeProvider, **changes: Any) -> Settings:
+    base: dict[str, Any] = {
+        "graph_url": fake.url + "/v21.0",
+        "graph_token": "graph-token",
+        "tenashi_url": fake.url,
+        "tenashi_token": "tenashi-token",
+        "send_connect_timeout_ms": 500,
+        "send_read_timeout_ms": 300,
+        "retry_base_ms": 1000,
+        "retry_max_ms": 60000,
+        "pair_interval_s": 6.0,
+        "number_rate_per_s": 1000.0,
+        "reconcile_window_s": 600,
+        "send_batch": 50,
+    }
+    base.update(changes)
+    return replace(settings, **base)
+
+
+async def enqueue(
+    pool: asyncpg.Pool,
+    key: str,
+    to: str = "4915100000001",
+    *,
+    tenant: str = "acme",
+    provider: str = "meta",
+    policy: str = "review",
+    number: str = "1111",
+) -> str:
+    m = outbox.NewMessage(
+        tenant=tenant,
+        key=key,
+        provider=provider,
+        phone_number_id=number,
+        recipient=to,
+        payload={"type": "text", "text": {"body": f"hello {key}"}},
+        unknown_policy=policy,
+    )
+    await outbox.enqueue(pool, m)
+    return outbox.callback_data(tenant, key)
+
+
+async def row(pool: asyncpg.Pool, key: str, tenant: str = "acme") -> asyncpg.Record:
+    r = await outbox.get(pool, tenant, key)
+    assert r is not None
+    return r
+
+
+async def apply_statuses_from_inbox(pool: asyncpg.Pool, settings: Settings) -> int:
+    """Run the real consumer over the staged status webhooks; returns statuses recorded."""
+    await drain(pool, settings)
+    n: int = await pool.fetchval("SELECT count(*) FROM message_statuses")
+    return n
