@@ -59,7 +59,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--delay-s", type=float, default=2.0, help="delay of delayed redeliveries, seconds")
     p.add_argument("--concurrent", type=float, default=0.02, help="share of concurrent redeliveries")
     p.add_argument("--bad-signature", type=float, default=0.01, help="share of badly signed requests")
-    p.add_argument("--no-consumers", action="store_true", help="self-contained: gateway without consumers")
+    p.add_argument(
+        "--no-consumers",
+        action="store_true",
+        help="gateway without consumers (self-contained) / verify the ingest edge only (--url)",
+    )
     p.add_argument("--no-verify", action="store_true", help="skip the database verification")
     p.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to wait for consumers")
     p.add_argument("--gateway-env", action="append", default=[], metavar="K=V", help="extra gateway env")
@@ -106,7 +110,7 @@ async def self_contained(
         )
         procs.append(gw)
         await gw.wait_ready()
-        fake = processes.start_fake_provider(dsn, secrets, log_dir, gw.url + "/webhooks/meta")
+        fake = processes.start_fake_provider(dsn, secrets, log_dir, gw.url)
         if fake is not None:
             procs.append(fake)
             await fake.wait_ready(path=None)
@@ -173,7 +177,8 @@ async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> t
         verdict = None
         if conn is not None:
             sys.stderr.write("verifying (waiting for consumers to drain)...\n")
-            verdict = await verify.verify(conn, ledger.entries, start_id, ns.drain_timeout)
+            consumers = False if ns.no_consumers else None
+            verdict = await verify.verify(conn, ledger.entries, start_id, ns.drain_timeout, consumers)
             verdict.e2e_timeline = await verify.e2e_timeline(conn, start_id, started)
     finally:
         for c in (conn, sampler_conn):

@@ -20,7 +20,7 @@ SECRETS = Secrets(meta=META_SECRET, tenashi=TENASHI_SECRET)
 
 KINDS: dict[str, Callable[[PayloadFactory], Delivery]] = {
     **{
-        f"inbound_{t}": (lambda t: lambda f: f.inbound(t))(t)
+        f"inbound_{t}": (lambda typ: lambda f: f.inbound(typ))(t)
         for t in (
             "text", "image", "document", "audio", "sticker", "location",
             "contacts", "interactive", "button", "reaction",

@@ -44,7 +44,7 @@ async def test_clean_run_passes_and_injected_faults_fail(
     ledger, bad_bodies = await load(gateway)
     conn = await connect(db_dsn)
     try:
-        v = await verify.verify(conn, ledger.entries, 0)
+        v = await verify.verify(conn, ledger.entries, 0, consumers=False)
         assert v.ok, v.as_dict()
         redelivered = next(d for d, e in ledger.entries.items() if e.acked >= 2)
         once = next(d for d, e in ledger.entries.items() if e.sent == e.acked == 1)
@@ -52,21 +52,26 @@ async def test_clean_run_passes_and_injected_faults_fail(
 
         # Loss: one of a redelivered body's two acknowledged rows disappears.
         await conn.execute(
-            "DELETE FROM webhook_inbox WHERE id = (SELECT min(id) FROM webhook_inbox WHERE sha256(body) = $1)",
+            "DELETE FROM webhook_inbox WHERE id = "
+            "(SELECT min(id) FROM webhook_inbox WHERE sha256(body) = $1)",
             redelivered,
         )
-        assert failed(await verify.verify(conn, ledger.entries, 0)) == {"ingest: every 200 stored"}
+        assert failed(await verify.verify(conn, ledger.entries, 0, consumers=False)) == {
+            "ingest: every 200 stored"
+        }
 
         # Double on top: a body sent once is stored twice.
         await conn.execute("INSERT INTO webhook_inbox (source, body) VALUES ('meta', $1)", once_body)
-        assert failed(await verify.verify(conn, ledger.entries, 0)) == {
+        assert failed(await verify.verify(conn, ledger.entries, 0, consumers=False)) == {
             "ingest: every 200 stored",
             "ingest: no extra rows",
         }
 
         # A badly signed body that got stored.
         await conn.execute("INSERT INTO webhook_inbox (source, body) VALUES ('meta', $1)", bad_bodies[0])
-        assert "ingest: bad signatures not stored" in failed(await verify.verify(conn, ledger.entries, 0))
+        assert "ingest: bad signatures not stored" in failed(
+            await verify.verify(conn, ledger.entries, 0, consumers=False)
+        )
     finally:
         await conn.close()
 
@@ -129,7 +134,8 @@ async def test_consumer_checks_catch_loss_and_double(gateway: TestServer, db_dsn
 
         # Undrained: a pending row fails the drain check.
         await conn.execute(
-            "UPDATE public.webhook_inbox SET state = 'pending' WHERE id = (SELECT min(id) FROM public.webhook_inbox)"
+            "UPDATE public.webhook_inbox SET state = 'pending' "
+            "WHERE id = (SELECT min(id) FROM public.webhook_inbox)"
         )
         assert "consumers: inbox drained" in failed(
             await verify.verify(conn, ledger.entries, 0, drain_timeout_s=0.3)
