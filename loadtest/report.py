@@ -60,6 +60,32 @@ def run_table(result: dict[str, Any]) -> str:
         )
     )
     out = table(("metric", "value"), rows)
+    minutes = result.get("per_minute", [])
+    if len(minutes) > 1:
+        out += "\n\n" + table(
+            (
+                "minute",
+                "acks",
+                "p50 ms",
+                "p99 ms",
+                "p99.9 ms",
+                "max ms",
+                "backlog max",
+                "lag max ms",
+                "RSS max MB",
+            ),
+            [
+                (
+                    int(m["minute"]),
+                    int(m["count"]),
+                    *(fmt_ms(m.get(k)) for k in ("p50", "p99", "p99.9", "max")),
+                    f"{m['pending_max']:.0f}" if "pending_max" in m else "-",
+                    f"{m['lag_s_max'] * 1000:.0f}" if "lag_s_max" in m else "-",
+                    f"{m['rss_mb_max']:.0f}" if "rss_mb_max" in m else "-",
+                )
+                for m in minutes
+            ],
+        )
     v = result.get("verification")
     if v:
         out += "\n\n" + table(

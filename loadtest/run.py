@@ -193,6 +193,7 @@ async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> t
         "summary": summary,
         "sent_by_kind": dict(res.recorder.kinds),
         "timeline": res.recorder.timeline(),
+        "per_minute": minute_rows(res.recorder.per_minute(), res.samples),
         "samples": res.samples,
         "warnings": res.warnings,
         "verification": verdict.as_dict() if verdict else None,
@@ -200,6 +201,21 @@ async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> t
     }
     failed = (verdict is not None and not verdict.ok) or bool(bad_accepted)
     return (1 if failed else 0), result
+
+
+def minute_rows(ack: list[dict[str, float]], samples: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Per minute: ack percentiles, and the peaks of backlog, consumer lag and gateway memory."""
+    rows = []
+    for a in ack:
+        m = a["minute"]
+        inside = [s for s in samples if m * 60 <= s["t"] < (m + 1) * 60]
+        row = dict(a)
+        for key in ("pending", "lag_s", "rss_mb"):
+            vals = [s[key] for s in inside if key in s]
+            if vals:
+                row[f"{key}_max"] = max(vals)
+        rows.append(row)
+    return rows
 
 
 def secrets_from(ns: argparse.Namespace, self_contained_mode: bool) -> Secrets:

@@ -72,6 +72,7 @@ class Recorder:
         self.outcomes: Counter[str] = Counter()
         self.kinds: Counter[str] = Counter()
         self.seconds: dict[int, Second] = {}
+        self.minutes: dict[int, HdrHistogram] = {}  # to show whether percentiles stay steady
         self.sent = 0
         self.done = 0
 
@@ -94,7 +95,12 @@ class Recorder:
         sec = self._second(int(intended))
         if outcome in ("ok", "rejected_401"):
             sec.ok += 1
-            self.hist.record_value(max(1, int(latency * 1_000_000)))
+            us = max(1, int(latency * 1_000_000))
+            self.hist.record_value(us)
+            minute = self.minutes.get(int(intended // 60))
+            if minute is None:
+                minute = self.minutes[int(intended // 60)] = new_histogram()
+            minute.record_value(us)
             sec.latencies_ms.append(latency * 1000)
         else:
             sec.errors += 1
@@ -104,6 +110,9 @@ class Recorder:
         for s, sec in self.seconds.items():
             if s < t:
                 sec.close()
+
+    def per_minute(self) -> list[dict[str, float]]:
+        return [{"minute": m, **summarise(h)} for m, h in sorted(self.minutes.items())]
 
     def errors(self) -> dict[str, int]:
         return {k: v for k, v in sorted(self.outcomes.items()) if k not in ("ok", "rejected_401")}
