@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from aiohttp.test_utils import TestServer
+
+from tests.conftest import META_SECRET, TENASHI_SECRET
+
 
 def test_self_contained_run_passes(db_dsn: str, tmp_path: Path) -> None:
     argv = [
@@ -33,3 +37,27 @@ def test_self_contained_run_passes(db_dsn: str, tmp_path: Path) -> None:
     (page,) = tmp_path.glob("e2e-*.html")
     html = page.read_text()
     assert "<svg" in html and "<script" not in html
+
+
+async def test_url_mode_against_a_running_gateway(gateway: TestServer, db_dsn: str, tmp_path: Path) -> None:
+    """`--url` mode: secrets from flags, verification through --database-url (ingest only, as
+    this gateway runs without consumers)."""
+    from loadtest import cli
+
+    parser = cli.build_parser()
+    ns = parser.parse_args(
+        [
+            "run", "--url", str(gateway.make_url("/")).rstrip("/"),
+            "--meta-secret", META_SECRET, "--tenashi-secret", TENASHI_SECRET,
+            "--database-url", db_dsn, "--no-consumers",
+            "--rate", "50", "--duration", "1", "--bad-signature", "0.2",
+            "--results", str(tmp_path), "--name", "url", "--quiet",
+        ]
+    )  # fmt: skip
+    from loadtest import run
+
+    assert await run.main(ns) == 0
+    (result_file,) = tmp_path.glob("url-*.json")
+    result = json.loads(result_file.read_text())
+    assert result["summary"]["sent"] == 50 and result["verification"]["ok"]
+    assert {c["name"] for c in result["verification"]["checks"]} >= {"ingest: bad signatures not stored"}
