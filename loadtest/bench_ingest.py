@@ -112,16 +112,20 @@ class CpuMeter:
         return out
 
 
-def pin(ns: argparse.Namespace, server_pid: int, pg: Any) -> None:
-    """``--pin``: each server alone on CPU 0; the generator and PostgreSQL on the others, so
-    a server's throughput is its own and not a share of a core it fights the generator for."""
-    if not ns.pin:
+ALL_CPUS = sorted(os.sched_getaffinity(0))
+
+
+def pin(ns: argparse.Namespace, server_pid: int, pg: Any, *, release: bool = False) -> None:
+    """``--pin`` (saturation only): each server alone on CPU 0; the generator and PostgreSQL
+    on the others, so a server's throughput is its own and not a share of a core it fights
+    the generator for. ``release`` gives every process all CPUs back (for the latency phase)."""
+    if not ns.pin or len(ALL_CPUS) < 2:
         return
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        return
-    rest = set(cpus[1:])
-    os.sched_setaffinity(server_pid, {cpus[0]})
+    release = release or not getattr(ns, "pin_phase", True)  # a server restarted later
+    everything = set(ALL_CPUS)
+    rest = everything if release else set(ALL_CPUS[1:])
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(server_pid, everything if release else {ALL_CPUS[0]})
     os.sched_setaffinity(0, rest)
     for pid in postgres_pids(pg):
         with contextlib.suppress(OSError):
@@ -258,6 +262,9 @@ async def bench(
             gen_cpu[name].append(best[0].generator_cpu)
             outcomes[name] = best[0].outcomes
     saturation = {k: statistics.median(v) for k, v in sat.items()}
+    for name in SERVERS:
+        pin(ns, (await ensure(name)).pid, server, release=True)
+    ns.pin_phase = False
     # Noise from other work on the machine hits a whole round: compare within rounds.
     per_round = {
         "gateway_vs_bare": [g / b for g, b in zip(sat["gateway"], sat["bare"], strict=True) if b],
