@@ -56,6 +56,7 @@ async def run_open(
     progress: bool = True,
     label: str = "",
     warn_after_s: float = 0.010,
+    prewarm: int = 64,
 ) -> OpenResult:
     """Send each shot at its intended time; latency counts from that time, not from the send."""
     loop = asyncio.get_running_loop()
@@ -127,8 +128,10 @@ async def run_open(
                     sys.stderr.write(f"\n  WARNING: {warn}\n")
                 last_done = done
 
+    await pool.prewarm(prewarm)
     gc.collect()
     gc.freeze()
+    t0 = clock() + 0.05
     tick = loop.create_task(ticker())
     try:
         while not pacer.done:
