@@ -65,6 +65,7 @@ class GroupCommitter:
         self._deadline = deadline_s
         self._pending: list[_Item] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._overdue = False  # pending rows whose window passed while every slot was busy
         self._expiry: asyncio.TimerHandle | None = None
         self._inflight = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -87,7 +88,7 @@ class GroupCommitter:
         self._pending.append(_Item(source, body, delivery_id, loop.time() + self._deadline, fut))
         if len(self._pending) >= self._max_batch:
             self._flush()
-        elif self._timer is None:
+        elif self._timer is None and not self._overdue:
             self._timer = loop.call_later(self._window, self._flush)
         return fut
 
@@ -102,6 +103,8 @@ class GroupCommitter:
             task = self._loop.create_task(self._write(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        # Rows left over have had their window; they go as soon as a slot frees.
+        self._overdue = bool(self._pending)
         if self._pending and self._expiry is None:
             # Every slot is busy: make sure waiting rows still answer by their deadline.
             self._expiry = self._loop.call_at(self._pending[0].deadline, self._expire)
@@ -153,8 +156,13 @@ class GroupCommitter:
             if conn is not None:
                 self._idle.append(conn)
             self._inflight -= 1
-            # Rows that queued behind this batch have waited one commit already.
-            if self._pending and not self._closed:
+            # Not a flush of whatever is pending: that would cut tiny batches whenever
+            # commits are fast. Only rows past their window, or a full batch, go now.
+            if (
+                self._pending
+                and not self._closed
+                and (self._overdue or len(self._pending) >= self._max_batch)
+            ):
                 self._flush()
 
     async def close(self) -> None:

@@ -15,11 +15,12 @@ from gateway.groupcommit import GroupCommitter, Unavailable
 async def test_size_bound_cuts_batches(pool: asyncpg.Pool, db_dsn: str) -> None:
     gc = GroupCommitter(partial(connect, db_dsn), window_s=10.0, max_batch=10, max_inflight=100)
     futs = [gc.stage("meta", f"b{i}".encode()) for i in range(35)]
-    # 30 rows filled three batches at once; the last 5 wait for the window, a finished
-    # batch, or close().
+    # 30 rows filled three batches at once; the last 5 wait for their window or close().
     assert gc.pending == 5
-    await asyncio.wait_for(asyncio.gather(*futs), 5)
+    await asyncio.wait_for(asyncio.gather(*futs[:30]), 5)
+    assert gc.pending == 5 and not any(f.done() for f in futs[30:])
     await gc.close()
+    assert all(f.done() and f.exception() is None for f in futs)
     assert await pool.fetchval("SELECT count(*) FROM webhook_inbox") == 35
     assert gc.batches_written == 4
     assert await pool.fetchval("SELECT count(DISTINCT xmin::text) FROM webhook_inbox") == 4
