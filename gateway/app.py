@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
+import asyncpg
 from aiohttp import web
 
 from gateway import consumer, health, ingest, send_api
 from gateway.appkeys import COMMITTER, POOL, SETTINGS
-from gateway.db import create_pool, migrate_dsn
+from gateway.db import connect, create_pool, migrate_dsn
 from gateway.groupcommit import GroupCommitter
 from gateway.settings import Settings
 
@@ -29,13 +30,15 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
 
 async def _committer(app: web.Application) -> AsyncIterator[None]:
     s = app[SETTINGS]
-    assert s.database_url
+    dsn = s.database_url
+    assert dsn
+
     # The ack path gets its own connections: busy consumers or senders can't starve it.
-    pool = await create_pool(
-        s.database_url, 1, s.commit_max_inflight, timeout=s.db_connect_timeout_s, stateless=True
-    )
+    async def connect_() -> asyncpg.Connection:
+        return await connect(dsn, timeout=s.db_connect_timeout_s)
+
     committer = GroupCommitter(
-        pool,
+        connect_,
         window_s=s.commit_window_ms / 1000,
         max_batch=s.commit_max_batch,
         max_inflight=s.commit_max_inflight,
@@ -44,7 +47,6 @@ async def _committer(app: web.Application) -> AsyncIterator[None]:
     app[COMMITTER] = committer
     yield
     await committer.close()
-    await pool.close()
 
 
 def build_app(settings: Settings, *, workers: bool = True) -> web.Application:

@@ -3,28 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import asyncpg
 import pytest
 
+from gateway.db import connect
 from gateway.groupcommit import GroupCommitter, Unavailable
 
 
-async def test_size_bound_cuts_batches(pool: asyncpg.Pool) -> None:
-    gc = GroupCommitter(pool, window_s=10.0, max_batch=10, max_inflight=100)
+async def test_size_bound_cuts_batches(pool: asyncpg.Pool, db_dsn: str) -> None:
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=10.0, max_batch=10, max_inflight=100)
     futs = [gc.stage("meta", f"b{i}".encode()) for i in range(35)]
-    # 30 rows filled three batches at once; the last 5 wait for the window, a finished
-    # batch, or close().
+    # 30 rows filled three batches at once; the last 5 wait for their window or close().
     assert gc.pending == 5
-    await asyncio.wait_for(asyncio.gather(*futs), 5)
+    await asyncio.wait_for(asyncio.gather(*futs[:30]), 5)
+    assert gc.pending == 5 and not any(f.done() for f in futs[30:])
     await gc.close()
+    assert all(f.done() and f.exception() is None for f in futs)
     assert await pool.fetchval("SELECT count(*) FROM webhook_inbox") == 35
     assert gc.batches_written == 4
     assert await pool.fetchval("SELECT count(DISTINCT xmin::text) FROM webhook_inbox") == 4
 
 
-async def test_window_flushes_a_partial_batch(pool: asyncpg.Pool) -> None:
-    gc = GroupCommitter(pool, window_s=0.01, max_batch=1000)
+async def test_window_flushes_a_partial_batch(pool: asyncpg.Pool, db_dsn: str) -> None:
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=0.01, max_batch=1000)
     futs = [gc.stage("tenashi", b"x", f"evt_{i}") for i in range(3)]
     await asyncio.wait_for(asyncio.gather(*futs), 5)
     rows = await pool.fetch("SELECT delivery_id FROM webhook_inbox ORDER BY id")
@@ -32,8 +35,8 @@ async def test_window_flushes_a_partial_batch(pool: asyncpg.Pool) -> None:
     await gc.close()
 
 
-async def test_close_drains_pending_and_refuses_new_rows(pool: asyncpg.Pool) -> None:
-    gc = GroupCommitter(pool, window_s=60.0, max_batch=1000)
+async def test_close_drains_pending_and_refuses_new_rows(pool: asyncpg.Pool, db_dsn: str) -> None:
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=60.0, max_batch=1000)
     futs = [gc.stage("meta", b"pending") for _ in range(50)]
     await gc.close()
     assert all(f.done() and not f.exception() for f in futs)
@@ -42,8 +45,8 @@ async def test_close_drains_pending_and_refuses_new_rows(pool: asyncpg.Pool) -> 
         gc.stage("meta", b"late")
 
 
-async def test_failed_batch_fails_every_row_in_it(pool: asyncpg.Pool) -> None:
-    gc = GroupCommitter(pool, window_s=0.001, max_batch=100)
+async def test_failed_batch_fails_every_row_in_it(pool: asyncpg.Pool, db_dsn: str) -> None:
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=0.001, max_batch=100)
     # 'sms' violates the source CHECK: the whole batch fails, and nobody gets a 200.
     futs = [gc.stage("meta", b"ok"), gc.stage("sms", b"bad")]
     results = await asyncio.gather(*futs, return_exceptions=True)
@@ -52,8 +55,8 @@ async def test_failed_batch_fails_every_row_in_it(pool: asyncpg.Pool) -> None:
     await gc.close()
 
 
-async def test_inflight_limit_grows_the_next_batch(pool: asyncpg.Pool) -> None:
-    gc = GroupCommitter(pool, window_s=0.0, max_batch=1000, max_inflight=1)
+async def test_inflight_limit_grows_the_next_batch(pool: asyncpg.Pool, db_dsn: str) -> None:
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=0.0, max_batch=1000, max_inflight=1)
     async with pool.acquire() as blocker, blocker.transaction():
         await blocker.execute("LOCK TABLE webhook_inbox IN ACCESS EXCLUSIVE MODE")
         first = gc.stage("meta", b"first")
@@ -65,8 +68,10 @@ async def test_inflight_limit_grows_the_next_batch(pool: asyncpg.Pool) -> None:
     await gc.close()
 
 
-async def test_rows_waiting_for_a_slot_fail_at_their_deadline(pool: asyncpg.Pool) -> None:
-    gc = GroupCommitter(pool, window_s=0.0, max_batch=1000, max_inflight=1, deadline_s=0.2)
+async def test_rows_waiting_for_a_slot_fail_at_their_deadline(pool: asyncpg.Pool, db_dsn: str) -> None:
+    gc = GroupCommitter(
+        partial(connect, db_dsn), window_s=0.0, max_batch=1000, max_inflight=1, deadline_s=0.2
+    )
     async with pool.acquire() as blocker, blocker.transaction():
         await blocker.execute("LOCK TABLE webhook_inbox IN ACCESS EXCLUSIVE MODE")
         stuck = gc.stage("meta", b"stuck")  # its batch blocks on the lock
