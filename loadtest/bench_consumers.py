@@ -106,7 +106,7 @@ async def run_set_based(pool: asyncpg.Pool, settings: Settings) -> None:
     await asyncio.gather(*(loop(Consumer(pool, settings)) for _ in range(settings.consumer_concurrency)))
 
 
-async def _naive_one(conn: asyncpg.Connection) -> bool:
+async def _naive_one(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy) -> bool:
     async with conn.transaction():
         row = await conn.fetchrow(BASELINE["naive_claim_one"])
         if row is None:
@@ -171,7 +171,9 @@ async def measure(
     started = time.perf_counter()
     await runner(pool, settings)
     elapsed = time.perf_counter() - started
-    check = dict(await pool.fetchrow(BASELINE["bench_check"]))
+    row = await pool.fetchrow(BASELINE["bench_check"])
+    assert row is not None
+    check = dict(row)
     if check != expect:
         raise SystemExit(f"{name}: exactly-once check failed: got {check}, want {expect}")
     rate = len(bodies) / elapsed
