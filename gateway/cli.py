@@ -95,6 +95,36 @@ def with_connection(settings: Settings, work: Callable[[asyncpg.Connection], Awa
     return run(go())
 
 
+def run_worker(
+    settings: Settings,
+    pool_size: tuple[int, int],
+    work: Callable[[asyncpg.Pool, asyncio.Event], Awaitable[None]],
+) -> int:
+    """Standalone workers (consume, send): migrate, open a pool, run ``work`` until SIGTERM/SIGINT."""
+    import signal
+
+    from gateway.db import create_pool, migrate_dsn
+
+    settings, _server = resolve_database(settings)
+
+    async def go() -> int:
+        assert settings.database_url
+        if settings.migrate_on_start:
+            await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
+        pool = await create_pool(settings.database_url, *pool_size, timeout=settings.db_connect_timeout_s)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await work(pool, stop)
+        finally:
+            await pool.close()
+        return 0
+
+    return run(go())
+
+
 @command("serve", "run the HTTP gateway (with consumers and sender unless disabled)")
 def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
     from aiohttp import web

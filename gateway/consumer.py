@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import signal
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -27,8 +26,8 @@ from aiohttp import web
 
 from gateway import metrics, retention
 from gateway.backoff import backoff_delay
-from gateway.cli import command, resolve_database, run
-from gateway.db import connect, create_pool, migrate_dsn
+from gateway.cli import command, run_worker
+from gateway.db import connect
 from gateway.events import AccountError, AccountUpdate, Event, InboundMessage, PayloadError, Status, parse
 from gateway.settings import Settings
 from gateway.sqlfiles import q
@@ -352,33 +351,15 @@ async def consumers_ctx(app: web.Application) -> AsyncIterator[None]:
     await group.stop()
 
 
-async def run_consumers(settings: Settings, stop: asyncio.Event) -> None:
-    """Consumers alone (``gateway consume``) until ``stop`` is set."""
-    assert settings.database_url
-    if settings.migrate_on_start:
-        await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
-    size = settings.consumer_concurrency + 2
-    pool = await create_pool(settings.database_url, 1, size, timeout=settings.db_connect_timeout_s)
-    group = ConsumerGroup(pool, settings)
-    try:
-        await group.start()
-        log.info("%d consumer(s) running", settings.consumer_concurrency)
-        await stop.wait()
-    finally:
-        await group.stop()
-        await pool.close()
-
-
 @command("consume", "run the consumers alone (no HTTP), until SIGTERM or SIGINT")
 def cmd_consume(settings: Settings, ns: argparse.Namespace) -> int:
-    settings, _server = resolve_database(settings)
+    async def work(pool: asyncpg.Pool, stop: asyncio.Event) -> None:
+        group = ConsumerGroup(pool, settings)
+        try:
+            await group.start()
+            log.info("%d consumer(s) running", settings.consumer_concurrency)
+            await stop.wait()
+        finally:
+            await group.stop()
 
-    async def go() -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await run_consumers(settings, stop)
-        return 0
-
-    return run(go())
+    return run_worker(settings, (1, settings.consumer_concurrency + 2), work)

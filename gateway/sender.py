@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
@@ -38,7 +37,7 @@ from gateway.classify import (
     finalize,
     retry_delay_s,
 )
-from gateway.cli import command, resolve_database, run
+from gateway.cli import command, run_worker
 from gateway.pacing import Pacer
 from gateway.settings import Settings
 from gateway.sqlfiles import q
@@ -272,26 +271,12 @@ async def sender_ctx(app: web.Application) -> AsyncIterator[None]:
 
 @command("send", "run the sender (outbox → provider) and reconciler alone")
 def cmd_send(settings: Settings, ns: argparse.Namespace) -> int:
-    from gateway.db import create_pool, migrate_dsn
-
-    settings, _server = resolve_database(settings)
-
-    async def go() -> int:
-        assert settings.database_url
-        if settings.migrate_on_start:
-            await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
-        pool = await create_pool(settings.database_url, settings.db_pool_min, settings.db_pool_max)
+    async def work(pool: asyncpg.Pool, stop: asyncio.Event) -> None:
         sender = Sender(pool, settings)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         log.info("sender running: %s", settings.redacted())
         try:
             await sender.run(stop)
         finally:
             await sender.close()
-            await pool.close()
-        return 0
 
-    return run(go())
+    return run_worker(settings, (settings.db_pool_min, settings.db_pool_max), work)
