@@ -15,17 +15,13 @@ from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
 from gateway.app import build_app
-from gateway.db import connect, create_pool, database_name, migrate, with_database
+from gateway.db import connect, create_pool, migrate, with_database
 from gateway.settings import Settings
 
 META_SECRET = "meta-secret-current"
 META_OLD_SECRET = "meta-secret-previous"
 TENASHI_SECRET = "tenashi-secret-1"
 VERIFY_TOKEN = "verify-token-xyz"
-
-
-def db_name(dsn: str) -> str:
-    return database_name(dsn)
 
 
 @pytest.fixture(scope="session")

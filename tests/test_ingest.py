@@ -11,9 +11,10 @@ from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
 from gateway.appkeys import COMMITTER
+from gateway.db import database_name
 from gateway.settings import Settings
 from gateway.signature import sign_meta, sign_tenashi
-from tests.conftest import META_OLD_SECRET, META_SECRET, TENASHI_SECRET, VERIFY_TOKEN, db_name, replace
+from tests.conftest import META_OLD_SECRET, META_SECRET, TENASHI_SECRET, VERIFY_TOKEN, replace
 from tests.payloads import message_payload, meta_bytes
 
 
@@ -118,7 +119,7 @@ async def test_three_megabyte_payload_accepted_and_oversize_refused(
 async def test_database_down_gives_503_and_recovers(
     http: ClientSession, gateway: TestServer, pool: asyncpg.Pool, pg_admin_dsn: str, db_dsn: str
 ) -> None:
-    dbname = db_name(db_dsn)
+    dbname = database_name(db_dsn)
     admin = await asyncpg.connect(pg_admin_dsn)
     await pool.close()
     try:

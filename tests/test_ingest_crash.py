@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 
 import aiohttp
 import asyncpg
@@ -17,23 +18,28 @@ from tests.procs import free_port, spawn, wait_healthy
 pytestmark = pytest.mark.slow
 
 
-async def test_sigkill_during_burst_loses_no_acknowledged_event(
-    db_dsn: str, pool: asyncpg.Pool, tmp_path: object
-) -> None:
+def spawn_ingest_only(dsn: str, window_ms: int) -> tuple[subprocess.Popen[bytes], str]:
+    """`gateway serve` with its workers off, on a free port; returns it and its base URL."""
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
     proc = spawn(
         ["serve"],
         {
-            "DATABASE_URL": db_dsn,
+            "DATABASE_URL": dsn,
             "GATEWAY_PORT": str(port),
             "GATEWAY_META_APP_SECRETS": META_SECRET,
             "GATEWAY_RUN_CONSUMERS": "false",
             "GATEWAY_RUN_SENDER": "false",
-            # A wide window keeps many acknowledgements in flight when the kill lands.
-            "GATEWAY_COMMIT_WINDOW_MS": "5",
+            "GATEWAY_COMMIT_WINDOW_MS": str(window_ms),
         },
     )
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def test_sigkill_during_burst_loses_no_acknowledged_event(
+    db_dsn: str, pool: asyncpg.Pool, tmp_path: object
+) -> None:
+    # A wide window keeps many acknowledgements in flight when the kill lands.
+    proc, base = spawn_ingest_only(db_dsn, window_ms=5)
     try:
         await wait_healthy(base, proc)
         acked: list[bytes] = []
@@ -86,20 +92,8 @@ async def test_sigkill_during_burst_loses_no_acknowledged_event(
 
 
 async def test_sigterm_drains_pending_batches(db_dsn: str, pool: asyncpg.Pool) -> None:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc = spawn(
-        ["serve"],
-        {
-            "DATABASE_URL": db_dsn,
-            "GATEWAY_PORT": str(port),
-            "GATEWAY_META_APP_SECRETS": META_SECRET,
-            "GATEWAY_RUN_CONSUMERS": "false",
-            "GATEWAY_RUN_SENDER": "false",
-            # Rows sit in the batch buffer when SIGTERM arrives.
-            "GATEWAY_COMMIT_WINDOW_MS": "500",
-        },
-    )
+    # Rows sit in the batch buffer when SIGTERM arrives.
+    proc, base = spawn_ingest_only(db_dsn, window_ms=500)
     try:
         await wait_healthy(base, proc)
         bodies = [meta_bytes(message_payload(f"wamid.term{i:03d}")) for i in range(50)]

@@ -33,6 +33,24 @@ async def gateway_cli(dsn: str, *args: str, env: dict[str, str] | None = None) -
     return proc.returncode, out.decode(), err.decode()
 
 
+async def spawn_send(dsn: str, fake: FakeProvider) -> asyncio.subprocess.Process:
+    """`gateway send` as its own process, sending to the fake."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        "send",
+        env={
+            **os.environ,
+            "DATABASE_URL": dsn,
+            "GATEWAY_GRAPH_URL": fake.url + "/v21.0",
+            "GATEWAY_GRAPH_TOKEN": "t",
+            "GATEWAY_SEND_POLL_MS": "50",
+            "GATEWAY_LOG_LEVEL": "warning",
+        },
+    )
+
+
 async def test_serve_runs_the_sender(
     http: ClientSession, start_gateway: Any, settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
 ) -> None:
@@ -55,20 +73,7 @@ async def test_serve_runs_the_sender(
 
 async def test_gateway_send_command(db_dsn: str, pool: asyncpg.Pool, fake: FakeProvider) -> None:
     callback = await enqueue(pool, "cli-send")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway",
-        "send",
-        env={
-            **os.environ,
-            "DATABASE_URL": db_dsn,
-            "GATEWAY_GRAPH_URL": fake.url + "/v21.0",
-            "GATEWAY_GRAPH_TOKEN": "t",
-            "GATEWAY_SEND_POLL_MS": "50",
-            "GATEWAY_LOG_LEVEL": "warning",
-        },
-    )
+    proc = await spawn_send(db_dsn, fake)
     try:
         for _ in range(200):
             if (await row(pool, "cli-send"))["state"] == "accepted":
@@ -120,20 +125,7 @@ async def test_sender_killed_mid_batch_never_resends(
     n = 20
     callbacks = [await enqueue(pool, f"kill-{i}", f"49151{i:08d}") for i in range(n)]
     fake.add_fault("hang", times=n)  # accepted, and the answers never come
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway",
-        "send",
-        env={
-            **os.environ,
-            "DATABASE_URL": db_dsn,
-            "GATEWAY_GRAPH_URL": fake.url + "/v21.0",
-            "GATEWAY_GRAPH_TOKEN": "t",
-            "GATEWAY_SEND_POLL_MS": "50",
-            "GATEWAY_LOG_LEVEL": "warning",
-        },
-    )
+    proc = await spawn_send(db_dsn, fake)
     try:
         for _ in range(400):
             if len(fake.received) == n:
