@@ -24,12 +24,14 @@ test: $(VENV)/.installed lint typecheck
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check gateway tests loadtest
+	$(BIN)/lint-imports
 
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy
 
+## Pure tests: no database, no processes (seconds).
 unit: $(VENV)/.installed
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

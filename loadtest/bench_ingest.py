@@ -30,7 +30,7 @@ from typing import Any
 
 import psutil
 
-from gateway.db import connect
+from gateway.store.db import connect
 from loadtest import driver, plan, processes, report
 from loadtest.httpclient import Pool
 from loadtest.payloads import PayloadFactory

@@ -23,10 +23,11 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from gateway.db import connect, create_pool, migrate, scratch_database
-from gateway.sender import Sender
-from gateway.settings import Settings
-from gateway.sqlfiles import q
+from gateway.core.settings import Settings
+from gateway.outbound.sender import Sender
+from gateway.store.db import connect, create_pool, migrate
+from gateway.testing.scratch import scratch_database
+from loadtest.sql import q
 
 
 def _free_port() -> int:
@@ -104,7 +105,7 @@ async def _run(dsn: str, args: argparse.Namespace) -> dict[str, float]:
         keys = [f"m{i}" for i in range(args.messages)]
         recips = [f"49152{i % args.recipients:08d}" for i in range(args.messages)]
         payload = {"type": "text", "text": {"body": "bench"}}
-        await pool.execute(q("outbox_enqueue_bulk"), "bench", "meta", "1111", payload, keys, recips)
+        await pool.execute(q("lt_outbox_enqueue_bulk"), "bench", "meta", "1111", payload, keys, recips)
 
         sender = Sender(pool, settings)
         stop = asyncio.Event()
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if url:
         result = asyncio.run(_run_scratch(url, args))
     else:
-        from gateway import embedded
+        from gateway.runtime import embedded
 
         tmp = tempfile.mkdtemp(prefix="bench-send-")
         server, dsn = embedded.start(Path(tmp), cleanup="delete")

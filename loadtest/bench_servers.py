@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator
 import asyncpg
 from aiohttp import web
 
-from gateway.db import create_pool
-from gateway.settings import Settings
-from gateway.signature import verify_meta, verify_tenashi
-from gateway.sqlfiles import q
+from gateway.core.settings import Settings
+from gateway.core.signature import verify_meta, verify_tenashi
+from gateway.store.db import create_pool
+from loadtest.sql import q
 
 POOL = web.AppKey("pool", asyncpg.Pool)
 MAX_BODY = Settings().max_body_bytes
@@ -29,7 +29,7 @@ MAX_BODY = Settings().max_body_bytes
 def build(kind: str, dsn: str, meta_secret: str, tenashi_secret: str, pool_max: int) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY)
     secrets = (meta_secret,)
-    insert_sql = q("insert_inbox_one")
+    insert_sql = q("lt_inbox_insert_one")
 
     async def store(request: web.Request, source: str, body: bytes, delivery_id: str | None) -> web.Response:
         if kind == "insert":
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tenashi-secret", default="")
     p.add_argument("--pool-max", type=int, default=Settings().db_pool_max)
     ns = p.parse_args(argv)
-    from gateway.cli import install_uvloop
+    from gateway.runtime import install_uvloop
 
     install_uvloop()
     app = build(ns.kind, ns.dsn, ns.secret, ns.tenashi_secret, ns.pool_max)

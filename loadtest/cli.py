@@ -3,32 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from gateway.cli import install_uvloop, setup_logging
-
-
-def _delegate(module: str, what: str) -> Callable[[list[str]], int]:
-    """Run ``loadtest.<module>.main(argv)``, written on another branch; say so if it has not landed."""
-
-    def run(argv: list[str]) -> int:
-        try:
-            mod = importlib.import_module(f"loadtest.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"loadtest.{module}":
-                raise
-            print(
-                f"{what} is not available yet: loadtest/{module}.py has not landed on this branch",
-                file=sys.stderr,
-            )
-            return 2
-        result: int = mod.main(argv)
-        return result
-
-    return run
+from gateway.runtime import install_uvloop, setup_logging
 
 
 def _asyncio(
@@ -54,13 +33,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench-ingest", help="gateway vs bare verify-only vs insert-per-request handler")
     bench_ingest.add_args(p)
     p.set_defaults(func=_asyncio(bench_ingest.main))
-    for name, module, what in (
-        ("bench-consumers", "bench_consumers", "the consumer benchmark"),
-        ("bench-send", "bench_send", "the send benchmark"),
-    ):
+    for name, what in (("bench-consumers", "the consumer benchmark"), ("bench-send", "the send benchmark")):
         p = sub.add_parser(name, help=f"{what} (arguments after the name go to it)", add_help=False)
-        p.set_defaults(delegate=_delegate(module, what))
     return parser
+
+
+def _bench(name: str) -> Callable[[list[str]], int]:
+    from loadtest import bench_consumers, bench_send
+
+    mains: dict[str, Callable[[list[str]], int]] = {
+        "bench-consumers": bench_consumers.main,
+        "bench-send": bench_send.main,
+    }
+    return mains[name]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,9 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("WARNING")
     parser = build_parser()
     if argv and argv[0] in ("bench-consumers", "bench-send"):
-        ns = parser.parse_args(argv[:1])
-        code: int = ns.delegate(argv[1:])
-        return code
+        return _bench(argv[0])(argv[1:])
     ns = parser.parse_args(argv)
-    code = ns.func(ns)
+    code: int = ns.func(ns)
     return code

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.signature import sign_meta, sign_tenashi
+from gateway.core.signature import sign_meta, sign_tenashi
 
 META_PATH = "/webhooks/meta"
 TENASHI_PATH = "/webhooks/tenashi"

@@ -37,28 +37,20 @@ def free_port() -> int:
 
 def start_database(data_dir: Path) -> tuple[Any, str]:
     """Embedded PostgreSQL under ``data_dir`` (deleted when stopped); returns (server, dsn)."""
-    from gateway import embedded
+    from gateway.runtime import embedded
 
     return embedded.start(data_dir, cleanup="delete")
 
 
 async def migrate(dsn: str) -> None:
-    from gateway.db import connect
-    from gateway.db import migrate as run_migrations
+    from gateway.store.db import connect
+    from gateway.store.db import migrate as run_migrations
 
     conn = await connect(dsn)
     try:
         await run_migrations(conn)
     finally:
         await conn.close()
-
-
-def available_commands() -> set[str]:
-    """`gateway` subcommands in this checkout (the fake provider lands with another branch)."""
-    from gateway import cli
-
-    cli._load_plugins()
-    return set(cli.COMMANDS)
 
 
 class Proc:
@@ -150,9 +142,7 @@ def start_gateway(
     return Proc("gateway", [sys.executable, "-m", "gateway", "serve"], env, log_dir / "gateway.log", port)
 
 
-def start_fake_provider(dsn: str, secrets: Secrets, log_dir: Path, webhook_url: str) -> Proc | None:
-    if "fake-provider" not in available_commands():
-        return None
+def start_fake_provider(dsn: str, secrets: Secrets, log_dir: Path, webhook_url: str) -> Proc:
     port = free_port()
     env = gateway_env(
         dsn,

@@ -17,13 +17,13 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from gateway.db import connect
-from gateway.sqlfiles import q
+from gateway.store.db import connect
 from loadtest import driver, plan, processes, report, verify
 from loadtest.httpclient import Pool
 from loadtest.payloads import PayloadFactory, Secrets
 from loadtest.scenarios import SCENARIOS, scenario
 from loadtest.schedule import Profile, arrivals, constant, parse_profile
+from loadtest.sql import q
 from loadtest.stats import Ledger
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.sqlfiles import q
+from loadtest.sql import q
 from loadtest.stats import Entry
 
 CHUNK = 20_000

@@ -14,9 +14,9 @@ import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
-from gateway.app import build_app
-from gateway.db import connect, create_pool, migrate, with_database
-from gateway.settings import Settings
+from gateway.core.settings import Settings
+from gateway.store.db import connect, create_pool, migrate, with_database
+from gateway.web.app import build_app
 
 META_SECRET = "meta-secret-current"
 META_OLD_SECRET = "meta-secret-previous"

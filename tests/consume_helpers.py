@@ -7,13 +7,14 @@ from typing import Any
 
 import asyncpg
 
-from gateway.consumer import Consumer
-from gateway.settings import Settings
-from gateway.sqlfiles import q
+from gateway.core.settings import Settings
+from gateway.inbound.consumer import Consumer
+
+STAGE_ONE = "INSERT INTO webhook_inbox (source, body, delivery_id) VALUES ($1, $2, $3) RETURNING id"
 
 
 async def stage(pool: asyncpg.Pool, body: bytes, source: str = "meta", delivery_id: str | None = None) -> int:
-    inbox_id: int = await pool.fetchval(q("insert_inbox_one"), source, body, delivery_id)
+    inbox_id: int = await pool.fetchval(STAGE_ONE, source, body, delivery_id)
     return inbox_id
 
 

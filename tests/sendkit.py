@@ -10,9 +10,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway import outbox
-from gateway.fake_provider import FakeConfig, FakeProvider
-from gateway.settings import Settings
+from gateway.core.messages import callback_data
+from gateway.core.settings import Settings
+from gateway.maintenance import gauges
+from gateway.maintenance.reconciler import Reconciler
+from gateway.outbound.sender import Sender
+from gateway.store import outbox
+from gateway.testing.fake_provider import FakeConfig, FakeProvider
 from tests.conftest import META_SECRET, TENASHI_SECRET, replace
 from tests.consume_helpers import drain
 
@@ -87,11 +91,11 @@ async def enqueue(
         unknown_policy=policy,
     )
     await outbox.enqueue(pool, m)
-    return outbox.callback_data(tenant, key)
+    return callback_data(tenant, key)
 
 
 async def row(pool: asyncpg.Pool, key: str, tenant: str = "acme") -> asyncpg.Record:
-    r = await outbox.get(pool, tenant, key)
+    r = await outbox.get(pool, tenant=tenant, key=key)
     assert r is not None
     return r
 
@@ -101,3 +105,10 @@ async def apply_statuses_from_inbox(pool: asyncpg.Pool, settings: Settings) -> i
     await drain(pool, settings)
     n: int = await pool.fetchval("SELECT count(*) FROM message_statuses")
     return n
+
+
+async def reconcile(sender: Sender) -> dict[str, int]:
+    """One maintenance pass of the send side (reconciler, then gauges) on the sender's clock."""
+    counts = await Reconciler(sender.pool, sender.settings, clock=sender.clock).run_once()
+    await gauges.refresh_outbox(sender.pool, now=sender.clock.now())
+    return counts

@@ -1,0 +1,294 @@
+"""One frozen settings object, built from ``GATEWAY_*`` environment variables."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gateway.core.enums import Provider
+
+T = TypeVar("T")
+
+MIN_DEDUP_RETENTION_DAYS = 7  # Meta redelivers for up to 7 days.
+META_MAX_PAYLOAD = 3 * 1024 * 1024
+
+
+class SettingsError(ValueError):
+    """Raised with one line per bad variable."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+def _env(name: str, default: Any, parse: Callable[[str], Any] | None = None, doc: str = "") -> Any:
+    return field(default=default, metadata={"env": name, "parse": parse, "doc": doc})
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ValueError(f"must be an integer, got {raw!r}") from None
+        if lo is not None and value < lo:
+            raise ValueError(f"must be >= {lo}, got {value}")
+        if hi is not None and value > hi:
+            raise ValueError(f"must be <= {hi}, got {value}")
+        return value
+
+    return parse
+
+
+def _float(lo: float | None = None, hi: float | None = None) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ValueError(f"must be a number, got {raw!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"must be finite, got {raw!r}")
+        if lo is not None and value < lo:
+            raise ValueError(f"must be >= {lo}, got {value}")
+        if hi is not None and value > hi:
+            raise ValueError(f"must be <= {hi}, got {value}")
+        return value
+
+    return parse
+
+
+def _bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"must be true or false, got {raw!r}")
+
+
+def _csv(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _secrets(raw: str) -> tuple[str, ...]:
+    items = _csv(raw)
+    for item in items:
+        if len(item) < 8:
+            # Never echo the secret itself.
+            raise ValueError("each secret must be at least 8 characters")
+    return items
+
+
+def _pairs(raw: str) -> tuple[tuple[str, str], ...]:
+    """Parse ``a:b,c:d`` into pairs; the value may itself contain ':'."""
+    out: list[tuple[str, str]] = []
+    for item in _csv(raw):
+        left, sep, right = item.partition(":")
+        if not sep or not left.strip() or not right.strip():
+            raise ValueError("must be comma-separated name:value pairs")
+        out.append((left.strip(), right.strip()))
+    return tuple(out)
+
+
+def _api_keys(raw: str) -> tuple[tuple[str, str], ...]:
+    pairs = _pairs(raw)
+    for _, key in pairs:
+        if len(key) < 16:
+            raise ValueError("each API key must be at least 16 characters")
+    return pairs
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in options:
+            raise ValueError(f"must be one of {', '.join(options)}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def _log_level(raw: str) -> str:
+    return _choice("debug", "info", "warning", "error")(raw).upper()
+
+
+def _url(raw: str) -> str:
+    value = raw.strip().rstrip("/")
+    if not (value.startswith("http://") or value.startswith("https://")):
+        raise ValueError(f"must be an http(s) URL, got {raw!r}")
+    return value
+
+
+def _path(raw: str) -> Path:
+    return Path(raw.strip())
+
+
+def _str(raw: str) -> str:
+    return raw.strip()
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    # Database
+    database_url: str | None = _env("DATABASE_URL", None, _str, "PostgreSQL DSN; unset: embedded")
+    data_dir: Path = _env("GATEWAY_DATA_DIR", Path("./var"), _path, "embedded PostgreSQL home")
+    db_pool_min: int = _env("GATEWAY_DB_POOL_MIN", 2, _int(1, 200))
+    db_pool_max: int = _env("GATEWAY_DB_POOL_MAX", 10, _int(1, 200))
+    db_connect_timeout_s: float = _env("GATEWAY_DB_CONNECT_TIMEOUT_S", 5.0, _float(0.1, 120))
+    migrate_on_start: bool = _env("GATEWAY_MIGRATE_ON_START", True, _bool)
+
+    # HTTP
+    host: str = _env("GATEWAY_HOST", "127.0.0.1", _str)
+    port: int = _env("GATEWAY_PORT", 8080, _int(0, 65535))
+    max_body_bytes: int = _env("GATEWAY_MAX_BODY_BYTES", 8 * 1024 * 1024, _int(META_MAX_PAYLOAD))
+    log_level: str = _env("GATEWAY_LOG_LEVEL", "INFO", _log_level)
+
+    # Group commit of the ingest edge
+    commit_window_ms: float = _env("GATEWAY_COMMIT_WINDOW_MS", 2.0, _float(0, 1000))
+    commit_max_batch: int = _env("GATEWAY_COMMIT_MAX_BATCH", 256, _int(1, 10000))
+    commit_max_inflight: int = _env("GATEWAY_COMMIT_MAX_INFLIGHT", 4, _int(1, 100))
+    ack_deadline_ms: int = _env("GATEWAY_ACK_DEADLINE_MS", 3000, _int(10, 60000))
+
+    # Meta
+    meta_app_secrets: tuple[str, ...] = _env("GATEWAY_META_APP_SECRETS", (), _secrets)
+    meta_verify_token: str = _env("GATEWAY_META_VERIFY_TOKEN", "", _str)
+    graph_url: str = _env("GATEWAY_GRAPH_URL", "https://graph.facebook.com/v21.0", _url)
+    graph_token: str = _env("GATEWAY_GRAPH_TOKEN", "", _str)
+
+    # Tenashi
+    tenashi_secret: str = _env("GATEWAY_TENASHI_SECRET", "", _str)
+    tenashi_signature_header: str = _env("GATEWAY_TENASHI_SIGNATURE_HEADER", "X-Tenashi-Signature", _str)
+    tenashi_signature_scheme: str = _env(
+        "GATEWAY_TENASHI_SIGNATURE_SCHEME",
+        "hmac-sha256-hex",
+        _choice("hmac-sha256-hex", "hmac-sha256-base64"),
+    )
+    tenashi_signature_prefix: str = _env("GATEWAY_TENASHI_SIGNATURE_PREFIX", "sha256=", _str)
+    tenashi_url: str = _env("GATEWAY_TENASHI_URL", "https://api.tenashi.example", _url)
+    tenashi_token: str = _env("GATEWAY_TENASHI_TOKEN", "", _str)
+
+    # Send API
+    api_keys: tuple[tuple[str, str], ...] = _env("GATEWAY_API_KEYS", (), _api_keys)
+
+    # Which background workers `gateway serve` runs in-process.
+    run_consumers: bool = _env("GATEWAY_RUN_CONSUMERS", True, _bool)
+    run_sender: bool = _env("GATEWAY_RUN_SENDER", True, _bool)
+
+    # Consumers
+    consumer_concurrency: int = _env("GATEWAY_CONSUMER_CONCURRENCY", 2, _int(1, 64))
+    consumer_batch: int = _env("GATEWAY_CONSUMER_BATCH", 200, _int(1, 10000))
+    consumer_batch_bytes: int = _env("GATEWAY_CONSUMER_BATCH_BYTES", 16 * 1024 * 1024, _int(1), "per batch")
+    consumer_poll_ms: int = _env("GATEWAY_CONSUMER_POLL_MS", 1000, _int(10, 600000))
+    max_attempts: int = _env("GATEWAY_MAX_ATTEMPTS", 8, _int(1, 1000))
+    retry_base_ms: int = _env("GATEWAY_RETRY_BASE_MS", 1000, _int(1, 3600000))
+    retry_max_ms: int = _env("GATEWAY_RETRY_MAX_MS", 600000, _int(1, 86400000))
+    dedup_retention_days: int = _env("GATEWAY_DEDUP_RETENTION_DAYS", 30, _int(1))
+    inbox_retention_days: int = _env("GATEWAY_INBOX_RETENTION_DAYS", 7, _int(1))
+    status_retention_days: int = _env("GATEWAY_STATUS_RETENTION_DAYS", 90, _int(1))
+    purge_interval_s: int = _env("GATEWAY_PURGE_INTERVAL_S", 3600, _int(1))
+    purge_batch: int = _env("GATEWAY_PURGE_BATCH", 5000, _int(1, 1000000))
+
+    # Sender
+    send_connect_timeout_ms: int = _env("GATEWAY_SEND_CONNECT_TIMEOUT_MS", 3000, _int(1))
+    send_read_timeout_ms: int = _env("GATEWAY_SEND_READ_TIMEOUT_MS", 15000, _int(1))
+    send_batch: int = _env("GATEWAY_SEND_BATCH", 100, _int(1, 10000))
+    send_concurrency: int = _env("GATEWAY_SEND_CONCURRENCY", 64, _int(1, 10000))
+    send_poll_ms: int = _env("GATEWAY_SEND_POLL_MS", 500, _int(10, 600000))
+    pair_interval_s: float = _env("GATEWAY_PAIR_INTERVAL_S", 6.0, _float(0))
+    number_rate_per_s: float = _env("GATEWAY_NUMBER_RATE_PER_S", 80.0, _float(0.1))
+    reconcile_window_s: int = _env("GATEWAY_RECONCILE_WINDOW_S", 600, _int(1))
+    send_max_attempts: int = _env("GATEWAY_SEND_MAX_ATTEMPTS", 8, _int(1, 1000))
+    send_loops: int = _env("GATEWAY_SEND_LOOPS", 2, _int(1, 64), "claim/send loops per sender")
+    idempotency_ttl_h: int = _env("GATEWAY_IDEMPOTENCY_TTL_H", 72, _int(1))
+    tenant_providers: tuple[tuple[str, str], ...] = _env(
+        "GATEWAY_TENANT_PROVIDERS", (), _pairs, "tenant:meta|tenashi; default meta"
+    )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Settings:
+        values: dict[str, Any] = {}
+        problems: list[str] = []
+        for f in dataclasses.fields(cls):
+            name = f.metadata["env"]
+            raw = environ.get(name)
+            if raw is None:
+                continue
+            parse = f.metadata["parse"]
+            try:
+                values[f.name] = parse(raw)
+            except ValueError as exc:
+                problems.append(f"{name}: {exc}")
+        if not problems:
+            settings = cls(**values)
+            problems.extend(settings.check())
+        if problems:
+            raise SettingsError(problems)
+        return settings
+
+    def check(self) -> list[str]:
+        """Cross-field rules."""
+        problems: list[str] = []
+        if self.dedup_retention_days < MIN_DEDUP_RETENTION_DAYS:
+            problems.append(
+                f"GATEWAY_DEDUP_RETENTION_DAYS: must be >= {MIN_DEDUP_RETENTION_DAYS} "
+                f"(Meta redelivers for 7 days), got {self.dedup_retention_days}"
+            )
+        if self.db_pool_min > self.db_pool_max:
+            problems.append("GATEWAY_DB_POOL_MIN: must not exceed GATEWAY_DB_POOL_MAX")
+        if self.retry_base_ms > self.retry_max_ms:
+            problems.append("GATEWAY_RETRY_BASE_MS: must not exceed GATEWAY_RETRY_MAX_MS")
+        for tenant, provider in self.tenant_providers:
+            if provider not in tuple(Provider):
+                problems.append(f"GATEWAY_TENANT_PROVIDERS: provider for {tenant!r} must be meta or tenashi")
+        keys = [k for _, k in self.api_keys]
+        if len(set(keys)) != len(keys):
+            problems.append("GATEWAY_API_KEYS: the same key is given twice")
+        return problems
+
+    def provider_for(self, tenant: str) -> Provider:
+        return Provider(dict(self.tenant_providers).get(tenant, Provider.META))
+
+    @property
+    def send_lease_s(self) -> float:
+        """After this long a row still ``sending`` belongs to a sender that died mid-request.
+
+        The sender's whole-request timeout (connect + 2 x read) plus a minute of slack.
+        """
+        return self.send_connect_timeout_ms / 1000 + 2 * self.send_read_timeout_ms / 1000 + 60.0
+
+    def redacted(self) -> dict[str, Any]:
+        """Settings safe to log: secrets replaced by their count or a marker."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in {"meta_app_secrets", "api_keys"}:
+                value = f"<{len(value)} set>"
+            elif f.name in _SINGLE_SECRETS:
+                value = "<set>" if value else "<unset>"
+            elif f.name == "database_url" and value:
+                value = _redact_dsn(value)
+            out[f.name] = value
+        return out
+
+
+_SINGLE_SECRETS = {"tenashi_secret", "graph_token", "tenashi_token", "meta_verify_token"}
+
+
+def _redact_dsn(dsn: str) -> str:
+    scheme, sep, rest = dsn.partition("://")
+    if not sep or "@" not in rest:
+        return dsn
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"
+
+
+def env_names() -> list[tuple[str, str, str]]:
+    """(variable, default, doc) for every setting, for the README and --help."""
+    rows = []
+    for f in dataclasses.fields(Settings):
+        rows.append((f.metadata["env"], repr(f.default), f.metadata["doc"]))
+    return rows

@@ -1,0 +1,61 @@
+"""One runner for the periodic jobs (retention, reconciler, gauges) of a process.
+
+Each job runs on its own interval; a failing run is logged and tried again at the next
+interval, never stopping the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from gateway.core.aio import sleep_unless_stopped
+from gateway.core.settings import Settings
+from gateway.maintenance import gauges, retention
+from gateway.maintenance.reconciler import Reconciler
+
+log = logging.getLogger(__name__)
+
+GAUGE_INTERVAL_S = 5.0
+RECONCILE_INTERVAL_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    name: str
+    interval_s: float
+    run: Callable[[asyncio.Event], Awaitable[Any]]
+
+
+def jobs_for(pool: asyncpg.Pool, settings: Settings, *, inbound: bool, outbound: bool) -> list[Job]:
+    """The jobs that go with the workers a process runs."""
+    jobs: list[Job] = []
+    if inbound:
+        jobs.append(Job("inbox gauges", GAUGE_INTERVAL_S, lambda _stop: gauges.refresh_inbox(pool)))
+        jobs.append(
+            Job("retention", settings.purge_interval_s, lambda stop: retention.purge(pool, settings, stop))
+        )
+    if outbound:
+        reconciler = Reconciler(pool, settings)
+        jobs.append(Job("reconciler", RECONCILE_INTERVAL_S, lambda _stop: reconciler.run_once()))
+        jobs.append(Job("outbox gauges", GAUGE_INTERVAL_S, lambda _stop: gauges.refresh_outbox(pool)))
+    return jobs
+
+
+async def _loop(job: Job, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            await job.run(stop)
+        except Exception as exc:
+            log.warning("%s failed: %s: %s", job.name, type(exc).__name__, exc)
+        await sleep_unless_stopped(stop, job.interval_s)
+
+
+async def run(jobs: list[Job], stop: asyncio.Event) -> None:
+    """Run every job until ``stop`` is set."""
+    await asyncio.gather(*(_loop(j, stop) for j in jobs))

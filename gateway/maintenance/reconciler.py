@@ -1,0 +1,47 @@
+"""The reconciler: sends whose fate is unknown, and the send API's expired keys.
+
+A row left ``sending`` past the lease belongs to a sender that died mid-request and becomes
+``unknown``; an ``unknown`` row whose status webhook has not come within the window follows
+its policy (``resend`` → ``pending`` once, ``review`` → parked for a person). Time comes from
+an injectable clock so tests can run it without waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import asyncpg
+
+from gateway.core.clock import Clock, SystemClock
+from gateway.core.settings import Settings
+from gateway.store import idempotency, outbox
+
+log = logging.getLogger(__name__)
+
+BATCH = 1000
+MAX_PURGE_ROUNDS = 20
+
+
+class Reconciler:
+    def __init__(self, pool: asyncpg.Pool, settings: Settings, *, clock: Clock | None = None) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.clock = clock or SystemClock()
+
+    async def run_once(self) -> dict[str, int]:
+        """One pass; returns counts, for tests and logs."""
+        now = self.clock.now()
+        s = self.settings
+        expired = await outbox.expire_sending(self.pool, now=now, lease_s=s.send_lease_s, limit=BATCH)
+        reconciled = await outbox.reconcile_unknown(
+            self.pool, now=now, window_s=float(s.reconcile_window_s), limit=BATCH
+        )
+        for r in reconciled:
+            log.info("reconciled %s/%s: unknown -> %s", r.tenant, r.idem_key[:80], r.state)
+        purged = 0
+        for _ in range(MAX_PURGE_ROUNDS):
+            n = await idempotency.purge_expired(self.pool, limit=s.purge_batch)
+            purged += n
+            if n < s.purge_batch:
+                break
+        return {"expired_sending": len(expired), "reconciled": len(reconciled), "purged_keys": purged}

@@ -1,0 +1,218 @@
+"""The send API: ``POST /v1/messages`` with an Idempotency-Key, ``GET /v1/messages/{key}``.
+
+A key is claimed with one atomic INSERT and committed as ``in_progress`` before any work, so a
+concurrent request with the same key sees it (409) instead of waiting. The outbox row and the
+stored first response are then written in one transaction: a crash between the two steps
+leaves at most a stale claim, which a retry with the same body takes over after a lease.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import asyncpg
+import orjson
+from aiohttp import web
+
+from gateway.core.messages import Invalid, SendRequest, fingerprint, validate
+from gateway.core.settings import Settings
+from gateway.httpkit import bearer_tenant, problem, unauthorized
+from gateway.store import idempotency, outbox
+
+log = logging.getLogger(__name__)
+
+MAX_KEY = 255
+MAX_BODY = 64 * 1024
+# A claim still in_progress after this long belongs to a request that died.
+CLAIM_LEASE_S = 30.0
+RETRY_AFTER_S = "1"
+_KEY_CHARS = re.compile(r"^[\x21-\x7e]+$")  # visible ASCII: safe in headers, logs and URLs
+OPENAPI_PATH = Path(__file__).with_name("openapi.json")
+DB_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
+def _key_problem(key: str | None) -> web.Response | None:
+    if key is None or key == "":
+        return problem(400, "Idempotency-Key header required", "Send a unique key per business event.")
+    if len(key) > MAX_KEY:
+        return problem(400, "Idempotency-Key too long", f"At most {MAX_KEY} characters.")
+    if not _KEY_CHARS.match(key):
+        return problem(400, "Idempotency-Key invalid", "Visible ASCII characters only, no spaces.")
+    return None
+
+
+def _location(key: str) -> str:
+    return "/v1/messages/" + quote(key, safe="")
+
+
+def _replay(stored: idempotency.StoredKey) -> web.Response:
+    headers = dict(stored.response_headers or {})
+    headers["Idempotent-Replayed"] = "true"
+    return web.Response(body=stored.response_body, status=stored.response_status or 200, headers=headers)
+
+
+def _ts(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+@cache
+def openapi_bytes() -> bytes:
+    """The document in the repo, loaded once and served as is."""
+    data = OPENAPI_PATH.read_bytes()
+    json.loads(data)  # fail at startup, not at the first request, if it is broken
+    return data
+
+
+class SendApi:
+    """The send API's routes; ``pool`` is set once the app's database is up."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.pool: asyncpg.Pool | None = None
+        openapi_bytes()
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/messages", self.post_message),
+            web.get("/v1/messages/{key:.+}", self.get_message),
+            web.get("/v1/openapi.json", self.get_openapi),
+        ]
+
+    def _pool(self) -> asyncpg.Pool:
+        assert self.pool is not None, "the send API is served only after the database is up"
+        return self.pool
+
+    async def post_message(self, request: web.Request) -> web.Response:
+        tenant = bearer_tenant(self.settings.api_keys, request.headers.get("Authorization"))
+        if tenant is None:
+            return unauthorized()
+        key = request.headers.get("Idempotency-Key")
+        bad = _key_problem(key)
+        if bad is not None:
+            return bad
+        assert key is not None
+        if request.content_length is not None and request.content_length > MAX_BODY:
+            return problem(413, "body too large", f"At most {MAX_BODY} bytes.")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raw = b"x" * (MAX_BODY + 1)
+        if len(raw) > MAX_BODY:
+            return problem(413, "body too large", f"At most {MAX_BODY} bytes.")
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return problem(400, "body is not JSON")
+        try:
+            message = validate(body)
+        except Invalid as exc:
+            return problem(400, "invalid message", "; ".join(exc.errors), errors=exc.errors)
+        req = SendRequest(tenant, key, fingerprint(body), self.settings.provider_for(tenant), message)
+        try:
+            return await self._claim_and_answer(req)
+        except DB_ERRORS as exc:
+            log.warning("send request not accepted: database %s", type(exc).__name__)
+            return problem(503, "not accepted, retry later", headers={"Retry-After": "5"})
+
+    async def _claim_and_answer(self, req: SendRequest) -> web.Response:
+        pool = self._pool()
+        ident = {"tenant": req.tenant, "key": req.key}
+        for _ in range(3):
+            claimed = await idempotency.claim(
+                pool,
+                **ident,
+                fingerprint=req.fingerprint,
+                ttl_h=self.settings.idempotency_ttl_h,
+                lease_s=CLAIM_LEASE_S,
+            )
+            if claimed:
+                break
+            stored = await idempotency.get(pool, **ident)
+            if stored is None:
+                continue  # expired and purged between the two statements: claim again
+            if stored.fingerprint != req.fingerprint:
+                return problem(
+                    422, "Idempotency-Key reused with a different body", "Use a new key for a new message."
+                )
+            if not stored.done:
+                return problem(
+                    409,
+                    "a request with this Idempotency-Key is in progress",
+                    "Retry after the first request completes.",
+                    headers={"Retry-After": RETRY_AFTER_S},
+                )
+            return _replay(stored)
+        else:
+            return problem(503, "could not claim the Idempotency-Key", headers={"Retry-After": RETRY_AFTER_S})
+
+        try:
+            return await self._first_request(req)
+        except Exception:
+            log.exception("send request failed; releasing its idempotency key")
+            try:
+                await idempotency.release(pool, **ident, fingerprint=req.fingerprint)
+            except Exception:
+                log.warning("could not release the key; it will be taken over after %ss", CLAIM_LEASE_S)
+            return problem(503, "not accepted, retry later", headers={"Retry-After": "5"})
+
+    async def _first_request(self, req: SendRequest) -> web.Response:
+        m = req.body
+        new = outbox.NewMessage(
+            tenant=req.tenant,
+            key=req.key,
+            provider=req.provider,
+            phone_number_id=m.phone_number_id,
+            recipient=m.to,
+            payload=m.message,
+            unknown_policy=m.unknown_policy,
+        )
+        async with self._pool().acquire() as conn, conn.transaction():
+            _created, row = await outbox.enqueue(conn, new)
+            body = orjson.dumps({"key": req.key, "state": row["state"], "provider": row["provider"]})
+            headers = {"Content-Type": "application/json", "Location": _location(req.key)}
+            await idempotency.complete(
+                conn,
+                tenant=req.tenant,
+                key=req.key,
+                fingerprint=req.fingerprint,
+                status=202,
+                headers=headers,
+                body=body,
+            )
+        return web.Response(body=body, status=202, headers=headers)
+
+    async def get_message(self, request: web.Request) -> web.Response:
+        tenant = bearer_tenant(self.settings.api_keys, request.headers.get("Authorization"))
+        if tenant is None:
+            return unauthorized()
+        key = request.match_info["key"]
+        row = await outbox.get(self._pool(), tenant=tenant, key=key)
+        if row is None:
+            return problem(404, "no message with this key")
+        return web.json_response(
+            {
+                "key": key,
+                "state": row["state"],
+                "provider": row["provider"],
+                "recipient": row["recipient"],
+                "wamid": row["wamid"],
+                "delivery_status": row["delivery_status"],
+                "delivery_errors": row["delivery_errors"],
+                "attempts": row["attempts"],
+                "last_error": row["last_error"],
+                "last_error_code": row["last_error_code"],
+                "created_at": _ts(row["created_at"]),
+                "updated_at": _ts(row["updated_at"]),
+                "accepted_at": _ts(row["accepted_at"]),
+            },
+            dumps=lambda v: orjson.dumps(v).decode(),
+        )
+
+    async def get_openapi(self, request: web.Request) -> web.Response:
+        return web.Response(body=openapi_bytes(), content_type="application/json")

@@ -1,0 +1,115 @@
+"""asyncpg pool with orjson codecs, and the migration runner."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import asyncpg
+import orjson
+from asyncpg.pool import PoolConnectionProxy
+
+from gateway.store.sqlfiles import migrations, q
+
+log = logging.getLogger(__name__)
+
+# Arbitrary but fixed: serialises migrations across replicas starting at once.
+MIGRATION_LOCK_ID = 0x6761_7465_7761_79  # "gateway"
+
+Pool = asyncpg.Pool
+# What a store function runs on: a connection, a pool, or a pool's connection.
+Conn = asyncpg.Connection | asyncpg.Pool | PoolConnectionProxy
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+async def init_connection(conn: asyncpg.Connection) -> None:
+    for typ in ("json", "jsonb"):
+        await conn.set_type_codec(typ, encoder=_dumps, decoder=orjson.loads, schema="pg_catalog")
+
+
+async def _no_reset(conn: asyncpg.Connection) -> None:
+    """Skip the RESET ALL round trip on release: for pools whose users never change session state."""
+
+
+async def create_pool(
+    dsn: str, min_size: int = 2, max_size: int = 10, timeout: float = 5.0, *, stateless: bool = False
+) -> Pool:
+    pool = await asyncpg.create_pool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        init=init_connection,
+        timeout=timeout,
+        command_timeout=60,
+        reset=_no_reset if stateless else None,
+    )
+    assert pool is not None
+    return pool
+
+
+async def connect(dsn: str, timeout: float = 5.0) -> asyncpg.Connection:
+    conn: asyncpg.Connection = await asyncpg.connect(dsn, timeout=timeout)
+    await init_connection(conn)
+    return conn
+
+
+async def migrate(conn: asyncpg.Connection) -> list[int]:
+    """Apply pending migrations, each in its own transaction; returns the versions applied."""
+    applied: list[int] = []
+    await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_ID)
+    try:
+        await conn.execute(
+            """CREATE TABLE IF NOT EXISTS schema_migrations (
+                   version    integer PRIMARY KEY,
+                   name       text NOT NULL,
+                   applied_at timestamptz NOT NULL DEFAULT now())"""
+        )
+        done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+        for m in migrations():
+            if m.version in done:
+                continue
+            async with conn.transaction():
+                await conn.execute(m.sql)
+                await conn.execute(
+                    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name
+                )
+            log.info("applied migration %04d_%s", m.version, m.name)
+            applied.append(m.version)
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)
+    return applied
+
+
+async def schema_version(conn: Conn) -> int:
+    """The highest migration applied (0: none)."""
+    v: int = await conn.fetchval(q("schema_migrations_version"))
+    return v
+
+
+def latest_version() -> int:
+    ms = migrations()
+    return ms[-1].version if ms else 0
+
+
+async def migrate_dsn(dsn: str, timeout: float = 5.0) -> list[int]:
+    """Open a connection, apply pending migrations, close it."""
+    conn = await connect(dsn, timeout=timeout)
+    try:
+        return await migrate(conn)
+    finally:
+        await conn.close()
+
+
+def with_database(dsn: str, name: str) -> str:
+    """``dsn`` pointing at database ``name`` (socket DSNs keep their ``?host=``)."""
+    scheme, _, rest = dsn.partition("://")
+    authority, _, path = rest.partition("/")
+    _, mark, query = path.partition("?")
+    return f"{scheme}://{authority}/{name}{mark}{query}"
+
+
+def database_name(dsn: str) -> str:
+    return dsn.partition("://")[2].partition("/")[2].partition("?")[0]

@@ -1,0 +1,124 @@
+"""``webhook_inbox`` and what the consumers write beside it: staging, claims, the batch
+statement, failures and dead letters. The only module that knows these tables' SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from gateway.core.enums import InboxState
+from gateway.core.planning import Plan, StagedRow
+from gateway.store.db import Conn
+from gateway.store.sqlfiles import q
+
+CHANNEL = "webhook_inbox"
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """Counts from one ``inbox_apply_batch``: keys newly inserted and effects per table."""
+
+    fresh: int
+    messages: int
+    statuses: int
+    account_errors: int
+    account_updates: int
+    outbox_updated: int
+    messages_inserted: int
+    statuses_inserted: int
+    done: int
+    parked: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadRow:
+    id: int
+    source: str
+    received_at: datetime
+    delivery_id: str | None
+    attempts: int
+    bytes: int
+    last_error: str | None
+
+
+def _staged(r: asyncpg.Record) -> StagedRow:
+    return StagedRow(r["id"], r["source"], bytes(r["body"]), r["delivery_id"], r["attempts"])
+
+
+async def insert_batch(
+    conn: Conn, *, sources: Sequence[str], bodies: Sequence[bytes], delivery_ids: Sequence[str | None]
+) -> None:
+    """Stage rows in arrival order, one statement (the group commit's write)."""
+    await conn.execute(q("inbox_insert_batch"), sources, bodies, delivery_ids)
+
+
+async def claim_batch(conn: Conn, *, limit: int, max_bytes: int) -> list[StagedRow]:
+    """Due pending rows, locked for the caller's transaction (SKIP LOCKED)."""
+    return [_staged(r) for r in await conn.fetch(q("inbox_claim_batch"), limit, max_bytes)]
+
+
+async def claim_row(conn: Conn, *, inbox_id: int) -> StagedRow | None:
+    r = await conn.fetchrow(q("inbox_claim_row"), inbox_id)
+    return None if r is None else _staged(r)
+
+
+async def apply_plan(conn: Conn, plan: Plan) -> Applied:
+    """handle_once for a whole batch: keys, side effects and row states in one statement."""
+    r = await conn.fetchrow(
+        q("inbox_apply_batch"),
+        plan.keys,
+        plan.key_inbox,
+        plan.messages,
+        plan.statuses,
+        plan.account_errors,
+        plan.account_updates,
+        plan.done,
+        plan.parked,
+        plan.parked_why,
+    )
+    assert r is not None
+    return Applied(**dict(r))
+
+
+async def row_failed(
+    conn: Conn, *, inbox_id: int, max_attempts: int, delay_s: float, error: str
+) -> InboxState | None:
+    """Count a failed attempt: back to pending after ``delay_s``, or dead; None if not pending."""
+    state = await conn.fetchval(q("inbox_row_failed"), inbox_id, max_attempts, delay_s, error)
+    return None if state is None else InboxState(state)
+
+
+async def notify(conn: Conn) -> None:
+    await conn.execute(q("inbox_notify"))
+
+
+async def dead_list(conn: Conn, *, limit: int) -> list[DeadRow]:
+    return [DeadRow(**dict(r)) for r in await conn.fetch(q("inbox_dead_list"), limit)]
+
+
+async def dead_count(conn: Conn) -> int:
+    n: int = await conn.fetchval(q("inbox_dead_count"))
+    return n
+
+
+async def dead_replay(conn: asyncpg.Connection, *, ids: Sequence[int] | None) -> list[int]:
+    """Dead rows back to pending with a fresh budget (``ids=None``: every one); ids replayed."""
+    async with conn.transaction():
+        rows = await conn.fetch(q("inbox_dead_replay"), None if ids is None else list(ids))
+        if rows:
+            await notify(conn)
+    return sorted(r["id"] for r in rows)
+
+
+async def depth(conn: Conn) -> int:
+    n: int = await conn.fetchval(q("inbox_depth"))
+    return n
+
+
+async def lag_seconds(conn: Conn) -> float:
+    """Age of the oldest due pending row (0 when none)."""
+    lag: float = await conn.fetchval(q("inbox_lag"))
+    return lag

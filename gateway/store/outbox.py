@@ -1,0 +1,160 @@
+"""``outbox``: one row per business event (tenant, key); the sender's claims and results,
+the reconciler's transitions and the operator's decisions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from gateway.core.enums import OutboxState, Provider, UnknownPolicy
+from gateway.core.messages import callback_data
+from gateway.store.db import Conn
+from gateway.store.sqlfiles import q
+
+# Every column of a row, as outbox_get returns it.
+OutboxRow = asyncpg.Record
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    tenant: str
+    key: str
+    provider: Provider | str
+    phone_number_id: str
+    recipient: str
+    payload: dict[str, Any]
+    unknown_policy: UnknownPolicy | str = UnknownPolicy.REVIEW
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What one send attempt did to its row (see ``record_results``)."""
+
+    id: int
+    state: OutboxState
+    wamid: str | None
+    next_at: float | None
+    error: str | None
+    code: int | None
+    sent_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciled:
+    id: int
+    tenant: str
+    idem_key: str
+    state: OutboxState
+
+
+async def enqueue(conn: Conn, m: NewMessage) -> tuple[bool, OutboxRow]:
+    """Insert the row unless (tenant, key) exists; returns (created, row)."""
+    policy = UnknownPolicy(m.unknown_policy)  # ValueError on anything else
+    created = await conn.fetchrow(
+        q("outbox_enqueue"),
+        m.tenant,
+        m.key,
+        callback_data(m.tenant, m.key),
+        str(Provider(m.provider)),
+        m.phone_number_id,
+        m.recipient,
+        m.payload,
+        str(policy),
+    )
+    row = await get(conn, tenant=m.tenant, key=m.key)
+    assert row is not None
+    return created is not None, row
+
+
+async def get(conn: Conn, *, tenant: str, key: str) -> OutboxRow | None:
+    row: OutboxRow | None = await conn.fetchrow(q("outbox_get"), tenant, key)
+    return row
+
+
+async def claim_due(conn: Conn, *, now: float, limit: int) -> list[asyncpg.Record]:
+    """Due pending rows become ``sending`` in one statement; other senders skip them."""
+    return list(await conn.fetch(q("outbox_claim_due"), now, limit))
+
+
+async def defer(conn: Conn, *, ids: Sequence[int], until: Sequence[float]) -> None:
+    """Pacing put these back to pending (not an attempt)."""
+    await conn.execute(q("outbox_defer"), list(ids), list(until))
+
+
+async def record_results(conn: Conn, results: Sequence[Result], *, now: float) -> None:
+    """Each attempt's outcome, for rows still ``sending`` (a status may have overtaken it)."""
+    await conn.execute(
+        q("outbox_record_results"),
+        [r.id for r in results],
+        [str(r.state) for r in results],
+        [r.wamid for r in results],
+        [r.next_at for r in results],
+        [r.error for r in results],
+        [r.code for r in results],
+        [r.sent_at for r in results],
+        now,
+    )
+
+
+async def expire_sending(conn: Conn, *, now: float, lease_s: float, limit: int) -> list[int]:
+    """Rows left ``sending`` past the lease (their sender died mid-request) become unknown."""
+    return [r["id"] for r in await conn.fetch(q("outbox_expire_sending"), now, lease_s, limit)]
+
+
+async def reconcile_unknown(conn: Conn, *, now: float, window_s: float, limit: int) -> list[Reconciled]:
+    """Unknown past the window: policy resend → pending once; otherwise review."""
+    rows = await conn.fetch(q("outbox_reconcile_unknown"), now, window_s, limit)
+    return [Reconciled(r["id"], r["tenant"], r["idem_key"], OutboxState(r["state"])) for r in rows]
+
+
+async def count_by_state(conn: Conn) -> dict[OutboxState, int]:
+    return {OutboxState(r["state"]): r["n"] for r in await conn.fetch(q("outbox_count_by_state"))}
+
+
+async def oldest_unknown(conn: Conn) -> float | None:
+    """Epoch seconds of the oldest ``unknown`` row's unknown_at (None: none)."""
+    at: float | None = await conn.fetchval(q("outbox_oldest_unknown"))
+    return at
+
+
+async def list_state(conn: Conn, *, state: OutboxState | str, limit: int) -> list[asyncpg.Record]:
+    return list(await conn.fetch(q("outbox_list_state"), str(OutboxState(state)), limit))
+
+
+class AmbiguousKey(Exception):
+    pass
+
+
+async def _resolve_tenant(conn: Conn, key: str, tenant: str | None) -> str | None:
+    rows = await conn.fetch(q("outbox_tenants_for_key"), key, tenant)
+    if not rows:
+        return None
+    if len(rows) > 1:
+        raise AmbiguousKey(", ".join(r["tenant"] for r in rows))
+    tenant_name: str = rows[0]["tenant"]
+    return tenant_name
+
+
+async def release(conn: Conn, key: str, tenant: str | None = None) -> str:
+    """review/unknown/failed → pending (an operator decided to send). Returns a one-line result."""
+    return await _transition(conn, "outbox_release", key, tenant, "released")
+
+
+async def cancel(conn: Conn, key: str, tenant: str | None = None) -> str:
+    """pending/review/unknown/failed → cancelled."""
+    return await _transition(conn, "outbox_cancel", key, tenant, "cancelled")
+
+
+async def _transition(conn: Conn, query: str, key: str, tenant: str | None, verb: str) -> str:
+    found = await _resolve_tenant(conn, key, tenant)
+    if found is None:
+        raise LookupError(f"no outbox row with key {key!r}" + (f" for tenant {tenant!r}" if tenant else ""))
+    state = await conn.fetchval(q(query), found, key)
+    if state is None:
+        row = await get(conn, tenant=found, key=key)
+        current = row["state"] if row else "gone"
+        raise ValueError(f"{found}/{key} is {current}: not {verb}")
+    return f"{found}/{key} {verb}: now {state}"

@@ -1,0 +1,77 @@
+"""Named SQL queries and numbered migrations, loaded once from ``sql/``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+_NAME = re.compile(r"^--\s*name:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
+_MIGRATION = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+def sql_dir() -> Path:
+    """``sql/`` beside the package in a source tree, or inside it in a wheel."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "sql", package.parent / "sql"):
+        if (candidate / "migrations").is_dir():
+            return candidate
+    raise FileNotFoundError("sql/ directory not found next to the gateway package")
+
+
+def parse_queries(text: str, source: str = "<sql>") -> dict[str, str]:
+    """Split a file of ``-- name: x`` sections into {name: sql}."""
+    parts = _NAME.split(text)
+    out: dict[str, str] = {}
+    # parts = [preamble, name1, body1, name2, body2, ...]
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        sql = body.strip().rstrip(";").strip()
+        if not sql:
+            raise ValueError(f"{source}: query {name!r} is empty")
+        if name in out:
+            raise ValueError(f"{source}: query {name!r} defined twice")
+        out[name] = sql
+    return out
+
+
+def load_queries(path: Path) -> dict[str, str]:
+    """The named queries of one file (the load harness keeps its own beside it)."""
+    return parse_queries(path.read_text(), path.name)
+
+
+@cache
+def queries() -> dict[str, str]:
+    """Every named query in ``sql/queries/*.sql``; names are unique across files."""
+    out: dict[str, str] = {}
+    for path in sorted((sql_dir() / "queries").glob("*.sql")):
+        for name, sql in parse_queries(path.read_text(), path.name).items():
+            if name in out:
+                raise ValueError(f"{path.name}: query {name!r} also defined in another file")
+            out[name] = sql
+    return out
+
+
+def q(name: str) -> str:
+    return queries()[name]
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+@cache
+def migrations() -> tuple[Migration, ...]:
+    found: list[Migration] = []
+    for path in sorted((sql_dir() / "migrations").glob("*.sql")):
+        m = _MIGRATION.match(path.name)
+        if not m:
+            raise ValueError(f"migration file {path.name!r} is not named NNNN_name.sql")
+        found.append(Migration(int(m.group(1)), m.group(2), path.read_text()))
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise ValueError(f"two migrations share a number: {versions}")
+    return tuple(found)

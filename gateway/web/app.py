@@ -1,0 +1,131 @@
+"""The aiohttp application: routes, the typed keys it holds, and every resource it owns via
+``cleanup_ctx`` (database pool, group committer, consumers, sender, maintenance jobs)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import asyncpg
+from aiohttp import web
+
+from gateway.core.settings import Settings
+from gateway.inbound.consumer import ConsumerGroup
+from gateway.inbound.groupcommit import GroupCommitter
+from gateway.inbound.webhooks import Webhooks
+from gateway.maintenance import jobs
+from gateway.outbound.send_api import SendApi
+from gateway.outbound.sender import Sender
+from gateway.store.db import connect, create_pool, migrate_dsn
+from gateway.web.health import Health
+
+log = logging.getLogger(__name__)
+
+SETTINGS = web.AppKey("settings", Settings)
+POOL = web.AppKey("pool", asyncpg.Pool)
+COMMITTER = web.AppKey("committer", GroupCommitter)
+CONSUMERS = web.AppKey("consumers", ConsumerGroup)
+SENDER = web.AppKey("sender", Sender)
+WEBHOOKS = web.AppKey("webhooks", Webhooks)
+SEND_API = web.AppKey("send_api", SendApi)
+HEALTH = web.AppKey("health", Health)
+
+
+async def _database(app: web.Application) -> AsyncIterator[None]:
+    s = app[SETTINGS]
+    assert s.database_url, "database_url must be resolved before the app starts"
+    if s.migrate_on_start:
+        await migrate_dsn(s.database_url, timeout=s.db_connect_timeout_s)
+    pool = await create_pool(s.database_url, s.db_pool_min, s.db_pool_max, timeout=s.db_connect_timeout_s)
+    app[POOL] = pool
+    app[SEND_API].pool = pool
+    app[HEALTH].pool = pool
+    yield
+    await pool.close()
+
+
+async def _committer(app: web.Application) -> AsyncIterator[None]:
+    s = app[SETTINGS]
+    dsn = s.database_url
+    assert dsn
+
+    # The ack path gets its own connections: busy consumers or senders can't starve it.
+    async def connect_() -> asyncpg.Connection:
+        return await connect(dsn, timeout=s.db_connect_timeout_s)
+
+    committer = GroupCommitter(
+        connect_,
+        window_s=s.commit_window_ms / 1000,
+        max_batch=s.commit_max_batch,
+        max_inflight=s.commit_max_inflight,
+        deadline_s=s.ack_deadline_ms / 1000,
+    )
+    app[COMMITTER] = committer
+    app[WEBHOOKS].committer = committer
+    yield
+    app[WEBHOOKS].committer = None
+    await committer.close()
+
+
+async def _consumers(app: web.Application) -> AsyncIterator[None]:
+    """The consumers run for the app's lifetime, on the app's pool."""
+    group = ConsumerGroup(app[POOL], app[SETTINGS])
+    app[CONSUMERS] = group
+    await group.start()
+    yield
+    await group.stop()
+
+
+async def _sender(app: web.Application) -> AsyncIterator[None]:
+    """The sender runs beside the HTTP server."""
+    sender = Sender(app[POOL], app[SETTINGS])
+    app[SENDER] = sender
+    stop = asyncio.Event()
+    task = asyncio.create_task(sender.run(stop))
+    yield
+    stop.set()
+    try:
+        await asyncio.wait_for(task, sender.timeout.total or 30)
+    except TimeoutError:
+        log.warning("sender did not stop in time; rows it was sending become unknown after the lease")
+    await sender.close()
+
+
+def _maintenance(inbound: bool, outbound: bool) -> object:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(
+            jobs.run(jobs.jobs_for(app[POOL], app[SETTINGS], inbound=inbound, outbound=outbound), stop)
+        )
+        yield
+        stop.set()
+        await task
+
+    return ctx
+
+
+def build_app(settings: Settings, *, workers: bool = True) -> web.Application:
+    """The gateway app; ``workers`` starts the in-process consumers and sender."""
+    app = web.Application(client_max_size=settings.max_body_bytes)
+    app[SETTINGS] = settings
+    app[WEBHOOKS] = Webhooks(settings)
+    app[SEND_API] = SendApi(settings)
+    app[HEALTH] = Health()
+    app.router.add_routes(app[WEBHOOKS].routes())
+    app.router.add_routes(app[HEALTH].routes())
+    app.router.add_routes(app[SEND_API].routes())
+    app.cleanup_ctx.append(_database)
+    app.cleanup_ctx.append(_committer)
+    if not settings.meta_app_secrets:
+        log.warning("GATEWAY_META_APP_SECRETS is empty: every Meta webhook POST will get 401")
+    # Background workers, each owned by a cleanup_ctx so shutdown stops them in order.
+    inbound = workers and settings.run_consumers
+    outbound = workers and settings.run_sender
+    if inbound:
+        app.cleanup_ctx.append(_consumers)
+    if outbound:
+        app.cleanup_ctx.append(_sender)
+    if inbound or outbound:
+        app.cleanup_ctx.append(_maintenance(inbound, outbound))  # type: ignore[arg-type]
+    return app

@@ -1,0 +1,63 @@
+-- Queries of the load-test harness (loadtest/): run bookkeeping and exactly-once verification.
+-- Every query is scoped to rows staged after the run started (id > $1).
+
+-- name: lt_inbox_max_id
+SELECT coalesce(max(id), 0) FROM webhook_inbox;
+
+-- name: lt_inbox_digests
+-- Each distinct stored body of the run, by SHA-256, with how many rows hold it.
+SELECT sha256(body) AS digest, count(*) AS n FROM webhook_inbox WHERE id > $1 GROUP BY 1;
+
+-- name: lt_inbox_backlog
+SELECT count(*) AS pending,
+       coalesce(extract(epoch FROM clock_timestamp() - min(received_at)), 0)::float8 AS lag_s
+FROM webhook_inbox
+WHERE id > $1 AND state = 'pending';
+
+-- name: lt_inbox_states
+SELECT state, count(*) AS n FROM webhook_inbox WHERE id > $1 GROUP BY state;
+
+-- name: lt_table_columns
+SELECT column_name::text FROM information_schema.columns
+WHERE table_schema = current_schema() AND table_name = $1;
+
+-- name: lt_processed_keys_since
+SELECT event_key FROM processed_webhook_events WHERE inbox_id > $1;
+
+-- name: lt_processed_keys_among
+SELECT event_key FROM processed_webhook_events WHERE event_key = ANY($1::text[]);
+
+-- name: lt_inbound_counts
+SELECT wamid, count(*) AS n FROM inbound_messages WHERE wamid = ANY($1::text[]) GROUP BY wamid;
+
+-- name: lt_status_counts
+SELECT wamid, count(*) AS n FROM message_statuses WHERE wamid = ANY($1::text[]) GROUP BY wamid;
+
+-- name: lt_e2e_latency
+-- Receipt (row staged) to processed (key and side effects committed), per event, in seconds.
+SELECT count(*) AS n,
+       percentile_cont(ARRAY[0.5, 0.9, 0.99, 0.999]) WITHIN GROUP (ORDER BY d) AS ps,
+       max(d) AS mx
+FROM (SELECT extract(epoch FROM p.processed_at - i.received_at)::float8 AS d
+      FROM processed_webhook_events p JOIN webhook_inbox i ON i.id = p.inbox_id
+      WHERE p.inbox_id > $1) AS t;
+
+-- name: lt_e2e_timeline
+-- p50/p99 receipt-to-processed latency per second of receipt, seconds from $2.
+SELECT floor(extract(epoch FROM i.received_at - $2::timestamptz))::int AS t,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM p.processed_at - i.received_at)) AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM p.processed_at - i.received_at)) AS p99
+FROM processed_webhook_events p JOIN webhook_inbox i ON i.id = p.inbox_id
+WHERE p.inbox_id > $1
+GROUP BY 1 ORDER BY 1;
+
+-- name: lt_inbox_insert_one
+-- One row in its own transaction: the insert-per-request baseline's path.
+INSERT INTO webhook_inbox (source, body, delivery_id) VALUES ($1, $2, $3) RETURNING id;
+
+-- name: lt_outbox_enqueue_bulk
+-- Load tests: many rows in one statement (same shape as outbox_enqueue).
+INSERT INTO outbox (tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload, unknown_policy)
+SELECT $1, k, $1 || ':' || k, $2, $3, r, $4, 'review'
+FROM unnest($5::text[], $6::text[]) AS t(k, r)
+ON CONFLICT (tenant, idem_key) DO NOTHING;

@@ -1,0 +1,191 @@
+-- webhook_inbox: staging by the ingest edge, claims and the batch statement of the consumers,
+-- dead letters. processed_webhook_events and the side-effect tables are written by inbox_apply_batch.
+
+-- name: inbox_insert_batch
+-- One statement per group-commit batch, rows in arrival order.
+INSERT INTO webhook_inbox (source, body, delivery_id)
+SELECT source, body, delivery_id
+FROM unnest($1::text[], $2::bytea[], $3::text[]) WITH ORDINALITY AS t(source, body, delivery_id, n)
+ORDER BY n;
+
+-- name: inbox_claim_batch
+-- Due pending rows, locked for this transaction; other consumers skip them. Bodies are
+-- read only up to a byte budget ($2; the first row always), so a backlog of 3 MB payloads
+-- cannot make one batch huge: rows past the budget stay pending and are unlocked at COMMIT.
+WITH claimed AS (
+    SELECT id, next_attempt_at, octet_length(body) AS size
+    FROM webhook_inbox
+    WHERE state = 'pending' AND next_attempt_at <= clock_timestamp()
+    ORDER BY next_attempt_at, id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), budget AS (
+    SELECT id, next_attempt_at, sum(size) OVER (ORDER BY next_attempt_at, id) - size AS before
+    FROM claimed
+)
+SELECT w.id, w.source, w.body, w.delivery_id, w.attempts
+FROM budget b JOIN webhook_inbox w ON w.id = b.id
+WHERE b.before = 0 OR b.before + octet_length(w.body) <= $2
+ORDER BY b.next_attempt_at, b.id;
+
+-- name: inbox_claim_row
+-- One row again, for the one-by-one fallback after a batch failed.
+SELECT id, source, body, delivery_id, attempts
+FROM webhook_inbox
+WHERE id = $1 AND state = 'pending'
+FOR UPDATE SKIP LOCKED;
+
+-- name: inbox_apply_batch
+-- handle_once for a whole batch in one statement. The keys go into
+-- processed_webhook_events first; only keys that were newly inserted (RETURNING) get their
+-- side effects, and the inbox rows are marked done, all in the caller's transaction: a
+-- crash rolls back keys and effects together, a redelivery finds its key and does nothing.
+-- Keys are inserted and outbox rows locked in sorted order so that two consumers touching
+-- the same keys or rows wait for each other instead of deadlocking.
+-- $1 keys, $2 their inbox ids, $3 messages, $4 statuses, $5 account errors,
+-- $6 account updates (jsonb arrays), $7 inbox ids done, $8/$9 inbox ids parked + why.
+WITH ev AS (
+    SELECT key, inbox_id FROM unnest($1::text[], $2::bigint[]) AS e(key, inbox_id)
+), fresh AS (
+    INSERT INTO processed_webhook_events (event_key, inbox_id)
+    SELECT key, inbox_id FROM ev ORDER BY key
+    ON CONFLICT (event_key) DO NOTHING
+    RETURNING event_key
+), msg AS (
+    SELECT m.*
+    FROM jsonb_to_recordset($3::jsonb) AS m(
+        key text, source text, wamid text, phone_number_id text, sender text, type text,
+        ts bigint, contact_name text, message jsonb, inbox_id bigint)
+    JOIN fresh ON fresh.event_key = m.key
+), ins_msg AS (
+    INSERT INTO inbound_messages
+        (wamid, source, phone_number_id, sender, type, timestamp, contact_name, message, inbox_id)
+    SELECT wamid, source, phone_number_id, sender, type, to_timestamp(ts), contact_name, message, inbox_id
+    FROM msg ORDER BY wamid
+    ON CONFLICT (wamid) DO NOTHING
+    RETURNING 1
+), st AS (
+    SELECT s.*, delivery_rank(s.status) AS rank
+    FROM jsonb_to_recordset($4::jsonb) AS s(
+        key text, source text, wamid text, status text, participant text, recipient text,
+        ts bigint, callback_data text, errors jsonb, raw jsonb, inbox_id bigint)
+    JOIN fresh ON fresh.event_key = s.key
+), ins_st AS (
+    INSERT INTO message_statuses
+        (event_key, source, wamid, status, participant, recipient, timestamp, callback_data,
+         errors, raw, inbox_id)
+    SELECT key, source, wamid, status, participant, recipient, to_timestamp(ts), callback_data,
+           errors, raw, inbox_id
+    FROM st
+    RETURNING 1
+), hit AS (
+    -- The outbox row named by biz_opaque_callback_data, else the one that has the wamid.
+    SELECT coalesce(
+               (SELECT o.id FROM outbox o WHERE o.callback_data = st.callback_data),
+               (SELECT o.id FROM outbox o WHERE o.wamid = st.wamid ORDER BY o.id LIMIT 1)
+           ) AS outbox_id,
+           st.wamid, st.status, st.rank, st.errors
+    FROM st
+), best AS (
+    -- Several statuses for one row in one batch: the furthest one wins.
+    SELECT DISTINCT ON (outbox_id) outbox_id, wamid, status, rank, errors
+    FROM hit
+    WHERE outbox_id IS NOT NULL
+    ORDER BY outbox_id, rank DESC
+), locked AS (
+    SELECT o.id FROM outbox o JOIN best ON best.outbox_id = o.id ORDER BY o.id FOR UPDATE OF o
+), upd AS (
+    -- A status proves the provider accepted the send, whatever we thought: a row still
+    -- pending/sending/unknown/review becomes accepted (so it is never sent again).
+    -- delivery_status only moves forward (delivery_rank); failed keeps its errors.
+    UPDATE outbox o SET
+        state = CASE WHEN o.state IN ('pending', 'sending', 'unknown', 'review')
+                     THEN 'accepted' ELSE o.state END,
+        accepted_at = CASE WHEN o.state IN ('pending', 'sending', 'unknown', 'review')
+                           THEN coalesce(o.accepted_at, now()) ELSE o.accepted_at END,
+        wamid = coalesce(o.wamid, b.wamid),
+        delivery_status = CASE WHEN b.rank > delivery_rank(o.delivery_status)
+                               THEN b.status ELSE o.delivery_status END,
+        delivery_errors = CASE WHEN b.rank > delivery_rank(o.delivery_status) AND b.status = 'failed'
+                               THEN b.errors ELSE o.delivery_errors END,
+        updated_at = now()
+    FROM best b JOIN locked l ON l.id = b.outbox_id
+    WHERE o.id = b.outbox_id
+    RETURNING 1
+), ins_err AS (
+    INSERT INTO account_errors (event_key, waba_id, phone_number_id, field, errors, raw, inbox_id)
+    SELECT a.key, a.waba_id, a.phone_number_id, a.field, a.errors, a.raw, a.inbox_id
+    FROM jsonb_to_recordset($5::jsonb) AS a(
+        key text, waba_id text, phone_number_id text, field text, errors jsonb, raw jsonb, inbox_id bigint)
+    JOIN fresh ON fresh.event_key = a.key
+    RETURNING 1
+), ins_upd AS (
+    INSERT INTO account_updates (event_key, waba_id, field, value, inbox_id)
+    SELECT u.key, u.waba_id, u.field, u.value, u.inbox_id
+    FROM jsonb_to_recordset($6::jsonb) AS u(
+        key text, waba_id text, field text, value jsonb, inbox_id bigint)
+    JOIN fresh ON fresh.event_key = u.key
+    RETURNING 1
+), done AS (
+    UPDATE webhook_inbox SET state = 'done', processed_at = now()
+    WHERE id = ANY($7::bigint[])
+    RETURNING 1
+), parked AS (
+    UPDATE webhook_inbox w SET state = 'dead', attempts = w.attempts + 1, last_error = d.why
+    FROM unnest($8::bigint[], $9::text[]) AS d(id, why)
+    WHERE w.id = d.id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM fresh) AS fresh,
+       (SELECT count(*) FROM msg) AS messages,
+       (SELECT count(*) FROM st) AS statuses,
+       (SELECT count(*) FROM ins_err) AS account_errors,
+       (SELECT count(*) FROM ins_upd) AS account_updates,
+       (SELECT count(*) FROM upd) AS outbox_updated,
+       (SELECT count(*) FROM ins_msg) AS messages_inserted,
+       (SELECT count(*) FROM ins_st) AS statuses_inserted,
+       (SELECT count(*) FROM done) AS done,
+       (SELECT count(*) FROM parked) AS parked;
+
+-- name: inbox_row_failed
+-- A row whose processing failed: retry later with backoff, or park it after max attempts.
+-- $2 max attempts, $3 delay in seconds, $4 the error.
+UPDATE webhook_inbox SET
+    attempts = attempts + 1,
+    state = CASE WHEN attempts + 1 >= $2 THEN 'dead' ELSE 'pending' END,
+    next_attempt_at = clock_timestamp() + make_interval(secs => $3),
+    last_error = $4
+WHERE id = $1 AND state = 'pending'
+RETURNING state;
+
+-- name: inbox_notify
+SELECT pg_notify('webhook_inbox', '');
+
+-- name: inbox_dead_list
+SELECT id, source, received_at, delivery_id, attempts, octet_length(body) AS bytes, last_error
+FROM webhook_inbox
+WHERE state = 'dead'
+ORDER BY id
+LIMIT $1;
+
+-- name: inbox_dead_count
+SELECT count(*) FROM webhook_inbox WHERE state = 'dead';
+
+-- name: inbox_dead_replay
+-- Dead rows back to pending with a fresh attempt budget; $1 NULL means every dead row.
+UPDATE webhook_inbox SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp()
+WHERE state = 'dead' AND ($1::bigint[] IS NULL OR id = ANY($1::bigint[]))
+RETURNING id;
+
+-- name: inbox_depth
+SELECT count(*) FROM webhook_inbox WHERE state = 'pending';
+
+-- name: inbox_lag
+-- Age in seconds of the oldest due pending row (0 when none), by the claim index.
+SELECT coalesce(extract(epoch FROM clock_timestamp() - min(received_at)), 0)::float8
+FROM (
+    SELECT received_at FROM webhook_inbox
+    WHERE state = 'pending' AND next_attempt_at <= clock_timestamp()
+    ORDER BY next_attempt_at, id
+    LIMIT 1
+) oldest;

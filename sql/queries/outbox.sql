@@ -1,0 +1,110 @@
+-- The outbox: enqueue, the sender's claims and results, the reconciler, operator commands.
+-- Times that drive scheduling come in as epoch seconds from the caller's clock ($now),
+-- so tests can run the sender and reconciler on a controllable clock.
+
+-- name: outbox_enqueue
+INSERT INTO outbox (tenant, idem_key, callback_data, provider, phone_number_id, recipient,
+                    payload, unknown_policy)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (tenant, idem_key) DO NOTHING
+RETURNING id, state;
+
+-- name: outbox_get
+SELECT id, tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload, state,
+       unknown_policy, resent, attempts, next_attempt_at, last_error, last_error_code, wamid,
+       delivery_status, delivery_errors, created_at, updated_at, sending_at, unknown_at, accepted_at
+FROM outbox
+WHERE tenant = $1 AND idem_key = $2;
+
+-- name: outbox_claim_due
+-- Due pending rows become 'sending' in one statement; concurrent senders skip each other's rows.
+UPDATE outbox o
+SET state = 'sending', sending_at = to_timestamp($1::float8), updated_at = clock_timestamp()
+WHERE o.id IN (
+    SELECT id FROM outbox
+    WHERE state = 'pending' AND next_attempt_at <= to_timestamp($1::float8)
+    ORDER BY next_attempt_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)
+RETURNING o.id, o.tenant, o.idem_key, o.callback_data, o.provider, o.phone_number_id, o.recipient,
+          o.payload, o.attempts, extract(epoch FROM o.next_attempt_at)::float8 AS due;
+
+-- name: outbox_defer
+-- Pacing put these back: not an attempt.
+UPDATE outbox o
+SET state = 'pending', next_attempt_at = to_timestamp(t.at), updated_at = clock_timestamp()
+FROM unnest($1::bigint[], $2::float8[]) AS t(id, at)
+WHERE o.id = t.id AND o.state = 'sending';
+
+-- name: outbox_record_results
+-- Only rows still 'sending': a status webhook may already have moved one to accepted.
+UPDATE outbox o
+SET state = t.state,
+    attempts = o.attempts + 1,
+    wamid = coalesce(t.wamid, o.wamid),
+    next_attempt_at = coalesce(to_timestamp(t.next_at), o.next_attempt_at),
+    last_error = t.error,
+    last_error_code = t.code,
+    sending_at = to_timestamp(t.sent_at),
+    unknown_at = CASE WHEN t.state = 'unknown' THEN to_timestamp($8::float8) ELSE o.unknown_at END,
+    accepted_at = CASE WHEN t.state = 'accepted' THEN to_timestamp($8::float8) ELSE o.accepted_at END,
+    updated_at = clock_timestamp()
+FROM unnest($1::bigint[], $2::text[], $3::text[], $4::float8[], $5::text[], $6::int[], $7::float8[])
+     AS t(id, state, wamid, next_at, error, code, sent_at)
+WHERE o.id = t.id AND o.state = 'sending';
+
+-- name: outbox_expire_sending
+-- A row left 'sending' past the lease belongs to a sender that died mid-request: its fate is unknown.
+UPDATE outbox
+SET state = 'unknown', unknown_at = to_timestamp($1::float8),
+    last_error = 'sender stopped while sending', updated_at = clock_timestamp()
+WHERE id IN (
+    SELECT id FROM outbox
+    WHERE state = 'sending' AND sending_at <= to_timestamp($1::float8) - make_interval(secs => $2::float8)
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: outbox_reconcile_unknown
+-- Unknown past the window: policy 'resend' goes back to pending once, everything else to review.
+UPDATE outbox
+SET state = CASE WHEN unknown_policy = 'resend' AND NOT resent THEN 'pending' ELSE 'review' END,
+    resent = resent OR unknown_policy = 'resend',
+    next_attempt_at = to_timestamp($1::float8),
+    updated_at = clock_timestamp()
+WHERE id IN (
+    SELECT id FROM outbox
+    WHERE state = 'unknown' AND unknown_at <= to_timestamp($1::float8) - make_interval(secs => $2::float8)
+    ORDER BY unknown_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED)
+RETURNING id, tenant, idem_key, state;
+
+-- name: outbox_count_by_state
+SELECT state, count(*) AS n FROM outbox GROUP BY state;
+
+-- name: outbox_oldest_unknown
+SELECT extract(epoch FROM min(unknown_at))::float8 FROM outbox WHERE state = 'unknown';
+
+-- name: outbox_list_state
+SELECT tenant, idem_key, state, recipient, attempts, last_error_code, last_error, updated_at
+FROM outbox
+WHERE state = $1
+ORDER BY updated_at, id
+LIMIT $2;
+
+-- name: outbox_tenants_for_key
+SELECT tenant, state FROM outbox WHERE idem_key = $1 AND ($2::text IS NULL OR tenant = $2) ORDER BY tenant;
+
+-- name: outbox_release
+-- An operator's decision to send (again): attempts restart.
+UPDATE outbox
+SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE tenant = $1 AND idem_key = $2 AND state IN ('review', 'unknown', 'failed')
+RETURNING state;
+
+-- name: outbox_cancel
+UPDATE outbox
+SET state = 'cancelled', updated_at = clock_timestamp()
+WHERE tenant = $1 AND idem_key = $2 AND state IN ('pending', 'review', 'unknown', 'failed')
+RETURNING state;

@@ -1,0 +1,25 @@
+-- Retention: bounded DELETE batches (never one long lock); callers loop until a batch is short.
+
+-- name: processed_webhook_events_purge
+DELETE FROM processed_webhook_events
+WHERE ctid IN (
+    SELECT ctid FROM processed_webhook_events
+    WHERE processed_at < now() - make_interval(days => $1)
+    LIMIT $2
+);
+
+-- name: inbox_purge_done
+DELETE FROM webhook_inbox
+WHERE ctid IN (
+    SELECT ctid FROM webhook_inbox
+    WHERE state = 'done' AND processed_at < now() - make_interval(days => $1)
+    LIMIT $2
+);
+
+-- name: message_statuses_purge
+DELETE FROM message_statuses
+WHERE ctid IN (
+    SELECT ctid FROM message_statuses
+    WHERE recorded_at < now() - make_interval(days => $1)
+    LIMIT $2
+);

@@ -1,0 +1,450 @@
+"""Exactly-once processing against a real PostgreSQL (and the real HTTP gateway where it matters)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+
+import asyncpg
+import pytest
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestServer
+
+from gateway.core.settings import Settings
+from gateway.core.signature import sign_meta, sign_tenashi
+from gateway.inbound.consumer import Consumer
+from gateway.store import inbox
+from tests.conftest import META_SECRET, TENASHI_SECRET, replace
+from tests.consume_helpers import add_outbox, counts, drain, inbox_states, outbox_row, stage
+from tests.consume_payloads import (
+    message_obj,
+    messages_payload,
+    meta_payload,
+    meta_value,
+    status_obj,
+    statuses_payload,
+    tenashi_event,
+    to_bytes,
+)
+
+ERR = [{"code": 131026, "title": "Message undeliverable"}]
+
+
+async def post_meta(http: ClientSession, server: TestServer, body: bytes) -> int:
+    headers = {"Content-Type": "application/json", "X-Hub-Signature-256": sign_meta(body, META_SECRET)}
+    async with http.post(server.make_url("/webhooks/meta"), data=body, headers=headers) as r:
+        return r.status
+
+
+async def wait_until_drained(pool: asyncpg.Pool, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state = 'pending'"):
+        assert time.monotonic() < deadline, "consumers did not drain the inbox"
+        await asyncio.sleep(0.02)
+
+
+async def test_same_payload_five_times_in_sequence_one_side_effect(
+    http: ClientSession, gateway: TestServer, pool: asyncpg.Pool, settings: Settings
+) -> None:
+    await add_outbox(pool, "cb-seq")
+    body = to_bytes(
+        meta_payload(
+            ("messages", meta_value(messages=[message_obj("wamid.SEQ")])),
+            ("messages", meta_value(statuses=[status_obj("wamid.OUT", "delivered", callback="cb-seq")])),
+        )
+    )
+    for _ in range(5):
+        assert await post_meta(http, gateway, body) == 200
+        await drain(pool, settings)
+    assert await counts(pool) == {
+        "processed_webhook_events": 2,
+        "inbound_messages": 1,
+        "message_statuses": 1,
+        "account_errors": 0,
+        "account_updates": 0,
+    }
+    assert await inbox_states(pool) == {"done": 5}
+    row = await outbox_row(pool, "cb-seq")
+    assert (row["state"], row["wamid"], row["delivery_status"]) == ("accepted", "wamid.OUT", "delivered")
+
+
+async def test_same_payload_five_times_concurrently_with_live_consumers(
+    http: ClientSession, start_gateway: object, pool: asyncpg.Pool, settings: Settings
+) -> None:
+    # The gateway runs its own consumers (woken by NOTIFY), one row per batch, three at once,
+    # so the five copies are handled in concurrent transactions.
+    live = replace(
+        settings, run_consumers=True, consumer_concurrency=3, consumer_batch=1, consumer_poll_ms=5000
+    )
+    server = await start_gateway(live)  # type: ignore[operator]
+    await add_outbox(pool, "cb-conc")
+    body = to_bytes(
+        meta_payload(
+            ("messages", meta_value(messages=[message_obj("wamid.CONC")])),
+            ("messages", meta_value(statuses=[status_obj("wamid.OUT2", "read", callback="cb-conc")])),
+        )
+    )
+    statuses = await asyncio.gather(*(post_meta(http, server, body) for _ in range(5)))
+    assert statuses == [200] * 5
+    await wait_until_drained(pool)
+    c = await counts(pool)
+    assert (c["processed_webhook_events"], c["inbound_messages"], c["message_statuses"]) == (2, 1, 1)
+    assert await inbox_states(pool) == {"done": 5}
+    assert (await outbox_row(pool, "cb-conc"))["delivery_status"] == "read"
+
+
+async def test_concurrent_consumers_on_direct_copies(pool: asyncpg.Pool, settings: Settings) -> None:
+    body = to_bytes(messages_payload(message_obj("wamid.DIRECT")))
+    for _ in range(5):
+        await stage(pool, body)
+    await drain(pool, replace(settings, consumer_batch=1), consumers=5)
+    c = await counts(pool)
+    assert (c["processed_webhook_events"], c["inbound_messages"]) == (1, 1)
+    assert await inbox_states(pool) == {"done": 5}
+
+
+async def test_1000_statuses_and_100_messages_every_key_once(pool: asyncpg.Pool, settings: Settings) -> None:
+    for i in range(100):
+        await add_outbox(pool, f"cb-{i}")
+    payloads = []
+    for i in range(100):
+        sts = [status_obj(f"wamid.O{i}", s, callback=f"cb-{i}") for s in ("sent", "delivered", "read")]
+        sts += [status_obj(f"wamid.U{i}", "read", participant=f"p{j}") for j in range(7)]
+        payloads.append(
+            meta_payload(("messages", meta_value(messages=[message_obj(f"wamid.M{i}")], statuses=sts)))
+        )
+    # Every payload staged once, a fifth of them again (redeliveries), in one big batch.
+    for p in payloads + payloads[::5]:
+        await stage(pool, to_bytes(p))
+    consumer = Consumer(pool, replace(settings, consumer_batch=1000))
+    assert await consumer.process_batch() == 120
+    assert await consumer.process_batch() == 0
+    assert await counts(pool) == {
+        "processed_webhook_events": 1100,
+        "inbound_messages": 100,
+        "message_statuses": 1000,
+        "account_errors": 0,
+        "account_updates": 0,
+    }
+    dupes = await pool.fetchval("SELECT count(*) - count(DISTINCT event_key) FROM message_statuses")
+    assert dupes == 0
+    states = await pool.fetch("SELECT state, delivery_status, count(*) FROM outbox GROUP BY 1, 2")
+    assert [tuple(r) for r in states] == [("accepted", "read", 100)]
+
+
+async def test_group_status_with_three_participants_three_keys(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    await add_outbox(pool, "cb-group")
+    st = status_obj("wamid.GRP", "delivered", callback="cb-group", participant=["p1", "p2", "p3"])
+    await stage(pool, to_bytes(statuses_payload(st)))
+    await drain(pool, settings)
+    keys = [r[0] for r in await pool.fetch("SELECT event_key FROM processed_webhook_events ORDER BY 1")]
+    assert keys == [f"status:wamid.GRP:delivered:{p}" for p in ("p1", "p2", "p3")]
+    rows = await pool.fetch("SELECT participant FROM message_statuses ORDER BY participant")
+    assert [r[0] for r in rows] == ["p1", "p2", "p3"]
+    assert (await outbox_row(pool, "cb-group"))["delivery_status"] == "delivered"
+
+
+@pytest.mark.parametrize(
+    ("arrivals", "final"),
+    [
+        (["read", "delivered", "sent"], "read"),
+        (["read", "sent"], "read"),
+        (["sent", "read", "delivered"], "read"),
+        (["delivered", "sent"], "delivered"),
+        (["sent", "failed", "delivered"], "failed"),
+        (["read", "played"], "played"),
+        (["sent", "deleted", "sent"], "sent"),
+    ],
+)
+@pytest.mark.parametrize("one_batch", [False, True])
+async def test_statuses_out_of_order_only_move_forward(
+    pool: asyncpg.Pool, settings: Settings, arrivals: list[str], final: str, one_batch: bool
+) -> None:
+    await add_outbox(pool, "cb-ooo")
+    for status in arrivals:
+        errors = ERR if status == "failed" else None
+        await stage(
+            pool,
+            to_bytes(statuses_payload(status_obj("wamid.OOO", status, callback="cb-ooo", errors=errors))),
+        )
+        if not one_batch:
+            await drain(pool, settings)
+    await drain(pool, settings)
+    row = await outbox_row(pool, "cb-ooo")
+    assert (row["state"], row["wamid"], row["delivery_status"]) == ("accepted", "wamid.OOO", final)
+    assert row["delivery_errors"] == (ERR if final == "failed" else None)
+    assert await pool.fetchval("SELECT count(*) FROM message_statuses") == len(set(arrivals))
+
+
+@pytest.mark.parametrize(
+    ("state", "resent", "after"),
+    [
+        ("sending", False, "accepted"),
+        ("unknown", False, "accepted"),
+        ("review", False, "accepted"),
+        ("pending", True, "accepted"),
+        ("accepted", False, "accepted"),
+        ("failed", False, "failed"),
+        ("cancelled", False, "cancelled"),
+    ],
+)
+async def test_status_moves_outbox_state(
+    pool: asyncpg.Pool, settings: Settings, state: str, resent: bool, after: str
+) -> None:
+    await add_outbox(pool, "cb-state", state=state, resent=resent)
+    await stage(pool, to_bytes(statuses_payload(status_obj("wamid.ST", "sent", callback="cb-state"))))
+    await drain(pool, settings)
+    row = await outbox_row(pool, "cb-state")
+    assert (row["state"], row["delivery_status"]) == (after, "sent")
+    assert (row["accepted_at"] is not None) == (after == "accepted" and state != "accepted")
+
+
+async def test_status_without_callback_matches_by_wamid(pool: asyncpg.Pool, settings: Settings) -> None:
+    await add_outbox(pool, "cb-w", state="accepted", wamid="wamid.KNOWN")
+    await stage(pool, to_bytes(statuses_payload(status_obj("wamid.KNOWN", "delivered"))))
+    await drain(pool, settings)
+    assert (await outbox_row(pool, "cb-w"))["delivery_status"] == "delivered"
+
+
+async def test_status_for_unknown_key_is_recorded_not_an_error(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    await stage(pool, to_bytes(statuses_payload(status_obj("wamid.NOPE", "read", callback="cb-nobody"))))
+    await drain(pool, settings)
+    assert await inbox_states(pool) == {"done": 1}
+    row = await pool.fetchrow("SELECT wamid, status, callback_data FROM message_statuses")
+    assert tuple(row) == ("wamid.NOPE", "read", "cb-nobody")
+
+
+async def test_account_errors_and_other_fields_recorded_once(pool: asyncpg.Pool, settings: Settings) -> None:
+    payload = meta_payload(
+        ("messages", meta_value(errors=[{"code": 131000, "title": "Something went wrong"}])),
+        ("message_template_status_update", {"event": "APPROVED", "message_template_id": 7}),
+    )
+    for _ in range(3):
+        await stage(pool, to_bytes(payload))
+    await drain(pool, settings)
+    c = await counts(pool)
+    assert (c["account_errors"], c["account_updates"], c["processed_webhook_events"]) == (1, 1, 2)
+    row = await pool.fetchrow("SELECT waba_id, phone_number_id, errors FROM account_errors")
+    assert tuple(row) == ("waba-0", "1111", [{"code": 131000, "title": "Something went wrong"}])
+
+
+async def test_tenashi_events_through_the_gateway(
+    http: ClientSession, gateway: TestServer, pool: asyncpg.Pool, settings: Settings
+) -> None:
+    await add_outbox(pool, "idem-t1")
+    events = [
+        tenashi_event(
+            "evt_a",
+            "message.status",
+            {"message_id": "tm1", "status": "delivered", "idempotency_key": "idem-t1"},
+        ),
+        tenashi_event(
+            "evt_b",
+            "message.received",
+            {"message_id": "tm2", "from": "4917", "type": "text", "text": {"body": "x"}},
+        ),
+    ]
+    for ev in events + events:
+        body = to_bytes(ev)
+        headers = {
+            "X-Tenashi-Signature": sign_tenashi(body, TENASHI_SECRET),
+            "X-Tenashi-Delivery": str(ev["id"]),
+        }
+        async with http.post(gateway.make_url("/webhooks/tenashi"), data=body, headers=headers) as r:
+            assert r.status == 200
+    await drain(pool, settings)
+    c = await counts(pool)
+    assert (c["processed_webhook_events"], c["inbound_messages"], c["message_statuses"]) == (2, 1, 1)
+    row = await outbox_row(pool, "idem-t1")
+    assert (row["state"], row["wamid"], row["delivery_status"]) == ("accepted", "tm1", "delivered")
+    assert await pool.fetchval("SELECT source FROM inbound_messages") == "tenashi"
+
+
+async def test_inbound_messages_notify_and_reply_claim(
+    pool: asyncpg.Pool, settings: Settings, db_dsn: str
+) -> None:
+    listener = await asyncpg.connect(db_dsn)
+    got: asyncio.Queue[str] = asyncio.Queue()
+    await listener.add_listener("inbound_messages", lambda *a: got.put_nowait(a[3]))
+    try:
+        await stage(pool, to_bytes(messages_payload(message_obj("wamid.N1"), message_obj("wamid.N2"))))
+        await drain(pool, settings)
+        top = await asyncio.wait_for(got.get(), 5)
+        assert int(top) == await pool.fetchval("SELECT max(id) FROM inbound_messages")
+        assert got.empty()  # one NOTIFY per batch, not per message
+    finally:
+        await listener.close()
+    claims = [
+        await pool.fetchval("SELECT claim_reply($1, $2)", "wamid.N1", bot) for bot in ("bot-a", "bot-b")
+    ]
+    assert claims == [True, False]
+    assert (
+        await pool.fetchval("SELECT claimed_by FROM reply_claims WHERE inbound_wamid = 'wamid.N1'") == "bot-a"
+    )
+
+
+POISON_TRIGGER = """
+CREATE FUNCTION reject_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.wamid = 'wamid.POISON' THEN RAISE EXCEPTION 'downstream rejects %', NEW.wamid; END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER reject_poison BEFORE INSERT ON inbound_messages
+    FOR EACH ROW EXECUTE FUNCTION reject_poison();
+"""
+
+
+async def test_poisoned_event_parked_rest_commits_then_replayed_once(
+    pool: asyncpg.Pool, settings: Settings, db_dsn: str
+) -> None:
+    await pool.execute(POISON_TRIGGER)
+    s = replace(settings, max_attempts=2, retry_base_ms=1, retry_max_ms=5, consumer_batch=50)
+    ids = [await stage(pool, to_bytes(messages_payload(message_obj(f"wamid.OK{i}")))) for i in range(5)]
+    poison_id = await stage(pool, to_bytes(messages_payload(message_obj("wamid.POISON"))))
+    ids += [await stage(pool, to_bytes(messages_payload(message_obj(f"wamid.OK{i}")))) for i in range(5, 10)]
+
+    consumer = Consumer(pool, s)
+    assert await consumer.process_batch() == 11
+    # The rest of the batch committed; the poisoned row is pending again with backoff.
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 10
+    row = await pool.fetchrow(
+        "SELECT state, attempts, last_error FROM webhook_inbox WHERE id = $1", poison_id
+    )
+    assert (row["state"], row["attempts"]) == ("pending", 1)
+    assert "downstream rejects wamid.POISON" in row["last_error"]
+    await asyncio.sleep(0.02)
+    await drain(pool, s)
+    row = await pool.fetchrow("SELECT state, attempts FROM webhook_inbox WHERE id = $1", poison_id)
+    assert (row["state"], row["attempts"]) == ("dead", 2)
+    assert await pool.fetchval("SELECT count(*) FROM processed_webhook_events") == 10
+
+    # The operator lists it, fixes the cause, and replays it through the CLI.
+    env = {**os.environ, "DATABASE_URL": db_dsn}
+    out = await cli(env, "dead", "list")
+    assert f"{poison_id:>10} meta" in out and "downstream rejects" in out and "1 dead row(s)" in out
+    await pool.execute("DROP TRIGGER reject_poison ON inbound_messages")
+    out = await cli(env, "dead", "replay", str(poison_id))
+    assert f"replayed 1 row(s): [{poison_id}]" in out
+    await drain(pool, s)
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages WHERE wamid = 'wamid.POISON'") == 1
+    assert await inbox_states(pool) == {"done": 11}
+    # Replaying a processed row again (an operator mistake) does nothing more.
+    await pool.execute("UPDATE webhook_inbox SET state = 'dead' WHERE id = $1", poison_id)
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        assert await inbox.dead_replay(conn, ids=None) == [poison_id]
+    finally:
+        await conn.close()
+    await drain(pool, s)
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 11
+    assert await pool.fetchval("SELECT count(*) FROM processed_webhook_events") == 11
+
+
+async def cli(env: dict[str, str], *args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
+async def test_unparseable_body_parked_at_once_with_bytes_intact(
+    http: ClientSession, gateway: TestServer, pool: asyncpg.Pool, settings: Settings
+) -> None:
+    bad = b'{"object": "whatsapp_business_account", "entry": [\xff\x00 truncated'
+    odd = b'{"object": "instagram", "entry": []}'
+    good = to_bytes(messages_payload(message_obj("wamid.GOOD")))
+    for body in (bad, good, odd):
+        assert await post_meta(http, gateway, body) == 200
+    await drain(pool, settings)
+    rows = await pool.fetch("SELECT body, state, attempts, last_error FROM webhook_inbox ORDER BY id")
+    assert [bytes(r["body"]) for r in rows] == [bad, good, odd]
+    assert [(r["state"], r["attempts"]) for r in rows] == [("dead", 1), ("done", 0), ("dead", 1)]
+    assert rows[0]["last_error"].startswith("NotJson")
+    assert rows[2]["last_error"].startswith("UnknownShape")
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 1
+
+
+async def test_crash_mid_batch_rolls_back_keys_and_effects(
+    pool: asyncpg.Pool, settings: Settings, db_dsn: str
+) -> None:
+    # A consumer whose connection dies after apply_batch but before COMMIT leaves nothing behind.
+    await stage(pool, to_bytes(messages_payload(message_obj("wamid.CRASH"))))
+    conn = await asyncpg.connect(db_dsn)
+    from gateway.core.planning import plan_batch
+    from gateway.store.db import init_connection
+
+    await init_connection(conn)
+    tr = conn.transaction()
+    await tr.start()
+    rows = await inbox.claim_batch(conn, limit=10, max_bytes=1 << 20)
+    await inbox.apply_plan(conn, plan_batch(rows))
+    pid = conn.get_server_pid()
+    conn.terminate()
+    # The server rolls the transaction back when it sees the socket close.
+    while await pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid):
+        await asyncio.sleep(0.01)
+    await drain(pool, settings)
+    c = await counts(pool)
+    assert (c["processed_webhook_events"], c["inbound_messages"]) == (1, 1)
+    assert await inbox_states(pool) == {"done": 1}
+
+
+async def test_batch_reads_bodies_up_to_a_byte_budget(pool: asyncpg.Pool, settings: Settings) -> None:
+    bodies = [to_bytes(messages_payload(message_obj(f"wamid.B{i}", text="x" * 800))) for i in range(5)]
+    for b in bodies:
+        await stage(pool, b)
+    size = len(bodies[0])
+    consumer = Consumer(pool, replace(settings, consumer_batch=100, consumer_batch_bytes=2 * size + 10))
+    assert [await consumer.process_batch() for _ in range(4)] == [2, 2, 1, 0]
+    # A single row larger than the budget is still processed, alone.
+    await stage(pool, to_bytes(messages_payload(message_obj("wamid.BIG", text="y" * 5000))))
+    assert await consumer.process_batch() == 1
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 6
+
+
+async def test_a_batch_costs_a_constant_number_of_statements(db_dsn: str, settings: Settings) -> None:
+    from gateway.store.db import create_pool
+
+    pool = await create_pool(db_dsn, 1, 1)
+    try:
+        statements: list[str] = []
+        async with pool.acquire() as conn:
+            conn.add_query_logger(lambda rec: statements.append(rec.query))
+        consumer = Consumer(pool, replace(settings, consumer_batch=1000))
+        # The first batch also runs asyncpg's one-off type introspection: a warm-up.
+        for warm_up, n_rows in ((True, 1), (False, 1), (False, 300)):
+            for i in range(n_rows):
+                sts = [status_obj(f"wamid.{n_rows}.{i}", s) for s in ("sent", "delivered", "read")]
+                await pool.execute(
+                    "INSERT INTO webhook_inbox (source, body) VALUES ('meta', $1)",
+                    to_bytes(
+                        meta_payload(
+                            (
+                                "messages",
+                                meta_value(messages=[message_obj(f"wamid.m{n_rows}.{i}")], statuses=sts),
+                            )
+                        )
+                    ),
+                )
+            statements.clear()
+            assert await consumer.process_batch() == n_rows
+            # BEGIN, claim, apply_batch, COMMIT and the pool's reset on release:
+            # the same five for 4 events and for 1200.
+            if not warm_up:
+                assert len(statements) == 5, [s[:60] for s in statements]
+    finally:
+        await pool.close()

@@ -1,0 +1,83 @@
+"""GroupCommitter against a real PostgreSQL: batching, failure, drain on close."""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+
+import asyncpg
+import pytest
+
+from gateway.inbound.groupcommit import GroupCommitter, Unavailable
+from gateway.store.db import connect
+
+
+async def test_size_bound_cuts_batches(pool: asyncpg.Pool, db_dsn: str) -> None:
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=10.0, max_batch=10, max_inflight=100)
+    futs = [gc.stage("meta", f"b{i}".encode()) for i in range(35)]
+    # 30 rows filled three batches at once; the last 5 wait for their window or close().
+    assert gc.pending == 5
+    await asyncio.wait_for(asyncio.gather(*futs[:30]), 5)
+    assert gc.pending == 5 and not any(f.done() for f in futs[30:])
+    await gc.close()
+    assert all(f.done() and f.exception() is None for f in futs)
+    assert await pool.fetchval("SELECT count(*) FROM webhook_inbox") == 35
+    assert gc.batches_written == 4
+    assert await pool.fetchval("SELECT count(DISTINCT xmin::text) FROM webhook_inbox") == 4
+
+
+async def test_window_flushes_a_partial_batch(pool: asyncpg.Pool, db_dsn: str) -> None:
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=0.01, max_batch=1000)
+    futs = [gc.stage("tenashi", b"x", f"evt_{i}") for i in range(3)]
+    await asyncio.wait_for(asyncio.gather(*futs), 5)
+    rows = await pool.fetch("SELECT delivery_id FROM webhook_inbox ORDER BY id")
+    assert [r["delivery_id"] for r in rows] == ["evt_0", "evt_1", "evt_2"]  # arrival order
+    await gc.close()
+
+
+async def test_close_drains_pending_and_refuses_new_rows(pool: asyncpg.Pool, db_dsn: str) -> None:
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=60.0, max_batch=1000)
+    futs = [gc.stage("meta", b"pending") for _ in range(50)]
+    await gc.close()
+    assert all(f.done() and not f.exception() for f in futs)
+    assert await pool.fetchval("SELECT count(*) FROM webhook_inbox") == 50
+    with pytest.raises(Unavailable):
+        gc.stage("meta", b"late")
+
+
+async def test_failed_batch_fails_every_row_in_it(pool: asyncpg.Pool, db_dsn: str) -> None:
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=0.001, max_batch=100)
+    # 'sms' violates the source CHECK: the whole batch fails, and nobody gets a 200.
+    futs = [gc.stage("meta", b"ok"), gc.stage("sms", b"bad")]
+    results = await asyncio.gather(*futs, return_exceptions=True)
+    assert all(isinstance(r, Unavailable) for r in results)
+    assert await pool.fetchval("SELECT count(*) FROM webhook_inbox") == 0
+    await gc.close()
+
+
+async def test_inflight_limit_grows_the_next_batch(pool: asyncpg.Pool, db_dsn: str) -> None:
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=0.0, max_batch=1000, max_inflight=1)
+    async with pool.acquire() as blocker, blocker.transaction():
+        await blocker.execute("LOCK TABLE webhook_inbox IN ACCESS EXCLUSIVE MODE")
+        first = gc.stage("meta", b"first")
+        await asyncio.sleep(0.05)  # the first batch is now stuck on the lock
+        rest = [gc.stage("meta", b"rest") for _ in range(20)]
+        await asyncio.sleep(0.05)
+    await asyncio.wait_for(asyncio.gather(first, *rest), 5)
+    assert gc.batches_written == 2
+    await gc.close()
+
+
+async def test_rows_waiting_for_a_slot_fail_at_their_deadline(pool: asyncpg.Pool, db_dsn: str) -> None:
+    gc = GroupCommitter(
+        partial(connect, db_dsn), window_s=0.0, max_batch=1000, max_inflight=1, deadline_s=0.2
+    )
+    async with pool.acquire() as blocker, blocker.transaction():
+        await blocker.execute("LOCK TABLE webhook_inbox IN ACCESS EXCLUSIVE MODE")
+        stuck = gc.stage("meta", b"stuck")  # its batch blocks on the lock
+        await asyncio.sleep(0.05)
+        waiting = gc.stage("meta", b"waiting")  # no free slot
+        results = await asyncio.wait_for(asyncio.gather(stuck, waiting, return_exceptions=True), 2)
+    assert [type(r) for r in results] == [Unavailable, Unavailable]
+    assert [r.reason for r in results if isinstance(r, Unavailable)] == ["timeout", "timeout"]
+    await gc.close()

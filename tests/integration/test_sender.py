@@ -1,0 +1,316 @@
+"""The sender against the fake provider over real HTTP, on a controllable clock."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import asyncpg
+import pytest
+from aiohttp.test_utils import TestServer
+
+from gateway.core.classify import PERMANENT_CODES, RETRYABLE_CODES
+from gateway.core.settings import Settings
+from gateway.outbound.sender import Sender
+from gateway.store import outbox
+from gateway.testing.fake_provider import FakeProvider
+from tests.sendkit import (
+    FakeClock,
+    apply_statuses_from_inbox,
+    closed_port,
+    enqueue,
+    fake_provider,  # noqa: F401 - the `fake` fixture
+    reconcile,
+    row,
+    send_settings,
+)
+
+TO = "4915100000001"
+WINDOW = 600
+
+
+async def drain(
+    sender: Sender, clock: FakeClock | None = None, step_s: float = 0.0, rounds: int = 1000
+) -> None:
+    """Step until nothing is due (advancing the clock between steps when given)."""
+    for _ in range(rounds):
+        claimed = await sender.step()
+        if clock is None:
+            if claimed == 0:
+                return
+        else:
+            clock.advance(step_s)
+    if clock is None:
+        raise AssertionError("sender never ran dry")
+
+
+# (fault, first state, received after the first attempt, how it resolves, final state, final received)
+MATRIX: list[tuple[str, dict[str, Any] | None, str, int, str, str, int]] = [
+    ("success", None, "accepted", 1, "none", "accepted", 1),
+    ("latency", {"action": "latency", "latency_ms": 100}, "accepted", 1, "none", "accepted", 1),
+    ("connection refused", None, "pending", 0, "retry", "accepted", 1),
+    ("accept-then-hang", {"action": "hang"}, "unknown", 1, "status", "accepted", 1),
+    ("accept-then-hang, no status", {"action": "hang"}, "unknown", 1, "reconcile", "review", 1),
+    ("http 500", {"action": "http", "status": 500}, "unknown", 0, "reconcile", "review", 0),
+    ("http 503", {"action": "http", "status": 503}, "unknown", 0, "reconcile", "review", 0),
+    ("connection dropped", {"action": "drop"}, "unknown", 0, "reconcile", "review", 0),
+    *[
+        (f"retryable {c}", {"action": "error", "code": c}, "pending", 0, "retry", "accepted", 1)
+        for c in sorted(RETRYABLE_CODES)
+    ],
+    *[
+        (f"permanent {c}", {"action": "error", "code": c}, "failed", 0, "retry", "failed", 0)
+        for c in sorted(PERMANENT_CODES | {131049})
+    ],
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "fault", "first", "first_received", "resolve", "final", "final_received"),
+    MATRIX,
+    ids=[m[0] for m in MATRIX],
+)
+async def test_fault_matrix_meta(
+    name: str,
+    fault: dict[str, Any] | None,
+    first: str,
+    first_received: int,
+    resolve: str,
+    final: str,
+    final_received: int,
+    settings: Settings,
+    pool: asyncpg.Pool,
+    fake: FakeProvider,
+    start_gateway: Any,
+) -> None:
+    # Status webhooks go to the real ingest edge; a stand-in applies them (the consumer's job).
+    gw: TestServer = await start_gateway(settings)
+    fake.config.webhook_url = str(gw.make_url("")).rstrip("/")
+    clock = FakeClock()
+    s = send_settings(settings, fake)
+    if name == "connection refused":
+        s_first = send_settings(settings, fake, graph_url=f"http://127.0.0.1:{closed_port()}/v21.0")
+    else:
+        s_first = s
+    callback = await enqueue(pool, "k1", TO)
+    if fault is not None:
+        fake.add_fault(**fault)
+
+    first_sender = Sender(pool, s_first, clock=clock, rand=lambda: 0.5)
+    try:
+        assert await first_sender.step() == 1
+    finally:
+        await first_sender.close()
+    r = await row(pool, "k1")
+    assert r["state"] == first
+    assert fake.count(callback) == first_received
+    if fault is not None and fault["action"] == "error":
+        assert r["last_error_code"] == fault["code"]
+
+    sender = Sender(pool, s, clock=clock, rand=lambda: 0.5)
+    try:
+        if resolve == "status":
+            await fake.drain_webhooks()
+            assert await apply_statuses_from_inbox(pool, settings) >= 1
+            assert (await row(pool, "k1"))["state"] == "accepted"
+        # Time passes well beyond backoff and the reconciliation window, then everything runs.
+        clock.advance(WINDOW + 1)
+        await reconcile(sender)
+        await drain(sender)
+        clock.advance(WINDOW + 1)
+        await reconcile(sender)
+        await drain(sender)
+    finally:
+        await sender.close()
+    r = await row(pool, "k1")
+    assert r["state"] == final
+    assert fake.count(callback) == final_received
+    assert fake.count(callback) <= 1  # at most once, always
+    if final == "accepted":
+        assert r["wamid"] == fake.received[0].id
+
+
+TENASHI: list[tuple[str, dict[str, Any] | None, str, int]] = [
+    ("success", None, "accepted", 1),
+    # The answer is lost; the retry carries the same Idempotency-Key and gets the replay.
+    ("accept-then-hang", {"action": "hang"}, "pending", 1),
+    ("http 503", {"action": "http", "status": 503}, "pending", 0),
+    ("connection dropped", {"action": "drop"}, "pending", 0),
+]
+
+
+@pytest.mark.parametrize(("name", "fault", "first", "first_received"), TENASHI, ids=[t[0] for t in TENASHI])
+async def test_fault_matrix_tenashi(
+    name: str,
+    fault: dict[str, Any] | None,
+    first: str,
+    first_received: int,
+    settings: Settings,
+    pool: asyncpg.Pool,
+    fake: FakeProvider,
+) -> None:
+    clock = FakeClock()
+    s = send_settings(settings, fake, tenant_providers=(("acme", "tenashi"),))
+    callback = await enqueue(pool, "t1", TO, provider="tenashi")
+    if fault is not None:
+        fake.add_fault(**fault)
+    sender = Sender(pool, s, clock=clock, rand=lambda: 0.5)
+    try:
+        await sender.step()
+        r = await row(pool, "t1")
+        assert r["state"] == first
+        assert fake.count(callback) == first_received
+        clock.advance(120)
+        await drain(sender)
+    finally:
+        await sender.close()
+    r = await row(pool, "t1")
+    assert r["state"] == "accepted"
+    assert fake.count(callback) == 1
+    assert r["wamid"] == fake.received[0].id
+
+
+async def test_policy_resend_resends_once_then_review(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    clock = FakeClock()
+    callback = await enqueue(pool, "r1", TO, policy="resend")
+    fake.add_fault("http", status=502, times=2)
+    sender = Sender(pool, send_settings(settings, fake), clock=clock, rand=lambda: 0.5)
+    try:
+        await sender.step()
+        assert (await row(pool, "r1"))["state"] == "unknown"
+        clock.advance(WINDOW - 1)
+        assert (await reconcile(sender))["reconciled"] == 0  # not before the window
+        clock.advance(2)
+        assert (await reconcile(sender))["reconciled"] == 1
+        r = await row(pool, "r1")
+        assert (r["state"], r["resent"]) == ("pending", True)
+        await sender.step()
+        assert (await row(pool, "r1"))["state"] == "unknown"
+        clock.advance(WINDOW + 1)
+        await reconcile(sender)
+        assert (await row(pool, "r1"))["state"] == "review"  # the one resend is used up
+        assert await drain(sender) is None
+    finally:
+        await sender.close()
+    assert fake.count(callback) == 0
+
+
+async def test_stale_sending_becomes_unknown(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    """A sender that died mid-request leaves 'sending'; after the lease the row is unknown, not resent."""
+    clock = FakeClock()
+    await enqueue(pool, "s1", TO)
+    sender = Sender(pool, send_settings(settings, fake), clock=clock)
+    try:
+        await pool.execute("UPDATE outbox SET state = 'sending', sending_at = to_timestamp($1)", clock.now())
+        clock.advance(sender.lease_s - 1)
+        assert (await reconcile(sender))["expired_sending"] == 0
+        clock.advance(2)
+        assert (await reconcile(sender))["expired_sending"] == 1
+        assert (await row(pool, "s1"))["state"] == "unknown"
+        await drain(sender)
+    finally:
+        await sender.close()
+    assert fake.received == []
+
+
+async def test_two_senders_race_each_row_sent_once(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider, db_dsn: str
+) -> None:
+    from gateway.store.db import create_pool
+
+    n = 300
+    callbacks = [await enqueue(pool, f"race-{i}", f"49151{i:08d}") for i in range(n)]
+    s = send_settings(settings, fake, send_batch=20, pair_interval_s=0.0, number_rate_per_s=1e6)
+    pool2 = await create_pool(db_dsn, 1, 5)
+    a, b = Sender(pool, s), Sender(pool2, s)
+    try:
+        await asyncio.gather(drain(a), drain(b), drain(a), drain(b))
+    finally:
+        await a.close()
+        await b.close()
+        await pool2.close()
+    assert len(fake.received) == n
+    assert sorted(r.callback_data or "" for r in fake.received) == sorted(callbacks)
+    assert await pool.fetchval("SELECT count(*) FROM outbox WHERE state = 'accepted'") == n
+
+
+async def test_pacing_ten_messages_to_one_recipient_six_seconds_apart(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    clock = FakeClock()
+    for i in range(10):
+        await enqueue(pool, f"p{i}", TO)
+    sender = Sender(pool, send_settings(settings, fake, pair_interval_s=6.0), clock=clock)
+    try:
+        await drain(sender, clock, step_s=0.5, rounds=130)  # 65 s of clock time, no sleeping
+    finally:
+        await sender.close()
+    got = [r.message["text"]["body"] for r in fake.received_by(TO)]
+    assert got == [f"hello p{i}" for i in range(10)]  # all sent, in order, once
+    times = [
+        r["t"]
+        for r in await pool.fetch(
+            "SELECT extract(epoch FROM sending_at)::float8 AS t FROM outbox"
+            " WHERE state = 'accepted' ORDER BY t"
+        )
+    ]
+    assert len(times) == 10
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert min(gaps) >= 6.0 - 1e-6
+    assert await pool.fetchval("SELECT max(attempts) FROM outbox") == 1  # deferrals are not attempts
+
+
+async def test_operator_release_and_cancel(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    clock = FakeClock()
+    cb1 = await enqueue(pool, "op1", TO)
+    cb2 = await enqueue(pool, "op2", "4915100000002")
+    await pool.execute("UPDATE outbox SET state = 'review'")
+    async with pool.acquire() as conn:
+        assert "now pending" in await outbox.release(conn, "op1")
+        assert "now cancelled" in await outbox.cancel(conn, "op2", "acme")
+        with pytest.raises(ValueError):
+            await outbox.release(conn, "op2")  # cancelled stays cancelled
+        with pytest.raises(LookupError):
+            await outbox.cancel(conn, "nope")
+    sender = Sender(pool, send_settings(settings, fake), clock=clock)
+    try:
+        await drain(sender)
+    finally:
+        await sender.close()
+    assert (fake.count(cb1), fake.count(cb2)) == (1, 0)
+
+
+async def test_metrics(settings: Settings, pool: asyncpg.Pool, fake: FakeProvider) -> None:
+    from prometheus_client import REGISTRY
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before_unknown = sample("gateway_sends_total", provider="meta", outcome="unknown", code="")
+    before_failed = sample("gateway_sends_total", provider="meta", outcome="failed", code="131026")
+    clock = FakeClock()
+    await enqueue(pool, "m1", TO)
+    await enqueue(pool, "m2", "4915100000002")
+    fake.add_fault("http", to=TO, status=500)
+    fake.add_fault("error", code=131026)
+    sender = Sender(pool, send_settings(settings, fake), clock=clock)
+    try:
+        await sender.step()
+        clock.advance(100)
+        await reconcile(sender)
+    finally:
+        await sender.close()
+    assert sample("gateway_sends_total", provider="meta", outcome="unknown", code="") == before_unknown + 1
+    assert (
+        sample("gateway_sends_total", provider="meta", outcome="failed", code="131026") == before_failed + 1
+    )
+    assert sample("gateway_outbox_rows", state="unknown") == 1
+    assert sample("gateway_outbox_rows", state="failed") == 1
+    assert sample("gateway_outbox_oldest_unknown_seconds") == pytest.approx(100, abs=1)

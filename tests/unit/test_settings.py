@@ -1,0 +1,102 @@
+from pathlib import Path
+
+import pytest
+
+from gateway.core.settings import Settings, SettingsError, env_names
+
+
+def test_defaults() -> None:
+    s = Settings.from_env({})
+    assert (s.host, s.port, s.data_dir) == ("127.0.0.1", 8080, Path("./var"))
+    assert s.database_url is None
+    assert s.max_body_bytes > 3 * 1024 * 1024
+    assert s.dedup_retention_days == 30
+
+
+def test_parses_lists_and_pairs() -> None:
+    s = Settings.from_env(
+        {
+            "GATEWAY_META_APP_SECRETS": "new-secret-1, old-secret-2",
+            "GATEWAY_API_KEYS": "acme:key-aaaaaaaaaaaaaaaa,globex:key:with:colons-bbbb",
+            "GATEWAY_TENANT_PROVIDERS": "globex:tenashi",
+            "GATEWAY_RUN_SENDER": "no",
+            "DATABASE_URL": "postgresql://u:p@db/x",
+        }
+    )
+    assert s.meta_app_secrets == ("new-secret-1", "old-secret-2")
+    assert s.api_keys == (("acme", "key-aaaaaaaaaaaaaaaa"), ("globex", "key:with:colons-bbbb"))
+    assert s.provider_for("globex") == "tenashi"
+    assert s.provider_for("acme") == "meta"
+    assert s.run_sender is False
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"GATEWAY_PORT": "http"}, "GATEWAY_PORT: must be an integer"),
+        ({"GATEWAY_PORT": "70000"}, "GATEWAY_PORT: must be <= 65535"),
+        ({"GATEWAY_MAX_BODY_BYTES": "1048576"}, "GATEWAY_MAX_BODY_BYTES: must be >= 3145728"),
+        ({"GATEWAY_COMMIT_WINDOW_MS": "nan"}, "GATEWAY_COMMIT_WINDOW_MS: must be finite"),
+        ({"GATEWAY_RUN_CONSUMERS": "maybe"}, "GATEWAY_RUN_CONSUMERS: must be true or false"),
+        ({"GATEWAY_META_APP_SECRETS": "short"}, "GATEWAY_META_APP_SECRETS: each secret must be at least 8"),
+        ({"GATEWAY_API_KEYS": "acme"}, "GATEWAY_API_KEYS: must be comma-separated name:value pairs"),
+        ({"GATEWAY_API_KEYS": "acme:short"}, "GATEWAY_API_KEYS: each API key must be at least 16"),
+        ({"GATEWAY_DEDUP_RETENTION_DAYS": "6"}, "GATEWAY_DEDUP_RETENTION_DAYS: must be >= 7"),
+        ({"GATEWAY_GRAPH_URL": "ftp://x"}, "GATEWAY_GRAPH_URL: must be an http(s) URL"),
+        ({"GATEWAY_TENANT_PROVIDERS": "acme:sms"}, "GATEWAY_TENANT_PROVIDERS: provider for 'acme'"),
+        ({"GATEWAY_LOG_LEVEL": "loud"}, "GATEWAY_LOG_LEVEL: must be one of"),
+        ({"GATEWAY_DB_POOL_MIN": "20", "GATEWAY_DB_POOL_MAX": "5"}, "GATEWAY_DB_POOL_MIN: must not exceed"),
+    ],
+)
+def test_bad_values_name_the_variable(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env(env)
+    assert any(fragment in p for p in info.value.problems), info.value.problems
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"GATEWAY_PORT": "x", "GATEWAY_CONSUMER_BATCH": "0"})
+    assert len(info.value.problems) == 2
+
+
+def test_secrets_never_appear_in_errors_or_redacted_view() -> None:
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"GATEWAY_META_APP_SECRETS": "good-secret-value,tiny"})
+    assert "tiny" not in str(info.value) and "good-secret-value" not in str(info.value)
+    s = Settings.from_env(
+        {
+            "GATEWAY_META_APP_SECRETS": "good-secret-value",
+            "GATEWAY_API_KEYS": "acme:key-aaaaaaaaaaaaaaaa",
+            "DATABASE_URL": "postgresql://user:hunter2@db:5432/x",
+            "GATEWAY_GRAPH_TOKEN": "EAAG-token",
+        }
+    )
+    text = repr(s.redacted())
+    for secret in ("good-secret-value", "key-aaaaaaaaaaaaaaaa", "hunter2", "EAAG-token"):
+        assert secret not in text
+
+
+def test_settings_are_frozen() -> None:
+    s = Settings.from_env({})
+    with pytest.raises(AttributeError):
+        s.port = 1  # type: ignore[misc]
+
+
+def test_env_names_cover_fixed_interface() -> None:
+    names = {n for n, _, _ in env_names()}
+    for fixed in (
+        "DATABASE_URL",
+        "GATEWAY_DATA_DIR",
+        "GATEWAY_HOST",
+        "GATEWAY_PORT",
+        "GATEWAY_META_APP_SECRETS",
+        "GATEWAY_META_VERIFY_TOKEN",
+        "GATEWAY_GRAPH_URL",
+        "GATEWAY_GRAPH_TOKEN",
+        "GATEWAY_TENASHI_SECRET",
+        "GATEWAY_TENASHI_URL",
+        "GATEWAY_TENASHI_TOKEN",
+        "GATEWAY_API_KEYS",
+    ):
+        assert fixed in names
