@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import os
 import random
 import sys
@@ -32,22 +31,18 @@ from gateway.inbound.consumer import Consumer
 from gateway.store import inbox
 from gateway.store.db import connect, create_pool, migrate
 from gateway.store.sqlfiles import load_queries
+from gateway.testing import payloads
 from gateway.testing.scratch import scratch_database
 
 BASELINE = load_queries(Path(__file__).parent / "sql" / "baseline.sql")
 
 
 def _meta(value: dict[str, Any]) -> bytes:
-    doc = {
-        "object": "whatsapp_business_account",
-        "entry": [{"id": "waba-1", "changes": [{"field": "messages", "value": value}]}],
-    }
-    return json.dumps(doc, separators=(",", ":")).encode()
+    return payloads.meta_bytes(payloads.meta_envelope([("waba-1", [("messages", value)])]))
 
 
 def workload(events: int, redeliveries: float, rng: random.Random) -> tuple[list[bytes], int]:
     """Staged bodies (one event each) and the number of outbox rows they update."""
-    meta = {"display_phone_number": "15550001111", "phone_number_id": "1111"}
     outbox_rows = max(1, int(events * 0.75 / (1 + redeliveries)) // 3)
     n_messages = max(0, int(events / (1 + redeliveries)) - 3 * outbox_rows)
     bodies: list[bytes] = []
@@ -62,22 +57,12 @@ def workload(events: int, redeliveries: float, rng: random.Random) -> tuple[list
                 "conversation": {"id": f"conv{i}", "origin": {"type": "utility"}},
                 "pricing": {"billable": True, "pricing_model": "PMP", "category": "utility"},
             }
-            bodies.append(_meta({"messaging_product": "whatsapp", "metadata": meta, "statuses": [st]}))
+            bodies.append(_meta(payloads.meta_value(statuses=[st])))
     for i in range(n_messages):
         sender = f"49151{i % 997:07d}"
-        msg = {
-            "from": sender,
-            "id": f"wamid.in{i}",
-            "timestamp": "1764460800",
-            "type": "text",
-            "text": {"body": f"Hallo, Bestellung {i} bitte"},
-        }
+        msg = payloads.message_obj(f"wamid.in{i}", f"Hallo, Bestellung {i} bitte", sender)
         contacts = [{"profile": {"name": "Kunde"}, "wa_id": sender}]
-        bodies.append(
-            _meta(
-                {"messaging_product": "whatsapp", "metadata": meta, "contacts": contacts, "messages": [msg]}
-            )
-        )
+        bodies.append(_meta(payloads.meta_value(messages=[msg], contacts=contacts)))
     rng.shuffle(bodies)
     bodies += rng.sample(bodies, int(len(bodies) * redeliveries))
     # Redeliveries arrive later, interleaved with the tail of the stream.

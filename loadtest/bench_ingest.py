@@ -10,7 +10,7 @@ First the saturation throughput of each (closed loop, the best of the ``--concur
 worker counts, since a server that answers after a commit needs more requests in flight
 to fill its batches; rounds interleaved so machine noise hits all three alike), then the
 open-model latency of each at half of the gateway's saturation rate. Ratios are printed
-against the DESIGN.md targets.
+against the targets in the README.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.core.signature import sign_meta, sign_tenashi
+from gateway.testing import payloads
 
 META_PATH = "/webhooks/meta"
 TENASHI_PATH = "/webhooks/tenashi"
@@ -50,7 +51,7 @@ class Delivery:
 
 def meta_json(payload: dict[str, Any]) -> bytes:
     """Serialise as Meta does: non-ASCII as \\uXXXX (surrogate pairs for emoji) and '/' escaped."""
-    return json.dumps(payload, ensure_ascii=True, separators=(",", ":")).replace("/", "\\/").encode()
+    return payloads.meta_bytes(payload, escape_slash=True)
 
 
 def http_request(
@@ -104,21 +105,14 @@ class PayloadFactory:
 
     # ---- Meta envelope ---------------------------------------------------------------------
     def _value(self, **parts: Any) -> dict[str, Any]:
-        value: dict[str, Any] = {
-            "messaging_product": "whatsapp",
-            "metadata": {"display_phone_number": "15550001111", "phone_number_id": self.phone_number_id},
-        }
+        value = payloads.meta_value(phone_number_id=self.phone_number_id)
         value.update(parts)
         return value
 
     def _envelope(self, changes_per_entry: list[list[dict[str, Any]]]) -> dict[str, Any]:
-        return {
-            "object": "whatsapp_business_account",
-            "entry": [
-                {"id": self.waba_id, "changes": [{"field": "messages", "value": v} for v in values]}
-                for values in changes_per_entry
-            ],
-        }
+        return payloads.meta_envelope(
+            [(self.waba_id, [("messages", v) for v in values]) for values in changes_per_entry]
+        )
 
     def _meta_delivery(self, payload: dict[str, Any], kind: str, good: bool = True) -> Delivery:
         body = meta_json(payload)
@@ -316,9 +310,9 @@ class PayloadFactory:
             }
         else:
             data = {"number": "+15550001111", "state": "linked"}
-        body = json.dumps(
-            {"id": evt, "type": typ, "created": int(self.ts()), "data": data}, ensure_ascii=False
-        ).encode()
+        # Tenashi's serialisation is unpublished: sent unescaped (UTF-8), unlike Meta's.
+        event = payloads.tenashi_event(evt, typ, data, created=int(self.ts()))
+        body = json.dumps(event, ensure_ascii=False).encode()
         s = self.secrets
         secret = s.tenashi if good else s.tenashi + "-wrong"
         headers = (

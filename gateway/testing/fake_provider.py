@@ -10,9 +10,9 @@ Control endpoints (no auth: loopback only): ``GET/DELETE /_fake/received``,
 
 A fault rule: ``{"to": "<recipient>" (optional: any), "times": 1, "action": ...}`` where action is
 ``latency`` (``latency_ms``, then normal), ``hang`` (the message is delivered, the answer never
-comes), ``http`` (``status``, e.g. 503, nothing delivered), ``error`` (``code`` from FACTS.md in
-Meta's error shape, nothing delivered), ``drop`` (connection closed, nothing delivered) or
-``fail_status`` (accepted, then a ``failed`` status webhook with ``code``).
+comes), ``http`` (``status``, e.g. 503, nothing delivered), ``error`` (``code`` from Meta's
+error-code reference, in Meta's error shape, nothing delivered), ``drop`` (connection closed,
+nothing delivered) or ``fail_status`` (accepted, then a ``failed`` status webhook with ``code``).
 Rules are matched in order; a matching rule is used ``times`` times, then dropped.
 """
 
@@ -24,7 +24,6 @@ import contextlib
 import hashlib
 import hmac
 import itertools
-import json
 import logging
 import random
 import secrets
@@ -40,6 +39,7 @@ from aiohttp import web
 
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta, sign_tenashi
+from gateway.testing import payloads
 
 log = logging.getLogger(__name__)
 
@@ -334,29 +334,9 @@ class FakeProvider:
             elif status != "failed":
                 st["conversation"] = {"id": secrets.token_hex(16), "origin": {"type": "utility"}}
                 st["pricing"] = {"billable": True, "pricing_model": "PMP", "category": "utility"}
-            payload = {
-                "object": "whatsapp_business_account",
-                "entry": [
-                    {
-                        "id": "fake-waba",
-                        "changes": [
-                            {
-                                "field": "messages",
-                                "value": {
-                                    "messaging_product": "whatsapp",
-                                    "metadata": {
-                                        "display_phone_number": "15550000000",
-                                        "phone_number_id": number,
-                                    },
-                                    "statuses": [st],
-                                },
-                            }
-                        ],
-                    }
-                ],
-            }
+            value = payloads.meta_value(statuses=[st], phone_number_id=number, display="15550000000")
             # Meta escapes non-ASCII: sign exactly the bytes sent.
-            body = json.dumps(payload, ensure_ascii=True, separators=(",", ":")).encode()
+            body = payloads.meta_bytes(payloads.meta_envelope([("fake-waba", [("messages", value)])]))
             headers = {"Content-Type": "application/json"}
             if self.config.app_secret:
                 headers["X-Hub-Signature-256"] = sign_meta(body, self.config.app_secret)

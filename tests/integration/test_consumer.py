@@ -16,9 +16,7 @@ from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta, sign_tenashi
 from gateway.inbound.consumer import Consumer
 from gateway.store import inbox
-from tests.conftest import META_SECRET, TENASHI_SECRET, replace
-from tests.consume_helpers import add_outbox, counts, drain, inbox_states, outbox_row, stage
-from tests.consume_payloads import (
+from gateway.testing.payloads import (
     message_obj,
     messages_payload,
     meta_payload,
@@ -28,6 +26,8 @@ from tests.consume_payloads import (
     tenashi_event,
     to_bytes,
 )
+from tests.conftest import META_SECRET, TENASHI_SECRET, replace
+from tests.consume_helpers import add_outbox, counts, drain, inbox_states, outbox_row, stage
 
 ERR = [{"code": 131026, "title": "Message undeliverable"}]
 

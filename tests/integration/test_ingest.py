@@ -13,9 +13,9 @@ from aiohttp.test_utils import TestServer
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta, sign_tenashi
 from gateway.store.db import database_name
+from gateway.testing.payloads import message_payload, meta_bytes
 from gateway.web.app import COMMITTER
 from tests.conftest import META_OLD_SECRET, META_SECRET, TENASHI_SECRET, VERIFY_TOKEN, replace
-from tests.payloads import message_payload, meta_bytes
 
 
 async def post_meta(

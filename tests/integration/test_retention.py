@@ -8,9 +8,9 @@ from prometheus_client import REGISTRY
 
 from gateway.core.settings import Settings, SettingsError
 from gateway.maintenance import retention
+from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
 from tests.conftest import replace
 from tests.consume_helpers import drain, stage
-from tests.consume_payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
 
 
 @pytest.mark.parametrize("days", ["1", "6"])

@@ -17,8 +17,8 @@ import asyncpg
 import pytest
 
 from gateway.core.events import InboundMessage, Status, parse
+from gateway.testing.payloads import message_obj, meta_payload, meta_value, status_obj, to_bytes
 from tests.consume_helpers import add_outbox, inbox_states
-from tests.consume_payloads import message_obj, meta_payload, meta_value, status_obj, to_bytes
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ import asyncpg
 import pytest
 
 from gateway.core.signature import sign_meta
+from gateway.testing.payloads import message_payload, meta_bytes
 from tests.conftest import META_SECRET
-from tests.payloads import message_payload, meta_bytes
 from tests.procs import free_port, spawn, wait_healthy
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from gateway.core.events import (
     UnknownShape,
     parse,
 )
-from tests.consume_payloads import (
+from gateway.testing.payloads import (
     message_obj,
     messages_payload,
     meta_payload,
