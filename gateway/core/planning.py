@@ -35,38 +35,44 @@ class StagedRow:
     attempts: int = 0
 
 
+# Event kinds, each with its side-effect table (the plan's rows per kind).
+KINDS = (InboundMessage.kind, Status.kind, AccountError.kind, AccountUpdate.kind)
+
+
 @dataclass
 class Plan:
-    """Keys to insert, rows per side-effect table, and the staged rows to finish or park."""
+    """Keys to insert, side-effect rows per event kind, and the staged rows to finish or park."""
 
     keys: list[str] = field(default_factory=list)
     key_inbox: list[int] = field(default_factory=list)
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    statuses: list[dict[str, Any]] = field(default_factory=list)
-    account_errors: list[dict[str, Any]] = field(default_factory=list)
-    account_updates: list[dict[str, Any]] = field(default_factory=list)
+    rows: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {k: [] for k in KINDS})
     done: list[int] = field(default_factory=list)
     parked: list[int] = field(default_factory=list)
     parked_why: list[str] = field(default_factory=list)
     duplicates_in_batch: int = 0
     kinds: Counter[str] = field(default_factory=Counter)
 
-    def rows_for(self, ev: Event) -> list[dict[str, Any]]:
-        """The list an event's side-effect row belongs in."""
-        if isinstance(ev, InboundMessage):
-            return self.messages
-        if isinstance(ev, Status):
-            return self.statuses
-        if isinstance(ev, AccountError):
-            return self.account_errors
-        assert isinstance(ev, AccountUpdate)
-        return self.account_updates
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self.rows[InboundMessage.kind]
+
+    @property
+    def statuses(self) -> list[dict[str, Any]]:
+        return self.rows[Status.kind]
+
+    @property
+    def account_errors(self) -> list[dict[str, Any]]:
+        return self.rows[AccountError.kind]
+
+    @property
+    def account_updates(self) -> list[dict[str, Any]]:
+        return self.rows[AccountUpdate.kind]
 
     def add(self, ev: Event, inbox_id: int, source: str) -> None:
         self.keys.append(ev.key)
         self.key_inbox.append(inbox_id)
         self.kinds[ev.kind] += 1
-        self.rows_for(ev).append(ev.to_row(inbox_id, source))
+        self.rows[ev.kind].append(ev.to_row(inbox_id, source))
 
 
 def describe(exc: BaseException) -> str:
