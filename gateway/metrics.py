@@ -72,3 +72,29 @@ CONSUMER_FALLBACKS = Counter(
     "gateway_consumer_fallbacks_total", "Batches that failed and were retried one row at a time"
 )
 RETENTION_PURGED = Counter("gateway_retention_purged_total", "Rows purged by retention", ["table"])
+
+# Forwarding to downstream destinations
+FORWARD_DELIVERIES = Counter(
+    "gateway_forward_deliveries_total",
+    "Delivery attempts by destination and outcome (delivered, retry, failed)",
+    ["destination", "outcome"],
+)
+FORWARD_LATENCY = Histogram(
+    "gateway_forward_latency_seconds",
+    "Webhook receipt to the destination's 2xx, per delivered event",
+    ["destination"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0, 600.0, 3600.0),
+)
+FORWARD_BACKLOG = Gauge(
+    "gateway_forward_backlog", "Deliveries pending or in flight, per destination", ["destination"]
+)
+FORWARD_OLDEST_DUE = Gauge(
+    "gateway_forward_oldest_due_seconds",
+    "Age (since receipt) of the oldest due pending delivery, per destination (0: none)",
+    ["destination"],
+)
+FORWARD_BREAKER = Gauge(
+    "gateway_forward_breaker_state",
+    "Circuit breaker per destination: 0 closed, 1 half-open, 2 open",
+    ["destination"],
+)

@@ -94,6 +94,7 @@ def settings(db_dsn: str) -> Settings:
         api_keys=(("acme", "acme-api-key-0123456789"), ("globex", "globex-api-key-0123456789")),
         run_consumers=False,
         run_sender=False,
+        run_forwarder=False,
         migrate_on_start=False,
     )
 

@@ -20,6 +20,7 @@ from gateway.core.events import (
     Status,
     parse,
 )
+from gateway.core.forwarding import forward_row
 
 MAX_ERROR_CHARS = 2000
 
@@ -46,6 +47,8 @@ class Plan:
     keys: list[str] = field(default_factory=list)
     key_inbox: list[int] = field(default_factory=list)
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    # One row per event for the destinations that want it: kind, conversation, envelope.
+    forwards: list[dict[str, Any]] = field(default_factory=list)
     done: list[int] = field(default_factory=list)
     parked: list[int] = field(default_factory=list)
     parked_why: list[str] = field(default_factory=list)
@@ -73,6 +76,7 @@ class Plan:
         self.key_inbox.append(inbox_id)
         self.kinds[ev.kind] += 1
         self.rows[ev.kind].append(ev.to_row(inbox_id, source))
+        self.forwards.append(forward_row(ev, source, inbox_id))
 
 
 def describe(exc: BaseException) -> str:

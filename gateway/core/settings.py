@@ -176,6 +176,7 @@ class Settings:
     # Which background workers `gateway serve` runs in-process.
     run_consumers: bool = _env("GATEWAY_RUN_CONSUMERS", True, _bool)
     run_sender: bool = _env("GATEWAY_RUN_SENDER", True, _bool)
+    run_forwarder: bool = _env("GATEWAY_RUN_FORWARDER", True, _bool, "forwarder in gateway serve")
 
     # Consumers
     consumer_concurrency: int = _env("GATEWAY_CONSUMER_CONCURRENCY", 2, _int(1, 64))
@@ -205,6 +206,27 @@ class Settings:
     idempotency_ttl_h: int = _env("GATEWAY_IDEMPOTENCY_TTL_H", 72, _int(1))
     tenant_providers: tuple[tuple[str, str], ...] = _env(
         "GATEWAY_TENANT_PROVIDERS", (), _pairs, "tenant:meta|tenashi; default meta"
+    )
+
+    # Forwarding to downstream destinations (gateway destinations / gateway forward)
+    forward_retry_h: float = _env(
+        "GATEWAY_FORWARD_RETRY_H", 24.0, _float(0, 24 * 30), "retry a delivery this long, then failed"
+    )
+    forward_retry_base_ms: int = _env("GATEWAY_FORWARD_RETRY_BASE_MS", 1000, _int(1, 3600000))
+    forward_retry_max_ms: int = _env(
+        "GATEWAY_FORWARD_RETRY_MAX_MS", 3600000, _int(1, 86400000), "backoff cap per attempt"
+    )
+    forward_timeout_ms: int = _env("GATEWAY_FORWARD_TIMEOUT_MS", 15000, _int(1, 600000), "whole request")
+    forward_concurrency: int = _env(
+        "GATEWAY_FORWARD_CONCURRENCY", 64, _int(1, 10000), "requests in flight per forwarder"
+    )
+    forward_batch: int = _env("GATEWAY_FORWARD_BATCH", 100, _int(1, 10000), "deliveries per claim")
+    forward_poll_ms: int = _env("GATEWAY_FORWARD_POLL_MS", 1000, _int(10, 600000), "poll when no NOTIFY")
+    forward_breaker_failures: int = _env(
+        "GATEWAY_FORWARD_BREAKER_FAILURES", 5, _int(1, 100000), "consecutive failures that open a breaker"
+    )
+    forward_breaker_cooldown_s: float = _env(
+        "GATEWAY_FORWARD_BREAKER_COOLDOWN_S", 30.0, _float(0, 86400), "open -> one half-open probe"
     )
 
     @classmethod
@@ -238,6 +260,8 @@ class Settings:
             )
         if self.db_pool_min > self.db_pool_max:
             problems.append("GATEWAY_DB_POOL_MIN: must not exceed GATEWAY_DB_POOL_MAX")
+        if self.forward_retry_base_ms > self.forward_retry_max_ms:
+            problems.append("GATEWAY_FORWARD_RETRY_BASE_MS: must not exceed GATEWAY_FORWARD_RETRY_MAX_MS")
         if self.retry_base_ms > self.retry_max_ms:
             problems.append("GATEWAY_RETRY_BASE_MS: must not exceed GATEWAY_RETRY_MAX_MS")
         for tenant, provider in self.tenant_providers:
@@ -258,6 +282,11 @@ class Settings:
         The sender's whole-request timeout (connect + 2 x read) plus a minute of slack.
         """
         return self.send_connect_timeout_ms / 1000 + 2 * self.send_read_timeout_ms / 1000 + 60.0
+
+    @property
+    def forward_lease_s(self) -> float:
+        """A delivery still ``delivering`` after this long belongs to a forwarder that died."""
+        return self.forward_timeout_ms / 1000 + 60.0
 
     def redacted(self) -> dict[str, Any]:
         """Settings safe to log: secrets replaced by their count or a marker."""

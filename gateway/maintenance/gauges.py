@@ -1,4 +1,5 @@
-"""Database-derived gauges: inbox depth and consumer lag, outbox states and unknown age."""
+"""Database-derived gauges: inbox depth and consumer lag, outbox states and unknown age,
+forwarding backlog and breakers."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import asyncpg
 
 from gateway import metrics
 from gateway.core.enums import OutboxState
-from gateway.store import inbox, outbox
+from gateway.core.forwarding import BREAKER_GAUGE, BreakerState
+from gateway.store import deliveries, inbox, outbox
 
 
 async def refresh_inbox(pool: asyncpg.Pool) -> None:
@@ -23,3 +25,11 @@ async def refresh_outbox(pool: asyncpg.Pool, now: float | None = None) -> None:
     oldest = await outbox.oldest_unknown(pool)
     now = time.time() if now is None else now
     metrics.OLDEST_UNKNOWN.set(max(0.0, now - oldest) if oldest is not None else 0.0)
+
+
+async def refresh_forward(pool: asyncpg.Pool) -> None:
+    """Backlog, oldest due delivery and breaker state per destination."""
+    for g in await deliveries.gauges(pool):
+        metrics.FORWARD_BACKLOG.labels(g.name).set(g.backlog)
+        metrics.FORWARD_OLDEST_DUE.labels(g.name).set(g.oldest_due_s)
+        metrics.FORWARD_BREAKER.labels(g.name).set(BREAKER_GAUGE[BreakerState(g.breaker_state)])

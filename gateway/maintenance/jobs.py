@@ -32,7 +32,9 @@ class Job:
     run: Callable[[asyncio.Event], Awaitable[Any]]
 
 
-def jobs_for(pool: asyncpg.Pool, settings: Settings, *, inbound: bool, outbound: bool) -> list[Job]:
+def jobs_for(
+    pool: asyncpg.Pool, settings: Settings, *, inbound: bool, outbound: bool, forward: bool = False
+) -> list[Job]:
     """The jobs that go with the workers a process runs."""
     jobs: list[Job] = []
     if inbound:
@@ -44,6 +46,8 @@ def jobs_for(pool: asyncpg.Pool, settings: Settings, *, inbound: bool, outbound:
         reconciler = Reconciler(pool, settings)
         jobs.append(Job("reconciler", RECONCILE_INTERVAL_S, lambda _stop: reconciler.run_once()))
         jobs.append(Job("outbox gauges", GAUGE_INTERVAL_S, lambda _stop: gauges.refresh_outbox(pool)))
+    if forward:
+        jobs.append(Job("forward gauges", GAUGE_INTERVAL_S, lambda _stop: gauges.refresh_forward(pool)))
     return jobs
 
 

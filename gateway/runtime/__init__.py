@@ -88,8 +88,9 @@ def run_worker(
     *,
     inbound: bool = False,
     outbound: bool = False,
+    forward: bool = False,
 ) -> int:
-    """Standalone workers (consume, send): migrate, open a pool, run ``work`` and the
+    """Standalone workers (consume, send, forward): migrate, open a pool, run ``work`` and the
     maintenance jobs that go with it until SIGTERM/SIGINT."""
     settings, _server = resolve_database(settings)
 
@@ -103,7 +104,7 @@ def run_worker(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         maintenance = asyncio.create_task(
-            jobs.run(jobs.jobs_for(pool, settings, inbound=inbound, outbound=outbound), stop)
+            jobs.run(jobs.jobs_for(pool, settings, inbound=inbound, outbound=outbound, forward=forward), stop)
         )
         try:
             await work(pool, stop)

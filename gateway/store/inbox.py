@@ -31,6 +31,7 @@ class Applied:
     statuses_inserted: int
     done: int
     parked: int
+    deliveries: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,7 @@ async def apply_plan(conn: Conn, plan: Plan) -> Applied:
         plan.done,
         plan.parked,
         plan.parked_why,
+        plan.forwards,
     )
     assert r is not None
     return Applied(**dict(r))

@@ -1,5 +1,5 @@
 """The aiohttp application: routes, the typed keys it holds, and every resource it owns via
-``cleanup_ctx`` (database pool, group committer, consumers, sender, maintenance jobs)."""
+``cleanup_ctx`` (database pool, group committer, consumers, sender, forwarder, maintenance jobs)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from gateway.inbound.consumer import ConsumerGroup
 from gateway.inbound.groupcommit import GroupCommitter
 from gateway.inbound.webhooks import Webhooks
 from gateway.maintenance import jobs
+from gateway.outbound.forwarder import Forwarder
 from gateway.outbound.send_api import SendApi
 from gateway.outbound.sender import Sender
 from gateway.store.db import connect, create_pool, migrate_dsn
@@ -27,6 +28,7 @@ POOL = web.AppKey("pool", asyncpg.Pool)
 COMMITTER = web.AppKey("committer", GroupCommitter)
 CONSUMERS = web.AppKey("consumers", ConsumerGroup)
 SENDER = web.AppKey("sender", Sender)
+FORWARDER = web.AppKey("forwarder", Forwarder)
 WEBHOOKS = web.AppKey("webhooks", Webhooks)
 SEND_API = web.AppKey("send_api", SendApi)
 HEALTH = web.AppKey("health", Health)
@@ -92,11 +94,26 @@ async def _sender(app: web.Application) -> AsyncIterator[None]:
     await sender.close()
 
 
-def _maintenance(inbound: bool, outbound: bool) -> object:
+async def _forwarder(app: web.Application) -> AsyncIterator[None]:
+    """The forwarder (deliveries → downstream destinations) runs beside the HTTP server."""
+    forwarder = Forwarder(app[POOL], app[SETTINGS])
+    app[FORWARDER] = forwarder
+    stop = asyncio.Event()
+    task = asyncio.create_task(forwarder.run(stop))
+    yield
+    stop.set()
+    await task  # bounded: in-flight requests get a short grace, then their leases cover them
+    await forwarder.close()
+
+
+def _maintenance(inbound: bool, outbound: bool, forward: bool = False) -> object:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         stop = asyncio.Event()
         task = asyncio.create_task(
-            jobs.run(jobs.jobs_for(app[POOL], app[SETTINGS], inbound=inbound, outbound=outbound), stop)
+            jobs.run(
+                jobs.jobs_for(app[POOL], app[SETTINGS], inbound=inbound, outbound=outbound, forward=forward),
+                stop,
+            )
         )
         yield
         stop.set()
@@ -106,7 +123,7 @@ def _maintenance(inbound: bool, outbound: bool) -> object:
 
 
 def build_app(settings: Settings, *, workers: bool = True) -> web.Application:
-    """The gateway app; ``workers`` starts the in-process consumers and sender."""
+    """The gateway app; ``workers`` starts the in-process consumers, sender and forwarder."""
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[WEBHOOKS] = Webhooks(settings)
@@ -122,10 +139,13 @@ def build_app(settings: Settings, *, workers: bool = True) -> web.Application:
     # Background workers, each owned by a cleanup_ctx so shutdown stops them in order.
     inbound = workers and settings.run_consumers
     outbound = workers and settings.run_sender
+    forward = workers and settings.run_forwarder
     if inbound:
         app.cleanup_ctx.append(_consumers)
     if outbound:
         app.cleanup_ctx.append(_sender)
-    if inbound or outbound:
-        app.cleanup_ctx.append(_maintenance(inbound, outbound))  # type: ignore[arg-type]
+    if forward:
+        app.cleanup_ctx.append(_forwarder)
+    if inbound or outbound or forward:
+        app.cleanup_ctx.append(_maintenance(inbound, outbound, forward))  # type: ignore[arg-type]
     return app

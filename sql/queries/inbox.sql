@@ -43,7 +43,8 @@ FOR UPDATE SKIP LOCKED;
 -- Keys are inserted and outbox rows locked in sorted order so that two consumers touching
 -- the same keys or rows wait for each other instead of deadlocking.
 -- $1 keys, $2 their inbox ids, $3 messages, $4 statuses, $5 account errors,
--- $6 account updates (jsonb arrays), $7 inbox ids done, $8/$9 inbox ids parked + why.
+-- $6 account updates (jsonb arrays), $7 inbox ids done, $8/$9 inbox ids parked + why,
+-- $10 forwards (jsonb array: key, kind, conversation, envelope, inbox_id per event).
 WITH ev AS (
     SELECT key, inbox_id FROM unnest($1::text[], $2::bigint[]) AS e(key, inbox_id)
 ), fresh AS (
@@ -135,6 +136,26 @@ WITH ev AS (
     FROM unnest($8::bigint[], $9::text[]) AS d(id, why)
     WHERE w.id = d.id
     RETURNING 1
+), fwd AS (
+    -- The transactional outbox towards downstream: one delivery per fresh event and enabled
+    -- destination that wants its kind, committed with the event's key or not at all. A
+    -- redelivered event is not fresh, so it never gets a second delivery. The webhook id is
+    -- gateway.core.stdwebhooks.webhook_id: 'wh_' + 32 hex of sha256('<name>/<event key>').
+    INSERT INTO deliveries
+        (destination_id, event_key, webhook_id, kind, conversation, envelope, received_at)
+    SELECT d.id, f.key,
+           'wh_' || left(encode(sha256(convert_to(d.name || '/' || f.key, 'UTF8')), 'hex'), 32),
+           f.kind, f.conversation, f.envelope, coalesce(w.received_at, now())
+    FROM ROWS FROM (jsonb_to_recordset($10::jsonb) AS (
+        key text, kind text, conversation text, envelope jsonb, inbox_id bigint))
+        WITH ORDINALITY AS f(key, kind, conversation, envelope, inbox_id, n)
+    JOIN fresh ON fresh.event_key = f.key
+    JOIN destinations d ON d.enabled AND f.kind = ANY (d.events)
+    LEFT JOIN webhook_inbox w ON w.id = f.inbox_id
+    -- Ids in the batch's arrival order: per-conversation ordering follows them.
+    ORDER BY d.id, f.n
+    ON CONFLICT (destination_id, event_key) DO NOTHING
+    RETURNING 1
 )
 SELECT (SELECT count(*) FROM fresh) AS fresh,
        (SELECT count(*) FROM msg) AS messages,
@@ -145,7 +166,8 @@ SELECT (SELECT count(*) FROM fresh) AS fresh,
        (SELECT count(*) FROM ins_msg) AS messages_inserted,
        (SELECT count(*) FROM ins_st) AS statuses_inserted,
        (SELECT count(*) FROM done) AS done,
-       (SELECT count(*) FROM parked) AS parked;
+       (SELECT count(*) FROM parked) AS parked,
+       (SELECT count(*) FROM fwd) AS deliveries;
 
 -- name: inbox_row_failed
 -- A row whose processing failed: retry later with backoff, or park it after max attempts.

@@ -1,0 +1,302 @@
+"""Forwarding to downstream HTTP endpoints, without I/O: the envelope of an event, which
+destinations want it, what an attempt's answer means, and destination validation.
+
+The envelope (documented in docs/forwarding.md) is the same bytes for every attempt and
+every destination of one event; only the ``webhook-*`` headers differ.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from enum import StrEnum
+from typing import Any
+from urllib.parse import urlsplit
+
+from gateway.core.events import AccountError, AccountUpdate, Event, InboundMessage, Status
+
+ENVELOPE_VERSION = 1
+EVENT_KINDS = ("message", "status", "account")
+MAX_NAME = 63
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+MAX_URL = 2000
+# Retry-After larger than this is clamped: a receiver must not park deliveries for days.
+MAX_RETRY_AFTER_S = 3600.0
+
+
+class DeliveryState(StrEnum):
+    PENDING = "pending"
+    DELIVERING = "delivering"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+BREAKER_GAUGE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+
+
+# --- which destinations want an event --------------------------------------------------------
+
+
+def kind_of(ev: Event) -> str:
+    """The ``--events`` filter an event matches: message, status or account."""
+    if isinstance(ev, InboundMessage):
+        return "message"
+    if isinstance(ev, Status):
+        return "status"
+    return "account"
+
+
+def conversation_of(ev: Event) -> str:
+    """The customer's wa_id (messages: the sender; statuses: the recipient); '' when none.
+
+    Destinations with ordering keep one delivery in flight per conversation.
+    """
+    if isinstance(ev, InboundMessage):
+        return ev.sender or ""
+    if isinstance(ev, Status):
+        return ev.recipient or ""
+    return ""
+
+
+def _iso(ts: int | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def envelope(ev: Event, source: str) -> dict[str, Any]:
+    """The JSON body forwarded for one event: normalised fields in ``data``, the provider's
+    own fragment untouched in ``raw``."""
+    data: dict[str, Any]
+    raw: Any
+    ts: int | None = None
+    if isinstance(ev, InboundMessage):
+        typ = "message.received"
+        ts = ev.timestamp
+        data = {
+            "wamid": ev.wamid,
+            "phone_number_id": ev.phone_number_id,
+            "from": ev.sender,
+            "type": ev.type,
+            "contact_name": ev.contact_name,
+        }
+        raw = ev.message
+    elif isinstance(ev, Status):
+        typ = "message.status"
+        ts = ev.timestamp
+        data = {
+            "wamid": ev.wamid,
+            "status": ev.status,
+            "recipient_id": ev.recipient,
+            "participant": ev.participant or None,
+            "callback_data": ev.callback_data,
+            "errors": ev.errors,
+        }
+        raw = ev.raw
+    elif isinstance(ev, AccountError):
+        typ = "account.error"
+        data = {
+            "waba_id": ev.waba_id,
+            "phone_number_id": ev.phone_number_id,
+            "field": ev.field,
+            "errors": ev.errors,
+        }
+        raw = ev.raw
+    else:
+        assert isinstance(ev, AccountUpdate)
+        typ = "account.update"
+        data = {"waba_id": ev.waba_id, "field": ev.field}
+        raw = ev.value
+    return {
+        "v": ENVELOPE_VERSION,
+        "type": typ,
+        "event_key": ev.key,
+        "source": source,
+        "timestamp": _iso(ts),
+        "data": data,
+        "raw": raw,
+    }
+
+
+def forward_row(ev: Event, source: str, inbox_id: int) -> dict[str, Any]:
+    """What the consumer's batch statement needs to fan one event out to destinations."""
+    return {
+        "key": ev.key,
+        "kind": kind_of(ev),
+        "conversation": conversation_of(ev),
+        "envelope": envelope(ev, source),
+        "inbox_id": inbox_id,
+    }
+
+
+# --- rebuilding events from the side-effect tables (backfill) ---------------------------------
+
+
+def _unix(value: datetime | None) -> int | None:
+    return None if value is None else int(value.timestamp())
+
+
+def message_from_row(row: dict[str, Any], key: str) -> InboundMessage:
+    """An ``inbound_messages`` row back into the event the consumer saw."""
+    return InboundMessage(
+        key=key,
+        wamid=row["wamid"],
+        phone_number_id=row["phone_number_id"],
+        sender=row["sender"],
+        type=row["type"],
+        timestamp=_unix(row["timestamp"]),
+        contact_name=row["contact_name"],
+        message=row["message"],
+    )
+
+
+def status_from_row(row: dict[str, Any]) -> Status:
+    return Status(
+        key=row["event_key"],
+        wamid=row["wamid"],
+        status=row["status"],
+        participant=row["participant"],
+        recipient=row["recipient"],
+        timestamp=_unix(row["timestamp"]),
+        callback_data=row["callback_data"],
+        errors=row["errors"],
+        raw=row["raw"],
+    )
+
+
+def account_error_from_row(row: dict[str, Any]) -> AccountError:
+    return AccountError(
+        key=row["event_key"],
+        waba_id=row["waba_id"],
+        phone_number_id=row["phone_number_id"],
+        field=row["field"],
+        errors=row["errors"],
+        raw=row["raw"],
+    )
+
+
+def account_update_from_row(row: dict[str, Any]) -> AccountUpdate:
+    return AccountUpdate(key=row["event_key"], waba_id=row["waba_id"], field=row["field"], value=row["value"])
+
+
+# --- destinations -----------------------------------------------------------------------------
+
+
+def check_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise ValueError(
+            "a destination name is 1..63 of a-z, 0-9, '_' and '-', starting with a letter or digit"
+        )
+    return name
+
+
+def check_url(url: str) -> str:
+    """An absolute http(s) URL with a host, no credentials, no fragment."""
+    if len(url) > MAX_URL or any(c.isspace() or ord(c) < 0x20 for c in url):
+        raise ValueError("a destination URL must be at most 2000 characters without spaces")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("a destination URL must start with http:// or https://")
+    if not parts.hostname:
+        raise ValueError("a destination URL must name a host")
+    if parts.username or parts.password:
+        raise ValueError("a destination URL must not carry credentials (the signature authenticates)")
+    if parts.fragment:
+        raise ValueError("a destination URL must not have a #fragment")
+    try:
+        _ = parts.port
+    except ValueError:
+        raise ValueError("a destination URL has an invalid port") from None
+    return url
+
+
+def parse_events(raw: str | Iterable[str]) -> list[str]:
+    """``message,status,account`` (any non-empty subset) into a sorted list."""
+    items = [p.strip() for p in raw.split(",")] if isinstance(raw, str) else [p.strip() for p in raw]
+    items = [p for p in items if p]
+    if not items:
+        raise ValueError(f"--events needs at least one of {', '.join(EVENT_KINDS)}")
+    unknown = sorted(set(items) - set(EVENT_KINDS))
+    if unknown:
+        raise ValueError(f"unknown event kind(s) {', '.join(unknown)}; use {', '.join(EVENT_KINDS)}")
+    return sorted(set(items))
+
+
+# --- what an attempt's answer means -----------------------------------------------------------
+
+
+class Outcome(StrEnum):
+    DELIVERED = "delivered"
+    RETRY = "retry"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    outcome: Outcome
+    state: DeliveryState
+    delay_s: float | None  # seconds until the next attempt (RETRY only)
+    error: str | None
+
+
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """Seconds from ``Retry-After`` (delta-seconds or an HTTP-date), clamped; None if absent or bad."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER_S)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return min(max(0.0, when.timestamp() - now), MAX_RETRY_AFTER_S)
+
+
+def decide(
+    *,
+    status: int | None,
+    error: str | None,
+    retry_after: str | None,
+    now: float,
+    first_attempt_at: float,
+    backoff_s: float,
+    retry_window_s: float,
+) -> Decision:
+    """2xx: delivered. Anything else (another status, a timeout, a refused connection): retry
+    after ``backoff_s`` (or the receiver's Retry-After on 429/503, whichever is later), unless
+    that falls past ``first_attempt_at + retry_window_s``: then failed, kept for replay."""
+    if status is not None and 200 <= status < 300:
+        return Decision(Outcome.DELIVERED, DeliveryState.DELIVERED, None, None)
+    why = error if status is None else f"HTTP {status}" + (f": {error}" if error else "")
+    delay = backoff_s
+    if status in (429, 503):
+        asked = parse_retry_after(retry_after, now)
+        if asked is not None:
+            delay = max(delay, asked)
+    if now + delay > first_attempt_at + retry_window_s:
+        return Decision(Outcome.FAILED, DeliveryState.FAILED, None, why)
+    return Decision(Outcome.RETRY, DeliveryState.PENDING, delay, why)
+
+
+def breaker_tally(successes: Sequence[bool]) -> tuple[bool, int]:
+    """From one destination's outcomes in completion order: (any success, failures after the
+    last success). The breaker statement resets its count on a success and adds the rest."""
+    saw_success = False
+    failures = 0
+    for ok in successes:
+        if ok:
+            saw_success = True
+            failures = 0
+        else:
+            failures += 1
+    return saw_success, failures

@@ -1,0 +1,272 @@
+"""The forwarder: POSTs each delivery's envelope to its destination, signed per Standard Webhooks.
+
+Deliveries are inserted by the consumers in the same transaction as their event's key (see
+``inbox_apply_batch``). A forwarder claims due ones in a short transaction (``FOR UPDATE SKIP
+LOCKED``, serialised across forwarders so per-destination limits hold), woken by ``LISTEN
+deliveries`` with polling as a fallback, keeps up to ``forward_concurrency`` requests in flight,
+and writes outcomes in batches. What an answer means is ``gateway.core.forwarding.decide``;
+signing is ``gateway.core.stdwebhooks``; both pure. The circuit breaker lives in the
+``destinations`` row, so every forwarder sees the same state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import asyncpg
+
+from gateway import __version__, metrics
+from gateway.core import stdwebhooks
+from gateway.core.aio import sleep_unless_stopped
+from gateway.core.backoff import backoff_delay
+from gateway.core.clock import Clock, SystemClock
+from gateway.core.forwarding import Outcome, breaker_tally, decide
+from gateway.core.settings import Settings
+from gateway.store import deliveries
+from gateway.store.db import connect
+
+log = logging.getLogger(__name__)
+
+USER_AGENT = f"whatsapp-webhook-gateway/{__version__} (+standard-webhooks)"
+MAX_ERROR_BODY = 200
+# Expired leases and cooled-down breakers are looked at this often, not on every claim.
+HOUSEKEEPING_S = 0.5
+STOP_GRACE_S = 5.0
+
+
+def _setter(event: asyncio.Event) -> Callable[[Any], None]:
+    return lambda _conn: event.set()
+
+
+class Attempt:
+    """What one POST came back with."""
+
+    __slots__ = ("claimed", "error", "finished", "retry_after", "status")
+
+    def __init__(self, claimed: deliveries.Claimed) -> None:
+        self.claimed = claimed
+        self.status: int | None = None
+        self.error: str | None = None
+        self.retry_after: str | None = None
+        self.finished = 0.0
+
+
+class Forwarder:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        settings: Settings,
+        *,
+        clock: Clock | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.rand = rand
+        self.wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._done: list[Attempt] = []
+        self._keys: dict[str, bytes] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._housekept = 0.0
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            s = self.settings
+            connector = aiohttp.TCPConnector(limit=s.forward_concurrency, ttl_dns_cache=300)
+            timeout = aiohttp.ClientTimeout(total=s.forward_timeout_ms / 1000)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=timeout, headers={"User-Agent": USER_AGENT}
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    # --- one round: write outcomes, claim, start requests -------------------------------------
+
+    async def step(self) -> int:
+        """Write finished attempts, then claim what free slots allow and start them; claimed count."""
+        async with self.pool.acquire() as conn:
+            await self._flush(conn)
+            free = self.settings.forward_concurrency - len(self._tasks)
+            if free <= 0:
+                return 0
+            now = time.monotonic()
+            housekeeping = now - self._housekept >= HOUSEKEEPING_S
+            if housekeeping:
+                self._housekept = now
+            claimed, half_open = await deliveries.claim(
+                conn,
+                limit=min(free, self.settings.forward_batch),
+                lease_s=self.settings.forward_lease_s,
+                cooldown_s=self.settings.forward_breaker_cooldown_s,
+                housekeeping=housekeeping,
+            )
+        for name in half_open:
+            log.info("destination %s: breaker half-open, probing", name)
+        for c in claimed:
+            task = asyncio.create_task(self._attempt(c))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return len(claimed)
+
+    def _key(self, secret: str) -> bytes:
+        key = self._keys.get(secret)
+        if key is None:
+            key = self._keys[secret] = stdwebhooks.secret_key(secret)
+        return key
+
+    async def _attempt(self, c: deliveries.Claimed) -> None:
+        a = Attempt(c)
+        try:
+            ts = int(self.clock.now())
+            headers = stdwebhooks.headers(self._key(c.secret), c.webhook_id, ts, c.body)
+            headers["Content-Type"] = "application/json"
+            async with self.session.post(c.url, data=c.body, headers=headers, allow_redirects=False) as resp:
+                a.status = resp.status
+                a.retry_after = resp.headers.get("Retry-After")
+                if not 200 <= resp.status < 300:
+                    text = await resp.content.read(MAX_ERROR_BODY)
+                    a.error = " ".join(text.decode("utf-8", "replace").split())[:MAX_ERROR_BODY] or None
+        except TimeoutError:
+            a.error = "timeout"
+        except aiohttp.ClientError as exc:
+            a.error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_BODY]
+        except stdwebhooks.BadSecret as exc:  # a secret edited by hand in the table
+            a.error = f"bad secret: {exc}"
+        except asyncio.CancelledError:
+            a.error = "forwarder stopped"
+            a.finished = -1.0  # not the receiver's fault: no breaker count, retry at once
+            self._done.append(a)
+            raise
+        a.finished = self.clock.now()
+        self._done.append(a)
+        self.wake.set()
+
+    async def _flush(self, conn: Any) -> None:
+        """Outcomes of finished attempts, and the breaker counts they imply, in one transaction."""
+        if not self._done:
+            return
+        done, self._done = self._done, []
+        s = self.settings
+        results: list[deliveries.Result] = []
+        per_dest: dict[int, list[bool]] = {}
+        now = self.clock.now()
+        for a in done:
+            c = a.claimed
+            if a.finished < 0:
+                results.append(deliveries.Result(c.id, "pending", 0.0, None, a.error))
+                continue
+            d = decide(
+                status=a.status,
+                error=a.error,
+                retry_after=a.retry_after,
+                now=now,
+                first_attempt_at=c.window_start.timestamp(),
+                backoff_s=backoff_delay(
+                    c.attempts, s.forward_retry_base_ms / 1000, s.forward_retry_max_ms / 1000, self.rand
+                ),
+                retry_window_s=s.forward_retry_h * 3600,
+            )
+            results.append(deliveries.Result(c.id, d.state.value, d.delay_s, a.status, d.error))
+            ok = d.outcome is Outcome.DELIVERED
+            per_dest.setdefault(c.destination_id, []).append(ok)
+            metrics.FORWARD_DELIVERIES.labels(c.destination, d.outcome.value).inc()
+            if ok:
+                metrics.FORWARD_LATENCY.labels(c.destination).observe(
+                    max(0.0, a.finished - c.received_at.timestamp())
+                )
+            elif d.outcome is Outcome.FAILED:
+                log.warning(
+                    "delivery %d (%s) to %s failed after %d attempts: %s",
+                    c.id, c.webhook_id, c.destination, c.attempts, d.error,
+                )  # fmt: skip
+        breakers = [(dest, *breaker_tally(oks)) for dest, oks in per_dest.items()]
+        changes = await deliveries.record(conn, results, breakers, threshold=s.forward_breaker_failures)
+        for name, old, new in changes:
+            log.warning("destination %s: breaker %s -> %s", name, old, new)
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Forward until ``stop`` is set; then let requests in flight finish (briefly) and record them."""
+        listener = asyncio.create_task(self._listen(stop))
+        poll_s = self.settings.forward_poll_ms / 1000
+        try:
+            while not stop.is_set():
+                self.wake.clear()
+                try:
+                    claimed = await self.step()
+                except Exception as exc:
+                    log.warning("forwarder step failed: %s: %s", type(exc).__name__, exc)
+                    claimed = 0
+                    await sleep_unless_stopped(stop, poll_s)
+                    continue
+                if claimed and len(self._tasks) < self.settings.forward_concurrency:
+                    continue  # more may be due right now
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), poll_s)
+        finally:
+            await self._drain()
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+
+    async def _drain(self) -> None:
+        if self._tasks:
+            _done, pending = await asyncio.wait(set(self._tasks), timeout=STOP_GRACE_S)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._done:
+            try:
+                async with self.pool.acquire() as conn:
+                    await self._flush(conn)
+            except Exception as exc:  # their leases run out and another forwarder retries them
+                log.warning("could not record %d outcomes at stop: %s", len(self._done), exc)
+
+    async def _listen(self, stop: asyncio.Event) -> None:
+        """Wake on NOTIFY deliveries; on a lost connection reconnect (polling covers the gap)."""
+        dsn = self.settings.database_url
+        assert dsn
+        attempt = 0
+        while not stop.is_set():
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await connect(dsn, timeout=self.settings.db_connect_timeout_s)
+                lost = asyncio.Event()
+                conn.add_termination_listener(_setter(lost))
+                await conn.add_listener(deliveries.CHANNEL, lambda *_: self.wake.set())
+                attempt = 0
+                self.wake.set()
+                waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())]
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for w in waits:
+                        w.cancel()
+            except Exception as exc:
+                attempt += 1
+                log.warning("LISTEN %s failed (%s); polling meanwhile", deliveries.CHANNEL, exc)
+            finally:
+                if conn is not None and not conn.is_closed():
+                    with contextlib.suppress(Exception):
+                        await conn.close(timeout=2)
+            if not stop.is_set():
+                await sleep_unless_stopped(stop, backoff_delay(max(attempt, 1), 0.5, 30))

@@ -1,0 +1,189 @@
+"""A fake downstream receiver for the forwarder's tests, benchmarks and the load harness.
+
+It verifies every request with the ``standardwebhooks`` package, as a real receiver would,
+records each attempt's ``webhook-id``, processes an id once (later copies are counted as
+duplicates and answered 200) and injects faults: a share of 5xx answers, a share of
+"timeouts" (the event is processed, the answer comes too late), added latency, a scripted
+answer queue (e.g. 429 with Retry-After) and outages (every request 503 until it ends).
+
+Control endpoints for other processes (loopback only): ``GET /_fake/state``,
+``POST /_fake/config`` (any of ``p_5xx``, ``p_timeout``, ``timeout_s``, ``latency_ms``,
+``outage``), ``DELETE /_fake/state``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+
+@dataclass
+class Scripted:
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ReceiverState:
+    attempts: list[str] = field(default_factory=list)  # webhook-id of every attempt, in order
+    processed: dict[str, Any] = field(default_factory=dict)  # id -> envelope, first time only
+    order: list[str] = field(default_factory=list)  # ids in processing order
+    duplicates: Counter[str] = field(default_factory=Counter)
+    bad_signatures: int = 0
+    answered: Counter[int] = field(default_factory=Counter)
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+
+class FakeReceiver:
+    def __init__(
+        self,
+        secret: str,
+        *,
+        p_5xx: float = 0.0,
+        p_timeout: float = 0.0,
+        timeout_s: float = 1.0,
+        latency_ms: float = 0.0,
+        seed: int = 1,
+        verify: bool = True,
+    ) -> None:
+        self.webhook = Webhook(secret)
+        self.p_5xx = p_5xx
+        self.p_timeout = p_timeout
+        self.timeout_s = timeout_s
+        self.latency_ms = latency_ms
+        self.verify = verify
+        self.outage = False
+        self.script: list[Scripted] = []
+        self.rand = random.Random(seed)
+        self.state = ReceiverState()
+        self.changed = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app.router.add_get("/_fake/state", self._get_state)
+        app.router.add_delete("/_fake/state", self._reset)
+        app.router.add_post("/_fake/config", self._config)
+        app.router.add_post("/{tail:.*}", self._receive)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
+        self.url = f"http://{host}:{sockets[0].getsockname()[1]}/hooks"
+        return self.url
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # --- the receiver -------------------------------------------------------------------------
+
+    async def _receive(self, request: web.Request) -> web.Response:
+        st = self.state
+        st.in_flight += 1
+        st.max_in_flight = max(st.max_in_flight, st.in_flight)
+        try:
+            return await self._handle(request)
+        finally:
+            st.in_flight -= 1
+            self.changed.set()
+
+    def _answer(self, status: int, headers: dict[str, str] | None = None) -> web.Response:
+        self.state.answered[status] += 1
+        return web.Response(status=status, headers=headers)
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        st = self.state
+        body = await request.read()
+        msg_id = request.headers.get("webhook-id", "")
+        st.attempts.append(msg_id)
+        if self.verify:
+            try:
+                self.webhook.verify(body, dict(request.headers))
+            except WebhookVerificationError:
+                st.bad_signatures += 1
+                return self._answer(401)
+        if self.latency_ms:
+            await asyncio.sleep(self.latency_ms / 1000)
+        if self.outage:
+            return self._answer(503)
+        if self.script:
+            s = self.script.pop(0)
+            return self._answer(s.status, s.headers)
+        roll = self.rand.random()
+        if roll < self.p_5xx:
+            return self._answer(500)
+        self._process(msg_id, body)
+        if roll < self.p_5xx + self.p_timeout:
+            await asyncio.sleep(self.timeout_s)  # processed, but the answer comes too late
+        return self._answer(204)
+
+    def _process(self, msg_id: str, body: bytes) -> None:
+        st = self.state
+        if msg_id in st.processed:
+            st.duplicates[msg_id] += 1
+            return
+        env = orjson.loads(body)
+        st.processed[msg_id] = env
+        st.order.append(msg_id)
+
+    # --- control ------------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        st = self.state
+        return {
+            "attempts": len(st.attempts),
+            "processed": len(st.processed),
+            "duplicates": sum(st.duplicates.values()),
+            "bad_signatures": st.bad_signatures,
+            "answered": {str(k): v for k, v in st.answered.items()},
+            "max_in_flight": st.max_in_flight,
+            "outage": self.outage,
+        }
+
+    async def _get_state(self, request: web.Request) -> web.Response:
+        out = self.summary()
+        if request.query.get("ids"):
+            out["ids"] = list(self.state.processed)
+        return web.json_response(out)
+
+    async def _reset(self, request: web.Request) -> web.Response:
+        self.state = ReceiverState()
+        return web.json_response({"reset": True})
+
+    async def _config(self, request: web.Request) -> web.Response:
+        cfg = await request.json()
+        for name in ("p_5xx", "p_timeout", "timeout_s", "latency_ms"):
+            if name in cfg:
+                setattr(self, name, float(cfg[name]))
+        if "outage" in cfg:
+            self.outage = bool(cfg["outage"])
+        return web.json_response(self.summary())
+
+    async def wait_for(self, processed: int, timeout_s: float) -> bool:
+        """Until ``processed`` distinct ids arrived, or the timeout; True when they did."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.state.processed) < processed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), min(left, 0.2))
+        return True

@@ -1,0 +1,242 @@
+-- destinations and deliveries: forwarding to downstream HTTP endpoints. The consumers'
+-- inbox_apply_batch inserts deliveries; everything else about them is here.
+-- A webhook id is 'wh_' + 32 hex of sha256('<destination name>/<event key>') everywhere.
+
+-- name: destination_add
+INSERT INTO destinations (name, url, events, secret, max_in_flight, ordered)
+VALUES ($1, $2, $3::text[], $4, $5, $6)
+ON CONFLICT (name) DO NOTHING
+RETURNING id;
+
+-- name: destination_list
+SELECT d.id, d.name, d.url, d.events, d.secret, d.enabled, d.max_in_flight, d.ordered,
+       d.breaker_state, d.consecutive_failures, d.breaker_changed_at, d.created_at,
+       (SELECT count(*) FROM deliveries x
+        WHERE x.destination_id = d.id AND x.state IN ('pending', 'delivering')) AS backlog,
+       (SELECT count(*) FROM deliveries x WHERE x.destination_id = d.id AND x.state = 'failed') AS failed
+FROM destinations d
+ORDER BY d.name;
+
+-- name: destination_get
+SELECT id, name, url, events, secret, enabled, max_in_flight, ordered, breaker_state
+FROM destinations WHERE name = $1;
+
+-- name: destination_set_enabled
+UPDATE destinations SET enabled = $2, updated_at = now() WHERE name = $1 RETURNING id;
+
+-- name: destination_remove
+-- Its deliveries go with it (ON DELETE CASCADE); returns how many there were.
+WITH gone AS (DELETE FROM destinations WHERE name = $1 RETURNING id)
+SELECT g.id, (SELECT count(*) FROM deliveries x WHERE x.destination_id = g.id) AS deliveries
+FROM gone g;
+
+-- name: deliveries_claim_lock
+-- Claims are serialised across forwarders (one short transaction each), so per-destination
+-- in-flight limits and half-open probes are exact however many forwarders run.
+SELECT pg_advisory_xact_lock($1);
+
+-- name: deliveries_release_expired
+-- Rows of a forwarder that died mid-request: back to pending (at least once, deduplicable).
+UPDATE deliveries SET state = 'pending', lease_until = NULL
+WHERE state = 'delivering' AND lease_until < clock_timestamp()
+RETURNING id;
+
+-- name: destinations_half_open
+-- An open breaker whose cool-down ($1 seconds) has passed lets one probe through.
+UPDATE destinations SET breaker_state = 'half_open', breaker_changed_at = now()
+WHERE breaker_state = 'open' AND breaker_changed_at <= clock_timestamp() - make_interval(secs => $1)
+RETURNING name;
+
+-- name: deliveries_claim
+-- Due pending deliveries of enabled destinations whose breaker lets them through, at most
+-- (max_in_flight - in flight) per destination (1 when half-open), $1 in all; with ordering,
+-- only the oldest open delivery of each conversation. Marked delivering with a lease of
+-- $2 seconds and returned with what the request needs.
+WITH dest AS (
+    SELECT d.id, d.name, d.url, d.secret, d.ordered,
+           CASE WHEN d.breaker_state = 'half_open' THEN 1 ELSE d.max_in_flight END
+           - (SELECT count(*) FROM deliveries x
+              WHERE x.destination_id = d.id AND x.state = 'delivering')::int AS room
+    FROM destinations d
+    WHERE d.enabled AND d.breaker_state <> 'open'
+), picked AS (
+    SELECT c.id, dest.id AS destination_id
+    FROM dest
+    CROSS JOIN LATERAL (
+        SELECT dl.id, dl.next_attempt_at
+        FROM deliveries dl
+        WHERE dl.destination_id = dest.id
+          AND dl.state = 'pending'
+          AND dl.next_attempt_at <= clock_timestamp()
+          AND (NOT dest.ordered OR dl.conversation = '' OR NOT EXISTS (
+                SELECT 1 FROM deliveries e
+                WHERE e.destination_id = dl.destination_id
+                  AND e.conversation = dl.conversation
+                  AND e.id < dl.id
+                  AND e.state IN ('pending', 'delivering')))
+        ORDER BY dl.next_attempt_at, dl.id
+        LIMIT least(dest.room, $1)
+        FOR UPDATE OF dl SKIP LOCKED
+    ) c
+    WHERE dest.room > 0
+    ORDER BY c.next_attempt_at, c.id
+    LIMIT $1
+)
+UPDATE deliveries dl SET
+    state = 'delivering',
+    attempts = dl.attempts + 1,
+    lease_until = clock_timestamp() + make_interval(secs => $2)
+FROM picked JOIN dest ON dest.id = picked.destination_id
+WHERE dl.id = picked.id
+RETURNING dl.id, dl.webhook_id, dl.envelope::text AS body, dl.attempts, dl.received_at,
+          dl.window_start, dest.id AS destination_id, dest.name AS destination, dest.url, dest.secret;
+
+-- name: deliveries_record
+-- Outcomes of attempts: $1 ids, $2 new states, $3 seconds to the next attempt (pending only),
+-- $4 HTTP statuses (NULL: no answer), $5 errors. A row no longer delivering (its lease ran out
+-- and another forwarder took it) is left to that forwarder.
+UPDATE deliveries d SET
+    state = r.state,
+    lease_until = NULL,
+    next_attempt_at = CASE WHEN r.state = 'pending'
+                           THEN clock_timestamp() + make_interval(secs => r.delay)
+                           ELSE d.next_attempt_at END,
+    last_status = r.status,
+    last_error = r.error,
+    delivered_at = CASE WHEN r.state = 'delivered' THEN clock_timestamp() ELSE d.delivered_at END
+FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::int[], $5::text[]) AS r(id, state, delay, status, error)
+WHERE d.id = r.id AND d.state = 'delivering'
+RETURNING d.id;
+
+-- name: destinations_breaker_record
+-- One row per destination that had outcomes: $1 ids, $2 any success, $3 failures after the
+-- last success; $4 the threshold. A success closes the breaker and restarts the count; N
+-- consecutive failures (or a failed half-open probe) open it. Returns the transitions.
+WITH r AS (
+    SELECT * FROM unnest($1::bigint[], $2::bool[], $3::int[]) AS r(id, ok, fails)
+), n AS (
+    SELECT d.id, d.name, d.breaker_state AS old, r.ok, r.fails AS new_fails,
+           CASE WHEN r.ok THEN r.fails ELSE d.consecutive_failures + r.fails END AS fails
+    FROM destinations d JOIN r ON r.id = d.id
+), s AS (
+    SELECT n.*,
+           CASE WHEN n.fails >= $4 OR (n.old = 'half_open' AND n.new_fails > 0) THEN 'open'
+                WHEN n.ok THEN 'closed'
+                ELSE n.old END AS state
+    FROM n
+)
+UPDATE destinations d SET
+    consecutive_failures = s.fails,
+    breaker_state = s.state,
+    breaker_changed_at = CASE WHEN s.state <> s.old THEN now() ELSE d.breaker_changed_at END
+FROM s
+WHERE d.id = s.id
+RETURNING d.name, s.old, s.state AS new;
+
+-- name: deliveries_gauges
+-- Per destination: open deliveries, age of the oldest due one (receipt time), breaker state.
+SELECT d.name, d.breaker_state, d.enabled,
+       (SELECT count(*) FROM deliveries x
+        WHERE x.destination_id = d.id AND x.state IN ('pending', 'delivering')) AS backlog,
+       coalesce((SELECT extract(epoch FROM clock_timestamp() - min(x.received_at))
+                 FROM deliveries x
+                 WHERE x.destination_id = d.id AND x.state = 'pending'
+                   AND x.next_attempt_at <= clock_timestamp()), 0)::float8 AS oldest_due_s
+FROM destinations d
+ORDER BY d.name;
+
+-- name: deliveries_list
+-- $1 destination name, $2/$3 receipt time range [since, until), $4 state (each NULL: any), $5 limit.
+SELECT dl.id, d.name AS destination, dl.webhook_id, dl.event_key, dl.kind, dl.state, dl.attempts,
+       dl.received_at, dl.next_attempt_at, dl.last_status, dl.last_error, dl.delivered_at
+FROM deliveries dl JOIN destinations d ON d.id = dl.destination_id
+WHERE ($1::text IS NULL OR d.name = $1)
+  AND ($2::timestamptz IS NULL OR dl.received_at >= $2)
+  AND ($3::timestamptz IS NULL OR dl.received_at < $3)
+  AND ($4::text IS NULL OR dl.state = $4)
+ORDER BY dl.id
+LIMIT $5;
+
+-- name: deliveries_count
+SELECT dl.state, count(*) AS n
+FROM deliveries dl JOIN destinations d ON d.id = dl.destination_id
+WHERE ($1::text IS NULL OR d.name = $1)
+  AND ($2::timestamptz IS NULL OR dl.received_at >= $2)
+  AND ($3::timestamptz IS NULL OR dl.received_at < $3)
+GROUP BY dl.state;
+
+-- name: deliveries_replay
+-- Finished deliveries ($4: failed or delivered) in a receipt time range back to pending now,
+-- with a fresh retry window. The webhook id is unchanged, so a receiver that already has
+-- one of them can tell.
+UPDATE deliveries dl SET
+    state = 'pending', attempts = 0, next_attempt_at = clock_timestamp(),
+    window_start = clock_timestamp(), lease_until = NULL
+FROM destinations d
+WHERE d.id = dl.destination_id
+  AND ($1::text IS NULL OR d.name = $1)
+  AND ($2::timestamptz IS NULL OR dl.received_at >= $2)
+  AND ($3::timestamptz IS NULL OR dl.received_at < $3)
+  AND dl.state = $4
+  AND $4 IN ('failed', 'delivered')
+RETURNING dl.id;
+
+-- name: deliveries_notify
+SELECT pg_notify('deliveries', '');
+
+-- name: deliveries_insert
+-- Backfill: deliveries for one destination ($1) from rebuilt events ($2: jsonb array of key,
+-- kind, conversation, envelope, received_at); events it already has are skipped.
+WITH ins AS (
+    INSERT INTO deliveries
+        (destination_id, event_key, webhook_id, kind, conversation, envelope, received_at)
+    SELECT d.id, f.key,
+           'wh_' || left(encode(sha256(convert_to(d.name || '/' || f.key, 'UTF8')), 'hex'), 32),
+           f.kind, f.conversation, f.envelope, f.received_at
+    FROM jsonb_to_recordset($2::jsonb) AS f(
+        key text, kind text, conversation text, envelope jsonb, received_at timestamptz)
+    JOIN destinations d ON d.id = $1
+    ORDER BY f.received_at, f.key
+    ON CONFLICT (destination_id, event_key) DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) FROM ins;
+
+-- name: backfill_messages
+-- Inbound messages received in [$1, $2), after id $3, $4 at most. A Tenashi message's key
+-- (evt:<id>) is found beside it in processed_webhook_events (same transaction, same inbox
+-- row); NULL once retention purged it.
+SELECT m.id, m.wamid, m.source, m.phone_number_id, m.sender, m.type, m.timestamp,
+       m.contact_name, m.message, m.received_at,
+       CASE WHEN m.source = 'meta' THEN 'msg:' || m.wamid
+            ELSE (SELECT p.event_key FROM processed_webhook_events p
+                  WHERE p.processed_at >= m.received_at
+                    AND p.processed_at < m.received_at + interval '10 minutes'
+                    AND p.inbox_id = m.inbox_id AND p.event_key LIKE 'evt:%'
+                  LIMIT 1) END AS event_key
+FROM inbound_messages m
+WHERE m.received_at >= $1 AND m.received_at < $2 AND m.id > $3
+ORDER BY m.id
+LIMIT $4;
+
+-- name: backfill_statuses
+SELECT id, event_key, source, wamid, status, participant, recipient, timestamp, callback_data,
+       errors, raw, recorded_at AS received_at
+FROM message_statuses
+WHERE recorded_at >= $1 AND recorded_at < $2 AND id > $3
+ORDER BY id
+LIMIT $4;
+
+-- name: backfill_account_errors
+SELECT id, event_key, waba_id, phone_number_id, field, errors, raw, recorded_at AS received_at
+FROM account_errors
+WHERE recorded_at >= $1 AND recorded_at < $2 AND id > $3
+ORDER BY id
+LIMIT $4;
+
+-- name: backfill_account_updates
+SELECT id, event_key, waba_id, field, value, recorded_at AS received_at
+FROM account_updates
+WHERE recorded_at >= $1 AND recorded_at < $2 AND id > $3
+ORDER BY id
+LIMIT $4;

@@ -1,0 +1,319 @@
+"""Forwarding to downstream destinations against a real PostgreSQL and a really started fake
+receiver that verifies each request with the ``standardwebhooks`` package."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import asyncpg
+import pytest
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestServer
+
+from gateway.core import stdwebhooks
+from gateway.core.settings import Settings
+from gateway.core.signature import sign_meta
+from gateway.outbound.backfill import backfill
+from gateway.store import deliveries
+from gateway.testing.fake_receiver import FakeReceiver, Scripted
+from tests.conftest import META_SECRET, replace
+from tests.consume_helpers import drain, stage
+from tests.consume_payloads import (
+    message_obj,
+    messages_payload,
+    meta_payload,
+    meta_value,
+    status_obj,
+    tenashi_event,
+    to_bytes,
+)
+from tests.forward_helpers import (
+    SECRET,
+    add,
+    all_delivered,
+    fast,
+    forwarding,
+    process_messages,
+    process_status,
+    states,
+    until,
+)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[FakeReceiver]:
+    r = FakeReceiver(SECRET)
+    await r.start()
+    yield r
+    await r.close()
+
+
+async def test_fresh_events_get_one_delivery_per_matching_enabled_destination(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    await add(pool, "crm", "http://127.0.0.1:9/a", ("message", "status"))
+    await add(pool, "bot", "http://127.0.0.1:9/b", ("message",))
+    await add(pool, "ops", "http://127.0.0.1:9/c", ("account",))
+    await add(pool, "off", "http://127.0.0.1:9/d", ("message", "status", "account"))
+    await deliveries.set_enabled(pool, name="off", enabled=False)
+    body = to_bytes(
+        meta_payload(
+            ("messages", meta_value(messages=[message_obj("wamid.D1"), message_obj("wamid.D2")])),
+            ("messages", meta_value(statuses=[status_obj("wamid.D0", "read")])),
+            ("messages", meta_value(errors=[{"code": 131000}])),
+        )
+    )
+    for _ in range(3):  # the first delivery and two webhook redeliveries
+        await stage(pool, body)
+        await drain(pool, settings)
+    rows = await pool.fetch(
+        "SELECT d.name, dl.event_key, dl.webhook_id, dl.kind, dl.conversation, dl.envelope, dl.state"
+        " FROM deliveries dl JOIN destinations d ON d.id = dl.destination_id ORDER BY d.name, dl.id"
+    )
+    per: dict[str, list[str]] = defaultdict(list)
+    for r in rows:
+        per[r["name"]].append(r["kind"])
+        # The SQL webhook id is the documented one.
+        assert r["webhook_id"] == stdwebhooks.webhook_id(r["name"], r["event_key"])
+        assert r["envelope"]["event_key"] == r["event_key"] and r["state"] == "pending"
+    assert dict(per) == {
+        "bot": ["message", "message"],
+        "crm": ["message", "message", "status"],
+        "ops": ["account"],
+    }
+    assert await pool.fetchval("SELECT count(*) FROM processed_webhook_events") == 4
+
+
+async def test_forwarding_through_receiver_faults_delivers_every_event_verified(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    # 25 % 5xx, 10 % "timeouts" (processed, answered after the forwarder gave up).
+    r = FakeReceiver(SECRET, p_5xx=0.25, p_timeout=0.1, timeout_s=0.6, seed=7)
+    url = await r.start()
+    try:
+        await add(pool, "crm", url)
+        keys = await process_messages(pool, settings, 60)
+        await process_status(pool, settings, "wamid.F3", "delivered")
+        s = fast(settings, forward_breaker_failures=1000)
+        async with forwarding(pool, s):
+            await until(lambda: all_delivered(pool), what="every delivery delivered")
+        expected = {stdwebhooks.webhook_id("crm", k) for k in [*keys, "status:wamid.F3:delivered:"]}
+        assert set(r.state.processed) == expected
+        assert r.state.bad_signatures == 0
+        assert r.state.answered[500] > 0 and len(r.state.duplicates) > 0  # the faults happened
+        assert len(r.state.attempts) > len(expected)
+        rows = await pool.fetch("SELECT attempts, last_status, delivered_at FROM deliveries")
+        assert all(x["last_status"] == 204 and x["delivered_at"] for x in rows)
+        assert sum(x["attempts"] for x in rows) == len(r.state.attempts)
+        env = r.state.processed[stdwebhooks.webhook_id("crm", "msg:wamid.F0")]
+        assert env["type"] == "message.received" and env["raw"]["text"] == {"body": "text 0"}
+    finally:
+        await r.close()
+
+
+async def test_breaker_opens_during_an_outage_and_drains_after(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    await add(pool, "crm", receiver.url, max_in_flight=4)
+    receiver.outage = True
+    await process_messages(pool, settings, 30)
+    s = fast(settings, forward_breaker_failures=3, forward_breaker_cooldown_s=0.4)
+
+    async def breaker() -> str:
+        return str(await pool.fetchval("SELECT breaker_state FROM destinations WHERE name = 'crm'"))
+
+    async with forwarding(pool, s):
+        await until(lambda: _is(breaker(), "open"), what="breaker open")
+        # While open, only half-open probes (one at a time) reach the receiver.
+        await asyncio.sleep(1.0)
+        attempts_during_outage = len(receiver.state.attempts)
+        assert attempts_during_outage < 3 + 4 + 6, attempts_during_outage
+        assert receiver.state.max_in_flight <= 4
+        receiver.outage = False
+        await until(lambda: all_delivered(pool), what="backlog drained")
+        assert await breaker() == "closed"
+    assert len(receiver.state.processed) == 30
+    assert receiver.state.bad_signatures == 0
+
+
+async def _is(value: object, expected: str) -> bool:
+    return await value == expected  # type: ignore[misc]
+
+
+async def test_two_forwarders_never_post_one_delivery_concurrently(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    await add(pool, "crm", receiver.url, max_in_flight=64)
+    await process_messages(pool, settings, 150)
+    async with forwarding(pool, fast(settings, forward_concurrency=8, forward_batch=5), n=2):
+        await until(lambda: all_delivered(pool), what="every delivery delivered")
+    # No faults: every id was posted exactly once, although two forwarders raced for them.
+    assert len(receiver.state.attempts) == 150
+    assert len(set(receiver.state.attempts)) == 150
+    assert not receiver.state.duplicates
+
+
+async def test_max_in_flight_and_per_conversation_order(pool: asyncpg.Pool, settings: Settings) -> None:
+    r = FakeReceiver(SECRET, latency_ms=15, p_5xx=0.2, seed=3)
+    url = await r.start()
+    try:
+        await add(pool, "bot", url, ("message",), max_in_flight=3, ordered=True)
+        await process_messages(pool, settings, 40, customers=4)
+        async with forwarding(pool, fast(settings, forward_breaker_failures=1000)):
+            await until(lambda: all_delivered(pool), what="every delivery delivered")
+        assert r.state.max_in_flight <= 3
+        assert r.state.max_in_flight > 1  # customers do not wait for each other
+        per_customer: dict[str, list[int]] = defaultdict(list)
+        for msg_id in r.state.order:
+            env = r.state.processed[msg_id]
+            per_customer[env["data"]["from"]].append(int(env["data"]["wamid"].removeprefix("wamid.F")))
+        assert len(per_customer) == 4
+        for seq in per_customer.values():
+            assert seq == sorted(seq)  # each customer's messages in order, despite 5xx retries
+    finally:
+        await r.close()
+
+
+async def test_retry_after_on_429_is_honoured(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    await add(pool, "crm", receiver.url)
+    receiver.script.append(Scripted(429, {"Retry-After": "30"}))
+    await process_messages(pool, settings, 1)
+    async with forwarding(pool, fast(settings)):
+        await until(lambda: _attempted(pool), what="first attempt recorded")
+    row = await pool.fetchrow(
+        "SELECT state, last_status, next_attempt_at - clock_timestamp() AS wait FROM deliveries"
+    )
+    assert row is not None
+    assert (row["state"], row["last_status"]) == ("pending", 429)
+    assert row["wait"] > timedelta(seconds=25)  # not the 20 ms backoff
+
+
+async def _attempted(pool: asyncpg.Pool) -> bool:
+    return bool(await pool.fetchval("SELECT count(*) FROM deliveries WHERE last_status IS NOT NULL"))
+
+
+async def test_failed_after_the_retry_window_then_replayed_by_time_range(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    await add(pool, "crm", receiver.url)
+    keys = await process_messages(pool, settings, 9)
+    # Three receipt-time slices: an hour ago, two hours ago, three hours ago.
+    await pool.execute(
+        "UPDATE deliveries SET received_at = now() - make_interval(hours => 1 + (id % 3)::int)"
+    )
+    receiver.outage = True
+    async with forwarding(pool, fast(settings, forward_retry_h=0.0, forward_breaker_failures=1000)):
+        await until(lambda: _states_are(pool, {"failed": 9}), what="every delivery failed")
+    assert not receiver.state.processed
+    now = await pool.fetchval("SELECT now()")
+    since, until_ = now - timedelta(hours=2, minutes=30), now - timedelta(hours=1, minutes=30)
+    listed = await deliveries.list_deliveries(
+        pool, destination="crm", since=since, until=until_, state="failed", limit=100
+    )
+    assert len(listed) == 3
+    receiver.outage = False
+    async with pool.acquire() as conn:
+        assert (
+            await deliveries.replay(conn, destination="crm", since=since, until=until_, state="failed") == 3
+        )
+    async with forwarding(pool, fast(settings)):
+        await until(lambda: _states_are(pool, {"failed": 6, "delivered": 3}), what="the slice delivered")
+    assert set(receiver.state.processed) == {x.webhook_id for x in listed}
+    assert set(receiver.state.processed) <= {stdwebhooks.webhook_id("crm", k) for k in keys}
+
+
+async def _states_are(pool: asyncpg.Pool, expected: dict[str, int]) -> bool:
+    return await states(pool) == expected
+
+
+async def test_backfill_a_new_destination_from_processed_events(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    await add(pool, "early", receiver.url, ("message", "status", "account"))
+    keys = await process_messages(pool, settings, 5)
+    await process_status(pool, settings, "wamid.F1", "read")
+    await stage(pool, to_bytes(meta_payload(("messages", meta_value(errors=[{"code": 131000}])))))
+    tenashi = tenashi_event(
+        "evt_77", "message.received", {"message_id": "tm77", "from": "49170", "type": "text"}
+    )
+    await stage(pool, to_bytes(tenashi), source="tenashi")
+    await drain(pool, settings)
+    live = {
+        r["event_key"]: (r["envelope"], r["kind"], r["conversation"])
+        for r in await pool.fetch("SELECT event_key, envelope, kind, conversation FROM deliveries")
+    }
+    assert len(live) == 8
+    # A destination added later gets the same events, rebuilt from the tables.
+    late_id = await add(pool, "late", receiver.url, ("message", "status", "account"))
+    now = await pool.fetchval("SELECT now()")
+    async with pool.acquire() as conn:
+        b = await backfill(
+            conn, destination="late", since=now - timedelta(hours=1), until=now + timedelta(hours=1)
+        )
+        assert (b.inserted, b.seen, b.skipped_no_key) == (8, 8, 0)
+        again = await backfill(
+            conn, destination="late", since=now - timedelta(hours=1), until=now + timedelta(hours=1)
+        )
+        assert again.inserted == 0
+        empty = await backfill(
+            conn, destination="late", since=now + timedelta(hours=1), until=now + timedelta(hours=2)
+        )
+        assert empty.seen == 0
+    rows = await pool.fetch(
+        "SELECT event_key, webhook_id, envelope, kind, conversation FROM deliveries"
+        " WHERE destination_id = $1",
+        late_id,
+    )
+    assert {r["event_key"] for r in rows} == set(live) >= set(keys) | {"evt:evt_77"}
+    for r in rows:
+        # The same body a live delivery would have carried.
+        assert (r["envelope"], r["kind"], r["conversation"]) == live[r["event_key"]]
+        assert r["webhook_id"] == stdwebhooks.webhook_id("late", r["event_key"])
+
+
+async def test_gateway_serve_forwards_a_meta_webhook_end_to_end(
+    http: ClientSession, start_gateway: object, pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    await add(pool, "bot", receiver.url, ("message",))
+    live = fast(settings, run_consumers=True, run_forwarder=True, consumer_poll_ms=50)
+    server: TestServer = await start_gateway(live)  # type: ignore[operator]
+    body = to_bytes(messages_payload(message_obj("wamid.E2E", "hello")))
+    headers = {"Content-Type": "application/json", "X-Hub-Signature-256": sign_meta(body, META_SECRET)}
+    for _ in range(2):  # Meta redelivers: still one delivery
+        async with http.post(server.make_url("/webhooks/meta"), data=body, headers=headers) as resp:
+            assert resp.status == 200
+    assert await receiver.wait_for(1, 15)
+    await until(lambda: all_delivered(pool), what="delivered")
+    await asyncio.sleep(0.2)
+    assert list(receiver.state.processed) == [stdwebhooks.webhook_id("bot", "msg:wamid.E2E")]
+    assert len(receiver.state.attempts) == 1
+    async with http.get(server.make_url("/metrics")) as resp:
+        text = await resp.text()
+    assert 'gateway_forward_deliveries_total{destination="bot",outcome="delivered"}' in text
+
+
+async def test_disabled_and_removed_destinations(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    await add(pool, "crm", receiver.url)
+    await process_messages(pool, settings, 3)
+    assert await deliveries.set_enabled(pool, name="crm", enabled=False)
+    async with forwarding(pool, fast(settings)):
+        await asyncio.sleep(0.4)
+        assert not receiver.state.attempts  # pending deliveries wait while disabled
+        assert await deliveries.set_enabled(pool, name="crm", enabled=True)
+        await until(lambda: all_delivered(pool), what="delivered after enable")
+    assert await deliveries.remove_destination(pool, name="crm") == 3
+    assert await deliveries.remove_destination(pool, name="crm") is None
+    assert await pool.fetchval("SELECT count(*) FROM deliveries") == 0
+    with pytest.raises(asyncpg.CheckViolationError):
+        await add(pool, "bad", receiver.url, secret="not-a-whsec")
+    await add(pool, "dup", receiver.url)
+    with pytest.raises(deliveries.DestinationExists):
+        await add(pool, "dup", receiver.url)
+    _ = replace

@@ -1,0 +1,282 @@
+"""Pure forwarding logic: Standard Webhooks signing, envelopes, outcomes, breaker counts, validation."""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+import orjson
+import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from gateway.core import stdwebhooks
+from gateway.core.events import parse
+from gateway.core.forwarding import (
+    MAX_RETRY_AFTER_S,
+    DeliveryState,
+    Outcome,
+    breaker_tally,
+    check_name,
+    check_url,
+    conversation_of,
+    decide,
+    envelope,
+    kind_of,
+    parse_events,
+    parse_retry_after,
+)
+from gateway.core.planning import StagedRow, plan_batch
+from tests.consume_payloads import (
+    message_obj,
+    messages_payload,
+    meta_payload,
+    meta_value,
+    status_obj,
+    statuses_payload,
+    tenashi_event,
+    to_bytes,
+)
+
+# The Standard Webhooks libraries' shared sign test vector (go/webhook_test.go TestWebhookSign,
+# php/tests/WebhookTest.php testSignFunctionWorks, javascript/src/webhook.test.ts).
+SPEC_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+SPEC_ID = "msg_p5jXN8AQM9LWM0D4loKWxJek"
+SPEC_TS = 1614265330
+SPEC_BODY = b'{"test": 2432232314}'
+SPEC_SIG = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+
+def test_signature_matches_the_spec_vector() -> None:
+    key = stdwebhooks.secret_key(SPEC_SECRET)
+    assert stdwebhooks.signature(key, SPEC_ID, SPEC_TS, SPEC_BODY) == SPEC_SIG
+    assert stdwebhooks.verify(key, SPEC_SIG, SPEC_ID, SPEC_TS, SPEC_BODY)
+    # Rotation: any v1 signature in the space-separated list.
+    assert stdwebhooks.verify(key, "v1,AAAA " + SPEC_SIG, SPEC_ID, SPEC_TS, SPEC_BODY)
+
+
+@pytest.mark.parametrize(
+    ("msg_id", "ts", "body"),
+    [
+        (SPEC_ID, SPEC_TS + 1, SPEC_BODY),
+        ("msg_other", SPEC_TS, SPEC_BODY),
+        (SPEC_ID, SPEC_TS, SPEC_BODY + b" "),
+    ],
+)
+def test_signature_covers_id_timestamp_and_body(msg_id: str, ts: int, body: bytes) -> None:
+    key = stdwebhooks.secret_key(SPEC_SECRET)
+    assert not stdwebhooks.verify(key, SPEC_SIG, msg_id, ts, body)
+
+
+def test_headers_verify_with_the_standardwebhooks_package() -> None:
+    secret = stdwebhooks.generate_secret()
+    body = orjson.dumps({"type": "message.received", "data": {"text": "Grüße 😀"}})
+    ts = int(datetime.now(UTC).timestamp())
+    headers = stdwebhooks.headers(stdwebhooks.secret_key(secret), "wh_abc", ts, body)
+    assert Webhook(secret).verify(body, headers) == orjson.loads(body)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(stdwebhooks.generate_secret()).verify(body, headers)
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "",
+        "whsec_",
+        "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",  # no prefix
+        "whsec_not base64!",
+        "whsec_" + base64.b64encode(b"x" * 23).decode(),  # too short
+        "whsec_" + base64.b64encode(b"x" * 65).decode(),  # too long
+    ],
+)
+def test_bad_secrets_are_refused_without_echoing_them(secret: str) -> None:
+    with pytest.raises(stdwebhooks.BadSecret) as info:
+        stdwebhooks.secret_key(secret)
+    if len(secret) > 10:
+        assert secret[6:] not in str(info.value)
+
+
+def test_generated_secrets_are_valid_random_and_masked() -> None:
+    a, b = stdwebhooks.generate_secret(), stdwebhooks.generate_secret()
+    assert a != b
+    assert len(stdwebhooks.secret_key(a)) == 32
+    masked = stdwebhooks.mask_secret(a)
+    assert masked.endswith(a[-4:]) and a[6:-4] not in masked
+
+
+@pytest.mark.parametrize("msg_id", ["", "has.dot", "x" * 201, "sp ace"])
+def test_ids_that_could_confuse_the_signed_content_are_refused(msg_id: str) -> None:
+    with pytest.raises(ValueError):
+        stdwebhooks.signature(b"k" * 32, msg_id, 1, b"{}")
+
+
+def test_webhook_id_is_stable_per_destination_and_event() -> None:
+    a = stdwebhooks.webhook_id("crm", "msg:wamid.1")
+    assert a == stdwebhooks.webhook_id("crm", "msg:wamid.1")
+    assert a != stdwebhooks.webhook_id("bot", "msg:wamid.1")
+    assert a != stdwebhooks.webhook_id("crm", "msg:wamid.2")
+    assert a.startswith("wh_") and len(a) == 35 and "." not in a
+
+
+# --- envelopes ----------------------------------------------------------------------------------
+
+
+def test_message_envelope_has_normalised_fields_and_the_raw_fragment() -> None:
+    msg = message_obj("wamid.M1", "hello", sender="4915100000001")
+    (ev,) = parse("meta", to_bytes(messages_payload(msg)))
+    env = envelope(ev, "meta")
+    assert env["type"] == "message.received"
+    assert env["event_key"] == "msg:wamid.M1"
+    assert env["timestamp"] == "2025-11-30T00:00:00Z"
+    assert env["data"] == {
+        "wamid": "wamid.M1",
+        "phone_number_id": "1111",
+        "from": "4915100000001",
+        "type": "text",
+        "contact_name": "Ana",
+    }
+    assert env["raw"] == msg
+    assert kind_of(ev) == "message" and conversation_of(ev) == "4915100000001"
+
+
+def test_status_account_and_tenashi_envelopes() -> None:
+    st = status_obj("wamid.S1", "failed", callback="cb", errors=[{"code": 131026}])
+    (ev,) = parse("meta", to_bytes(statuses_payload(st)))
+    env = envelope(ev, "meta")
+    assert env["type"] == "message.status" and env["raw"] == st
+    assert env["data"]["status"] == "failed" and env["data"]["callback_data"] == "cb"
+    assert kind_of(ev) == "status" and conversation_of(ev) == "4915112345678"
+
+    body = to_bytes(meta_payload(("messages", meta_value(errors=[{"code": 131000}]))))
+    (err,) = parse("meta", body)
+    assert envelope(err, "meta")["type"] == "account.error" and kind_of(err) == "account"
+    assert conversation_of(err) == ""
+    (upd,) = parse("meta", to_bytes(meta_payload(("message_template_status_update", {"event": "APPROVED"}))))
+    assert envelope(upd, "meta")["raw"] == {"event": "APPROVED"} and kind_of(upd) == "account"
+
+    t = tenashi_event("evt_1", "message.received", {"message_id": "tm1", "from": "49151", "type": "text"})
+    (tev,) = parse("tenashi", to_bytes(t))
+    env = envelope(tev, "tenashi")
+    assert env["source"] == "tenashi" and env["event_key"] == "evt:evt_1" and env["data"]["from"] == "49151"
+
+
+def test_plan_carries_one_forward_row_per_kept_event() -> None:
+    body = to_bytes(messages_payload(message_obj("wamid.A"), message_obj("wamid.A"), message_obj("wamid.B")))
+    plan = plan_batch([StagedRow(7, "meta", body, None)])
+    assert [f["key"] for f in plan.forwards] == plan.keys == ["msg:wamid.A", "msg:wamid.B"]
+    assert all(f["inbox_id"] == 7 and f["kind"] == "message" for f in plan.forwards)
+
+
+# --- outcomes -----------------------------------------------------------------------------------
+
+NOW = 1_800_000_000.0
+
+
+def _decide(status: int | None, retry_after: str | None = None, first: float = NOW, backoff: float = 2.0):  # type: ignore[no-untyped-def]
+    return decide(
+        status=status,
+        error=None if status else "timeout",
+        retry_after=retry_after,
+        now=NOW,
+        first_attempt_at=first,
+        backoff_s=backoff,
+        retry_window_s=3600,
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after", "first", "outcome", "delay"),
+    [
+        (200, None, NOW, Outcome.DELIVERED, None),
+        (204, None, NOW, Outcome.DELIVERED, None),
+        (299, None, NOW, Outcome.DELIVERED, None),
+        (301, None, NOW, Outcome.RETRY, 2.0),  # redirects are not followed
+        (400, None, NOW, Outcome.RETRY, 2.0),
+        (410, None, NOW, Outcome.RETRY, 2.0),
+        (500, "120", NOW, Outcome.RETRY, 2.0),  # Retry-After only on 429/503
+        (429, "120", NOW, Outcome.RETRY, 120.0),
+        (503, "120", NOW, Outcome.RETRY, 120.0),
+        (503, "1", NOW, Outcome.RETRY, 2.0),  # never sooner than our own backoff
+        (503, "garbage", NOW, Outcome.RETRY, 2.0),
+        (None, None, NOW, Outcome.RETRY, 2.0),  # timeout / refused
+        (500, None, NOW - 3599, Outcome.FAILED, None),  # window closes before the next attempt
+        (429, "3000", NOW - 1000, Outcome.FAILED, None),
+    ],
+)
+def test_decide(
+    status: int | None, retry_after: str | None, first: float, outcome: Outcome, delay: float | None
+) -> None:
+    d = _decide(status, retry_after, first)
+    assert d.outcome is outcome
+    assert d.delay_s == delay
+    assert (
+        d.state
+        is {
+            Outcome.DELIVERED: DeliveryState.DELIVERED,
+            Outcome.RETRY: DeliveryState.PENDING,
+            Outcome.FAILED: DeliveryState.FAILED,
+        }[outcome]
+    )
+    if outcome is not Outcome.DELIVERED:
+        assert d.error
+
+
+def test_retry_after_http_date_and_clamp() -> None:
+    when = datetime.fromtimestamp(NOW, UTC) + timedelta(seconds=90)
+    assert parse_retry_after(format_datetime(when, usegmt=True), NOW) == pytest.approx(90)
+    assert parse_retry_after("999999999", NOW) == MAX_RETRY_AFTER_S
+    assert parse_retry_after(format_datetime(when - timedelta(days=1), usegmt=True), NOW) == 0.0
+    assert parse_retry_after(None, NOW) is None and parse_retry_after("-5", NOW) is None
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "tally"),
+    [
+        ([], (False, 0)),
+        ([True], (True, 0)),
+        ([False, False], (False, 2)),
+        ([False, True, False], (True, 1)),
+        ([True, False, False, True], (True, 0)),
+    ],
+)
+def test_breaker_tally(outcomes: list[bool], tally: tuple[bool, int]) -> None:
+    assert breaker_tally(outcomes) == tally
+
+
+# --- destination validation ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url", ["https://bot.example/hooks", "http://127.0.0.1:9000/x?y=1", "http://[::1]:80/"]
+)
+def test_good_urls(url: str) -> None:
+    assert check_url(url) == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://x/",
+        "https://",
+        "bot.example/hooks",
+        "https://user:pw@bot.example/",
+        "https://bot.example/#frag",
+        "https://bot.example/ x",
+        "https://bot.example:99999/",
+        "https://b/" + "x" * 2000,
+    ],
+)
+def test_bad_urls(url: str) -> None:
+    with pytest.raises(ValueError):
+        check_url(url)
+
+
+def test_names_and_events() -> None:
+    assert check_name("crm-1_a") == "crm-1_a"
+    for bad in ("", "Crm", "-x", "a/b", "x" * 64):
+        with pytest.raises(ValueError):
+            check_name(bad)
+    assert parse_events("status, message,message") == ["message", "status"]
+    for bad in ("", ",", "message,orders"):
+        with pytest.raises(ValueError):
+            parse_events(bad)
