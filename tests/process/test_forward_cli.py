@@ -1,0 +1,134 @@
+"""Forwarding as operators run it: `gateway destinations`, `gateway deliveries`, `gateway forward`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import asyncpg
+
+from gateway.core import stdwebhooks
+from gateway.core.settings import Settings
+from gateway.testing.fake_receiver import FakeReceiver
+from tests.forward_helpers import SECRET, process_messages, states, until
+
+
+async def gateway_cli(dsn: str, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        *args,
+        env={**os.environ, "DATABASE_URL": dsn, "GATEWAY_LOG_LEVEL": "warning"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_destinations_cli_validates_generates_and_masks_secrets(
+    db_dsn: str, pool: asyncpg.Pool
+) -> None:
+    rc, out, err = await gateway_cli(
+        db_dsn, "destinations", "add", "bot", "http://127.0.0.1:9/h", "--events", "message"
+    )
+    assert rc == 0, err
+    generated = next(line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("secret"))
+    assert len(stdwebhooks.secret_key(generated)) == 32
+    assert await pool.fetchval("SELECT secret FROM destinations WHERE name = 'bot'") == generated
+
+    rc, out, err = await gateway_cli(
+        db_dsn, "destinations", "add", "crm", "https://crm.example/wh", "--events", "status,account",
+        "--secret", SECRET, "--max-in-flight", "4", "--ordered",
+    )  # fmt: skip
+    assert rc == 0 and "secret" not in out, out
+
+    for bad, why in (
+        (["Bad", "http://x/", "--events", "message"], "name"),
+        (["x", "ftp://x/", "--events", "message"], "http"),
+        (["x", "http://x/", "--events", "orders"], "orders"),
+        (["x", "http://x/", "--events", "message", "--secret", "whsec_c2hvcnQ="], "bytes"),
+        (["x", "http://x/", "--events", "message", "--secret", "hunter2-hunter2"], "whsec_"),
+    ):
+        rc, out, err = await gateway_cli(db_dsn, "destinations", "add", *bad)
+        assert rc == 2 and why in err, (bad, err)
+        assert "hunter2" not in err
+    rc, _out, err = await gateway_cli(
+        db_dsn, "destinations", "add", "bot", "http://x/", "--events", "message"
+    )
+    assert rc == 1 and "exists" in err
+
+    rc, out, _ = await gateway_cli(db_dsn, "destinations", "list")
+    assert rc == 0
+    assert generated not in out and SECRET not in out and SECRET[-4:] in out  # masked
+    lines = out.splitlines()
+    assert lines[1].startswith("bot\tTrue\tmessage") and lines[2].startswith(
+        "crm\tTrue\taccount,status\tTrue\t4"
+    )
+
+    assert (await gateway_cli(db_dsn, "destinations", "disable", "crm"))[0] == 0
+    assert await pool.fetchval("SELECT enabled FROM destinations WHERE name = 'crm'") is False
+    assert (await gateway_cli(db_dsn, "destinations", "enable", "crm"))[0] == 0
+    assert (await gateway_cli(db_dsn, "destinations", "remove", "crm"))[0] == 0
+    assert (await gateway_cli(db_dsn, "destinations", "remove", "crm"))[0] == 1
+    assert await pool.fetchval("SELECT count(*) FROM destinations") == 1
+
+
+async def test_gateway_forward_process_delivers_and_deliveries_cli_replays(
+    db_dsn: str, pool: asyncpg.Pool, settings: Settings
+) -> None:
+    receiver = FakeReceiver(SECRET)
+    url = await receiver.start()
+    proc: asyncio.subprocess.Process | None = None
+    try:
+        rc, _, err = await gateway_cli(
+            db_dsn, "destinations", "add", "crm", url, "--events", "message", "--secret", SECRET
+        )
+        assert rc == 0, err
+        keys = await process_messages(pool, settings, 5)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway", "forward",
+            env={**os.environ, "DATABASE_URL": db_dsn, "GATEWAY_LOG_LEVEL": "warning",
+                 "GATEWAY_FORWARD_POLL_MS": "100"},
+        )  # fmt: skip
+        assert await receiver.wait_for(5, 30)
+        assert set(receiver.state.processed) == {stdwebhooks.webhook_id("crm", k) for k in keys}
+        await until(lambda: _delivered(pool, 5), what="recorded as delivered")
+
+        rc, out, _ = await gateway_cli(
+            db_dsn, "deliveries", "list", "--destination", "crm", "--state", "delivered"
+        )
+        assert rc == 0 and out.strip().splitlines()[-1] == "totals: delivered=5"
+        # Replay the delivered ones: the receiver sees the same webhook ids again and dedups.
+        rc, out, _ = await gateway_cli(
+            db_dsn, "deliveries", "replay", "--destination", "crm", "--state", "delivered",
+            "--since", "2000-01-01T00:00:00", "--until", "2999-01-01T00:00:00+00:00",
+        )  # fmt: skip
+        assert rc == 0 and "replayed 5" in out
+        await until(lambda: _attempts(receiver, 10), what="replayed deliveries")
+        await until(lambda: _delivered(pool, 5), what="delivered again")
+        assert sum(receiver.state.duplicates.values()) == 5 and len(receiver.state.processed) == 5
+
+        rc, out, err = await gateway_cli(db_dsn, "deliveries", "backfill", "--destination", "crm",
+                                         "--since", "2000-01-01", "--until", "2999-01-01")  # fmt: skip
+        assert rc == 0 and "backfilled 0 deliveries from 5 events" in out, (out, err)
+        rc, _, err = await gateway_cli(db_dsn, "deliveries", "backfill", "--destination", "nope",
+                                       "--since", "2000-01-01", "--until", "2999-01-01")  # fmt: skip
+        assert rc == 1 and "nope" in err
+    finally:
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 20) == 0
+        await receiver.close()
+
+
+async def _delivered(pool: asyncpg.Pool, n: int) -> bool:
+    return await states(pool) == {"delivered": n}
+
+
+async def _attempts(receiver: FakeReceiver, n: int) -> bool:
+    return len(receiver.state.attempts) >= n
