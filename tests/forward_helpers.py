@@ -14,9 +14,9 @@ from gateway.core.settings import Settings
 from gateway.outbound.forwarder import Forwarder
 from gateway.store import deliveries
 from gateway.testing.fake_receiver import FakeReceiver
+from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
 from tests.conftest import replace
 from tests.consume_helpers import drain, stage
-from tests.consume_payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 

@@ -83,8 +83,8 @@ class FakeReceiver:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
-        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
-        self.url = f"http://{host}:{sockets[0].getsockname()[1]}/hooks"
+        bound_port = self._runner.addresses[0][1]
+        self.url = f"http://{host}:{bound_port}/hooks"
         return self.url
 
     async def close(self) -> None:

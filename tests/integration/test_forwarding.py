@@ -19,9 +19,7 @@ from gateway.core.signature import sign_meta
 from gateway.outbound.backfill import backfill
 from gateway.store import deliveries
 from gateway.testing.fake_receiver import FakeReceiver, Scripted
-from tests.conftest import META_SECRET, replace
-from tests.consume_helpers import drain, stage
-from tests.consume_payloads import (
+from gateway.testing.payloads import (
     message_obj,
     messages_payload,
     meta_payload,
@@ -30,6 +28,8 @@ from tests.consume_payloads import (
     tenashi_event,
     to_bytes,
 )
+from tests.conftest import META_SECRET, replace
+from tests.consume_helpers import drain, stage
 from tests.forward_helpers import (
     SECRET,
     add,

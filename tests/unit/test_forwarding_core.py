@@ -27,7 +27,7 @@ from gateway.core.forwarding import (
     parse_retry_after,
 )
 from gateway.core.planning import StagedRow, plan_batch
-from tests.consume_payloads import (
+from gateway.testing.payloads import (
     message_obj,
     messages_payload,
     meta_payload,
