@@ -39,6 +39,14 @@ OUTBOX_ROWS = Gauge("gateway_outbox_rows", "Outbox rows by state", ["state"])
 OLDEST_UNKNOWN = Gauge(
     "gateway_outbox_oldest_unknown_seconds", "Age of the oldest outbox row in state unknown (0: none)"
 )
+RECONCILE_WAITING = Gauge(
+    "gateway_reconcile_waiting_rows",
+    "Unknown outbox rows past their window that wait because webhooks of their period are unprocessed",
+)
+RECONCILE_WATERMARK_LAG = Gauge(
+    "gateway_reconcile_watermark_lag_seconds",
+    "Age of the oldest unprocessed (pending or dead) webhook a waiting unknown row waits for (0: none)",
+)
 
 # Consumers (exactly-once processing of staged webhooks)
 CONSUMER_EVENTS = Counter(

@@ -2,8 +2,13 @@
 
 A row left ``sending`` past the lease belongs to a sender that died mid-request and becomes
 ``unknown``; an ``unknown`` row whose status webhook has not come within the window follows
-its policy (``resend`` → ``pending`` once, ``review`` → parked for a person). Time comes from
-an injectable clock so tests can run it without waiting.
+its policy (``resend`` → ``pending`` once, ``review`` → parked for a person).
+
+"Has not come" is only known once every webhook received up to the end of the window has been
+processed: a status proving delivery may be staged but not yet consumed (consumers behind) or
+parked dead. Until then the row waits; how many wait and for how long is a gauge and a log line.
+A row with a wamid or a delivery status is never resent. Time comes from an injectable clock so
+tests can run it without waiting.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import logging
 
 import asyncpg
 
+from gateway import metrics
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.settings import Settings
 from gateway.store import idempotency, outbox
@@ -38,10 +44,26 @@ class Reconciler:
         )
         for r in reconciled:
             log.info("reconciled %s/%s: unknown -> %s", r.tenant, r.idem_key[:80], r.state)
+        waiting = await outbox.reconcile_waiting(self.pool, now=now, window_s=float(s.reconcile_window_s))
+        lag = max(0.0, now - waiting.oldest_unprocessed) if waiting.oldest_unprocessed is not None else 0.0
+        metrics.RECONCILE_WAITING.set(waiting.rows)
+        metrics.RECONCILE_WATERMARK_LAG.set(lag)
+        if waiting.rows:
+            log.warning(
+                "reconciler waiting on %d unknown row(s): webhooks received %.0f s ago are not processed yet%s",
+                waiting.rows,
+                lag,
+                " (some are dead: replay them with `gateway dead replay`)" if waiting.dead else "",
+            )
         purged = 0
         for _ in range(MAX_PURGE_ROUNDS):
             n = await idempotency.purge_expired(self.pool, limit=s.purge_batch)
             purged += n
             if n < s.purge_batch:
                 break
-        return {"expired_sending": len(expired), "reconciled": len(reconciled), "purged_keys": purged}
+        return {
+            "expired_sending": len(expired),
+            "reconciled": len(reconciled),
+            "waiting": waiting.rows,
+            "purged_keys": purged,
+        }

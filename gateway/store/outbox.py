@@ -110,6 +110,21 @@ async def reconcile_unknown(conn: Conn, *, now: float, window_s: float, limit: i
     return [Reconciled(r["id"], r["tenant"], r["idem_key"], OutboxState(r["state"])) for r in rows]
 
 
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Unknown rows past their window that wait for the inbox to catch up."""
+
+    rows: int
+    oldest_unprocessed: float | None  # epoch seconds of the oldest webhook they wait for
+    dead: bool  # some of what they wait for is dead (an operator must replay or drop it)
+
+
+async def reconcile_waiting(conn: Conn, *, now: float, window_s: float) -> Waiting:
+    r = await conn.fetchrow(q("outbox_reconcile_waiting"), now, window_s)
+    assert r is not None
+    return Waiting(int(r["n"]), r["oldest"], bool(r["dead"]))
+
+
 async def count_by_state(conn: Conn) -> dict[OutboxState, int]:
     return {OutboxState(r["state"]): r["n"] for r in await conn.fetch(q("outbox_count_by_state"))}
 
@@ -155,6 +170,47 @@ async def _transition(conn: Conn, query: str, key: str, tenant: str | None, verb
     state = await conn.fetchval(q(query), found, key)
     if state is None:
         row = await get(conn, tenant=found, key=key)
-        current = row["state"] if row else "gone"
-        raise ValueError(f"{found}/{key} is {current}: not {verb}")
+        if row is None:
+            raise ValueError(f"{found}/{key} is gone: not {verb}")
+        reached = reached_provider(row)
+        if verb == "released" and reached and row["state"] in RELEASABLE:
+            raise ValueError(f"{found}/{key} is {row['state']} but {reached}: not {verb} (it would be sent twice)")
+        raise ValueError(f"{found}/{key} is {row['state']}: not {verb}")
     return f"{found}/{key} {verb}: now {state}"
+
+
+RELEASABLE = frozenset({OutboxState.REVIEW, OutboxState.UNKNOWN, OutboxState.FAILED})
+
+
+def reached_provider(row: OutboxRow) -> str | None:
+    """Why a row is known to have reached the provider (None: it is not known to)."""
+    if row["wamid"] is not None:
+        return f"the provider accepted it as {row['wamid']}"
+    if row["delivery_status"] is not None:
+        return f"it has delivery status {row['delivery_status']!r}"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Bulk:
+    done: int
+    refused: int  # release only: rows that have a wamid or a delivery status
+
+
+async def release_bulk(
+    conn: Conn, *, state: OutboxState | str, since: float | None, until: float | None, tenant: str | None
+) -> Bulk:
+    """Release every row in ``state`` changed in [since, until) (of ``tenant``), except rows
+    that reached the provider."""
+    r = await conn.fetchrow(q("outbox_release_bulk"), str(OutboxState(state)), since, until, tenant)
+    assert r is not None
+    return Bulk(int(r["done"]), int(r["refused"]))
+
+
+async def cancel_bulk(
+    conn: Conn, *, state: OutboxState | str, since: float | None, until: float | None, tenant: str | None
+) -> Bulk:
+    """Cancel every row in ``state`` changed in [since, until) (of ``tenant``)."""
+    r = await conn.fetchrow(q("outbox_cancel_bulk"), str(OutboxState(state)), since, until, tenant)
+    assert r is not None
+    return Bulk(int(r["done"]), int(r["refused"]))

@@ -66,19 +66,44 @@ WHERE id IN (
 RETURNING id;
 
 -- name: outbox_reconcile_unknown
--- Unknown past the window: policy 'resend' goes back to pending once, everything else to review.
+-- Unknown past the window follows its policy ('resend' goes back to pending once, everything
+-- else to review), but only once every webhook received from the row's creation to the end of
+-- its window ($1 - $2 .. unknown_at + $2) has been processed: a status that proves delivery may
+-- sit unprocessed (consumers behind) or dead in the inbox, and resending then sends twice.
+-- A row that has a wamid or any delivery status reached the provider: never back to pending.
 UPDATE outbox
-SET state = CASE WHEN unknown_policy = 'resend' AND NOT resent THEN 'pending' ELSE 'review' END,
-    resent = resent OR unknown_policy = 'resend',
+SET state = CASE WHEN unknown_policy = 'resend' AND NOT resent AND wamid IS NULL
+                      AND delivery_status IS NULL THEN 'pending' ELSE 'review' END,
+    resent = resent OR (unknown_policy = 'resend' AND wamid IS NULL AND delivery_status IS NULL),
     next_attempt_at = to_timestamp($1::float8),
     updated_at = clock_timestamp()
 WHERE id IN (
-    SELECT id FROM outbox
-    WHERE state = 'unknown' AND unknown_at <= to_timestamp($1::float8) - make_interval(secs => $2::float8)
-    ORDER BY unknown_at
+    SELECT o.id FROM outbox o
+    WHERE o.state = 'unknown' AND o.unknown_at <= to_timestamp($1::float8) - make_interval(secs => $2::float8)
+      AND NOT EXISTS (
+          SELECT 1 FROM webhook_inbox w
+          WHERE w.state IN ('pending', 'dead')
+            AND w.received_at >= o.created_at
+            AND w.received_at <= o.unknown_at + make_interval(secs => $2::float8))
+    ORDER BY o.unknown_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED)
 RETURNING id, tenant, idem_key, state;
+
+-- name: outbox_reconcile_waiting
+-- Unknown rows past the window that wait for the inbox to catch up, and the oldest unprocessed
+-- webhook any of them waits for (epoch seconds; NULL: none wait).
+SELECT count(*) AS n, extract(epoch FROM min(b.oldest))::float8 AS oldest,
+       coalesce(bool_or(b.dead > 0), false) AS dead
+FROM outbox o
+CROSS JOIN LATERAL (
+    SELECT min(w.received_at) AS oldest, count(*) FILTER (WHERE w.state = 'dead') AS dead
+    FROM webhook_inbox w
+    WHERE w.state IN ('pending', 'dead')
+      AND w.received_at >= o.created_at
+      AND w.received_at <= o.unknown_at + make_interval(secs => $2::float8)) b
+WHERE o.state = 'unknown' AND o.unknown_at <= to_timestamp($1::float8) - make_interval(secs => $2::float8)
+  AND b.oldest IS NOT NULL;
 
 -- name: outbox_count_by_state
 SELECT state, count(*) AS n FROM outbox GROUP BY state;
@@ -97,10 +122,12 @@ LIMIT $2;
 SELECT tenant, state FROM outbox WHERE idem_key = $1 AND ($2::text IS NULL OR tenant = $2) ORDER BY tenant;
 
 -- name: outbox_release
--- An operator's decision to send (again): attempts restart.
+-- An operator's decision to send (again): attempts restart. Never a row that has a wamid or a
+-- delivery status: the provider accepted it, and a release would send it twice.
 UPDATE outbox
 SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
 WHERE tenant = $1 AND idem_key = $2 AND state IN ('review', 'unknown', 'failed')
+  AND wamid IS NULL AND delivery_status IS NULL
 RETURNING state;
 
 -- name: outbox_cancel
@@ -108,3 +135,38 @@ UPDATE outbox
 SET state = 'cancelled', updated_at = clock_timestamp()
 WHERE tenant = $1 AND idem_key = $2 AND state IN ('pending', 'review', 'unknown', 'failed')
 RETURNING state;
+
+-- name: outbox_release_bulk
+-- Every row in state $1 (review, unknown or failed), last changed in [$2, $3), of tenant $4
+-- (NULL: any): released unless it has a wamid or a delivery status (counted as refused).
+WITH picked AS (
+    SELECT id, (wamid IS NULL AND delivery_status IS NULL) AS safe
+    FROM outbox
+    WHERE state = $1 AND state IN ('review', 'unknown', 'failed')
+      AND ($2::float8 IS NULL OR updated_at >= to_timestamp($2::float8))
+      AND ($3::float8 IS NULL OR updated_at < to_timestamp($3::float8))
+      AND ($4::text IS NULL OR tenant = $4)
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE outbox o
+    SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
+    FROM picked p
+    WHERE o.id = p.id AND p.safe
+    RETURNING o.id
+)
+SELECT (SELECT count(*) FROM upd) AS done, (SELECT count(*) FROM picked WHERE NOT safe) AS refused;
+
+-- name: outbox_cancel_bulk
+WITH upd AS (
+    UPDATE outbox
+    SET state = 'cancelled', updated_at = clock_timestamp()
+    WHERE id IN (
+        SELECT id FROM outbox
+        WHERE state = $1 AND state IN ('pending', 'review', 'unknown', 'failed')
+          AND ($2::float8 IS NULL OR updated_at >= to_timestamp($2::float8))
+          AND ($3::float8 IS NULL OR updated_at < to_timestamp($3::float8))
+          AND ($4::text IS NULL OR tenant = $4)
+        FOR UPDATE SKIP LOCKED)
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM upd) AS done, 0::bigint AS refused;

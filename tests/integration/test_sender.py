@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.core.classify import PERMANENT_CODES, RETRYABLE_CODES
 from gateway.core.settings import Settings
+from gateway.maintenance.reconciler import Reconciler
 from gateway.outbound.sender import Sender
 from gateway.store import outbox
 from gateway.testing.fake_provider import FakeProvider
@@ -314,3 +315,88 @@ async def test_metrics(settings: Settings, pool: asyncpg.Pool, fake: FakeProvide
     assert sample("gateway_outbox_rows", state="unknown") == 1
     assert sample("gateway_outbox_rows", state="failed") == 1
     assert sample("gateway_outbox_oldest_unknown_seconds") == pytest.approx(100, abs=1)
+
+
+async def test_resend_waits_for_staged_status_webhook(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider, start_gateway: Any
+) -> None:
+    """Policy resend; the send was accepted but its answer lost; the status webhook is staged
+    but not consumed when the window ends: the reconciler waits instead of resending, and the
+    status, once processed, settles the row. The customer gets one message."""
+    gw: TestServer = await start_gateway(settings)
+    fake.config.webhook_url = str(gw.make_url("")).rstrip("/")
+    clock = FakeClock()
+    callback = await enqueue(pool, "w1", TO, policy="resend")
+    fake.add_fault("hang")
+    sender = Sender(pool, send_settings(settings, fake), clock=clock, rand=lambda: 0.5)
+    try:
+        await sender.step()
+        assert (await row(pool, "w1"))["state"] == "unknown"
+        await fake.drain_webhooks()
+        assert await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state = 'pending'") >= 1
+        clock.advance(WINDOW + 1)
+        counts = await reconcile(sender)
+        assert (counts["reconciled"], counts["waiting"]) == (0, 1)
+        assert (await row(pool, "w1"))["state"] == "unknown"
+        await drain(sender)
+        assert fake.count(callback) == 1
+        await apply_statuses_from_inbox(pool, settings)  # the consumers catch up
+        counts = await reconcile(sender)
+        assert (counts["reconciled"], counts["waiting"]) == (0, 0)
+        await drain(sender)
+    finally:
+        await sender.close()
+    r = await row(pool, "w1")
+    assert r["state"] == "accepted" and r["wamid"] == fake.received[0].id
+    assert fake.count(callback) == 1
+
+
+async def test_resend_waits_for_dead_webhook(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider, start_gateway: Any
+) -> None:
+    """A dead webhook of the row's period holds the reconciler too (it may be the status);
+    webhooks older than the row do not."""
+    clock = FakeClock()
+    await pool.execute("INSERT INTO webhook_inbox (source, body, state) VALUES ('meta', 'x', 'dead')")
+    await enqueue(pool, "d1", TO, policy="resend")
+    fake.add_fault("http", status=502)
+    sender = Sender(pool, send_settings(settings, fake), clock=clock, rand=lambda: 0.5)
+    try:
+        await sender.step()
+        assert (await row(pool, "d1"))["state"] == "unknown"
+        await pool.execute("INSERT INTO webhook_inbox (source, body, state) VALUES ('meta', 'y', 'dead')")
+        clock.advance(WINDOW + 1)
+        counts = await reconcile(sender)
+        assert (counts["reconciled"], counts["waiting"]) == (0, 1)
+        await pool.execute("UPDATE webhook_inbox SET state = 'done' WHERE body = 'y'")
+        counts = await reconcile(sender)
+        assert (counts["reconciled"], counts["waiting"]) == (1, 0)  # the older dead row does not hold it
+        assert (await row(pool, "d1"))["state"] == "pending"
+    finally:
+        await sender.close()
+
+
+@pytest.mark.parametrize("state", ["unknown", "failed", "review"])
+async def test_a_row_that_reached_the_provider_is_never_released(
+    state: str, settings: Settings, pool: asyncpg.Pool
+) -> None:
+    await enqueue(pool, "x1", TO, policy="resend")
+    await enqueue(pool, "x2", TO, policy="resend")
+    await pool.execute(
+        "UPDATE outbox SET state = $1, unknown_at = now() - interval '1 day',"
+        " wamid = CASE WHEN idem_key = 'x1' THEN 'wamid.X' END,"
+        " delivery_status = CASE WHEN idem_key = 'x2' THEN 'failed' END",
+        state,
+    )
+    async with pool.acquire() as conn:
+        with pytest.raises(ValueError, match="wamid.X.*sent twice"):
+            await outbox.release(conn, "x1")
+        with pytest.raises(ValueError, match="delivery status 'failed'"):
+            await outbox.release(conn, "x2")
+        bulk = await outbox.release_bulk(conn, state=state, since=None, until=None, tenant=None)
+        assert (bulk.done, bulk.refused) == (0, 2)
+    clock = FakeClock()
+    assert (await Reconciler(pool, settings, clock=clock).run_once())["reconciled"] == (state == "unknown") * 2
+    assert {r["state"] for r in await pool.fetch("SELECT state FROM outbox")} == {
+        "review" if state == "unknown" else state
+    }
