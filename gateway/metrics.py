@@ -39,6 +39,16 @@ OUTBOX_ROWS = Gauge("gateway_outbox_rows", "Outbox rows by state", ["state"])
 OLDEST_UNKNOWN = Gauge(
     "gateway_outbox_oldest_unknown_seconds", "Age of the oldest outbox row in state unknown (0: none)"
 )
+BREAKER_TRIPS = Counter(
+    "gateway_breaker_trips_total",
+    "Circuit breakers opened (or reopened) by an account-level error, by scope, provider and code",
+    ["scope", "provider", "code"],
+)
+BREAKER_STATE = Gauge(
+    "gateway_breaker_state",
+    "Circuit breaker state per sending number / tenant token: 0 closed, 1 half-open, 2 open",
+    ["scope", "provider", "key"],
+)
 RECONCILE_WAITING = Gauge(
     "gateway_reconcile_waiting_rows",
     "Unknown outbox rows past their window that wait because webhooks of their period are unprocessed",

@@ -31,9 +31,20 @@ class Outcome(enum.Enum):
     FAILED = "failed"
 
 
-# Meta's error-code reference: "retry later" codes; everything else with an error code is final.
+# Meta's error-code reference ("WhatsApp error codes", developers.facebook.com/documentation/
+# business-messaging/whatsapp/support/error-codes/): "retry later" codes; everything else with
+# an error code is final, except the account-level codes below.
 RETRYABLE_CODES = frozenset({2, 4, 80007, 130429, 131000, 131016, 131056, 131057, 133004})
-PERMANENT_CODES = frozenset({100, 190, 368, 131026, 131047, 131048, 131050, 133010})
+PERMANENT_CODES = frozenset({100, 131026, 131047, 131048, 131050})
+# Account-level codes (same reference): every message through the same token or number would
+# get them too, so they open a circuit breaker and the row waits as pending, not failed.
+# Token: 0 AuthException, 3 capability, 10 permission denied, 190 access token expired,
+# 200-299 API permission.
+TOKEN_CODES = frozenset({0, 3, 10, 190, *range(200, 300)})
+# Number / business account: 368 temporarily blocked for policy violations, 131031 account
+# locked, 131042 business eligibility (payment) issue, 131045 incorrect certificate
+# (registration), 131037 display name needs approval, 133010 phone number not registered.
+NUMBER_CODES = frozenset({368, 131031, 131037, 131042, 131045, 133010})
 # Throughput (130429) and pair (131056) limits: retrying soon only hits the limit again.
 SLOW_RETRY_FACTOR = {130429: 10.0, 131056: 1.0}
 
@@ -47,6 +58,7 @@ class Classified:
     slow: bool = False  # retry with the longer backoff
     maybe_sent: bool = False  # a retry that the provider may already have acted on
     reached: bool = True  # False: the request never reached the provider
+    breaker: str | None = None  # "token" | "number": an account-level error; opens that breaker
 
     @property
     def state(self) -> OutboxState:
@@ -105,6 +117,10 @@ def classify_meta(status: int, body: Any) -> Classified:
         error = message or f"error code {code}"
         if code in RETRYABLE_CODES:
             return Classified(Outcome.RETRY, code=code, error=error, slow=code in SLOW_RETRY_FACTOR)
+        if code in TOKEN_CODES:
+            return Classified(Outcome.RETRY, code=code, error=error, breaker="token")
+        if code in NUMBER_CODES:
+            return Classified(Outcome.RETRY, code=code, error=error, breaker="number")
         return Classified(Outcome.FAILED, code=code, error=error)
     if status >= 500:
         return Classified(Outcome.UNKNOWN, error=f"HTTP {status}")
@@ -122,6 +138,9 @@ def classify_tenashi(status: int, body: Any) -> Classified:
         return Classified(Outcome.ACCEPTED, wamid=msg_id)
     if status == 409:
         return Classified(Outcome.RETRY, error="idempotency_in_progress", maybe_sent=True)
+    if status in (401, 403):
+        # Our token is refused: every send would be (an assumption: Tenashi documents no codes).
+        return Classified(Outcome.RETRY, error=f"HTTP {status}", breaker="token")
     if status == 429:
         return Classified(Outcome.RETRY, error="HTTP 429", slow=True)
     if status >= 500:
@@ -141,9 +160,10 @@ def finalize(c: Classified, attempts: int, max_attempts: int) -> Classified:
     """After ``max_attempts`` a retry stops: rejected sends fail; ones that may have gone are unknown.
 
     Connect failures never reached the provider and keep retrying at the capped backoff, so an
-    outage of the provider does not fail every queued message.
+    outage of the provider does not fail every queued message; account-level errors wait for
+    their breaker (and count no attempt).
     """
-    if c.outcome is not Outcome.RETRY or attempts < max_attempts or not c.reached:
+    if c.outcome is not Outcome.RETRY or attempts < max_attempts or not c.reached or c.breaker:
         return c
     if c.maybe_sent:
         return Classified(Outcome.UNKNOWN, code=c.code, error=f"{c.error}; gave up after {attempts}")

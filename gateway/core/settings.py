@@ -198,14 +198,36 @@ class Settings:
     send_batch: int = _env("GATEWAY_SEND_BATCH", 100, _int(1, 10000))
     send_concurrency: int = _env("GATEWAY_SEND_CONCURRENCY", 64, _int(1, 10000))
     send_poll_ms: int = _env("GATEWAY_SEND_POLL_MS", 500, _int(10, 600000))
-    pair_interval_s: float = _env("GATEWAY_PAIR_INTERVAL_S", 6.0, _float(0))
-    number_rate_per_s: float = _env("GATEWAY_NUMBER_RATE_PER_S", 80.0, _float(0.1))
+    pair_interval_s: float = _env(
+        "GATEWAY_PAIR_INTERVAL_S", 6.0, _float(0), "seconds between messages to one recipient from one number"
+    )
+    number_rate_per_s: float = _env(
+        "GATEWAY_NUMBER_RATE_PER_S", 80.0, _float(0.1), "Meta: messages/s per sending number, all senders"
+    )
+    tenashi_number_interval_s: float = _env(
+        "GATEWAY_TENASHI_NUMBER_INTERVAL_S",
+        12.0,
+        _float(0),
+        "Tenashi: seconds between sends from one number (it paces 4-12 s itself)",
+    )
+    breaker_backoff_s: float = _env(
+        "GATEWAY_BREAKER_BACKOFF_S", 30.0, _float(0.1), "first wait of an open breaker before a probe"
+    )
+    breaker_max_backoff_s: float = _env(
+        "GATEWAY_BREAKER_MAX_BACKOFF_S", 1800.0, _float(0.1), "cap of the doubling breaker wait"
+    )
     reconcile_window_s: int = _env("GATEWAY_RECONCILE_WINDOW_S", 600, _int(1))
     send_max_attempts: int = _env("GATEWAY_SEND_MAX_ATTEMPTS", 8, _int(1, 1000))
     send_loops: int = _env("GATEWAY_SEND_LOOPS", 2, _int(1, 64), "claim/send loops per sender")
     idempotency_ttl_h: int = _env("GATEWAY_IDEMPOTENCY_TTL_H", 72, _int(1))
     tenant_providers: tuple[tuple[str, str], ...] = _env(
         "GATEWAY_TENANT_PROVIDERS", (), _pairs, "tenant:meta|tenashi; default meta"
+    )
+    tenant_numbers: tuple[tuple[str, str], ...] = _env(
+        "GATEWAY_TENANT_NUMBERS",
+        (),
+        _pairs,
+        "tenant:phone_number_id,...: the numbers each tenant may send from; unset: any (warned)",
     )
 
     # Forwarding to downstream destinations (gateway destinations / gateway forward)
@@ -267,6 +289,8 @@ class Settings:
         for tenant, provider in self.tenant_providers:
             if provider not in tuple(Provider):
                 problems.append(f"GATEWAY_TENANT_PROVIDERS: provider for {tenant!r} must be meta or tenashi")
+        if self.breaker_backoff_s > self.breaker_max_backoff_s:
+            problems.append("GATEWAY_BREAKER_BACKOFF_S: must not exceed GATEWAY_BREAKER_MAX_BACKOFF_S")
         keys = [k for _, k in self.api_keys]
         if len(set(keys)) != len(keys):
             problems.append("GATEWAY_API_KEYS: the same key is given twice")
@@ -274,6 +298,12 @@ class Settings:
 
     def provider_for(self, tenant: str) -> Provider:
         return Provider(dict(self.tenant_providers).get(tenant, Provider.META))
+
+    def may_send_from(self, tenant: str, phone_number_id: str) -> bool:
+        """Whether ``tenant`` may send from ``phone_number_id`` (anyone may when no binding is set)."""
+        if not self.tenant_numbers:
+            return True
+        return (tenant, phone_number_id) in self.tenant_numbers
 
     @property
     def send_lease_s(self) -> float:

@@ -10,7 +10,7 @@ import asyncpg
 from gateway import metrics
 from gateway.core.enums import OutboxState
 from gateway.core.forwarding import BREAKER_GAUGE, BreakerState
-from gateway.store import deliveries, inbox, outbox
+from gateway.store import deliveries, inbox, outbox, pacing
 
 
 async def refresh_inbox(pool: asyncpg.Pool) -> None:
@@ -25,6 +25,11 @@ async def refresh_outbox(pool: asyncpg.Pool, now: float | None = None) -> None:
     oldest = await outbox.oldest_unknown(pool)
     now = time.time() if now is None else now
     metrics.OLDEST_UNKNOWN.set(max(0.0, now - oldest) if oldest is not None else 0.0)
+    for b in await pacing.list_breakers(pool):
+        metrics.BREAKER_STATE.labels(b["scope"], b["provider"], b["key"]).set(BREAKER_LEVEL[b["state"]])
+
+
+BREAKER_LEVEL = {"closed": 0, "half_open": 1, "open": 2}
 
 
 async def refresh_forward(pool: asyncpg.Pool) -> None:

@@ -20,12 +20,13 @@ import asyncpg
 from gateway import metrics
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.settings import Settings
-from gateway.store import idempotency, outbox
+from gateway.store import idempotency, outbox, pacing
 
 log = logging.getLogger(__name__)
 
 BATCH = 1000
 MAX_PURGE_ROUNDS = 20
+PACING_HORIZON_S = 3600.0
 
 
 class Reconciler:
@@ -50,11 +51,14 @@ class Reconciler:
         metrics.RECONCILE_WATERMARK_LAG.set(lag)
         if waiting.rows:
             log.warning(
-                "reconciler waiting on %d unknown row(s): webhooks received %.0f s ago are not processed yet%s",
+                "reconciler waiting on %d unknown row(s): webhooks received %.0f s ago are unprocessed%s",
                 waiting.rows,
                 lag,
                 " (some are dead: replay them with `gateway dead replay`)" if waiting.dead else "",
             )
+        # Pacing keys an hour past their time pace nothing any more.
+        async with self.pool.acquire() as conn, conn.transaction():
+            forgotten = await pacing.purge(conn, before=now - PACING_HORIZON_S, limit=BATCH * 10)
         purged = 0
         for _ in range(MAX_PURGE_ROUNDS):
             n = await idempotency.purge_expired(self.pool, limit=s.purge_batch)
@@ -66,4 +70,5 @@ class Reconciler:
             "reconciled": len(reconciled),
             "waiting": waiting.rows,
             "purged_keys": purged,
+            "pacing_keys_forgotten": forgotten,
         }

@@ -1,15 +1,20 @@
 """The sender worker: claims due outbox rows, paces them, sends them and records the outcome.
 
-Rows are claimed in one statement (``pending`` → ``sending``, SKIP LOCKED), so any number of
-senders share the table and each row is sent by one of them. What an outcome means is decided
-by ``gateway.core.classify``; pacing by ``gateway.core.pacing``; both pure. Time comes from an
-injectable clock so tests can run minutes of pacing and backoff without sleeping. Reconciling
-sends whose fate is unknown is ``gateway.maintenance.reconciler``'s job.
+A claim is one transaction: lock due pending rows (SKIP LOCKED, so senders share the table and
+each row is sent by one of them), lock their pacing and breaker keys (advisory try-locks: a key
+another sender holds is skipped, never waited for), let ``gateway.core.pacing`` decide which go
+and which wait, store the new pace and mark the chosen rows ``sending``. So pacing and breakers
+hold across every sender process. What an outcome means is ``gateway.core.classify``'s call; an
+account-level error opens a breaker and its row waits as ``pending``. Senders wake on NOTIFY
+``outbox`` (the send API's enqueue) and poll as a fallback. Time comes from an injectable clock
+so tests can run minutes of pacing and backoff without sleeping. Reconciling sends whose fate
+is unknown is ``gateway.maintenance.reconciler``'s job.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Callable
@@ -20,14 +25,25 @@ import asyncpg
 
 from gateway import metrics
 from gateway.core.aio import sleep_unless_stopped
+from gateway.core.backoff import backoff_delay
 from gateway.core.classify import Classified, Outcome, finalize, retry_delay_s
 from gateway.core.clock import Clock, SystemClock
-from gateway.core.pacing import Pacer
+from gateway.core.pacing import Breaker, BreakerId, Candidate, limits_for, plan_claim, settle_probe, trip
+from gateway.core.planning import describe
 from gateway.core.settings import Settings
 from gateway.outbound import providers
-from gateway.store import outbox
+from gateway.store import outbox, pacing
+from gateway.store.db import connect
 
 log = logging.getLogger(__name__)
+
+CHANNEL = "outbox"
+# Rows looked at per claim, per row that may go: room for rows pacing holds back.
+SCAN_FACTOR = 2
+
+
+def _setter(event: asyncio.Event) -> Callable[[Any], None]:
+    return lambda _conn: event.set()
 
 
 class Sender:
@@ -43,7 +59,10 @@ class Sender:
         self.settings = settings
         self.clock = clock or SystemClock()
         self.rand = rand
-        self.pacer = Pacer(settings.pair_interval_s, settings.number_rate_per_s)
+        self.limits = limits_for(settings)
+        # Rows this process sent as a breaker's probe: row id -> the breakers waiting on it.
+        self._probes: dict[int, list[BreakerId]] = {}
+        self._wakes: list[asyncio.Event] = []
         self._limit = asyncio.Semaphore(settings.send_concurrency)
         self.timeout = providers.client_timeout(settings)
         self.lease_s = settings.send_lease_s
@@ -62,28 +81,50 @@ class Sender:
             self._session = None
 
     async def step(self) -> int:
-        """Claim one batch of due rows, send what pacing allows, defer the rest. Returns rows claimed."""
-        now = self.clock.now()
-        rows = await outbox.claim_due(self.pool, now=now, limit=self.settings.send_batch)
-        if not rows:
-            return 0
-        rows = sorted(rows, key=lambda r: (r["due"], r["id"]))
-        go: list[Any] = []
-        defer_ids: list[int] = []
-        defer_at: list[float] = []
-        for r in rows:
-            wait = self.pacer.try_acquire(r["phone_number_id"], r["recipient"], now)
-            if wait > 0:
-                defer_ids.append(r["id"])
-                defer_at.append(now + wait)
-            else:
-                go.append(r)
-        if defer_ids:
-            await outbox.defer(self.pool, ids=defer_ids, until=defer_at)
-        if go:
-            results = await asyncio.gather(*(self._send(r) for r in go))
-            await self._record(go, results)
+        """Claim one batch: send what pacing and breakers allow, put off the rest. Returns rows sent."""
+        rows = await self._claim(self.clock.now())
+        if rows:
+            results = await asyncio.gather(*(self._send(r) for r in rows))
+            await self._record(rows, results)
         return len(rows)
+
+    async def _claim(self, now: float) -> list[Any]:
+        s = self.settings
+        async with self.pool.acquire() as conn, conn.transaction():
+            found = await outbox.claim_candidates(conn, now=now, limit=s.send_batch * SCAN_FACTOR)
+            if not found:
+                return []
+            cands = [
+                Candidate(r["id"], r["provider"], r["phone_number_id"], r["recipient"], r["tenant"])
+                for r in found
+            ]
+            ids = {b for c in cands for b in c.breakers}
+            locked = await pacing.try_lock(
+                conn, [k for c in cands for k in c.keys] + [b.lock_key for b in ids]
+            )
+            state = await pacing.get(conn, [k for k in locked if not k.startswith("brk:")])
+            breakers = await pacing.get_breakers(conn, [b for b in ids if b.lock_key in locked])
+            plan = plan_claim(
+                cands,
+                locked=locked,
+                pacing=state,
+                breakers=breakers,
+                limits=self.limits,
+                now=now,
+                limit=s.send_batch,
+                probe_lease_s=self.lease_s,
+            )
+            await pacing.put(conn, plan.pacing)
+            await pacing.put_breakers(conn, plan.breakers)
+            await outbox.defer(conn, ids=list(plan.defer), until=list(plan.defer.values()))
+            rows = await outbox.mark_sending(conn, ids=plan.go, now=now)
+        for b_id, b in plan.breakers.items():
+            if b.probe_id is not None:
+                self._probes.setdefault(b.probe_id, []).append(b_id)
+                log.info(
+                    "breaker %s/%s/%s half-open: probing with one send", b_id.scope, b_id.provider, b_id.key
+                )
+        return sorted(rows, key=lambda r: (r["due"], r["id"]))
 
     async def _send(self, row: Any) -> tuple[Classified, float]:
         async with self._limit:
@@ -94,32 +135,151 @@ class Sender:
         now = self.clock.now()
         s = self.settings
         out: list[outbox.Result] = []
+        tripped: dict[BreakerId, Classified] = {}
+        probes: dict[BreakerId, tuple[int, bool]] = {}
+        for r, (raw_c, _sent_at) in zip(rows, results, strict=True):
+            if raw_c.breaker is not None:
+                key = r["phone_number_id"] if raw_c.breaker == "number" else r["tenant"]
+                tripped[BreakerId(raw_c.breaker, r["provider"], key)] = raw_c
+            for b_id in self._probes.pop(r["id"], []):
+                probes[b_id] = (r["id"], raw_c.reached)
+        opened = await self._update_breakers(tripped, probes, now) if tripped or probes else {}
         for r, (raw_c, sent_at) in zip(rows, results, strict=True):
             attempt = r["attempts"] + 1
             c = finalize(raw_c, attempt, s.send_max_attempts)
             next_at: float | None = None
-            if c.outcome is Outcome.RETRY:
+            if c.breaker is not None:
+                key = r["phone_number_id"] if c.breaker == "number" else r["tenant"]
+                b = opened.get(BreakerId(c.breaker, r["provider"], key))
+                next_at = b.retry_at if b is not None else now + s.breaker_backoff_s
+            elif c.outcome is Outcome.RETRY:
                 delay = retry_delay_s(
                     c, attempt, s.retry_base_ms / 1000, s.retry_max_ms / 1000, s.pair_interval_s, self.rand()
                 )
                 next_at = now + delay
-            out.append(outbox.Result(r["id"], c.state, c.wamid, next_at, c.error, c.code, sent_at))
+            out.append(
+                outbox.Result(
+                    r["id"], c.state, c.wamid, next_at, c.error, c.code, sent_at, counted=c.breaker is None
+                )
+            )
             metrics.SENDS.labels(r["provider"], c.state.value, str(c.code or "")).inc()
             if c.outcome is not Outcome.ACCEPTED:
                 log.info("send %s attempt %d: %s (%s)", r["callback_data"][:80], attempt, c.state, c.error)
         await outbox.record_results(self.pool, out, now=now)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Send until ``stop`` is set, in ``send_loops`` claim loops."""
-        await asyncio.gather(*(self._send_loop(stop) for _ in range(self.settings.send_loops)))
+    async def _update_breakers(
+        self, tripped: dict[BreakerId, Classified], probes: dict[BreakerId, tuple[int, bool]], now: float
+    ) -> dict[BreakerId, Breaker]:
+        """Open breakers on account-level errors; settle the probes. Returns the open ones."""
+        s = self.settings
+        ids = sorted(set(tripped) | set(probes))
+        changes: dict[BreakerId, Breaker] = {}
+        async with self.pool.acquire() as conn, conn.transaction():
+            await pacing.lock(conn, [b.lock_key for b in ids])
+            current = await pacing.get_breakers(conn, ids)
+            for b_id in ids:
+                before = current.get(b_id, Breaker("closed"))
+                after = before
+                if b_id in probes and b_id not in tripped:
+                    row_id, reached = probes[b_id]
+                    after = settle_probe(
+                        before, row_id=row_id, reached=reached, now=now, base_s=s.breaker_backoff_s
+                    )
+                if b_id in tripped:
+                    c = tripped[b_id]
+                    after = trip(
+                        before,
+                        code=c.code,
+                        error=c.error,
+                        now=now,
+                        base_s=s.breaker_backoff_s,
+                        cap_s=s.breaker_max_backoff_s,
+                    )
+                if after != before:
+                    changes[b_id] = after
+                    self._log_breaker(b_id, before, after)
+                if after.state == "closed" and before.state != "closed":
+                    await pacing.wake_rows(conn, b_id, now=now)
+                current[b_id] = after
+            await pacing.put_breakers(conn, changes)
+        return {b_id: b for b_id, b in current.items() if b.state == "open"}
 
-    async def _send_loop(self, stop: asyncio.Event) -> None:
+    @staticmethod
+    def _log_breaker(b_id: BreakerId, before: Breaker, after: Breaker) -> None:
+        name = f"{b_id.scope}/{b_id.provider}/{b_id.key}"
+        if after.state == "open":
+            metrics.BREAKER_TRIPS.labels(b_id.scope, b_id.provider, str(after.code or "")).inc()
+            log.warning(
+                "breaker %s open after %s (failure %d): its rows wait as pending until a probe at %.0f",
+                name,
+                after.code,
+                after.failures,
+                after.retry_at,
+            )
+        elif after.state == "closed":
+            log.warning("breaker %s closed: the probe went through", name)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Send until ``stop`` is set, in ``send_loops`` claim loops, woken by NOTIFY ``outbox``."""
+        self._wakes = [asyncio.Event() for _ in range(self.settings.send_loops)]
+        listener = asyncio.create_task(self._listen(stop))
+        try:
+            await asyncio.gather(*(self._send_loop(stop, w) for w in self._wakes))
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+
+    def _wake_all(self, *_: Any) -> None:
+        for w in self._wakes:
+            w.set()
+
+    async def _send_loop(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
         poll_s = self.settings.send_poll_ms / 1000
         while not stop.is_set():
+            wake.clear()
             try:
-                claimed = await self.step()
-            except Exception:
-                log.exception("sender step failed")
-                claimed = 0
-            if claimed < self.settings.send_batch:
-                await sleep_unless_stopped(stop, poll_s)
+                sent = await self.step()
+            except Exception as exc:
+                log.warning("sender step failed: %s", describe(exc))
+                sent = 0
+            if sent < self.settings.send_batch:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(poll_s):
+                        await _first(stop, wake)
+
+    async def _listen(self, stop: asyncio.Event) -> None:
+        """Wake the loops on NOTIFY; on a lost connection, reconnect (polling covers the gap)."""
+        dsn = self.settings.database_url
+        if not dsn:
+            return
+        attempt = 0
+        while not stop.is_set():
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await connect(dsn, timeout=self.settings.db_connect_timeout_s)
+                lost = asyncio.Event()
+                conn.add_termination_listener(_setter(lost))
+                await conn.add_listener(CHANNEL, self._wake_all)
+                attempt = 0
+                self._wake_all()  # rows enqueued while we were not listening
+                await _first(stop, lost)
+            except Exception as exc:
+                attempt += 1
+                log.warning("LISTEN %s failed (%s); polling meanwhile", CHANNEL, describe(exc))
+            finally:
+                if conn is not None and not conn.is_closed():
+                    with contextlib.suppress(Exception):
+                        await conn.close(timeout=2)
+            if not stop.is_set():
+                await sleep_unless_stopped(stop, backoff_delay(max(attempt, 1), 0.5, 30))
+
+
+async def _first(*events: asyncio.Event) -> None:
+    """Return when any of ``events`` is set."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()

@@ -40,6 +40,7 @@ class Result:
     error: str | None
     code: int | None
     sent_at: float
+    counted: bool = True  # False: an account-level refusal, which counts no attempt
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,14 +75,22 @@ async def get(conn: Conn, *, tenant: str, key: str) -> OutboxRow | None:
     return row
 
 
-async def claim_due(conn: Conn, *, now: float, limit: int) -> list[asyncpg.Record]:
-    """Due pending rows become ``sending`` in one statement; other senders skip them."""
-    return list(await conn.fetch(q("outbox_claim_due"), now, limit))
+async def claim_candidates(conn: Conn, *, now: float, limit: int) -> list[asyncpg.Record]:
+    """Due pending rows, locked until the caller's transaction ends; other senders skip them."""
+    return list(await conn.fetch(q("outbox_claim_candidates"), now, limit))
+
+
+async def mark_sending(conn: Conn, *, ids: Sequence[int], now: float) -> list[asyncpg.Record]:
+    """The rows that go: ``sending`` from ``now``; returns what the provider request needs."""
+    if not ids:
+        return []
+    return list(await conn.fetch(q("outbox_mark_sending"), list(ids), now))
 
 
 async def defer(conn: Conn, *, ids: Sequence[int], until: Sequence[float]) -> None:
-    """Pacing put these back to pending (not an attempt)."""
-    await conn.execute(q("outbox_defer"), list(ids), list(until))
+    """Pacing or a breaker holds these back: still pending, due later (not an attempt)."""
+    if ids:
+        await conn.execute(q("outbox_defer"), list(ids), list(until))
 
 
 async def record_results(conn: Conn, results: Sequence[Result], *, now: float) -> None:
@@ -96,6 +105,7 @@ async def record_results(conn: Conn, results: Sequence[Result], *, now: float) -
         [r.code for r in results],
         [r.sent_at for r in results],
         now,
+        [r.counted for r in results],
     )
 
 
@@ -174,7 +184,9 @@ async def _transition(conn: Conn, query: str, key: str, tenant: str | None, verb
             raise ValueError(f"{found}/{key} is gone: not {verb}")
         reached = reached_provider(row)
         if verb == "released" and reached and row["state"] in RELEASABLE:
-            raise ValueError(f"{found}/{key} is {row['state']} but {reached}: not {verb} (it would be sent twice)")
+            raise ValueError(
+                f"{found}/{key} is {row['state']} but {reached}: not {verb} (it would be sent twice)"
+            )
         raise ValueError(f"{found}/{key} is {row['state']}: not {verb}")
     return f"{found}/{key} {verb}: now {state}"
 

@@ -16,31 +16,36 @@ SELECT id, tenant, idem_key, callback_data, provider, phone_number_id, recipient
 FROM outbox
 WHERE tenant = $1 AND idem_key = $2;
 
--- name: outbox_claim_due
--- Due pending rows become 'sending' in one statement; concurrent senders skip each other's rows.
+-- name: outbox_claim_candidates
+-- Due pending rows, locked for this claim's transaction; concurrent senders skip each other's.
+-- Pacing and breakers then decide which of them go (outbox_mark_sending) and which wait.
+SELECT id, tenant, provider, phone_number_id, recipient
+FROM outbox
+WHERE state = 'pending' AND next_attempt_at <= to_timestamp($1::float8)
+ORDER BY next_attempt_at, id
+LIMIT $2
+FOR UPDATE SKIP LOCKED;
+
+-- name: outbox_mark_sending
 UPDATE outbox o
-SET state = 'sending', sending_at = to_timestamp($1::float8), updated_at = clock_timestamp()
-WHERE o.id IN (
-    SELECT id FROM outbox
-    WHERE state = 'pending' AND next_attempt_at <= to_timestamp($1::float8)
-    ORDER BY next_attempt_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED)
+SET state = 'sending', sending_at = to_timestamp($2::float8), updated_at = clock_timestamp()
+WHERE o.id = ANY($1::bigint[]) AND o.state = 'pending'
 RETURNING o.id, o.tenant, o.idem_key, o.callback_data, o.provider, o.phone_number_id, o.recipient,
           o.payload, o.attempts, extract(epoch FROM o.next_attempt_at)::float8 AS due;
 
 -- name: outbox_defer
--- Pacing put these back: not an attempt.
+-- Pacing or a breaker holds these back: they stay pending, due later; not an attempt.
 UPDATE outbox o
-SET state = 'pending', next_attempt_at = to_timestamp(t.at), updated_at = clock_timestamp()
+SET next_attempt_at = to_timestamp(t.at), updated_at = clock_timestamp()
 FROM unnest($1::bigint[], $2::float8[]) AS t(id, at)
-WHERE o.id = t.id AND o.state = 'sending';
+WHERE o.id = t.id AND o.state = 'pending';
 
 -- name: outbox_record_results
 -- Only rows still 'sending': a status webhook may already have moved one to accepted.
+-- An account-level refusal (a breaker opened) counts no attempt.
 UPDATE outbox o
 SET state = t.state,
-    attempts = o.attempts + 1,
+    attempts = o.attempts + CASE WHEN t.counted THEN 1 ELSE 0 END,
     wamid = coalesce(t.wamid, o.wamid),
     next_attempt_at = coalesce(to_timestamp(t.next_at), o.next_attempt_at),
     last_error = t.error,
@@ -49,8 +54,9 @@ SET state = t.state,
     unknown_at = CASE WHEN t.state = 'unknown' THEN to_timestamp($8::float8) ELSE o.unknown_at END,
     accepted_at = CASE WHEN t.state = 'accepted' THEN to_timestamp($8::float8) ELSE o.accepted_at END,
     updated_at = clock_timestamp()
-FROM unnest($1::bigint[], $2::text[], $3::text[], $4::float8[], $5::text[], $6::int[], $7::float8[])
-     AS t(id, state, wamid, next_at, error, code, sent_at)
+FROM unnest($1::bigint[], $2::text[], $3::text[], $4::float8[], $5::text[], $6::int[], $7::float8[],
+            $9::bool[])
+     AS t(id, state, wamid, next_at, error, code, sent_at, counted)
 WHERE o.id = t.id AND o.state = 'sending';
 
 -- name: outbox_expire_sending

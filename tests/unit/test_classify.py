@@ -4,8 +4,10 @@ import pytest
 
 from gateway.core.backoff import backoff_delay
 from gateway.core.classify import (
+    NUMBER_CODES,
     PERMANENT_CODES,
     RETRYABLE_CODES,
+    TOKEN_CODES,
     Classified,
     Outcome,
     Transport,
@@ -36,7 +38,8 @@ OK = {"messaging_product": "whatsapp", "messages": [{"id": "wamid.AAA"}]}
         ("meta", 400, meta_err(130429), "pending", 130429, None),
         ("meta", 400, meta_err(131056), "pending", 131056, None),
         ("meta", 400, meta_err(131047), "failed", 131047, None),
-        ("meta", 401, meta_err(190), "failed", 190, None),
+        ("meta", 401, meta_err(190), "pending", 190, None),  # account-level: breaker, not failed
+        ("meta", 403, meta_err(368), "pending", 368, None),
         ("meta", 400, meta_err(999999), "failed", 999999, None),  # unknown codes are final
         ("meta", 400, {"error": {"code": "100"}}, "failed", None, None),  # not an int code
         ("meta", 429, None, "pending", None, None),
@@ -45,6 +48,7 @@ OK = {"messaging_product": "whatsapp", "messages": [{"id": "wamid.AAA"}]}
         ("tenashi", 409, {"error": {"code": "idempotency_in_progress"}}, "pending", None, None),
         ("tenashi", 503, None, "pending", None, None),  # same key: safe to retry
         ("tenashi", 400, {"error": {"code": "invalid_request"}}, "failed", None, None),
+        ("tenashi", 401, None, "pending", None, None),  # our token refused: breaker
     ],
 )
 def test_classify_response(
@@ -62,6 +66,21 @@ def test_every_retryable_code_retries(code: int) -> None:
 @pytest.mark.parametrize("code", sorted(PERMANENT_CODES))
 def test_every_permanent_code_fails(code: int) -> None:
     assert classify_response("meta", 400, meta_err(code)).outcome is Outcome.FAILED
+
+
+@pytest.mark.parametrize(
+    ("code", "breaker"),
+    [*((c, "token") for c in sorted(TOKEN_CODES)), *((c, "number") for c in sorted(NUMBER_CODES))],
+)
+def test_account_level_codes_open_a_breaker_and_never_fail(code: int, breaker: str) -> None:
+    c = classify_response("meta", 400, meta_err(code))
+    assert (c.outcome, c.breaker, c.state) == (Outcome.RETRY, breaker, "pending")
+    assert finalize(c, 1000, 8) == c  # no attempt limit turns it into failed
+
+
+def test_code_sets_are_disjoint() -> None:
+    sets = [RETRYABLE_CODES, PERMANENT_CODES, TOKEN_CODES, NUMBER_CODES]
+    assert sum(len(s) for s in sets) == len(frozenset().union(*sets))
 
 
 @pytest.mark.parametrize(

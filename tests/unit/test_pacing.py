@@ -1,56 +1,200 @@
+"""Cluster-wide pacing and breakers, decided per claim (gateway.core.pacing): table tests."""
+
 import itertools
 
 import pytest
 
-from gateway.core.pacing import Pacer
+from gateway.core.pacing import (
+    CLOSED,
+    Breaker,
+    BreakerId,
+    Candidate,
+    Limits,
+    Plan,
+    breaker_backoff_s,
+    number_key,
+    pair_key,
+    plan_claim,
+    settle_probe,
+    trip,
+)
+
+META = Limits(pair_interval_s=6.0, number_interval_s=1 / 80, number_burst=80)
+
+
+def cand(i: int, to: str = "a", number: str = "n", provider: str = "meta", tenant: str = "t") -> Candidate:
+    return Candidate(i, provider, number, to, tenant)
+
+
+def plan(
+    cands: list[Candidate],
+    *,
+    now: float = 100.0,
+    pacing: dict[str, float] | None = None,
+    breakers: dict[BreakerId, Breaker] | None = None,
+    limits: Limits = META,
+    limit: int = 100,
+    locked: set[str] | None = None,
+) -> Plan:
+    if locked is None:
+        locked = {k for c in cands for k in c.keys} | {b.lock_key for c in cands for b in c.breakers}
+    return plan_claim(
+        cands,
+        locked=locked,
+        pacing=pacing or {},
+        breakers=breakers or {},
+        limits=lambda _p: limits,
+        now=now,
+        limit=limit,
+        probe_lease_s=90.0,
+    )
+
+
+PAIR = pair_key("meta", "n", "a")
+NUM = number_key("meta", "n")
 
 
 @pytest.mark.parametrize(
-    ("pair_s", "rate", "sends", "expected"),
+    ("name", "cands", "pacing", "go", "defer"),
     [
-        # (number, recipient, t) -> wait; 0.0 means sent and booked
-        (6.0, 100.0, [("n", "a", 0.0), ("n", "a", 1.0)], [0.0, 5.0]),
-        (6.0, 100.0, [("n", "a", 0.0), ("n", "a", 6.0)], [0.0, 0.0]),
-        (6.0, 100.0, [("n", "a", 0.0), ("n", "b", 0.0)], [0.0, 0.0]),  # other recipient
-        (6.0, 100.0, [("n", "a", 0.0), ("m", "a", 0.0)], [0.0, 0.0]),  # other number: other pair
-        (
-            6.0,
-            100.0,
-            [("n", "a", 0.0), ("n", "a", 2.0), ("n", "a", 6.0)],
-            [0.0, 4.0, 0.0],
-        ),  # refusal books nothing
-        (0.0, 2.0, [("n", "a", 0.0), ("n", "b", 0.0), ("n", "c", 0.0)], [0.0, 0.0, 0.5]),  # burst of 2
-        (0.0, 2.0, [("n", "a", 0.0), ("n", "b", 0.0), ("n", "c", 0.5)], [0.0, 0.0, 0.0]),
-        (0.0, 2.0, [("n", "a", 0.0), ("n", "b", 0.0), ("m", "c", 0.0)], [0.0, 0.0, 0.0]),  # per number
-        (6.0, 1.0, [("n", "a", 0.0), ("n", "a", 0.5)], [0.0, 5.5]),  # the longer wait wins
+        ("free", [cand(1)], {}, [1], {}),
+        ("same pair in one claim: the second waits 6 s", [cand(1), cand(2)], {}, [1], {2: 106.0}),
+        ("third to the pair: 12 s", [cand(1), cand(2), cand(3)], {}, [1], {2: 106.0, 3: 112.0}),
+        ("other recipient", [cand(1), cand(2, "b")], {}, [1, 2], {}),
+        ("other number: other pair", [cand(1), cand(2, number="m")], {}, [1, 2], {}),
+        ("pair booked by another sender", [cand(1)], {PAIR: 103.0}, [], {1: 103.0}),
+        ("pair time passed", [cand(1)], {PAIR: 100.0}, [1], {}),
+        ("number within its burst", [cand(1)], {NUM: 100.5}, [1], {}),
+        ("number past its burst", [cand(1)], {NUM: 102.0 - 1 / 80}, [], {1: pytest.approx(101.0)}),
     ],
 )
-def test_pacer_table(
-    pair_s: float, rate: float, sends: list[tuple[str, str, float]], expected: list[float]
+def test_plan_table(
+    name: str, cands: list[Candidate], pacing: dict[str, float], go: list[int], defer: dict[int, float]
 ) -> None:
-    p = Pacer(pair_s, rate)
-    got = [p.try_acquire(n, r, t) for n, r, t in sends]
-    assert got == pytest.approx(expected)
+    p = plan(cands, pacing=pacing)
+    assert p.go == go
+    assert p.defer == defer
 
 
-def test_ten_messages_to_one_recipient_are_six_seconds_apart() -> None:
-    p = Pacer(6.0, 80.0)
-    t, sent = 0.0, []
-    while len(sent) < 10:
-        wait = p.try_acquire("n", "a", t)
-        if wait == 0:
-            sent.append(t)
-        else:
-            t += wait
-    assert all(b - a >= 6.0 for a, b in itertools.pairwise(sent))
-    assert sent[-1] == pytest.approx(54.0)
+def test_rate_of_a_number_with_burst_two() -> None:
+    lim = Limits(0.0, 0.5, 2)  # 2 messages/s, bursts of 2
+    p = plan([cand(i, f"r{i}") for i in range(5)], limits=lim)
+    assert p.go == [0, 1]
+    assert p.defer == {2: 100.5, 3: 101.0, 4: 101.5}  # spread at the rate, not all at once
+    assert p.pacing[NUM] == 101.0
 
 
-def test_prune_keeps_recent_pairs_only() -> None:
-    p = Pacer(6.0, 1e9, prune_min=100)
-    for i in range(99):
-        p.try_acquire("n", f"r{i}", 0.0)
-    assert p.try_acquire("n", "r1", 1.0) > 0  # still remembered
-    p.try_acquire("n", "late", 10.0)  # the 100th pair triggers a prune: the t=0 ones are past
-    assert len(p._last_pair) == 1
-    assert p.try_acquire("n", "late", 11.0) > 0  # the recent one is kept
+def test_tenashi_one_message_per_interval_per_number() -> None:
+    lim = Limits(6.0, 12.0, 1)
+    p = plan([cand(1, "a"), cand(2, "b")], limits=lim)
+    assert (p.go, p.defer) == ([1], {2: 112.0})
+
+
+def test_unlocked_keys_are_left_alone() -> None:
+    c = [cand(1), cand(2, "b", number="m")]
+    locked = {k for k in c[1].keys} | {b.lock_key for b in c[1].breakers}
+    p = plan(c, locked=locked)
+    assert (p.go, p.defer) == ([2], {})
+
+
+def test_limit_stops_the_claim() -> None:
+    p = plan([cand(i, f"r{i}") for i in range(10)], limit=3)
+    assert (p.go, p.defer) == ([0, 1, 2], {})
+
+
+def test_pair_interval_zero_books_no_pair_key() -> None:
+    p = plan([cand(1), cand(2)], limits=Limits(0.0, 1e-6, 1e6))
+    assert p.go == [1, 2] and PAIR not in p.pacing
+
+
+def test_a_day_of_claims_never_breaks_the_pair_interval() -> None:
+    """Claims every 0.5 s over 30 messages to one recipient and 200 to others: sends to the
+    recipient are >= 6 s apart, the number never exceeds its rate over any second."""
+    lim = Limits(6.0, 0.1, 3)  # 10/s, bursts of 3
+    pending = [cand(i, "a" if i % 8 == 0 else f"r{i}") for i in range(230)]
+    due = {c.id: 0.0 for c in pending}
+    state: dict[str, float] = {}
+    sent: list[tuple[float, Candidate]] = []
+    for step in range(2000):
+        now = step * 0.5
+        ready = [c for c in pending if due[c.id] <= now]
+        p = plan(ready, now=now, pacing=state, limits=lim, limit=50)
+        state.update(p.pacing)
+        due.update(p.defer)
+        for c in ready:
+            if c.id in p.go:
+                sent.append((now, c))
+        pending = [c for c in pending if c.id not in p.go]
+    assert not pending
+    to_a = [t for t, c in sent if c.recipient == "a"]
+    assert min(b - a for a, b in itertools.pairwise(to_a)) >= 6.0
+    times = [t for t, _ in sent]
+    for t in times:
+        assert sum(1 for u in times if t <= u < t + 1.0) <= 10 + 3
+
+
+# --- breakers ---------------------------------------------------------------------------------
+
+TOKEN = BreakerId("token", "meta", "t")
+NUMBER = BreakerId("number", "meta", "n")
+
+
+@pytest.mark.parametrize(
+    ("name", "breakers", "go", "defer", "probe"),
+    [
+        ("closed", {}, [1, 2], {}, None),
+        (
+            "open: every row waits for the probe time",
+            {NUMBER: Breaker("open", 1, 130.0)},
+            [],
+            {1: 130.0, 2: 130.0},
+            None,
+        ),
+        ("token open", {TOKEN: Breaker("open", 1, 130.0)}, [], {1: 130.0, 2: 130.0}, None),
+        ("probe due: one row goes, the rest wait", {NUMBER: Breaker("open", 1, 99.0)}, [1], {2: 101.0}, 1),
+        (
+            "half-open with a live probe",
+            {NUMBER: Breaker("half_open", 1, 150.0, probe_id=7)},
+            [],
+            {1: 101.0, 2: 101.0},
+            None,
+        ),
+        (
+            "half-open, probe lost: probe again",
+            {NUMBER: Breaker("half_open", 1, 99.0, probe_id=7)},
+            [1],
+            {2: 101.0},
+            1,
+        ),
+    ],
+)
+def test_breakers_in_the_claim(
+    name: str, breakers: dict[BreakerId, Breaker], go: list[int], defer: dict[int, float], probe: int | None
+) -> None:
+    p = plan([cand(1, "a"), cand(2, "b")], breakers=breakers)
+    assert (p.go, p.defer) == (go, defer)
+    if probe is None:
+        assert not p.breakers
+    else:
+        (b,) = p.breakers.values()
+        assert (b.state, b.probe_id, b.retry_at) == ("half_open", probe, 190.0)
+
+
+@pytest.mark.parametrize(
+    ("failures", "expected"), [(1, 30.0), (2, 60.0), (3, 120.0), (7, 1800.0), (50, 1800.0)]
+)
+def test_breaker_backoff_doubles_to_a_cap(failures: int, expected: float) -> None:
+    assert breaker_backoff_s(failures, 30.0, 1800.0) == expected
+
+
+def test_trip_settle_cycle() -> None:
+    b = trip(CLOSED, code=190, error="expired", now=0.0, base_s=30, cap_s=1800)
+    assert (b.state, b.failures, b.retry_at, b.code) == ("open", 1, 30.0, 190)
+    assert trip(b, code=190, error="x", now=10.0, base_s=30, cap_s=1800) == b  # in-flight sends don't count
+    probing = Breaker("half_open", 1, 120.0, 190, "expired", probe_id=5)
+    again = trip(probing, code=190, error="x", now=31.0, base_s=30, cap_s=1800)
+    assert (again.state, again.failures, again.retry_at) == ("open", 2, 91.0)
+    assert settle_probe(probing, row_id=5, reached=True, now=31.0, base_s=30) == CLOSED
+    assert settle_probe(probing, row_id=6, reached=True, now=31.0, base_s=30) == probing  # not the probe
+    lost = settle_probe(probing, row_id=5, reached=False, now=31.0, base_s=30)
+    assert (lost.state, lost.failures, lost.retry_at) == ("open", 1, 61.0)  # proves nothing, no count
