@@ -81,19 +81,22 @@ class Sender:
             self._session = None
 
     async def step(self) -> int:
-        """Claim one batch: send what pacing and breakers allow, put off the rest. Returns rows sent."""
-        rows = await self._claim(self.clock.now())
+        """Claim one batch: send what pacing and breakers allow, put off the rest.
+
+        Returns the rows dealt with (sent or put off); 0 when nothing was due (or free).
+        """
+        rows, deferred = await self._claim(self.clock.now())
         if rows:
             results = await asyncio.gather(*(self._send(r) for r in rows))
             await self._record(rows, results)
-        return len(rows)
+        return len(rows) + deferred
 
-    async def _claim(self, now: float) -> list[Any]:
+    async def _claim(self, now: float) -> tuple[list[Any], int]:
         s = self.settings
         async with self.pool.acquire() as conn, conn.transaction():
             found = await outbox.claim_candidates(conn, now=now, limit=s.send_batch * SCAN_FACTOR)
             if not found:
-                return []
+                return [], 0
             cands = [
                 Candidate(r["id"], r["provider"], r["phone_number_id"], r["recipient"], r["tenant"])
                 for r in found
@@ -104,6 +107,8 @@ class Sender:
             )
             state = await pacing.get(conn, [k for k in locked if not k.startswith("brk:")])
             breakers = await pacing.get_breakers(conn, [b for b in ids if b.lock_key in locked])
+            # Pace from the moment of decision, as close to the send as the claim allows.
+            now = max(now, self.clock.now())
             plan = plan_claim(
                 cands,
                 locked=locked,
@@ -124,7 +129,7 @@ class Sender:
                 log.info(
                     "breaker %s/%s/%s half-open: probing with one send", b_id.scope, b_id.provider, b_id.key
                 )
-        return sorted(rows, key=lambda r: (r["due"], r["id"]))
+        return sorted(rows, key=lambda r: (r["due"], r["id"])), len(plan.defer)
 
     async def _send(self, row: Any) -> tuple[Classified, float]:
         async with self._limit:
@@ -239,11 +244,11 @@ class Sender:
         while not stop.is_set():
             wake.clear()
             try:
-                sent = await self.step()
+                dealt = await self.step()
             except Exception as exc:
                 log.warning("sender step failed: %s", describe(exc))
-                sent = 0
-            if sent < self.settings.send_batch:
+                dealt = 0
+            if dealt < self.settings.send_batch:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(poll_s):
                         await _first(stop, wake)

@@ -404,3 +404,126 @@ async def test_a_row_that_reached_the_provider_is_never_released(
     assert {r["state"] for r in await pool.fetch("SELECT state FROM outbox")} == {
         "review" if state == "unknown" else state
     }
+
+
+async def test_breaker_holds_rows_pending_then_probes_and_closes(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    """368 (account blocked) on a number: its rows wait as pending (no attempt burned), one
+    probe after the backoff, a failed probe doubles it, a good probe closes it and everything goes."""
+    from prometheus_client import REGISTRY
+
+    from gateway.maintenance import gauges
+
+    def trips() -> float:
+        labels = {"scope": "number", "provider": "meta", "code": "368"}
+        return REGISTRY.get_sample_value("gateway_breaker_trips_total", labels) or 0.0
+
+    before = trips()
+    clock = FakeClock()
+    callbacks = [await enqueue(pool, f"b{i}", f"49151000000{i:02d}") for i in range(5)]
+    other = await enqueue(pool, "other", "4915100000099", number="2222")
+    fake.add_fault("error", to="4915100000000", code=368, times=2)
+    s = send_settings(settings, fake, send_batch=1, breaker_backoff_s=30.0)
+    sender = Sender(pool, s, clock=clock, rand=lambda: 0.5)
+    try:
+        assert await sender.step() == 1  # b0: 368
+        assert (await row(pool, "b0"))["state"] == "pending"
+        await drain(sender)  # number 2222 is not held
+        assert fake.count(other) == 1
+        await drain(sender)  # every 1111 row waits for the probe
+        assert len(fake.received) == 1
+        clock.advance(31)
+        await drain(sender)  # the probe: 368 again, backoff doubles
+        clock.advance(31)
+        await drain(sender)
+        assert len(fake.received) == 1
+        await gauges.refresh_outbox(pool)
+        assert (
+            REGISTRY.get_sample_value(
+                "gateway_breaker_state", {"scope": "number", "provider": "meta", "key": "1111"}
+            )
+            == 2
+        )
+        clock.advance(30)
+        await drain(sender)  # the probe goes through: closed, and the rows it held are due
+        await gauges.refresh_outbox(pool)
+        assert (
+            REGISTRY.get_sample_value(
+                "gateway_breaker_state", {"scope": "number", "provider": "meta", "key": "1111"}
+            )
+            == 0
+        )
+    finally:
+        await sender.close()
+    assert [fake.count(c) for c in callbacks] == [1] * 5
+    assert await pool.fetchval("SELECT count(*) FROM outbox WHERE state = 'accepted'") == 6
+    assert await pool.fetchval("SELECT max(attempts) FROM outbox") == 1  # refusals were not attempts
+    assert trips() == before + 2
+
+
+async def test_token_breaker_is_per_tenant(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    clock = FakeClock()
+    await enqueue(pool, "a1", "4915100000001", tenant="acme")
+    await enqueue(pool, "a2", "4915100000002", tenant="acme")
+    g = await enqueue(pool, "g1", "4915100000003", tenant="globex")
+    fake.add_fault("error", to="4915100000001", code=190)
+    s = send_settings(settings, fake, send_batch=1)
+    sender = Sender(pool, s, clock=clock, rand=lambda: 0.5)
+    try:
+        await drain(sender)
+    finally:
+        await sender.close()
+    assert fake.count(g) == 1
+    assert [(await row(pool, k))["state"] for k in ("a1", "a2")] == ["pending", "pending"]
+    b = await pool.fetchrow("SELECT * FROM send_breakers")
+    assert (b["scope"], b["provider"], b["key"], b["state"], b["code"]) == (
+        "token",
+        "meta",
+        "acme",
+        "open",
+        190,
+    )
+
+
+async def test_enqueue_wakes_the_sender_and_the_listener_reconnects(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    """With a 60 s poll, only NOTIFY can get a send out within seconds; after its LISTEN
+    connection is killed the sender listens again."""
+    s = send_settings(settings, fake, send_poll_ms=60_000, pair_interval_s=0.0)
+    sender = Sender(pool, s)
+    stop = asyncio.Event()
+    task = asyncio.create_task(sender.run(stop))
+
+    async def sent(callback: str) -> None:
+        async with asyncio.timeout(10):
+            while fake.count(callback) == 0:
+                await asyncio.sleep(0.01)
+
+    async def listening() -> int:
+        n: int = await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE query LIKE 'LISTEN %outbox%' AND pid <> pg_backend_pid()"
+        )
+        return n
+
+    try:
+        async with asyncio.timeout(10):
+            while await listening() == 0:
+                await asyncio.sleep(0.02)
+        await sent(await enqueue(pool, "n1", "4915100000001"))
+        await pool.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN %outbox%'"
+        )
+        async with asyncio.timeout(10):
+            while await listening() == 0:
+                await asyncio.sleep(0.02)
+        await sent(await enqueue(pool, "n2", "4915100000002"))
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await sender.close()
+    assert len(fake.received) == 2
