@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -16,7 +17,7 @@ from gateway import __version__, runtime
 from gateway.core import forwarding, stdwebhooks
 from gateway.core.enums import OutboxState
 from gateway.core.settings import Settings, SettingsError, env_names
-from gateway.store import deliveries, inbox, outbox
+from gateway.store import deliveries, inbox, outbox, pacing
 from gateway.store.db import migrate
 
 log = logging.getLogger("gateway")
@@ -131,19 +132,46 @@ def cmd_dead(settings: Settings, ns: argparse.Namespace) -> int:
     return runtime.with_connection(settings, work)
 
 
+def _when(raw: str) -> float:
+    """An ISO-8601 time (UTC when no offset is given) as epoch seconds."""
+    try:
+        at = datetime.fromisoformat(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO-8601 time: {raw!r}") from None
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
+
+
 def _outbox_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True)
     ls = sub.add_parser("list", help="list outbox rows in a state")
     ls.add_argument("--state", default="review", choices=[s.value for s in OutboxState])
     ls.add_argument("--limit", type=int, default=100)
-    actions = (("release", "send a review/unknown/failed row (again)"), ("cancel", "never send it"))
+    actions = (
+        ("release", "send a review/unknown/failed row (again); never one that reached the provider"),
+        ("cancel", "never send it"),
+    )
     for name, help_text in actions:
-        a = sub.add_parser(name, help=help_text)
-        a.add_argument("key")
-        a.add_argument("--tenant", default=None, help="needed when several tenants use the key")
+        a = sub.add_parser(name, help=help_text, description=help_text)
+        a.add_argument("key", nargs="?", help="one row's key; or select rows in bulk with --state")
+        a.add_argument("--tenant", default=None, help="the key's tenant, or the tenant of the bulk selection")
+        a.add_argument(
+            "--state", default=None, choices=[s.value for s in OutboxState], help="bulk: rows in this state"
+        )
+        a.add_argument("--since", type=_when, default=None, help="bulk: last changed at or after (ISO-8601)")
+        a.add_argument("--until", type=_when, default=None, help="bulk: last changed before (ISO-8601)")
 
 
 def cmd_outbox(settings: Settings, ns: argparse.Namespace) -> int:
+    bulk = ns.action != "list" and ns.state is not None
+    if ns.action != "list" and bulk == (ns.key is not None):
+        print(f"gateway outbox {ns.action}: give a KEY or --state (bulk), not both", file=sys.stderr)
+        return 2
+    if ns.action != "list" and not bulk and (ns.since is not None or ns.until is not None):
+        print(
+            f"gateway outbox {ns.action}: --since/--until select rows in bulk: add --state", file=sys.stderr
+        )
+        return 2
+
     async def work(conn: asyncpg.Connection) -> int:
         if ns.action == "list":
             rows = await outbox.list_state(conn, state=ns.state, limit=ns.limit)
@@ -152,6 +180,21 @@ def cmd_outbox(settings: Settings, ns: argparse.Namespace) -> int:
                 cols = [r["tenant"], r["idem_key"], r["state"], r["recipient"], r["attempts"]]
                 cols += [r["last_error_code"] or "", r["last_error"] or "", r["updated_at"].isoformat()]
                 print("\t".join(str(c) for c in cols))
+            return 0
+        if bulk:
+            many = outbox.release_bulk if ns.action == "release" else outbox.cancel_bulk
+            try:
+                done = await many(conn, state=ns.state, since=ns.since, until=ns.until, tenant=ns.tenant)
+            except ValueError as exc:
+                print(f"gateway: {exc}", file=sys.stderr)
+                return 1
+            verb = "released" if ns.action == "release" else "cancelled"
+            print(f"{done.done} row(s) {verb}")
+            if done.refused:
+                print(
+                    f"{done.refused} row(s) not released: they have a wamid or a delivery status "
+                    "(the provider accepted them; releasing would send them twice)"
+                )
             return 0
         fn = outbox.release if ns.action == "release" else outbox.cancel
         try:
@@ -334,6 +377,39 @@ def cmd_deliveries(settings: Settings, ns: argparse.Namespace) -> int:
             print(f"{b.skipped_no_key} Tenashi messages skipped: their event key was purged")
         return 0
 
+
+def _senders_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True)
+    sub.add_parser("list", help="every circuit breaker (per sending number and per tenant token)")
+    r = sub.add_parser("resume", help="close a breaker by hand: its rows are due now")
+    r.add_argument("scope", choices=("number", "token"))
+    r.add_argument("key", help="the phone_number_id (number) or the tenant (token)")
+    r.add_argument("--provider", default="meta", choices=("meta", "tenashi"))
+
+
+def cmd_senders(settings: Settings, ns: argparse.Namespace) -> int:
+    from gateway.core.pacing import BreakerId
+
+    async def work(conn: asyncpg.Connection) -> int:
+        if ns.action == "list":
+            rows = await pacing.list_breakers(conn)
+            print("scope\tprovider\tkey\tstate\tfailures\tcode\tprobe_at\topened_at\terror")
+            for b in rows:
+                probe_at = (
+                    "" if b["retry_at"] is None else datetime.fromtimestamp(b["retry_at"], UTC).isoformat()
+                )
+                opened = b["opened_at"].isoformat() if b["opened_at"] else ""
+                cols = [b["scope"], b["provider"], b["key"], b["state"], b["failures"], b["code"] or ""]
+                cols += [probe_at, opened, _one_line(b["error"])]
+                print("\t".join(str(c) for c in cols))
+            return 0
+        b_id = BreakerId(ns.scope, ns.provider, ns.key)
+        if await pacing.resume(conn, b_id, now=time.time()):
+            print(f"breaker {ns.scope}/{ns.provider}/{ns.key} closed; its rows are due now")
+            return 0
+        print(f"gateway: breaker {ns.scope}/{ns.provider}/{ns.key} is not open", file=sys.stderr)
+        return 1
+
     return runtime.with_connection(settings, work)
 
 
@@ -356,7 +432,12 @@ COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None
     "consume": ("run the consumers alone (no HTTP), until SIGTERM or SIGINT", cmd_consume, None),
     "send": ("run the sender (outbox → provider) and reconciler alone", cmd_send, None),
     "dead": ("dead letters: `dead list`, `dead replay ID...` or `dead replay --all`", cmd_dead, _dead_args),
-    "outbox": ("list, release or cancel outbox rows", cmd_outbox, _outbox_args),
+    "outbox": ("list, release or cancel outbox rows (one by key, or in bulk)", cmd_outbox, _outbox_args),
+    "senders": (
+        "circuit breakers: `senders list`, `senders resume number|token KEY`",
+        cmd_senders,
+        _senders_args,
+    ),
     "forward": ("run the forwarder (deliveries → downstream destinations) alone", cmd_forward, None),
     "destinations": (
         "downstream destinations: add NAME URL --events … | list | disable | enable | remove NAME",

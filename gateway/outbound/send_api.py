@@ -113,6 +113,8 @@ class SendApi:
             message = validate(body)
         except Invalid as exc:
             return problem(400, "invalid message", "; ".join(exc.errors), errors=exc.errors)
+        if not self.settings.may_send_from(tenant, message.phone_number_id):
+            return problem(403, "phone_number_id not allowed", "This tenant may not send from this number.")
         req = SendRequest(tenant, key, fingerprint(body), self.settings.provider_for(tenant), message)
         try:
             return await self._claim_and_answer(req)

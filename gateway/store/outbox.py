@@ -192,6 +192,7 @@ async def _transition(conn: Conn, query: str, key: str, tenant: str | None, verb
 
 
 RELEASABLE = frozenset({OutboxState.REVIEW, OutboxState.UNKNOWN, OutboxState.FAILED})
+CANCELLABLE = RELEASABLE | {OutboxState.PENDING}
 
 
 def reached_provider(row: OutboxRow) -> str | None:
@@ -214,6 +215,8 @@ async def release_bulk(
 ) -> Bulk:
     """Release every row in ``state`` changed in [since, until) (of ``tenant``), except rows
     that reached the provider."""
+    if OutboxState(state) not in RELEASABLE:
+        raise ValueError(f"only review, unknown or failed rows can be released, not {state}")
     r = await conn.fetchrow(q("outbox_release_bulk"), str(OutboxState(state)), since, until, tenant)
     assert r is not None
     return Bulk(int(r["done"]), int(r["refused"]))
@@ -223,6 +226,8 @@ async def cancel_bulk(
     conn: Conn, *, state: OutboxState | str, since: float | None, until: float | None, tenant: str | None
 ) -> Bulk:
     """Cancel every row in ``state`` changed in [since, until) (of ``tenant``)."""
+    if OutboxState(state) not in CANCELLABLE:
+        raise ValueError(f"only pending, review, unknown or failed rows can be cancelled, not {state}")
     r = await conn.fetchrow(q("outbox_cancel_bulk"), str(OutboxState(state)), since, until, tenant)
     assert r is not None
     return Bulk(int(r["done"]), int(r["refused"]))

@@ -80,3 +80,15 @@ async def wake_rows(conn: Conn, b: BreakerId, *, now: float) -> int:
     """The rows a closed breaker held back are due at ``now``; returns how many."""
     status: str = await conn.execute(q("breakers_wake_rows"), b.scope, b.provider, b.key, now)
     return int(status.split()[-1])
+
+
+async def resume(conn: asyncpg.Connection, b: BreakerId, *, now: float) -> bool:
+    """An operator closes a breaker: its rows are due now. False: it was not open."""
+    async with conn.transaction():
+        await lock(conn, [b.lock_key])
+        current = await get_breakers(conn, [b])
+        if b not in current:
+            return False
+        await put_breakers(conn, {b: Breaker("closed")})
+        await wake_rows(conn, b, now=now)
+    return True

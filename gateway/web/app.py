@@ -136,6 +136,8 @@ def build_app(settings: Settings, *, workers: bool = True) -> web.Application:
     app.cleanup_ctx.append(_committer)
     if not settings.meta_app_secrets:
         log.warning("GATEWAY_META_APP_SECRETS is empty: every Meta webhook POST will get 401")
+    if settings.api_keys and not settings.tenant_numbers:
+        log.warning("GATEWAY_TENANT_NUMBERS is unset: any tenant may send from any phone_number_id")
     # Background workers, each owned by a cleanup_ctx so shutdown stops them in order.
     inbound = workers and settings.run_consumers
     outbound = workers and settings.run_sender
