@@ -26,24 +26,14 @@ Command = Callable[[Settings, argparse.Namespace], int]
 
 
 def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
-    from aiohttp import web
-
     from gateway.web.app import build_app
 
-    settings, _server = runtime.resolve_database(settings)
+    settings, server = runtime.resolve_database(settings)
     runtime.install_uvloop()
     app = build_app(settings)
     log.info("settings: %s", settings.redacted())
     runtime.tune_gc()
-    web.run_app(
-        app,
-        host=settings.host,
-        port=settings.port,
-        access_log=None,
-        shutdown_timeout=10,
-        print=lambda msg: log.info("%s", msg.strip()),
-    )
-    return 0
+    return runtime.serve_http(app, settings, embedded=server)
 
 
 def cmd_migrate(settings: Settings, ns: argparse.Namespace) -> int:

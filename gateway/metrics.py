@@ -26,6 +26,13 @@ COMMIT_SECONDS = Histogram(
     "Duration of one group-commit INSERT+COMMIT",
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
+HTTP_CONNECTIONS = Gauge("gateway_http_connections", "Open HTTP connections")
+HTTP_CONNECTIONS_REFUSED = Counter(
+    "gateway_http_connections_refused_total", "Connections closed at once: GATEWAY_MAX_CONNECTIONS reached"
+)
+WEBHOOK_BODY_BYTES_INFLIGHT = Gauge(
+    "gateway_webhook_body_bytes_inflight", "Webhook body bytes reserved by requests being read"
+)
 COMMIT_FAILURES = Counter("gateway_commit_failures_total", "Group-commit batches that failed")
 INBOX_DEPTH = Gauge("gateway_inbox_depth", "Staged webhook rows not yet processed")
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 from aiohttp import ClientSession
-from aiohttp.test_utils import TestServer
 
 from gateway.core.settings import Settings
 from gateway.store.db import connect, create_pool, migrate, with_database
 from gateway.web.app import build_app
+from gateway.web.server import Listening, listen
 
 META_SECRET = "meta-secret-current"
 META_OLD_SECRET = "meta-secret-previous"
@@ -101,12 +101,12 @@ def settings(db_dsn: str) -> Settings:
 
 @pytest.fixture
 async def start_gateway() -> AsyncIterator[object]:
-    """Start the real app on a real TCP port: ``server = await start_gateway(settings)``."""
-    servers: list[TestServer] = []
+    """Start the real app on a real TCP port, with the production server's limits
+    (gateway.web.server): ``server = await start_gateway(settings)``."""
+    servers: list[Listening] = []
 
-    async def start(s: Settings) -> TestServer:
-        server = TestServer(build_app(s), host="127.0.0.1")
-        await server.start_server()
+    async def start(s: Settings) -> Listening:
+        server = await listen(build_app(s), s, "127.0.0.1", 0)
         servers.append(server)
         return server
 
@@ -116,7 +116,7 @@ async def start_gateway() -> AsyncIterator[object]:
 
 
 @pytest.fixture
-async def gateway(start_gateway: object, settings: Settings) -> TestServer:
+async def gateway(start_gateway: object, settings: Settings) -> Listening:
     return await start_gateway(settings)  # type: ignore[operator, no-any-return]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,7 +144,25 @@ class Settings:
     # HTTP
     host: str = _env("GATEWAY_HOST", "127.0.0.1", _str)
     port: int = _env("GATEWAY_PORT", 8080, _int(0, 65535))
-    max_body_bytes: int = _env("GATEWAY_MAX_BODY_BYTES", 8 * 1024 * 1024, _int(META_MAX_PAYLOAD))
+    max_body_bytes: int = _env(
+        "GATEWAY_MAX_BODY_BYTES", 4 * 1024 * 1024, _int(META_MAX_PAYLOAD), "request body limit (>= 3 MiB)"
+    )
+    max_inflight_body_bytes: int = _env(
+        "GATEWAY_MAX_INFLIGHT_BODY_BYTES",
+        64 * 1024 * 1024,
+        _int(1),
+        "webhook body bytes read at once; 503 past it",
+    )
+    header_timeout_s: float = _env(
+        "GATEWAY_HEADER_TIMEOUT_S",
+        15.0,
+        _float(0.5, 3600),
+        "idle keep-alive plus request headers, per connection",
+    )
+    body_timeout_s: float = _env(
+        "GATEWAY_BODY_TIMEOUT_S", 15.0, _float(0.5, 3600), "to read a webhook body; 408 past it"
+    )
+    max_connections: int = _env("GATEWAY_MAX_CONNECTIONS", 1024, _int(1, 1_000_000), "open HTTP connections")
     log_level: str = _env("GATEWAY_LOG_LEVEL", "INFO", _log_level)
 
     # Group commit of the ingest edge
@@ -284,6 +303,8 @@ class Settings:
             problems.append("GATEWAY_DB_POOL_MIN: must not exceed GATEWAY_DB_POOL_MAX")
         if self.forward_retry_base_ms > self.forward_retry_max_ms:
             problems.append("GATEWAY_FORWARD_RETRY_BASE_MS: must not exceed GATEWAY_FORWARD_RETRY_MAX_MS")
+        if self.max_inflight_body_bytes < self.max_body_bytes:
+            problems.append("GATEWAY_MAX_INFLIGHT_BODY_BYTES: must be at least GATEWAY_MAX_BODY_BYTES")
         if self.retry_base_ms > self.retry_max_ms:
             problems.append("GATEWAY_RETRY_BASE_MS: must not exceed GATEWAY_RETRY_MAX_MS")
         for tenant, provider in self.tenant_providers:
@@ -336,13 +357,29 @@ class Settings:
 _SINGLE_SECRETS = {"tenashi_secret", "graph_token", "tenashi_token", "meta_verify_token"}
 
 
+# A password given as a query parameter (``?password=``, ``sslpassword=``) or as a libpq
+# keyword (``password=... host=...``): the value runs to the next separator, or is quoted.
+_PASSWORD_PARAM = re.compile(r"(?i)((?:^|[?&;\s])[a-z_]*password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&;\s#]*)")
+
+
 def _redact_dsn(dsn: str) -> str:
+    """The DSN with every password replaced by ``***``; over-redacts rather than leak."""
     scheme, sep, rest = dsn.partition("://")
-    if not sep or "@" not in rest:
-        return dsn
-    creds, _, host = rest.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}"
+    if not sep:  # libpq keyword form (``host=db password=...``) or something unknown
+        return _PASSWORD_PARAM.sub(r"\1***", dsn)
+    creds, at, hostpart = rest.rpartition("@")
+    if at:
+        user = creds.split(":", 1)[0]
+        rest = f"{user}:***@{hostpart}" if ":" in creds else f"{user}@{hostpart}"
+    else:
+        # No userinfo: a ``host:port`` whose "port" is not a number is a mangled
+        # ``user:password`` (the ``@`` forgotten), so hide it.
+        end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+        netloc = rest[:end]
+        host, colon, port = netloc.rpartition(":")
+        if colon and not port.isdigit() and not netloc.endswith("]"):
+            rest = f"{host}:***{rest[end:]}"
+    return scheme + "://" + _PASSWORD_PARAM.sub(r"\1***", rest)
 
 
 def env_names() -> list[tuple[str, str, str]]:

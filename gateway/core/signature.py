@@ -50,6 +50,24 @@ def _matches_any(expected: bytes, body: bytes, secrets: Iterable[str]) -> bool:
     return ok
 
 
+def meta_header_ok(header: str | None) -> bool:
+    """True when ``header`` has the shape of Meta's signature (``sha256=`` + 64 hex digits).
+
+    Checked before the body is read: a request that cannot be valid costs no body bytes.
+    """
+    return header is not None and _parse_hex(header.strip().lower(), META_PREFIX) is not None
+
+
+def tenashi_header_ok(header: str | None, scheme: str = "hmac-sha256-hex", prefix: str = "sha256=") -> bool:
+    """True when ``header`` has the shape of a Tenashi signature under ``scheme``/``prefix``."""
+    if not header:
+        return False
+    value = header.strip()
+    if scheme == "hmac-sha256-base64":
+        return _parse_b64(value, prefix) is not None
+    return _parse_hex(value.lower(), prefix.lower()) is not None
+
+
 def verify_meta(body: bytes, header: str | None, secrets: Iterable[str]) -> bool:
     """True when ``header`` is a valid ``sha256=<hex>`` HMAC of ``body`` under any secret."""
     if not header:

@@ -5,6 +5,7 @@ A POST is answered 200 only after its raw bytes are committed to ``webhook_inbox
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -13,8 +14,9 @@ from aiohttp import web
 
 from gateway import metrics
 from gateway.core.enums import Source
+from gateway.core.limits import ByteBudget
 from gateway.core.settings import Settings
-from gateway.core.signature import verify_meta, verify_tenashi
+from gateway.core.signature import meta_header_ok, tenashi_header_ok, verify_meta, verify_tenashi
 from gateway.httpkit import problem
 from gateway.inbound.groupcommit import GroupCommitter, Unavailable
 
@@ -32,6 +34,8 @@ class Webhooks:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.committer: GroupCommitter | None = None
+        # Bytes of bodies being read right now, across requests.
+        self.budget = ByteBudget(settings.max_inflight_body_bytes)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -55,7 +59,10 @@ class Webhooks:
         if not ok:
             log.info("webhook verification refused (mode=%r)", mode[:20])
             return problem(403, "verification failed")
-        return web.Response(text=challenge, content_type="text/plain")
+        # The challenge is echoed as given: never let a browser sniff it into HTML.
+        return web.Response(
+            text=challenge, content_type="text/plain", headers={"X-Content-Type-Options": "nosniff"}
+        )
 
     async def _stage(self, source: Source, body: bytes, delivery_id: str | None) -> web.Response:
         started = time.perf_counter()
@@ -72,29 +79,82 @@ class Webhooks:
         _STORED[source].inc()
         return web.Response(body=b"OK", content_type="text/plain")
 
-    async def _read_body(self, request: web.Request, source: Source) -> bytes | web.Response:
+    def _refuse(self, source: Source, outcome: str, status: int, title: str, **headers: str) -> web.Response:
+        """An answer given without reading the body: the connection is closed after it (aiohttp
+        reads and discards for a moment first, so the client sees this rather than a reset)."""
+        metrics.WEBHOOK_REQUESTS.labels(source.value, outcome).inc()
+        resp = problem(status, title, headers=headers or None)
+        resp.force_close()
+        return resp
+
+    async def _read_body(
+        self, request: web.Request, source: Source, signed: bool, header_name: str
+    ) -> bytes | web.Response:
+        """The raw body, read only once the request could be valid, within the time and byte limits.
+
+        Every check that needs no body comes first: a signature header that is missing or
+        malformed (401), an encoded body (415: a signature covers the bytes sent, and inflating
+        costs CPU), a declared length over the limit (413), and the bytes already being read
+        by other requests (503). The body is then read under ``GATEWAY_BODY_TIMEOUT_S`` (408).
+        """
+        s = self.settings
+        if not signed:
+            return self._refuse(source, "bad_signature", 401, f"missing or malformed {header_name}")
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        if encoding not in ("", "identity"):
+            return self._refuse(
+                source, "encoded", 415, "Content-Encoding is not supported: send the body as is"
+            )
+        limit = s.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            return self._refuse(source, "too_large", 413, f"body larger than {limit} bytes")
+        # A chunked body has no declared length: reserve the most it may be.
+        reserve = length if length is not None else limit
+        if not self.budget.take(reserve):
+            return self._refuse(
+                source, "busy", 503, "too many bodies being read, retry later", **{"Retry-After": "1"}
+            )
+        metrics.WEBHOOK_BODY_BYTES_INFLIGHT.set(self.budget.in_use)
         try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            metrics.WEBHOOK_REQUESTS.labels(source.value, "too_large").inc()
-            return problem(413, f"body larger than {self.settings.max_body_bytes} bytes")
+            async with asyncio.timeout(s.body_timeout_s):
+                return await _read_raw(request, limit)
+        except _TooLarge:
+            return self._refuse(source, "too_large", 413, f"body larger than {limit} bytes")
+        except TimeoutError:
+            return self._refuse(source, "slow", 408, f"body not received within {s.body_timeout_s:g} s")
+        except CLIENT_GONE as exc:
+            # Nobody is left to answer; not an error of ours.
+            log.debug("webhook body not received: %s", type(exc).__name__)
+            return self._refuse(source, "aborted", 400, "body not received")
+        finally:
+            self.budget.release(reserve)
+            metrics.WEBHOOK_BODY_BYTES_INFLIGHT.set(self.budget.in_use)
 
     async def meta_post(self, request: web.Request) -> web.Response:
-        body = await self._read_body(request, Source.META)
+        header = request.headers.get("X-Hub-Signature-256")
+        body = await self._read_body(
+            request,
+            Source.META,
+            meta_header_ok(header) and bool(self.settings.meta_app_secrets),
+            "X-Hub-Signature-256",
+        )
         if isinstance(body, web.Response):
             return body
-        header = request.headers.get("X-Hub-Signature-256")
         if not verify_meta(body, header, self.settings.meta_app_secrets):
             metrics.WEBHOOK_REQUESTS.labels("meta", "bad_signature").inc()
             return problem(401, "missing or invalid X-Hub-Signature-256")
         return await self._stage(Source.META, body, None)
 
     async def tenashi_post(self, request: web.Request) -> web.Response:
-        body = await self._read_body(request, Source.TENASHI)
-        if isinstance(body, web.Response):
-            return body
         s = self.settings
         header = request.headers.get(s.tenashi_signature_header)
+        well_formed = tenashi_header_ok(header, s.tenashi_signature_scheme, s.tenashi_signature_prefix)
+        body = await self._read_body(
+            request, Source.TENASHI, well_formed and bool(s.tenashi_secret), s.tenashi_signature_header
+        )
+        if isinstance(body, web.Response):
+            return body
         if not verify_tenashi(
             body, header, s.tenashi_secret, s.tenashi_signature_scheme, s.tenashi_signature_prefix
         ):
@@ -104,3 +164,23 @@ class Webhooks:
         if delivery_id is not None:
             delivery_id = delivery_id.strip()[:MAX_DELIVERY_ID] or None
         return await self._stage(Source.TENASHI, body, delivery_id)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+# The client closed the connection or sent a broken body (a truncated chunk, say).
+CLIENT_GONE = (ConnectionError, web.RequestPayloadError, asyncio.IncompleteReadError)
+
+
+async def _read_raw(request: web.Request, limit: int) -> bytes:
+    """The body exactly as received (the server does not inflate it), at most ``limit`` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.readany():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)

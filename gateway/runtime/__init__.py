@@ -13,10 +13,12 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import asyncpg
+from aiohttp import web
 
 from gateway.core.settings import Settings
 from gateway.maintenance import jobs
 from gateway.store.db import connect, create_pool, migrate_dsn
+from gateway.web import server
 
 log = logging.getLogger("gateway")
 
@@ -59,6 +61,26 @@ def resolve_database(settings: Settings) -> tuple[Settings, Any]:
 
     server, dsn = embedded.start(settings.data_dir)
     return dataclasses.replace(settings, database_url=dsn), server
+
+
+def serve_http(app: web.Application, settings: Settings, *, embedded: Any = None) -> int:
+    """Serve ``app`` with the edge limits (gateway.web.server) until SIGTERM/SIGINT."""
+
+    async def go() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        listening = await server.listen(app, settings, settings.host, settings.port, shutdown_timeout=10)
+        log.info("listening on http://%s:%d", settings.host, listening.port)
+        try:
+            await stop.wait()
+        finally:
+            log.info("shutting down")
+            await listening.close()
+        return 0
+
+    return run(go())
 
 
 def run(coro: Coroutine[Any, Any, int]) -> int:

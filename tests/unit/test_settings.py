@@ -100,3 +100,37 @@ def test_env_names_cover_fixed_interface() -> None:
         "GATEWAY_API_KEYS",
     ):
         assert fixed in names
+
+
+@pytest.mark.parametrize(
+    ("dsn", "shown", "secret"),
+    [
+        ("postgresql://user:hunter2@db:5432/x", "postgresql://user:***@db:5432/x", "hunter2"),
+        ("postgresql://user:p@ss@db/x", "postgresql://user:***@db/x", "p@ss"),
+        ("postgresql://user@db/x", "postgresql://user@db/x", None),
+        ("postgresql://db/x?user=u&password=hunter2", "postgresql://db/x?user=u&password=***", "hunter2"),
+        (
+            "postgresql://db/x?password=hunter2&sslmode=require",
+            "postgresql://db/x?password=***&sslmode=require",
+            "hunter2",
+        ),
+        (
+            "postgresql:///x?host=/run/pg&PASSWORD=hunter2",
+            "postgresql:///x?host=/run/pg&PASSWORD=***",
+            "hunter2",
+        ),
+        ("postgresql://u:a@db/x?sslpassword=hunter2", "postgresql://u:***@db/x?sslpassword=***", "hunter2"),
+        ("postgresql://u@db/x?app=a@b&password=hunter2", None, "hunter2"),
+        ("postgresql://user:hunter2/x", "postgresql://user:***/x", "hunter2"),
+        ("postgresql://db:5432/x", "postgresql://db:5432/x", None),
+        ("postgresql://[::1]/x", "postgresql://[::1]/x", None),
+        ("host=db user=u password=hunter2 dbname=x", "host=db user=u password=*** dbname=x", "hunter2"),
+        ("host=db password='hun ter2' dbname=x", "host=db password=*** dbname=x", "hun ter2"),
+    ],
+)
+def test_dsn_passwords_are_redacted(dsn: str, shown: str | None, secret: str | None) -> None:
+    out = Settings(database_url=dsn).redacted()["database_url"]
+    if shown is not None:
+        assert out == shown
+    if secret is not None:
+        assert secret not in out

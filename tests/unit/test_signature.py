@@ -4,7 +4,14 @@ import hmac
 
 import pytest
 
-from gateway.core.signature import sign_meta, sign_tenashi, verify_meta, verify_tenashi
+from gateway.core.signature import (
+    meta_header_ok,
+    sign_meta,
+    sign_tenashi,
+    tenashi_header_ok,
+    verify_meta,
+    verify_tenashi,
+)
 
 BODY = b'{"text":"Gr\\u00fc\\u00dfe \\/ \\ud83d\\ude00"}'
 S1, S2 = "secret-one", "secret-two"
@@ -65,3 +72,38 @@ def test_verify_tenashi(scheme: str, prefix: str, header: str, ok: bool) -> None
 
 def test_verify_tenashi_without_secret_refuses() -> None:
     assert not verify_tenashi(BODY, "sha256=" + hexsig(BODY, ""), "")
+
+
+@pytest.mark.parametrize(
+    ("header", "ok"),
+    [
+        ("sha256=" + "ab" * 32, True),
+        (" SHA256=" + "AB" * 32 + " ", True),
+        ("sha256=" + "ab" * 31, False),
+        ("sha256=" + "zz" * 32, False),
+        ("sha1=" + "ab" * 32, False),
+        ("ab" * 32, False),
+        ("", False),
+        (None, False),
+    ],
+)
+def test_meta_header_shape_is_checked_without_the_body(header: str | None, ok: bool) -> None:
+    assert meta_header_ok(header) is ok
+    if ok:  # a well-formed header is exactly one that verify_meta could accept
+        assert verify_meta(b"x", header, (S1,)) is False
+
+
+@pytest.mark.parametrize(
+    ("header", "scheme", "prefix", "ok"),
+    [
+        ("sha256=" + "ab" * 32, "hmac-sha256-hex", "sha256=", True),
+        ("ab" * 32, "hmac-sha256-hex", "", True),
+        ("sha256=" + "ab" * 32, "hmac-sha256-hex", "v1=", False),
+        ("sha256=" + base64.b64encode(b"k" * 32).decode(), "hmac-sha256-base64", "sha256=", True),
+        ("sha256=" + base64.b64encode(b"k" * 31).decode(), "hmac-sha256-base64", "sha256=", False),
+        ("sha256=!!!!", "hmac-sha256-base64", "sha256=", False),
+        (None, "hmac-sha256-hex", "sha256=", False),
+    ],
+)
+def test_tenashi_header_shape(header: str | None, scheme: str, prefix: str, ok: bool) -> None:
+    assert tenashi_header_ok(header, scheme, prefix) is ok
