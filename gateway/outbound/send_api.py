@@ -194,7 +194,11 @@ class SendApi:
         if tenant is None:
             return unauthorized()
         key = request.match_info["key"]
-        row = await outbox.get(self._pool(), tenant=tenant, key=key)
+        try:
+            row = await outbox.get(self._pool(), tenant=tenant, key=key)
+        except DB_ERRORS as exc:
+            log.warning("message state not read: database %s", type(exc).__name__)
+            return problem(503, "database unavailable, retry later", headers={"Retry-After": "5"})
         if row is None:
             return problem(404, "no message with this key")
         return web.json_response(
