@@ -24,12 +24,21 @@ from gateway import metrics
 from gateway.core.aio import sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.enums import InboxState
+from gateway.core.limits import LogThrottle
 from gateway.core.planning import Plan, describe, plan_batch
 from gateway.core.settings import Settings
 from gateway.store import inbox
 from gateway.store.db import Conn, connect
 
 log = logging.getLogger(__name__)
+# A database outage fails every batch and row alike: at most one line per kind per 10 s.
+_WARN = LogThrottle(10.0)
+
+
+def _warn(kind: str, msg: str, *args: object) -> None:
+    held = _WARN.allow(kind, time.monotonic())
+    if held is not None:
+        log.warning(msg + "%s", *args, _WARN.suffix(held))
 
 
 class Consumer:
@@ -66,7 +75,9 @@ class Consumer:
                 if not ids or conn.is_closed():
                     raise
                 metrics.CONSUMER_FALLBACKS.inc()
-                log.warning("batch of %d rows failed (%s); retrying one by one", len(ids), describe(exc))
+                _warn(
+                    "fallback", "batch of %d rows failed (%s); retrying one by one", len(ids), describe(exc)
+                )
                 await self._one_by_one(conn, ids)
             else:
                 _observe(plan, result)
@@ -104,7 +115,7 @@ class Consumer:
             log.error("inbox row %d parked as dead after %d attempts: %s", inbox_id, attempts + 1, exc)
         elif state is InboxState.PENDING:
             metrics.CONSUMER_FAILURES.inc()
-            log.warning("inbox row %d failed (attempt %d), retry in %.1fs", inbox_id, attempts + 1, delay)
+            _warn("row", "inbox row %d failed (attempt %d), retry in %.1fs", inbox_id, attempts + 1, delay)
 
     async def run(self, stop: asyncio.Event) -> None:
         poll_s = self._s.consumer_poll_ms / 1000
@@ -113,7 +124,7 @@ class Consumer:
             try:
                 claimed = await self.process_batch()
             except Exception as exc:
-                log.warning("consumer batch failed: %s", describe(exc))
+                _warn("batch", "consumer batch failed: %s", describe(exc))
                 claimed = 0
             if claimed:
                 continue

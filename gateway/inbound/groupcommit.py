@@ -22,9 +22,12 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from gateway import metrics
+from gateway.core.limits import LogThrottle
 from gateway.store import inbox
 
 log = logging.getLogger(__name__)
+# A database outage fails every batch: one line per 10 s says so, with how many were held back.
+_WARN = LogThrottle(10.0)
 
 
 class Unavailable(Exception):
@@ -142,7 +145,11 @@ class GroupCommitter:
                 conn = None
             reason = "timeout" if isinstance(exc, TimeoutError) else "unavailable"
             metrics.COMMIT_FAILURES.inc()
-            log.warning("group commit of %d rows failed: %s", len(batch), type(exc).__name__)
+            held = _WARN.allow("commit", time.monotonic())
+            if held is not None:
+                log.warning(
+                    "group commit of %d rows failed: %s%s", len(batch), type(exc).__name__, _WARN.suffix(held)
+                )
             _fail(batch, Unavailable(reason))
         else:
             self.batches_written += 1

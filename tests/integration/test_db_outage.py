@@ -11,8 +11,11 @@ import asyncpg
 import pytest
 from aiohttp import ClientSession
 
+from gateway.core.signature import sign_meta
 from gateway.store.db import database_name
 from gateway.web.server import Listening
+from tests.conftest import META_SECRET
+from tests.payloads import message_payload, meta_bytes
 
 AUTH = {"Authorization": "Bearer acme-api-key-0123456789"}
 
@@ -46,3 +49,17 @@ async def test_message_state_with_the_database_down_is_503(
             assert r.headers["Retry-After"]
     ours = [r for r in caplog.records if r.name.startswith(("gateway", "aiohttp"))]
     assert not [r for r in ours if r.levelno >= logging.ERROR or r.exc_info]
+
+
+async def test_an_outage_logs_a_few_warnings_not_one_per_batch(
+    http: ClientSession, gateway: Listening, outage: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    await outage()  # type: ignore[operator]
+    caplog.set_level(logging.WARNING)
+    body = meta_bytes(message_payload("wamid.outage"))
+    headers = {"X-Hub-Signature-256": sign_meta(body, META_SECRET)}
+    for _ in range(20):  # sequential: every request is a batch of its own, and every batch fails
+        async with http.post(gateway.make_url("/webhooks/meta"), data=body, headers=headers) as r:
+            assert r.status == 503
+    lines = [r for r in caplog.records if r.name == "gateway.inbound.groupcommit"]
+    assert len(lines) <= 1, [r.getMessage() for r in lines]
