@@ -11,12 +11,12 @@ import logging
 import asyncpg
 import pytest
 from aiohttp import ClientSession
+from tests.payloads import message_payload, meta_bytes
 
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
 from gateway.web.server import Listening
 from tests.conftest import META_SECRET, VERIFY_TOKEN, replace
-from tests.payloads import message_payload, meta_bytes
 
 # A header that has the right shape but signs nothing: it gets a request as far as its body.
 FORGED = "sha256=" + "ab" * 32

@@ -54,7 +54,9 @@ async def test_embedded_server_is_supervised(tmp_path: Path) -> None:
         assert pgwatch.postmaster_running(pgdata)
         gw.send_signal(signal.SIGKILL)
         gw.wait()
-        await until(lambda: not pgwatch.postmaster_running(pgdata), "server still running after a gateway SIGKILL")
+        await until(
+            lambda: not pgwatch.postmaster_running(pgdata), "server left running by a SIGKILLed gateway"
+        )
 
         # 2. A new gateway starts it again; then the server dies under it.
         gw, base = spawn_embedded(data, tmp_path / "gw2.log")
