@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 from aiohttp import ClientSession
-from tests.payloads import message_payload, meta_bytes
 
 from gateway.core.signature import sign_meta
 from gateway.store.db import database_name
+from gateway.testing.payloads import message_payload, meta_bytes
 from gateway.web.server import Listening
 from tests.conftest import META_SECRET
 

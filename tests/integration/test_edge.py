@@ -11,10 +11,10 @@ import logging
 import asyncpg
 import pytest
 from aiohttp import ClientSession
-from tests.payloads import message_payload, meta_bytes
 
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
+from gateway.testing.payloads import message_payload, meta_bytes
 from gateway.web.server import Listening
 from tests.conftest import META_SECRET, VERIFY_TOKEN, replace
 
