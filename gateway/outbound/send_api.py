@@ -34,7 +34,13 @@ CLAIM_LEASE_S = 30.0
 RETRY_AFTER_S = "1"
 _KEY_CHARS = re.compile(r"^[\x21-\x7e]+$")  # visible ASCII: safe in headers, logs and URLs
 OPENAPI_PATH = Path(__file__).with_name("openapi.json")
-DB_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
+DB_ERRORS = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
 
 
 def _key_problem(key: str | None) -> web.Response | None:

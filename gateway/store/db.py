@@ -15,6 +15,15 @@ log = logging.getLogger(__name__)
 
 # Arbitrary but fixed: serialises migrations across replicas starting at once.
 MIGRATION_LOCK_ID = 0x6761_7465_7761_79  # "gateway"
+# What a database that is down, restarting or unreachable raises. InternalClientError comes
+# from a connection terminated by the server while asyncpg was mid-operation on it.
+DB_ERRORS = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
 
 Pool = asyncpg.Pool
 # What a store function runs on: a connection, a pool, or a pool's connection.
