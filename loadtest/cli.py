@@ -33,17 +33,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench-ingest", help="gateway vs bare verify-only vs insert-per-request handler")
     bench_ingest.add_args(p)
     p.set_defaults(func=_asyncio(bench_ingest.main))
-    for name, what in (("bench-consumers", "the consumer benchmark"), ("bench-send", "the send benchmark")):
+    for name, what in (
+        ("bench-consumers", "the consumer benchmark"),
+        ("bench-send", "the send benchmark"),
+        ("bench-forward", "the forwarder benchmark"),
+    ):
         p = sub.add_parser(name, help=f"{what} (arguments after the name go to it)", add_help=False)
     return parser
 
 
 def _bench(name: str) -> Callable[[list[str]], int]:
-    from loadtest import bench_consumers, bench_send
+    from loadtest import bench_consumers, bench_forward, bench_send
 
     mains: dict[str, Callable[[list[str]], int]] = {
         "bench-consumers": bench_consumers.main,
         "bench-send": bench_send.main,
+        "bench-forward": bench_forward.main,
     }
     return mains[name]
 
@@ -52,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     setup_logging("WARNING")
     parser = build_parser()
-    if argv and argv[0] in ("bench-consumers", "bench-send"):
+    if argv and argv[0] in ("bench-consumers", "bench-send", "bench-forward"):
         return _bench(argv[0])(argv[1:])
     ns = parser.parse_args(argv)
     code: int = ns.func(ns)

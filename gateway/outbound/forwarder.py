@@ -3,10 +3,11 @@
 Deliveries are inserted by the consumers in the same transaction as their event's key (see
 ``inbox_apply_batch``). A forwarder claims due ones in a short transaction (``FOR UPDATE SKIP
 LOCKED``, serialised across forwarders so per-destination limits hold), woken by ``LISTEN
-deliveries`` with polling as a fallback, keeps up to ``forward_concurrency`` requests in flight,
-and writes outcomes in batches. What an answer means is ``gateway.core.forwarding.decide``;
-signing is ``gateway.core.stdwebhooks``; both pure. The circuit breaker lives in the
-``destinations`` row, so every forwarder sees the same state.
+deliveries`` with polling as a fallback, keeps up to ``forward_concurrency`` requests in flight
+(and as many claimed ones queued for a slot), and writes outcomes in batches. What an answer
+means is ``gateway.core.forwarding.decide``; signing is ``gateway.core.stdwebhooks``; both
+pure. The circuit breaker lives in the ``destinations`` row, so every forwarder sees the same
+state.
 """
 
 from __future__ import annotations
@@ -39,10 +40,23 @@ MAX_ERROR_BODY = 200
 # Expired leases and cooled-down breakers are looked at this often, not on every claim.
 HOUSEKEEPING_S = 0.5
 STOP_GRACE_S = 5.0
+PREFETCH = 2
 
 
 def _setter(event: asyncio.Event) -> Callable[[Any], None]:
     return lambda _conn: event.set()
+
+
+def _merge(
+    earlier: list[tuple[int, bool, int]], later: list[tuple[int, bool, int]]
+) -> list[tuple[int, bool, int]]:
+    """Breaker tallies of two rounds, one per destination, as if counted in one."""
+    out = {dest: (ok, fails) for dest, ok, fails in earlier}
+    for dest, ok, fails in later:
+        if dest in out and not ok:
+            ok, fails = out[dest][0], out[dest][1] + fails
+        out[dest] = (ok, fails)
+    return [(dest, ok, fails) for dest, (ok, fails) in out.items()]
 
 
 class Attempt:
@@ -77,6 +91,9 @@ class Forwarder:
         self._keys: dict[str, bytes] = {}
         self._session: aiohttp.ClientSession | None = None
         self._housekept = 0.0
+        self._free_before = 0
+        self._slots = asyncio.Semaphore(settings.forward_concurrency)
+        self._unwritten: tuple[list[deliveries.Result], list[tuple[int, bool, int]]] = ([], [])
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -101,23 +118,41 @@ class Forwarder:
     # --- one round: write outcomes, claim, start requests -------------------------------------
 
     async def step(self) -> int:
-        """Write finished attempts, then claim what free slots allow and start them; claimed count."""
-        async with self.pool.acquire() as conn:
-            await self._flush(conn)
-            free = self.settings.forward_concurrency - len(self._tasks)
-            if free <= 0:
-                return 0
-            now = time.monotonic()
-            housekeeping = now - self._housekept >= HOUSEKEEPING_S
-            if housekeeping:
-                self._housekept = now
-            claimed, half_open = await deliveries.claim(
-                conn,
-                limit=min(free, self.settings.forward_batch),
-                lease_s=self.settings.forward_lease_s,
-                cooldown_s=self.settings.forward_breaker_cooldown_s,
-                housekeeping=housekeeping,
-            )
+        """Write finished attempts, claim what free slots allow and start them; claimed count."""
+        s = self.settings
+        results, breakers = self._outcomes()
+        if self._unwritten:  # outcomes a failed round could not write: try them again
+            results = self._unwritten[0] + results
+            breakers = _merge(self._unwritten[1], breakers)
+            self._unwritten = ([], [])
+        # Claimed deliveries queue for a request slot, up to one more round than there are
+        # slots: a finished request's slot goes to the next one at once, not after a round trip.
+        free = PREFETCH * s.forward_concurrency - len(self._tasks)
+        self._free_before = free
+        limit = min(free, s.forward_batch)
+        now = time.monotonic()
+        housekeeping = now - self._housekept >= HOUSEKEEPING_S
+        if housekeeping:
+            self._housekept = now
+        if not results and limit <= 0 and not housekeeping:
+            return 0
+        try:
+            async with self.pool.acquire() as conn:
+                claimed, changes, half_open = await deliveries.cycle(
+                    conn,
+                    results=results,
+                    breakers=breakers,
+                    threshold=s.forward_breaker_failures,
+                    limit=limit,
+                    lease_s=s.forward_lease_s,
+                    cooldown_s=s.forward_breaker_cooldown_s,
+                    housekeeping=housekeeping,
+                )
+        except BaseException:
+            self._unwritten = (results, breakers)
+            raise
+        for name, old, new in changes:
+            log.warning("destination %s: breaker %s -> %s", name, old, new)
         for name in half_open:
             log.info("destination %s: breaker half-open, probing", name)
         for c in claimed:
@@ -135,15 +170,18 @@ class Forwarder:
     async def _attempt(self, c: deliveries.Claimed) -> None:
         a = Attempt(c)
         try:
-            ts = int(self.clock.now())
-            headers = stdwebhooks.headers(self._key(c.secret), c.webhook_id, ts, c.body)
-            headers["Content-Type"] = "application/json"
-            async with self.session.post(c.url, data=c.body, headers=headers, allow_redirects=False) as resp:
-                a.status = resp.status
-                a.retry_after = resp.headers.get("Retry-After")
-                if not 200 <= resp.status < 300:
-                    text = await resp.content.read(MAX_ERROR_BODY)
-                    a.error = " ".join(text.decode("utf-8", "replace").split())[:MAX_ERROR_BODY] or None
+            async with self._slots:
+                ts = int(self.clock.now())
+                headers = stdwebhooks.headers(self._key(c.secret), c.webhook_id, ts, c.body)
+                headers["Content-Type"] = "application/json"
+                async with self.session.post(
+                    c.url, data=c.body, headers=headers, allow_redirects=False
+                ) as resp:
+                    a.status = resp.status
+                    a.retry_after = resp.headers.get("Retry-After")
+                    if not 200 <= resp.status < 300:
+                        text = await resp.content.read(MAX_ERROR_BODY)
+                        a.error = " ".join(text.decode("utf-8", "replace").split())[:MAX_ERROR_BODY] or None
         except TimeoutError:
             a.error = "timeout"
         except aiohttp.ClientError as exc:
@@ -159,10 +197,11 @@ class Forwarder:
         self._done.append(a)
         self.wake.set()
 
-    async def _flush(self, conn: Any) -> None:
-        """Outcomes of finished attempts, and the breaker counts they imply, in one transaction."""
+    def _outcomes(self) -> tuple[list[deliveries.Result], list[tuple[int, bool, int]]]:
+        """Finished attempts as rows to write, and per destination (any success, failures after
+        the last success) for its breaker. Metrics are counted here."""
         if not self._done:
-            return
+            return [], []
         done, self._done = self._done, []
         s = self.settings
         results: list[deliveries.Result] = []
@@ -197,10 +236,7 @@ class Forwarder:
                     "delivery %d (%s) to %s failed after %d attempts: %s",
                     c.id, c.webhook_id, c.destination, c.attempts, d.error,
                 )  # fmt: skip
-        breakers = [(dest, *breaker_tally(oks)) for dest, oks in per_dest.items()]
-        changes = await deliveries.record(conn, results, breakers, threshold=s.forward_breaker_failures)
-        for name, old, new in changes:
-            log.warning("destination %s: breaker %s -> %s", name, old, new)
+        return results, [(dest, *breaker_tally(oks)) for dest, oks in per_dest.items()]
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -218,8 +254,8 @@ class Forwarder:
                     claimed = 0
                     await sleep_unless_stopped(stop, poll_s)
                     continue
-                if claimed and len(self._tasks) < self.settings.forward_concurrency:
-                    continue  # more may be due right now
+                if claimed and claimed == min(self.settings.forward_batch, self._free_before):
+                    continue  # a full claim: more may be due right now
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), poll_s)
         finally:
@@ -234,12 +270,20 @@ class Forwarder:
             for t in pending:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        if self._done:
+        if self._done or self._unwritten[0]:
+            results, breakers = self._outcomes()
+            results = self._unwritten[0] + results
+            breakers = _merge(self._unwritten[1], breakers)
+            n = len(results)
             try:
                 async with self.pool.acquire() as conn:
-                    await self._flush(conn)
+                    await deliveries.cycle(
+                        conn, results=results, breakers=breakers,
+                        threshold=self.settings.forward_breaker_failures,
+                        limit=0, lease_s=0, cooldown_s=0, housekeeping=False,
+                    )  # fmt: skip
             except Exception as exc:  # their leases run out and another forwarder retries them
-                log.warning("could not record %d outcomes at stop: %s", len(self._done), exc)
+                log.warning("could not record %d outcomes at stop: %s", n, exc)
 
     async def _listen(self, stop: asyncio.Event) -> None:
         """Wake on NOTIFY deliveries; on a lost connection reconnect (polling covers the gap)."""

@@ -118,8 +118,11 @@ async def get_destination(conn: Conn, *, name: str) -> asyncpg.Record | None:
 
 
 async def set_enabled(conn: Conn, *, name: str, enabled: bool) -> bool:
-    """True if the destination exists."""
-    return await conn.fetchval(q("destination_set_enabled"), name, enabled) is not None
+    """True if the destination exists. Enabling wakes the forwarders for its backlog."""
+    found = await conn.fetchval(q("destination_set_enabled"), name, enabled) is not None
+    if found and enabled:
+        await conn.execute(q("deliveries_notify"))
+    return found
 
 
 async def remove_destination(conn: Conn, *, name: str) -> int | None:
@@ -131,19 +134,43 @@ async def remove_destination(conn: Conn, *, name: str) -> int | None:
 # --- the forwarder ----------------------------------------------------------------------------
 
 
-async def claim(
-    conn: Tx, *, limit: int, lease_s: float, cooldown_s: float, housekeeping: bool = True
-) -> tuple[list[Claimed], list[str]]:
-    """Claim due deliveries in one short transaction, serialised across forwarders; with
-    ``housekeeping`` first release expired leases and move breakers whose cool-down passed to
-    half-open. Returns (claimed, names of destinations now half-open)."""
+async def cycle(
+    conn: Tx,
+    *,
+    results: Sequence[Result],
+    breakers: Sequence[tuple[int, bool, int]],
+    threshold: int,
+    limit: int,
+    lease_s: float,
+    cooldown_s: float,
+    housekeeping: bool,
+) -> tuple[list[Claimed], list[tuple[str, str, str]], list[str]]:
+    """One forwarder round in one short transaction, serialised across forwarders: write
+    finished attempts and breaker counts; with ``housekeeping`` release expired leases and move
+    breakers whose cool-down passed to half-open; claim up to ``limit`` due deliveries.
+    Returns (claimed, breaker transitions as (destination, old, new), names now half-open)."""
     half: list[str] = []
+    changes: list[tuple[str, str, str]] = []
     async with conn.transaction():
-        await conn.execute(q("deliveries_claim_lock"), CLAIM_LOCK_ID)
+        await conn.execute(q("deliveries_cycle_begin"), CLAIM_LOCK_ID)
+        if results:
+            rows = await conn.fetch(
+                q("deliveries_record"),
+                [r.id for r in results],
+                [r.state for r in results],
+                [r.delay_s for r in results],
+                [r.status for r in results],
+                [r.error for r in results],
+                [b[0] for b in breakers],
+                [b[1] for b in breakers],
+                [b[2] for b in breakers],
+                threshold,
+            )
+            changes = [(r["name"], r["old"], r["new"]) for r in rows]
         if housekeeping:
             await conn.execute(q("deliveries_release_expired"))
             half = [r["name"] for r in await conn.fetch(q("destinations_half_open"), cooldown_s)]
-        rows = await conn.fetch(q("deliveries_claim"), limit, lease_s)
+        rows = await conn.fetch(q("deliveries_claim"), limit, lease_s) if limit > 0 else []
     claimed = [
         Claimed(
             id=r["id"],
@@ -159,38 +186,7 @@ async def claim(
         )
         for r in rows
     ]
-    return claimed, half
-
-
-async def record(
-    conn: Tx,
-    results: Sequence[Result],
-    breakers: Sequence[tuple[int, bool, int]],
-    *,
-    threshold: int,
-) -> list[tuple[str, str, str]]:
-    """Write attempt outcomes and breaker counts in one transaction; breaker transitions
-    as (destination, old, new)."""
-    async with conn.transaction():
-        if results:
-            await conn.execute(
-                q("deliveries_record"),
-                [r.id for r in results],
-                [r.state for r in results],
-                [r.delay_s for r in results],
-                [r.status for r in results],
-                [r.error for r in results],
-            )
-        if not breakers:
-            return []
-        rows = await conn.fetch(
-            q("destinations_breaker_record"),
-            [b[0] for b in breakers],
-            [b[1] for b in breakers],
-            [b[2] for b in breakers],
-            threshold,
-        )
-    return [(r["name"], r["old"], r["new"]) for r in rows if r["old"] != r["new"]]
+    return claimed, changes, half
 
 
 async def gauges(conn: Conn) -> list[Gauge]:

@@ -6,16 +6,24 @@ duplicates and answered 200) and injects faults: a share of 5xx answers, a share
 "timeouts" (the event is processed, the answer comes too late), added latency, a scripted
 answer queue (e.g. 429 with Retry-After) and outages (every request 503 until it ends).
 
-Control endpoints for other processes (loopback only): ``GET /_fake/state``,
-``POST /_fake/config`` (any of ``p_5xx``, ``p_timeout``, ``timeout_s``, ``latency_ms``,
-``outage``), ``DELETE /_fake/state``.
+Control endpoints for other processes (loopback only): ``GET /_fake/state`` (``?ids=1``: every
+processed id with the wall time it arrived), ``POST /_fake/config`` (any of ``p_5xx``,
+``p_timeout``, ``timeout_s``, ``latency_ms``, ``outage``), ``DELETE /_fake/state``.
+
+As its own process (benchmarks, the load harness)::
+
+    FAKE_RECEIVER_SECRET=whsec_... python -m gateway.testing.fake_receiver --port 8091
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import os
 import random
+import signal
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -37,6 +45,7 @@ class ReceiverState:
     attempts: list[str] = field(default_factory=list)  # webhook-id of every attempt, in order
     processed: dict[str, Any] = field(default_factory=dict)  # id -> envelope, first time only
     order: list[str] = field(default_factory=list)  # ids in processing order
+    arrived: dict[str, float] = field(default_factory=dict)  # id -> wall time first processed
     duplicates: Counter[str] = field(default_factory=Counter)
     bad_signatures: int = 0
     answered: Counter[int] = field(default_factory=Counter)
@@ -142,6 +151,7 @@ class FakeReceiver:
         env = orjson.loads(body)
         st.processed[msg_id] = env
         st.order.append(msg_id)
+        st.arrived[msg_id] = time.time()
 
     # --- control ------------------------------------------------------------------------------
 
@@ -160,7 +170,7 @@ class FakeReceiver:
     async def _get_state(self, request: web.Request) -> web.Response:
         out = self.summary()
         if request.query.get("ids"):
-            out["ids"] = list(self.state.processed)
+            out["ids"] = self.state.arrived  # id -> wall time it was first processed
         return web.json_response(out)
 
     async def _reset(self, request: web.Request) -> web.Response:
@@ -187,3 +197,41 @@ class FakeReceiver:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), min(left, 0.2))
         return True
+
+
+async def _serve(secret: str, host: str, port: int, seconds: float) -> None:
+    receiver = FakeReceiver(secret, timeout_s=30.0)
+    url = await receiver.start(host, port)
+    print(f"fake receiver listening on {url}", flush=True)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(TimeoutError):
+        # Bounded: a receiver left behind by a crashed benchmark still goes away.
+        await asyncio.wait_for(stop.wait(), seconds)
+    await receiver.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m gateway.testing.fake_receiver", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8091)
+    p.add_argument("--max-seconds", type=float, default=3600.0, help="exit after this long")
+    ns = p.parse_args(argv)
+    secret = os.environ.get("FAKE_RECEIVER_SECRET", "")
+    if not secret:
+        print("FAKE_RECEIVER_SECRET (whsec_...) is required", file=sys.stderr)
+        return 2
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    asyncio.run(_serve(secret, ns.host, ns.port, ns.max_seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

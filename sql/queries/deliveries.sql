@@ -30,10 +30,16 @@ WITH gone AS (DELETE FROM destinations WHERE name = $1 RETURNING id)
 SELECT g.id, (SELECT count(*) FROM deliveries x WHERE x.destination_id = g.id) AS deliveries
 FROM gone g;
 
--- name: deliveries_claim_lock
--- Claims are serialised across forwarders (one short transaction each), so per-destination
--- in-flight limits and half-open probes are exact however many forwarders run.
-SELECT pg_advisory_xact_lock($1);
+-- name: deliveries_cycle_begin
+-- First statement of a forwarder round. Claims are serialised across forwarders (one short
+-- transaction each; the next statement's snapshot is taken after the lock), so per-destination
+-- limits and half-open probes are exact however many forwarders run.
+-- The round commits without waiting for the WAL flush: a crash of PostgreSQL may forget its
+-- last few ms, i.e. a claim (the rows are due again), an outcome (the lease runs out and the
+-- delivery is sent again with the same webhook-id, which the receiver deduplicates) or a
+-- breaker count. At least once holds; the deliveries themselves are inserted by the
+-- consumers' synchronous commit.
+SELECT set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock($1);
 
 -- name: deliveries_release_expired
 -- Rows of a forwarder that died mid-request: back to pending (at least once, deduplicable).
@@ -92,46 +98,53 @@ RETURNING dl.id, dl.webhook_id, dl.envelope::text AS body, dl.attempts, dl.recei
           dl.window_start, dest.id AS destination_id, dest.name AS destination, dest.url, dest.secret;
 
 -- name: deliveries_record
--- Outcomes of attempts: $1 ids, $2 new states, $3 seconds to the next attempt (pending only),
--- $4 HTTP statuses (NULL: no answer), $5 errors. A row no longer delivering (its lease ran out
--- and another forwarder took it) is left to that forwarder.
-UPDATE deliveries d SET
-    state = r.state,
-    lease_until = NULL,
-    next_attempt_at = CASE WHEN r.state = 'pending'
-                           THEN clock_timestamp() + make_interval(secs => r.delay)
-                           ELSE d.next_attempt_at END,
-    last_status = r.status,
-    last_error = r.error,
-    delivered_at = CASE WHEN r.state = 'delivered' THEN clock_timestamp() ELSE d.delivered_at END
-FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::int[], $5::text[]) AS r(id, state, delay, status, error)
-WHERE d.id = r.id AND d.state = 'delivering'
-RETURNING d.id;
-
--- name: destinations_breaker_record
--- One row per destination that had outcomes: $1 ids, $2 any success, $3 failures after the
--- last success; $4 the threshold. A success closes the breaker and restarts the count; N
--- consecutive failures (or a failed half-open probe) open it. Returns the transitions.
+-- Outcomes of attempts and the breaker counts they imply, in one statement.
+-- $1 ids, $2 new states, $3 seconds to the next attempt (pending only), $4 HTTP statuses
+-- (NULL: no answer), $5 errors. A row no longer delivering (its lease ran out and another
+-- forwarder took it) is left to that forwarder.
+-- $6 destination ids, $7 any success, $8 failures after the last success, $9 the threshold:
+-- a success closes the breaker and restarts the count; N consecutive failures (or a failed
+-- half-open probe) open it. A destination row is written only when its count or state
+-- changes (the common all-2xx batch touches none). Returns the breaker transitions.
 WITH r AS (
-    SELECT * FROM unnest($1::bigint[], $2::bool[], $3::int[]) AS r(id, ok, fails)
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::int[], $5::text[])
+        AS r(id, state, delay, status, error)
+), upd AS (
+    UPDATE deliveries d SET
+        state = r.state,
+        lease_until = NULL,
+        next_attempt_at = CASE WHEN r.state = 'pending'
+                               THEN clock_timestamp() + make_interval(secs => r.delay)
+                               ELSE d.next_attempt_at END,
+        last_status = r.status,
+        last_error = r.error,
+        delivered_at = CASE WHEN r.state = 'delivered' THEN clock_timestamp() ELSE d.delivered_at END
+    FROM r
+    WHERE d.id = r.id AND d.state = 'delivering'
+    RETURNING d.id
+), b AS (
+    SELECT * FROM unnest($6::bigint[], $7::bool[], $8::int[]) AS b(id, ok, fails)
 ), n AS (
-    SELECT d.id, d.name, d.breaker_state AS old, r.ok, r.fails AS new_fails,
-           CASE WHEN r.ok THEN r.fails ELSE d.consecutive_failures + r.fails END AS fails
-    FROM destinations d JOIN r ON r.id = d.id
+    SELECT d.id, d.breaker_state AS old, d.consecutive_failures AS old_fails, b.ok, b.fails AS new_fails,
+           CASE WHEN b.ok THEN b.fails ELSE d.consecutive_failures + b.fails END AS fails
+    FROM destinations d JOIN b ON b.id = d.id
 ), s AS (
     SELECT n.*,
-           CASE WHEN n.fails >= $4 OR (n.old = 'half_open' AND n.new_fails > 0) THEN 'open'
+           CASE WHEN n.fails >= $9 OR (n.old = 'half_open' AND n.new_fails > 0) THEN 'open'
                 WHEN n.ok THEN 'closed'
                 ELSE n.old END AS state
     FROM n
+), brk AS (
+    UPDATE destinations d SET
+        consecutive_failures = s.fails,
+        breaker_state = s.state,
+        breaker_changed_at = CASE WHEN s.state <> s.old THEN now() ELSE d.breaker_changed_at END
+    FROM s
+    WHERE d.id = s.id AND (s.state <> s.old OR s.fails <> s.old_fails)
+    RETURNING d.name, s.old, s.state AS new
 )
-UPDATE destinations d SET
-    consecutive_failures = s.fails,
-    breaker_state = s.state,
-    breaker_changed_at = CASE WHEN s.state <> s.old THEN now() ELSE d.breaker_changed_at END
-FROM s
-WHERE d.id = s.id
-RETURNING d.name, s.old, s.state AS new;
+-- upd runs to completion unreferenced, as every data-modifying CTE does.
+SELECT name, old, new FROM brk;
 
 -- name: deliveries_gauges
 -- Per destination: open deliveries, age of the oldest due one (receipt time), breaker state.
