@@ -166,7 +166,7 @@ async def cycle(
                 [b[2] for b in breakers],
                 threshold,
             )
-            changes = [(r["name"], r["old"], r["new"]) for r in rows]
+            changes = [(r["name"], r["old"], r["new"]) for r in rows if r["old"] != r["new"]]
         if housekeeping:
             await conn.execute(q("deliveries_release_expired"))
             half = [r["name"] for r in await conn.fetch(q("destinations_half_open"), cooldown_s)]
