@@ -1,15 +1,22 @@
-"""What every HTTP handler shares: RFC 9457 problem documents and bearer-key auth."""
+"""What every HTTP handler shares: RFC 9457 problem documents, bearer-key auth, and the
+middleware that answers every error of the app (404, 405, 500, ...) as a problem document."""
 
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 PROBLEM_JSON = "application/problem+json"
+# Headers of an aiohttp HTTPException that describe its own (plain-text) body, not the error.
+_BODY_HEADERS = frozenset({"content-type", "content-length", "content-encoding"})
+
+log = logging.getLogger(__name__)
 
 
 def problem(
@@ -44,3 +51,23 @@ def bearer_tenant(api_keys: Iterable[tuple[str, str]], authorization: str | None
 
 def unauthorized() -> web.Response:
     return problem(401, "missing or invalid API key", headers={"WWW-Authenticate": 'Bearer realm="gateway"'})
+
+
+@web.middleware
+async def problem_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Routing errors and raised HTTP errors become problem documents; so does a crash (500).
+
+    A handler's own answers pass through untouched: only what it (or the router) raises is
+    rewritten, keeping its status and headers such as ``Allow`` on a 405.
+    """
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise  # redirects and the like are not errors
+        headers = {k: v for k, v in exc.headers.items() if k.lower() not in _BODY_HEADERS}
+        return problem(exc.status, exc.reason, headers=headers)
+    except Exception:
+        # The traceback stays in the log; the client learns nothing about the internals.
+        log.exception("unhandled error answering %s %s", request.method, request.rel_url.path)
+        return problem(500, "internal server error")

@@ -1,21 +1,33 @@
-"""Outbound messages as the send API accepts them: validation, fingerprints, callback keys. Pure."""
+"""Outbound messages as the send API accepts them: validation, fingerprints, callback keys. Pure.
+
+Bodies are validated against the request schema of the send API's own OpenAPI document (so the
+document and the checks cannot drift apart) with ``openapi-schema-validator``: the OpenAPI 3.0
+schema dialect (``nullable``, ``discriminator``, ...) on top of ``jsonschema``, with its
+``ecma-regex`` extra so ``pattern`` means what the OpenAPI/JSON Schema specs say (ECMA-262: ``$``
+is the end of the string; Python's ``re`` would also let ``"4915112345678\\n"`` through).
+"""
 
 from __future__ import annotations
 
 import hashlib
-import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from jsonschema.exceptions import ValidationError
+from openapi_schema_validator import OAS30Validator
+from referencing import Registry, Resource
 
 from gateway.core.enums import Provider, UnknownPolicy
 
 # Tenashi takes it as an Idempotency-Key (Stripe's limit: 255); Meta allows 512.
 MAX_CALLBACK_DATA = 255
 POLICIES = tuple(p.value for p in UnknownPolicy)
-_PHONE = re.compile(r"^\+?[0-9]{5,20}$")
-_NUMBER_ID = re.compile(r"^[0-9A-Za-z_-]{1,64}$")
+DEFAULT_BOT = "default"
+REQUEST_SCHEMA = "SendRequest"
+# Error texts quote at most this much of what the client sent.
+_MAX_ERROR = 200
 
 
 class Invalid(Exception):
@@ -32,6 +44,9 @@ class Message:
     phone_number_id: str
     message: dict[str, Any]
     unknown_policy: UnknownPolicy
+    # The inbound message this answers (Meta's context.message_id), and the bot answering it.
+    in_reply_to: str | None = None
+    bot: str = DEFAULT_BOT
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +58,99 @@ class SendRequest:
     fingerprint: str
     provider: Provider
     body: Message
+
+
+class RequestValidator:
+    """Validates send-API bodies against ``components.schemas.SendRequest`` of an OpenAPI document.
+
+    The request schema is a ``oneOf`` with a ``discriminator`` on ``type``: a body whose type the
+    mapping names is checked against that one variant, so its errors are about that variant
+    (``text.body: at most 4096 characters``) instead of "not valid under any of the schemas".
+    """
+
+    def __init__(self, document: Mapping[str, Any]) -> None:
+        root = {"components": document["components"]}
+        disc = root["components"]["schemas"][REQUEST_SCHEMA]["discriminator"]
+        self._tag: str = disc["propertyName"]
+        self._variants = {tag: self._validator(root, ref) for tag, ref in disc["mapping"].items()}
+
+    @staticmethod
+    def _validator(root: dict[str, Any], ref: str) -> OAS30Validator:
+        schema = {**root, "$ref": ref}
+        OAS30Validator.check_schema(schema)
+        return OAS30Validator(schema, registry=Registry().with_resource("", Resource.opaque(schema)))
+
+    def errors(self, body: Any) -> list[str]:
+        """Every problem with the body, sorted; empty when it is valid."""
+        if not isinstance(body, dict):
+            return ["body: must be a JSON object"]
+        variant = self._variants.get(body.get(self._tag))
+        if variant is None:
+            # Without a known tag no variant applies: say what the tag may be, and stop there.
+            return [f"{self._tag}: one of {', '.join(self._variants)}"]
+        found = {_describe(e) for e in variant.iter_errors(body)}
+        seen = {line.split(":", 1)[0] for line in found}
+        found.update(e for e in _nul_errors(body) if e.split(":", 1)[0] not in seen)
+        return sorted(found)
+
+    def validate(self, body: Any) -> Message:
+        """The message a request body asks for, or Invalid listing every problem."""
+        errors = self.errors(body)
+        if errors:
+            raise Invalid(errors)
+        kind = body["type"]
+        return Message(
+            to=body["to"].lstrip("+"),
+            phone_number_id=body["phone_number_id"],
+            message={"type": kind, kind: body[kind]},
+            unknown_policy=UnknownPolicy(body.get("unknown_policy", UnknownPolicy.REVIEW)),
+            in_reply_to=body.get("in_reply_to"),
+            bot=body.get("bot", DEFAULT_BOT),
+        )
+
+
+def _where(error: ValidationError) -> str:
+    return ".".join(str(p) for p in error.absolute_path) or "body"
+
+
+def _describe(error: ValidationError) -> str:
+    """One line per error that never echoes a (possibly huge) value back."""
+    kw, want, instance, schema = error.validator, error.validator_value, error.instance, error.schema
+    where = _where(error)
+    if kw == "type":
+        text = f"must be {'an' if str(want)[0] in 'aeiou' else 'a'} {want}"
+    elif kw == "pattern":
+        text = f"must match {want}"
+    elif kw == "maxLength":
+        text = f"at most {want} characters"
+    elif kw == "minLength":
+        text = f"at least {want} character{'s' if want != 1 else ''}"
+    elif kw == "enum" and isinstance(want, list):
+        text = f"one of {', '.join(str(v) for v in want)}"
+    elif kw == "additionalProperties" and isinstance(instance, dict) and isinstance(schema, Mapping):
+        extra = sorted(set(instance) - set(schema.get("properties", {})))
+        text = f"unknown fields: {', '.join(extra)}"
+    else:  # required, oneOf, ...: jsonschema's own words, which name a field, not a value
+        text = error.message
+    line = f"{where}: {text}"
+    return line if len(line) <= _MAX_ERROR else line[: _MAX_ERROR - 3] + "..."
+
+
+def _nul_errors(body: Any, path: str = "body") -> Iterator[str]:
+    """U+0000 anywhere (key or value): PostgreSQL's text and jsonb cannot store it."""
+    if isinstance(body, str):
+        if "\x00" in body:
+            yield f"{path}: U+0000 is not allowed"
+    elif isinstance(body, dict):
+        for k, v in body.items():
+            child = k if path == "body" else f"{path}.{k}"
+            if "\x00" in k:
+                yield f"{path}: U+0000 is not allowed in field names"
+            else:
+                yield from _nul_errors(v, child)
+    elif isinstance(body, list):
+        for i, v in enumerate(body):
+            yield from _nul_errors(v, f"{path}.{i}")
 
 
 def callback_data(tenant: str, key: str) -> str:
@@ -61,59 +169,3 @@ def callback_data(tenant: str, key: str) -> str:
 def fingerprint(body: Any) -> str:
     """sha256 of the canonical JSON body: key order and whitespace do not matter."""
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def validate(body: Any) -> Message:
-    """The message a request body asks for, or Invalid listing every problem."""
-    if not isinstance(body, dict):
-        raise Invalid(["body must be a JSON object"])
-    errors: list[str] = []
-    allowed = {"to", "phone_number_id", "type", "text", "template", "unknown_policy"}
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        errors.append(f"unknown fields: {', '.join(unknown)}")
-    to = body.get("to")
-    if not isinstance(to, str) or not _PHONE.match(to):
-        errors.append("to: a phone number in international format, digits only (e.g. 4915112345678)")
-    number = body.get("phone_number_id")
-    if not isinstance(number, str) or not _NUMBER_ID.match(number):
-        errors.append("phone_number_id: the sending number's id (1-64 letters, digits, _ or -)")
-    policy = body.get("unknown_policy", "review")
-    if policy not in POLICIES:
-        errors.append("unknown_policy: resend or review")
-    kind = body.get("type")
-    message: dict[str, Any] = {}
-    if kind == "text":
-        text = body.get("text")
-        if not isinstance(text, dict) or not isinstance(text.get("body"), str) or not text["body"]:
-            errors.append('text: {"body": "<1-4096 characters>"} required for type text')
-        elif len(text["body"]) > 4096:
-            errors.append("text.body: at most 4096 characters")
-        elif set(text) - {"body", "preview_url"}:
-            errors.append("text: only body and preview_url are allowed")
-        else:
-            message = {"type": "text", "text": text}
-        if "template" in body:
-            errors.append("template: not allowed with type text")
-    elif kind == "template":
-        template = body.get("template")
-        if (
-            not isinstance(template, dict)
-            or not isinstance(template.get("name"), str)
-            or not template["name"]
-            or not isinstance(template.get("language"), dict)
-            or not isinstance(template["language"].get("code"), str)
-        ):
-            errors.append('template: {"name": ..., "language": {"code": ...}, "components": [...]} required')
-        elif "components" in template and not isinstance(template["components"], list):
-            errors.append("template.components: must be a list")
-        else:
-            message = {"type": "template", "template": template}
-        if "text" in body:
-            errors.append("text: not allowed with type template")
-    else:
-        errors.append("type: text or template")
-    if errors:
-        raise Invalid(errors)
-    assert isinstance(to, str) and isinstance(number, str) and isinstance(policy, str)
-    return Message(to.lstrip("+"), number, message, UnknownPolicy(policy))

@@ -4,6 +4,10 @@ A key is claimed with one atomic INSERT and committed as ``in_progress`` before 
 concurrent request with the same key sees it (409) instead of waiting. The outbox row and the
 stored first response are then written in one transaction: a crash between the two steps
 leaves at most a stale claim, which a retry with the same body takes over after a lease.
+
+A reply (``in_reply_to``) also claims (inbound wamid, bot) in ``reply_claims`` in that same
+transaction: of any number of concurrent replies by one bot to one message exactly one commits;
+the others get 409 naming the first reply's key, and their Idempotency-Keys are released.
 """
 
 from __future__ import annotations
@@ -20,10 +24,10 @@ import asyncpg
 import orjson
 from aiohttp import web
 
-from gateway.core.messages import Invalid, SendRequest, fingerprint, validate
+from gateway.core.messages import Invalid, RequestValidator, SendRequest, fingerprint
 from gateway.core.settings import Settings
 from gateway.httpkit import bearer_tenant, problem, unauthorized
-from gateway.store import idempotency, outbox
+from gateway.store import idempotency, outbox, replies
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +36,7 @@ MAX_BODY = 64 * 1024
 # A claim still in_progress after this long belongs to a request that died.
 CLAIM_LEASE_S = 30.0
 RETRY_AFTER_S = "1"
-_KEY_CHARS = re.compile(r"^[\x21-\x7e]+$")  # visible ASCII: safe in headers, logs and URLs
+_KEY_CHARS = re.compile(r"[\x21-\x7e]+")  # visible ASCII: safe in headers, logs and URLs (fullmatch)
 OPENAPI_PATH = Path(__file__).with_name("openapi.json")
 DB_ERRORS = (
     OSError,
@@ -48,7 +52,7 @@ def _key_problem(key: str | None) -> web.Response | None:
         return problem(400, "Idempotency-Key header required", "Send a unique key per business event.")
     if len(key) > MAX_KEY:
         return problem(400, "Idempotency-Key too long", f"At most {MAX_KEY} characters.")
-    if not _KEY_CHARS.match(key):
+    if not _KEY_CHARS.fullmatch(key):
         return problem(400, "Idempotency-Key invalid", "Visible ASCII characters only, no spaces.")
     return None
 
@@ -75,13 +79,41 @@ def openapi_bytes() -> bytes:
     return data
 
 
+@cache
+def request_validator() -> RequestValidator:
+    """The request-body validator built from the served document's own schema."""
+    return RequestValidator(orjson.loads(openapi_bytes()))
+
+
+class _AlreadyAnswered(Exception):
+    """Raised inside the enqueue transaction to roll it back: the bot answered this message."""
+
+    def __init__(self, first: replies.Claim) -> None:
+        self.first = first
+
+
+def _already_answered(req: SendRequest, first: replies.Claim) -> web.Response:
+    m = req.body
+    what = f"bot {m.bot!r} already answered inbound message {m.in_reply_to!r}"
+    if first.tenant != req.tenant or first.key is None:
+        # Claimed by another tenant or by a handler in SQL: there is no key of yours to name.
+        return problem(409, "this message was already answered", what + ".")
+    return problem(
+        409,
+        "this message was already answered",
+        f"{what} with Idempotency-Key {first.key!r}.",
+        first_key=first.key,
+        first_location=_location(first.key),
+    )
+
+
 class SendApi:
     """The send API's routes; ``pool`` is set once the app's database is up."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.pool: asyncpg.Pool | None = None
-        openapi_bytes()
+        self.validator = request_validator()
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -116,7 +148,7 @@ class SendApi:
         except orjson.JSONDecodeError:
             return problem(400, "body is not JSON")
         try:
-            message = validate(body)
+            message = self.validator.validate(body)
         except Invalid as exc:
             return problem(400, "invalid message", "; ".join(exc.errors), errors=exc.errors)
         if not self.settings.may_send_from(tenant, message.phone_number_id):
@@ -171,16 +203,33 @@ class SendApi:
 
     async def _first_request(self, req: SendRequest) -> web.Response:
         m = req.body
+        payload = m.message
+        if m.in_reply_to is not None:
+            # Meta threads the reply under the customer's message (Cloud API "context" object).
+            payload = {**payload, "context": {"message_id": m.in_reply_to}}
         new = outbox.NewMessage(
             tenant=req.tenant,
             key=req.key,
             provider=req.provider,
             phone_number_id=m.phone_number_id,
             recipient=m.to,
-            payload=m.message,
+            payload=payload,
             unknown_policy=m.unknown_policy,
         )
+        try:
+            return await self._enqueue(req, new)
+        except _AlreadyAnswered as exc:
+            # Nothing was written; the key is free again so it is not bound to a refusal.
+            await idempotency.release(
+                self._pool(), tenant=req.tenant, key=req.key, fingerprint=req.fingerprint
+            )
+            return _already_answered(req, exc.first)
+
+    async def _enqueue(self, req: SendRequest, new: outbox.NewMessage) -> web.Response:
+        m = req.body
         async with self._pool().acquire() as conn, conn.transaction():
+            if m.in_reply_to is not None:
+                await self._claim_reply(conn, req, m.in_reply_to)
             _created, row = await outbox.enqueue(conn, new)
             body = orjson.dumps({"key": req.key, "state": row["state"], "provider": row["provider"]})
             headers = {"Content-Type": "application/json", "Location": _location(req.key)}
@@ -195,11 +244,31 @@ class SendApi:
             )
         return web.Response(body=body, status=202, headers=headers)
 
+    @staticmethod
+    async def _claim_reply(conn: Any, req: SendRequest, wamid: str) -> None:
+        """Claim (wamid, bot) in the enqueue transaction, or raise _AlreadyAnswered.
+
+        A concurrent claimant waits on the unique index until the first commits, so once the
+        INSERT found a conflict the holder's row is committed and visible to the next statement.
+        """
+        for _ in range(3):
+            if await replies.claim(
+                conn, inbound_wamid=wamid, bot=req.body.bot, tenant=req.tenant, key=req.key
+            ):
+                return
+            first = await replies.get(conn, inbound_wamid=wamid, bot=req.body.bot)
+            if first is not None:
+                raise _AlreadyAnswered(first)
+        raise RuntimeError("reply claim neither taken nor held")
+
     async def get_message(self, request: web.Request) -> web.Response:
         tenant = bearer_tenant(self.settings.api_keys, request.headers.get("Authorization"))
         if tenant is None:
             return unauthorized()
         key = request.match_info["key"]
+        bad = _key_problem(key)  # e.g. a%00b: PostgreSQL text cannot even hold it
+        if bad is not None:
+            return bad
         try:
             row = await outbox.get(self._pool(), tenant=tenant, key=key)
         except DB_ERRORS as exc:
@@ -213,6 +282,7 @@ class SendApi:
                 "state": row["state"],
                 "provider": row["provider"],
                 "recipient": row["recipient"],
+                "in_reply_to": (row["payload"].get("context") or {}).get("message_id"),
                 "wamid": row["wamid"],
                 "delivery_status": row["delivery_status"],
                 "delivery_errors": row["delivery_errors"],

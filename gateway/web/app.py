@@ -11,6 +11,7 @@ import asyncpg
 from aiohttp import web
 
 from gateway.core.settings import Settings
+from gateway.httpkit import problem_errors
 from gateway.inbound.consumer import ConsumerGroup
 from gateway.inbound.groupcommit import GroupCommitter
 from gateway.inbound.webhooks import Webhooks
@@ -124,7 +125,7 @@ def _maintenance(inbound: bool, outbound: bool, forward: bool = False) -> object
 
 def build_app(settings: Settings, *, workers: bool = True) -> web.Application:
     """The gateway app; ``workers`` starts the in-process consumers, sender and forwarder."""
-    app = web.Application(client_max_size=settings.max_body_bytes)
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[problem_errors])
     app[SETTINGS] = settings
     app[WEBHOOKS] = Webhooks(settings)
     app[SEND_API] = SendApi(settings)

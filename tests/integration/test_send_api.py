@@ -19,6 +19,7 @@ from gateway.outbound import send_api
 from gateway.outbound.sender import Sender
 from gateway.store import idempotency
 from gateway.testing.fake_provider import FakeProvider
+from tests.conftest import replace
 from tests.sendkit import fake_provider, send_settings  # noqa: F401 - the `fake` fixture
 
 ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
@@ -70,18 +71,35 @@ async def test_auth(http: ClientSession, gateway: TestServer, auth: dict[str, st
         ("has space", msg(), 400, "invalid"),
         ("k", b"{not json", 400, "not JSON"),
         ("k", [1, 2], 400, "JSON object"),
-        ("k", msg(to="abc"), 400, "to:"),
+        ("k", msg(to="abc"), 400, "to: must match"),
+        # `$` must not match before a trailing newline (Python's re would let it through).
+        ("k", msg(to="4915112345678\n"), 400, "to: must match"),
+        ("k", {**msg(), "phone_number_id": "1111\n"}, 400, "phone_number_id: must match"),
         ("k", {**msg(), "phone_number_id": ""}, 400, "phone_number_id"),
-        ("k", {**msg(), "type": "image"}, 400, "type: text or template"),
-        ("k", {**msg(), "text": {"body": ""}}, 400, "text:"),
-        ("k", {**msg(), "text": {"body": "x" * 4097}}, 400, "4096"),
-        ("k", msg(unknown_policy="later"), 400, "unknown_policy"),
+        ("k", {**msg(), "type": "image"}, 400, "type: one of text, template"),
+        ("k", {**msg(), "text": {"body": ""}}, 400, "text.body: at least 1 character"),
+        ("k", {**msg(), "text": {"body": "x" * 4097}}, 400, "text.body: at most 4096 characters"),
+        ("k", msg(text="a\u0000b"), 400, "text.body"),
+        ("k", msg(unknown_policy="later"), 400, "unknown_policy: one of resend, review"),
         ("k", msg(extra=1), 400, "unknown fields: extra"),
+        ("k", msg(in_reply_to=""), 400, "in_reply_to"),
+        ("k", msg(in_reply_to="wamid.A", bot="two words"), 400, "bot: must match"),
         (
             "k",
             {"to": "4915112345678", "phone_number_id": "1", "type": "template", "template": {}},
             400,
-            "template",
+            "template: 'name' is a required property",
+        ),
+        (
+            "k",
+            {
+                "to": "4915112345678",
+                "phone_number_id": "1",
+                "type": "template",
+                "template": {"name": "hi", "language": {"code": "en"}, "components": [{"k\u0000": 1}]},
+            },
+            400,
+            "U+0000",
         ),
         ("k", b"x" * (70 * 1024), 413, "too large"),
     ],
@@ -230,3 +248,98 @@ async def test_fifty_concurrent_posts_one_row_one_send(
     async with http.get(url(gw, "/v1/messages/burst"), headers=ACME) as r:
         got = await r.json()
     assert got["state"] == "accepted" and got["wamid"] == fake.received[0].id
+
+
+async def test_get_rejects_keys_postgres_cannot_hold(http: ClientSession, gateway: TestServer) -> None:
+    for path in ("/v1/messages/a%00b", "/v1/messages/a%20b", "/v1/messages/" + "x" * 256):
+        async with http.get(url(gateway, path), headers=ACME) as r:
+            assert r.status == 400, path
+            assert r.content_type == "application/problem+json"
+            assert (await r.json())["title"] in ("Idempotency-Key invalid", "Idempotency-Key too long")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [("GET", "/nowhere", 404), ("DELETE", "/v1/messages", 405), ("PUT", "/v1/openapi.json", 405)],
+)
+async def test_routing_errors_are_problems(
+    http: ClientSession, gateway: TestServer, method: str, path: str, status: int
+) -> None:
+    async with http.request(method, url(gateway, path), headers=ACME) as r:
+        assert r.status == status
+        assert r.content_type == "application/problem+json"
+        body = await r.json()
+    assert body["status"] == status and body["title"]
+    if status == 405:
+        assert "GET" in r.headers["Allow"] or "POST" in r.headers["Allow"]
+
+
+def reply(wamid: str = "wamid.IN1", text: str = "thanks", **extra: Any) -> dict[str, Any]:
+    return msg(text=text, in_reply_to=wamid, **extra)
+
+
+async def test_twenty_concurrent_replies_to_one_message_one_accepted(
+    http: ClientSession, start_gateway: Any, settings: Settings, pool: asyncpg.Pool
+) -> None:
+    gw = await start_gateway(replace(settings, db_pool_max=20))
+    results = await asyncio.gather(
+        *(post(http, gw, reply(text=f"answer {i}"), key=f"reply-{i}") for i in range(20))
+    )
+    statuses = sorted(r[0] for r in results)
+    assert statuses == [202] + [409] * 19
+    winner = next(f"reply-{i}" for i, r in enumerate(results) if r[0] == 202)
+    for status, headers, raw in results:
+        if status == 409:
+            assert headers["Content-Type"].startswith("application/problem+json")
+            problem = orjson.loads(raw)
+            assert problem["first_key"] == winner
+            assert winner in problem["detail"]
+            assert problem["first_location"] == f"/v1/messages/{winner}"
+    assert await pool.fetchval("SELECT count(*) FROM outbox") == 1
+    assert await pool.fetchval("SELECT idem_key FROM outbox") == winner
+    # The refused requests burnt no key: only the winner's is stored.
+    assert await pool.fetchval("SELECT array_agg(key) FROM idempotency_keys") == [winner]
+    assert await pool.fetchval("SELECT count(*) FROM reply_claims") == 1
+
+
+async def test_reply_is_threaded_once_per_bot(
+    http: ClientSession, start_gateway: Any, settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    s = send_settings(settings, fake)
+    gw = await start_gateway(s)
+    assert (await post(http, gw, reply(), key="r1"))[0] == 202
+    # The same request again is a replay, not a second reply.
+    status, headers, _ = await post(http, gw, reply(), key="r1")
+    assert (status, headers["Idempotent-Replayed"]) == (202, "true")
+    # The same bot ("default") with another answer: refused, naming the first key.
+    status, _, raw = await post(http, gw, reply(text="again"), key="r2")
+    assert status == 409 and orjson.loads(raw)["first_key"] == "r1"
+    # Another bot may answer the same message once; another message is free for the first bot.
+    # (Other recipients only so that pair pacing lets all three go in one sender step.)
+    assert (await post(http, gw, reply(bot="survey", to="4915100000003"), key="r3"))[0] == 202
+    assert (await post(http, gw, reply(bot="survey", text="2"), key="r4"))[0] == 409
+    assert (await post(http, gw, reply("wamid.IN2", to="4915100000005"), key="r5"))[0] == 202
+    # Another tenant's bot of the same name learns that it was answered, not the other key.
+    status, _, raw = await post(http, gw, reply(text="globex"), key="g1", auth=GLOBEX)
+    assert status == 409 and "first_key" not in orjson.loads(raw) and "r1" not in raw.decode()
+    sender = Sender(pool, s)
+    try:
+        await sender.step()
+    finally:
+        await sender.close()
+    threaded = {r.message["context"]["message_id"] for r in fake.received}
+    assert len(fake.received) == 3 and threaded == {"wamid.IN1", "wamid.IN2"}
+    async with http.get(url(gw, "/v1/messages/r1"), headers=ACME) as r:
+        assert (await r.json())["in_reply_to"] == "wamid.IN1"
+    async with http.get(url(gw, "/v1/messages/burst-none"), headers=ACME) as r:
+        assert r.status == 404
+
+
+async def test_reply_claimed_in_sql_blocks_the_send_api(
+    http: ClientSession, gateway: TestServer, pool: asyncpg.Pool
+) -> None:
+    # A handler took the right to reply with claim_reply(): the API refuses without a key to name.
+    assert await pool.fetchval("SELECT claim_reply('wamid.H', 'default')") is True
+    status, _, raw = await post(http, gateway, reply("wamid.H"), key="k")
+    assert status == 409 and "first_key" not in orjson.loads(raw)
+    assert await pool.fetchval("SELECT count(*) FROM outbox") == 0
