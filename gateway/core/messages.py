@@ -84,7 +84,8 @@ class RequestValidator:
         """Every problem with the body, sorted; empty when it is valid."""
         if not isinstance(body, dict):
             return ["body: must be a JSON object"]
-        variant = self._variants.get(body.get(self._tag))
+        tag = body.get(self._tag)
+        variant = self._variants.get(tag) if isinstance(tag, str) else None
         if variant is None:
             # Without a known tag no variant applies: say what the tag may be, and stop there.
             return [f"{self._tag}: one of {', '.join(self._variants)}"]

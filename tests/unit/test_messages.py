@@ -34,6 +34,8 @@ def template(**extra: Any) -> dict[str, Any]:
         ("x", ["body: must be a JSON object"]),
         ({}, ["type: one of text, template"]),
         (text(type="image"), ["type: one of text, template"]),
+        (text(type={}), ["type: one of text, template"]),  # unhashable: once a 500
+        (text(type=["text"]), ["type: one of text, template"]),
         (text(to="4915112345678\n"), ["to: must match ^\\+?[0-9]{5,20}$"]),
         (text(to="491"), ["to: must match ^\\+?[0-9]{5,20}$"]),
         (text(to=4915112345678), ["to: must be a string"]),
