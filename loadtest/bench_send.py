@@ -1,6 +1,13 @@
 """Sender throughput against the fake provider: sends per second to many distinct recipients.
 
     python -m loadtest.bench_send [--messages 10000] [--recipients 1000]
+    python -m loadtest.bench_send --latency [--rate 20] [--messages 200]
+
+``--latency``: enqueue→provider latency at a low rate (one enqueue transaction per message, as
+the send API does; latency = the fake's arrival stamp minus the commit), p50/p99, for a sender
+that only polls every 500 ms (the default poll, i.e. before NOTIFY: the baseline) and for one
+woken by NOTIFY ``outbox``, in the same run. Target: NOTIFY p50 <= 50 ms and <= 1/5 of the
+polling p50; exits 1 when missed.
 
 Self-contained: an embedded PostgreSQL in a temp dir (or a scratch database on DATABASE_URL),
 the fake provider in a subprocess (its own core), the sender in this process. Pacing is set so
@@ -21,10 +28,12 @@ import time
 from pathlib import Path
 
 import aiohttp
+import asyncpg
 import orjson
 
 from gateway.core.settings import Settings
 from gateway.outbound.sender import Sender
+from gateway.store import outbox
 from gateway.store.db import connect, create_pool, migrate
 from gateway.testing.scratch import scratch_database
 from loadtest.sql import q
@@ -138,9 +147,101 @@ async def _run(dsn: str, args: argparse.Namespace) -> dict[str, float]:
         await fake.wait()
 
 
+def _pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+
+
+async def _arrivals(fake_url: str) -> dict[str, float]:
+    async with aiohttp.ClientSession() as s, s.get(f"{fake_url}/_fake/received") as r:
+        return {m["callback_data"]: m["at"] for m in await r.json(content_type=None)}
+
+
+async def _latency_mode(
+    pool: asyncpg.Pool, dsn: str, fake_url: str, args: argparse.Namespace, notify: bool
+) -> list[float]:
+    settings = Settings(
+        # No DSN: the sender cannot LISTEN and only polls (as before NOTIFY existed).
+        database_url=dsn if notify else None,
+        graph_url=f"{fake_url}/v21.0",
+        graph_token="bench",
+        pair_interval_s=0.0,
+        number_rate_per_s=1e6,
+        send_poll_ms=500,
+    )
+    tenant = "notify" if notify else "poll"
+    sender = Sender(pool, settings)
+    stop = asyncio.Event()
+    task = asyncio.create_task(sender.run(stop))
+    await asyncio.sleep(1.0)  # listening
+    committed: dict[str, float] = {}
+    payload = {"type": "text", "text": {"body": "latency"}}
+    for i in range(args.messages):
+        m = outbox.NewMessage(tenant, f"l{i}", "meta", "1111", f"49153{i:08d}", payload)
+        async with pool.acquire() as conn, conn.transaction():
+            await outbox.enqueue(conn, m)
+        committed[f"{tenant}:l{i}"] = time.time()
+        await asyncio.sleep(1 / args.rate)
+    deadline = time.monotonic() + 30
+    arrived: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        arrived = await _arrivals(fake_url)
+        if all(k in arrived for k in committed):
+            break
+        await asyncio.sleep(0.1)
+    stop.set()
+    await task
+    await sender.close()
+    missing = [k for k in committed if k not in arrived]
+    if missing:
+        raise RuntimeError(f"{len(missing)} messages never arrived")
+    return [(arrived[k] - t) * 1000 for k, t in committed.items()]
+
+
+async def _latency(dsn: str, args: argparse.Namespace) -> dict[str, float]:
+    port = _free_port()
+    fake = await _start_fake(port)
+    fake_url = f"http://127.0.0.1:{port}"
+    try:
+        conn = await connect(dsn)
+        await migrate(conn)
+        await conn.close()
+        pool = await create_pool(dsn, 2, 10)
+        try:
+            poll = await _latency_mode(pool, dsn, fake_url, args, notify=False)
+            woken = await _latency_mode(pool, dsn, fake_url, args, notify=True)
+        finally:
+            await pool.close()
+        return {
+            "poll_p50": _pct(poll, 50),
+            "poll_p99": _pct(poll, 99),
+            "notify_p50": _pct(woken, 50),
+            "notify_p99": _pct(woken, 99),
+        }
+    finally:
+        fake.terminate()
+        await fake.wait()
+
+
 async def _run_scratch(admin_dsn: str, args: argparse.Namespace) -> dict[str, float]:
     async with scratch_database(admin_dsn, "bench_send") as dsn:
-        return await _run(dsn, args)
+        return await (_latency(dsn, args) if args.latency else _run(dsn, args))
+
+
+def _report_latency(r: dict[str, float], args: argparse.Namespace) -> int:
+    print(f"enqueue->provider at {args.rate:g}/s, {args.messages} messages per mode:")
+    for label, key in (
+        ("polling every 500 ms (baseline, no NOTIFY)", "poll"),
+        ("woken by NOTIFY outbox", "notify"),
+    ):
+        print(f"  {label:44} p50 {r[key + '_p50']:7.1f} ms, p99 {r[key + '_p99']:7.1f} ms")
+    ratio = r["notify_p50"] / r["poll_p50"] if r["poll_p50"] > 0 else 0.0
+    met = r["notify_p50"] <= 50 and ratio <= 0.2
+    print(
+        f"  notify/poll p50 = {ratio:.3f}; target p50 <= 50 ms and ratio <= 0.2 ->",
+        "met" if met else "NOT met",
+    )
+    return 0 if met else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,7 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=256)
     p.add_argument("--loops", type=int, default=3)
     p.add_argument("--pair-interval", type=float, default=0.0, help="seconds; 0 so pacing is not the limit")
+    p.add_argument("--latency", action="store_true", help="enqueue->provider latency at a low rate")
+    p.add_argument("--rate", type=float, default=20.0, help="--latency: enqueues per second")
     args = p.parse_args(argv)
+    if args.latency and "--messages" not in (argv if argv is not None else sys.argv):
+        args.messages = 200
     try:
         import uvloop
 
@@ -168,9 +273,11 @@ def main(argv: list[str] | None = None) -> int:
         tmp = tempfile.mkdtemp(prefix="bench-send-")
         server, dsn = embedded.start(Path(tmp), cleanup="delete")
         try:
-            result = asyncio.run(_run(dsn, args))
+            result = asyncio.run(_latency(dsn, args) if args.latency else _run(dsn, args))
         finally:
             server.cleanup()
+    if args.latency:
+        return _report_latency(result, args)
     print(
         f"sender: {result['sends_per_s']:.0f} sends/s "
         f"({result['messages']} messages to {result['recipients']} recipients in {result['seconds']:.2f} s; "
