@@ -1,9 +1,10 @@
 """The sender worker: claims due outbox rows, paces them, sends them and records the outcome.
 
 A claim is one transaction: lock due pending rows (SKIP LOCKED, so senders share the table and
-each row is sent by one of them), lock their pacing and breaker keys (advisory try-locks: a key
-another sender holds is skipped, never waited for), let ``gateway.core.pacing`` decide which go
-and which wait, store the new pace and mark the chosen rows ``sending``. So pacing and breakers
+each row is sent by one of them), lock their numbers and breakers (advisory try-locks: a key
+another sender holds is skipped, never waited for; a number's lock covers its pairs), let
+``gateway.core.pacing`` decide which go and which wait, store the new pace and mark the chosen
+rows ``sending``. So pacing and breakers
 hold across every sender process. What an outcome means is ``gateway.core.classify``'s call; an
 account-level error opens a breaker and its row waits as ``pending``. Senders wake on NOTIFY
 ``outbox`` (the send API's enqueue) and poll as a fallback. Time comes from an injectable clock
@@ -106,9 +107,11 @@ class Sender:
                 for r in found
             ]
             ids = {b for c in cands for b in c.breakers}
-            locked = await pacing.try_lock(
-                conn, [k for c in cands for k in c.keys] + [b.lock_key for b in ids]
-            )
+            # One advisory lock per number (it covers every pair of that number) and per
+            # breaker: a few per claim, whatever the batch, so the lock table never fills.
+            number_keys = {c.keys[0] for c in cands}
+            locked = await pacing.try_lock(conn, [*number_keys, *(b.lock_key for b in ids)])
+            locked |= {c.keys[1] for c in cands if c.keys[0] in locked}
             state = await pacing.get(conn, [k for k in locked if not k.startswith("brk:")])
             breakers = await pacing.get_breakers(conn, [b for b in ids if b.lock_key in locked])
             # Pace from the moment of decision, as close to the send as the claim allows.

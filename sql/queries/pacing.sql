@@ -1,6 +1,7 @@
--- Cluster-wide pacing keys and circuit breakers of the senders. Every key is read and written
--- only while holding pg_try_advisory_xact_lock / pg_advisory_xact_lock of its name
--- (hashtextextended(name, 6006)), in the transaction that claims or records the sends it paces.
+-- Cluster-wide pacing keys and circuit breakers of the senders. A number's keys (its own and
+-- its pairs') are read and written only while holding the advisory lock of the number key,
+-- a breaker only under the lock of its own name (hashtextextended(name, 6006)), in the
+-- transaction that claims or records the sends they pace.
 
 -- name: pacing_try_lock
 -- The keys this transaction now holds; a key another transaction holds is left out (no wait).
@@ -19,11 +20,11 @@ SELECT * FROM unnest($1::text[], $2::float8[])
 ON CONFLICT (key) DO UPDATE SET at = excluded.at, updated_at = clock_timestamp();
 
 -- name: pacing_purge
--- Keys whose time passed long ago pace nothing; skip any a sender holds right now.
+-- Keys whose time passed long ago pace nothing (absent means "now"). `at < $1` is checked again
+-- on a row a claim updates meanwhile, so a freshly booked key is never deleted.
 DELETE FROM send_pacing
-WHERE key IN (
-    SELECT key FROM send_pacing WHERE at < $1::float8 ORDER BY at LIMIT $2)
-  AND pg_try_advisory_xact_lock(hashtextextended(key, 6006));
+WHERE key IN (SELECT key FROM send_pacing WHERE at < $1::float8 ORDER BY at LIMIT $2)
+  AND at < $1::float8;
 
 -- name: breakers_get
 SELECT b.scope, b.provider, b.key, b.state, b.failures, b.retry_at, b.code, b.error, b.probe_id

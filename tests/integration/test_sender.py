@@ -527,3 +527,15 @@ async def test_enqueue_wakes_the_sender_and_the_listener_reconnects(
         await asyncio.wait_for(task, 10)
         await sender.close()
     assert len(fake.received) == 2
+
+
+async def test_reconciler_forgets_old_pacing_keys(settings: Settings, pool: asyncpg.Pool) -> None:
+    clock = FakeClock()
+    await pool.execute(
+        "INSERT INTO send_pacing (key, at) VALUES ('pair:meta:1:old', $1), ('pair:meta:1:new', $2)",
+        clock.now() - 7200,
+        clock.now() - 60,
+    )
+    counts = await Reconciler(pool, settings, clock=clock).run_once()
+    assert counts["pacing_keys_forgotten"] == 1
+    assert [r["key"] for r in await pool.fetch("SELECT key FROM send_pacing")] == ["pair:meta:1:new"]
