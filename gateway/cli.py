@@ -181,6 +181,11 @@ def cmd_outbox(settings: Settings, ns: argparse.Namespace) -> int:
                     f"{done.refused} row(s) not released: they have a wamid or a delivery status "
                     "(the provider accepted them; releasing would send them twice)"
                 )
+            if done.waiting:
+                print(
+                    f"{done.waiting} row(s) not released yet: webhooks received since they were created "
+                    "are unprocessed (pending or dead) and may hold their status"
+                )
             return 0
         fn = outbox.release if ns.action == "release" else outbox.cancel
         try:

@@ -187,6 +187,15 @@ async def _transition(conn: Conn, query: str, key: str, tenant: str | None, verb
             raise ValueError(
                 f"{found}/{key} is {row['state']} but {reached}: not {verb} (it would be sent twice)"
             )
+        if verb == "released" and row["state"] in RELEASABLE:
+            u = await conn.fetchrow(q("outbox_unprocessed_since"), found, key)
+            assert u is not None
+            raise ValueError(
+                f"{found}/{key} is {row['state']} but {u['pending']} pending and {u['dead']} dead "
+                "webhook(s) received since it was created are unprocessed and may hold its status: "
+                f"not {verb} yet (retry once the consumers catch up; replay dead ones with "
+                "`gateway dead replay`)"
+            )
         raise ValueError(f"{found}/{key} is {row['state']}: not {verb}")
     return f"{found}/{key} {verb}: now {state}"
 
@@ -208,6 +217,7 @@ def reached_provider(row: OutboxRow) -> str | None:
 class Bulk:
     done: int
     refused: int  # release only: rows that have a wamid or a delivery status
+    waiting: int = 0  # release only: rows whose period has unprocessed webhooks
 
 
 async def release_bulk(
@@ -219,7 +229,7 @@ async def release_bulk(
         raise ValueError(f"only review, unknown or failed rows can be released, not {state}")
     r = await conn.fetchrow(q("outbox_release_bulk"), str(OutboxState(state)), since, until, tenant)
     assert r is not None
-    return Bulk(int(r["done"]), int(r["refused"]))
+    return Bulk(int(r["done"]), int(r["refused"]), int(r["waiting"]))
 
 
 async def cancel_bulk(

@@ -129,12 +129,24 @@ SELECT tenant, state FROM outbox WHERE idem_key = $1 AND ($2::text IS NULL OR te
 
 -- name: outbox_release
 -- An operator's decision to send (again): attempts restart. Never a row that has a wamid or a
--- delivery status: the provider accepted it, and a release would send it twice.
-UPDATE outbox
+-- delivery status: the provider accepted it, and a release would send it twice. Nor a review
+-- or unknown row while a webhook received since its creation is unprocessed (pending or
+-- dead): its status may be among them.
+UPDATE outbox o
 SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
-WHERE tenant = $1 AND idem_key = $2 AND state IN ('review', 'unknown', 'failed')
-  AND wamid IS NULL AND delivery_status IS NULL
-RETURNING state;
+WHERE o.tenant = $1 AND o.idem_key = $2 AND o.state IN ('review', 'unknown', 'failed')
+  AND o.wamid IS NULL AND o.delivery_status IS NULL
+  AND (o.state = 'failed' OR NOT EXISTS (
+      SELECT 1 FROM webhook_inbox w WHERE w.state IN ('pending', 'dead') AND w.received_at >= o.created_at))
+RETURNING o.state;
+
+-- name: outbox_unprocessed_since
+-- Webhooks received since a row's creation that are not processed: (pending, dead).
+SELECT count(*) FILTER (WHERE w.state = 'pending') AS pending,
+       count(*) FILTER (WHERE w.state = 'dead') AS dead
+FROM webhook_inbox w
+WHERE w.state IN ('pending', 'dead')
+  AND w.received_at >= (SELECT created_at FROM outbox WHERE tenant = $1 AND idem_key = $2);
 
 -- name: outbox_cancel
 UPDATE outbox
@@ -145,22 +157,28 @@ RETURNING state;
 -- name: outbox_release_bulk
 -- Every row in state $1 (review, unknown or failed), last changed in [$2, $3), of tenant $4
 -- (NULL: any): released unless it has a wamid or a delivery status (counted as refused).
+-- Review and unknown rows wait while a webhook received since their creation is unprocessed
+-- (counted as waiting), as for one row.
 WITH picked AS (
-    SELECT id, (wamid IS NULL AND delivery_status IS NULL) AS safe
-    FROM outbox
-    WHERE state = $1 AND state IN ('review', 'unknown', 'failed')
-      AND ($2::float8 IS NULL OR updated_at >= to_timestamp($2::float8))
-      AND ($3::float8 IS NULL OR updated_at < to_timestamp($3::float8))
-      AND ($4::text IS NULL OR tenant = $4)
-    FOR UPDATE SKIP LOCKED
+    SELECT o.id, (o.wamid IS NULL AND o.delivery_status IS NULL) AS safe,
+           (o.state <> 'failed' AND EXISTS (
+               SELECT 1 FROM webhook_inbox w
+               WHERE w.state IN ('pending', 'dead') AND w.received_at >= o.created_at)) AS waits
+    FROM outbox o
+    WHERE o.state = $1 AND o.state IN ('review', 'unknown', 'failed')
+      AND ($2::float8 IS NULL OR o.updated_at >= to_timestamp($2::float8))
+      AND ($3::float8 IS NULL OR o.updated_at < to_timestamp($3::float8))
+      AND ($4::text IS NULL OR o.tenant = $4)
+    FOR UPDATE OF o SKIP LOCKED
 ), upd AS (
     UPDATE outbox o
     SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
     FROM picked p
-    WHERE o.id = p.id AND p.safe
+    WHERE o.id = p.id AND p.safe AND NOT p.waits
     RETURNING o.id
 )
-SELECT (SELECT count(*) FROM upd) AS done, (SELECT count(*) FROM picked WHERE NOT safe) AS refused;
+SELECT (SELECT count(*) FROM upd) AS done, (SELECT count(*) FROM picked WHERE NOT safe) AS refused,
+       (SELECT count(*) FROM picked WHERE safe AND waits) AS waiting;
 
 -- name: outbox_cancel_bulk
 WITH upd AS (
@@ -175,4 +193,4 @@ WITH upd AS (
         FOR UPDATE SKIP LOCKED)
     RETURNING id
 )
-SELECT (SELECT count(*) FROM upd) AS done, 0::bigint AS refused;
+SELECT (SELECT count(*) FROM upd) AS done, 0::bigint AS refused, 0::bigint AS waiting;

@@ -539,3 +539,24 @@ async def test_reconciler_forgets_old_pacing_keys(settings: Settings, pool: asyn
     counts = await Reconciler(pool, settings, clock=clock).run_once()
     assert counts["pacing_keys_forgotten"] == 1
     assert [r["key"] for r in await pool.fetch("SELECT key FROM send_pacing")] == ["pair:meta:1:new"]
+
+
+async def test_release_waits_while_webhooks_of_the_period_are_unprocessed(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    """An operator's release of a review/unknown row would resend it; while a webhook received
+    since the row was created is pending or dead, its status may be there: not yet."""
+    await pool.execute("INSERT INTO webhook_inbox (source, body, state) VALUES ('meta', 'old', 'dead')")
+    await enqueue(pool, "u1", TO)
+    await enqueue(pool, "u2", "4915100000002")
+    await pool.execute("UPDATE outbox SET state = 'review'")
+    await pool.execute("INSERT INTO webhook_inbox (source, body) VALUES ('meta', 'new')")
+    async with pool.acquire() as conn:
+        with pytest.raises(ValueError, match="1 pending and 0 dead webhook"):
+            await outbox.release(conn, "u1")
+        bulk = await outbox.release_bulk(conn, state="review", since=None, until=None, tenant=None)
+        assert (bulk.done, bulk.refused, bulk.waiting) == (0, 0, 2)
+        await conn.execute("UPDATE webhook_inbox SET state = 'done' WHERE body = 'new'")
+        assert "now pending" in await outbox.release(conn, "u1")  # the older dead row does not hold it
+        bulk = await outbox.release_bulk(conn, state="review", since=None, until=None, tenant=None)
+        assert (bulk.done, bulk.refused, bulk.waiting) == (1, 0, 0)
