@@ -202,17 +202,81 @@ async def main(ns: argparse.Namespace) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     text = bench_table(result)
     print(text)
-    charts = [
-        report.svg_chart(
-            f"{name}: ack latency per second at {result['half_rate']:.0f}/s",
-            [(k[:-3], report._series(r["timeline"], "t", k)) for k in ("p50_ms", "p99_ms", "max_ms")],
-            "ms",
-        )
-        for name, r in result["half"].items()
-    ]
-    jpath, hpath = report.write(ns.results, stem, result, text, charts)
+    verdict = bench_verdict(result)
+    jpath, hpath = report.write(ns.results, stem, result, text, bench_charts(result), verdict)
     print(f"\nresults: {jpath}\n         {hpath}")
-    return 0
+    print(verdict.summary())
+    return 0 if verdict.passed else 1
+
+
+def bench_verdict(result: dict[str, Any]) -> report.Verdict:
+    """PASS when every target of the README is met (ratios against baselines of the same run)."""
+    t = result["targets"]
+    v = report.Verdict(
+        targets=[
+            report.Target(
+                "gateway / bare throughput", t["gateway_vs_bare"]["value"], TARGET_VS_BARE, ">=", "x"
+            ),
+            report.Target(
+                "gateway / insert-per-request throughput",
+                t["gateway_vs_insert"]["value"],
+                TARGET_VS_INSERT,
+                ">=",
+                "x",
+            ),
+            report.Target(
+                "gateway p99 ack at half load", t["p99_ms_at_half"]["value"], TARGET_P99_MS, "<=", " ms"
+            ),
+            report.Target(
+                "gateway p50 ack at half load", t["p50_ms_at_half"]["value"], TARGET_P50_MS, "<=", " ms"
+            ),
+        ]
+    )
+    errors = {name: h["errors"] for name, h in result["half"].items() if h.get("errors")}
+    if errors.get("gateway"):
+        v.failed_checks.append(f"gateway errors at half load: {errors['gateway']}")
+    v.notes += list(result.get("restarts") or [])
+    return v
+
+
+def bench_charts(result: dict[str, Any]) -> list[str]:
+    """The headline first: saturation throughput of the three servers, the targets as lines."""
+    sat = result["saturation"]
+    charts = [
+        report.bar_chart(
+            "Saturation throughput (closed loop, median of rounds)",
+            [(name, sat[name]) for name in SERVERS],
+            "requests/s",
+            targets=[
+                (f"target {TARGET_VS_BARE} x bare", TARGET_VS_BARE * sat["bare"]),
+                (f"target {TARGET_VS_INSERT} x insert", TARGET_VS_INSERT * sat["insert"]),
+            ],
+            highlight="gateway",
+        ),
+        report.bar_chart(
+            f"Ack p99 at {result['half_rate']:.0f}/s (half the gateway's saturation)",
+            [(name, float(result["half"][name]["ack_ms"].get("p99") or 0.0)) for name in SERVERS],
+            "ms (log scale)",
+            targets=[("target gateway p99", TARGET_P99_MS)],
+            highlight="gateway",
+            value_fmt="{:,.1f}",
+            log_y=True,
+        ),
+    ]
+    for name, r in result["half"].items():
+        tl = report.complete_seconds(r["timeline"], r.get("duration_s"))
+        charts.append(
+            report.line_chart(
+                f"{name}: ack latency per second at {result['half_rate']:.0f}/s",
+                [(k[:-3], report._series(tl, "t", k)) for k in ("p50_ms", "p99_ms", "max_ms")],
+                "ms (log scale)",
+                targets=[("target p99", TARGET_P99_MS), ("target p50", TARGET_P50_MS)]
+                if name == "gateway"
+                else [],
+                log_y=True,
+            )
+        )
+    return charts
 
 
 async def bench(

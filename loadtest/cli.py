@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from gateway.runtime import install_uvloop, setup_logging
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench-ingest", help="gateway vs bare verify-only vs insert-per-request handler")
     bench_ingest.add_args(p)
     p.set_defaults(func=_asyncio(bench_ingest.main))
+    p = sub.add_parser("render", help="redact a saved result JSON and re-draw its HTML page beside it")
+    p.add_argument("json", type=Path, nargs="+", help="result files written by run or bench-ingest")
+    p.set_defaults(func=_render)
     for name, what in (
         ("bench-consumers", "the consumer benchmark"),
         ("bench-send", "the send benchmark"),
@@ -43,6 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=f"{what} (arguments after the name go to it)", add_help=False)
     return parser
+
+
+def _render(ns: argparse.Namespace) -> int:
+    from loadtest import report
+
+    for path in ns.json:
+        jpath, hpath, verdict = report.render(path)
+        print(f"{jpath}\n{hpath}\n{verdict.summary()}")
+    return 0
 
 
 def _bench(name: str) -> Callable[[list[str]], int]:

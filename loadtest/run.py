@@ -66,11 +66,39 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to wait for consumers")
     p.add_argument("--gateway-env", action="append", default=[], metavar="K=V", help="extra gateway env")
     p.add_argument("--name", default="run", help="stem of the result files")
+    p.add_argument(
+        "--target-p50-ms", type=float, default=report.META_P50_MS, help="PASS needs ack p50 at most this"
+    )
+    p.add_argument(
+        "--target-p99-ms", type=float, default=report.META_P99_MS, help="PASS needs ack p99 at most this"
+    )
     add_common_args(p)
 
 
 def _first(csv: str) -> str:
     return next((s.strip() for s in csv.split(",") if s.strip()), "")
+
+
+def embedded_dsn(data_dir: Path) -> str:
+    """The address of the database ``gateway serve`` runs on when it starts its embedded
+    PostgreSQL under ``data_dir`` (GATEWAY_DATA_DIR, ./var for ``make run``): a Unix socket in
+    ``<data_dir>/pgdata``, database ``gateway``, user ``postgres``."""
+    return f"postgresql://postgres@/gateway?host={data_dir.expanduser().resolve() / 'pgdata'}"
+
+
+def no_database_hint() -> str:
+    """What to say when a --url run cannot be verified: how to name the database."""
+    var = Path(os.environ.get("GATEWAY_DATA_DIR", "./var"))
+    hint = (
+        "not verified: no database given. To verify, pass --database-url (or set DATABASE_URL) to "
+        "the gateway's database"
+    )
+    if (var / "pgdata" / "postmaster.pid").exists():
+        return hint + f"; for the embedded one under {var}: --database-url '{embedded_dsn(var)}'"
+    return hint + (
+        "; a gateway on its embedded PostgreSQL (make run) listens on a Unix socket: "
+        f"--database-url '{embedded_dsn(var)}' (GATEWAY_DATA_DIR/pgdata)"
+    )
 
 
 @dataclass
@@ -158,7 +186,8 @@ async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> t
     profile = make_profile(ns)
     factory = PayloadFactory(secrets, ns.seed, run_tag=f"{os.getpid():x}{int(time.time()):x}")
     mix = plan.Mix(ns.immediate, ns.delayed, ns.concurrent, ns.bad_signature, ns.delay_s)
-    shots = plan.build(arrivals(profile), scenario(ns.scenario, factory), factory, mix, ns.seed)
+    picked = scenario(ns.scenario, factory, tenashi=bool(secrets.tenashi))
+    shots = plan.build(arrivals(profile), picked, factory, mix, ns.seed)
     db = Db(target.dsn) if target.dsn else None
     verifying = db is not None and not ns.no_verify
     sampler_db = db
@@ -198,6 +227,7 @@ async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> t
     result: dict[str, Any] = {
         "parameters": {k: str(v) if isinstance(v, Path) else v for k, v in vars(ns).items() if k != "func"},
         "target_rate": profile.expected_count() / profile.duration,
+        "duration_s": profile.duration,
         "started": started.isoformat(),
         "summary": summary,
         "sent_by_kind": dict(res.recorder.kinds),
@@ -208,6 +238,8 @@ async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> t
         "verification": verdict.as_dict() if verdict else None,
         "e2e_timeline": verdict.e2e_timeline if verdict else [],
     }
+    if not secrets.tenashi:
+        res.warnings.append("Meta events only: no Tenashi secret given")
     failed = (verdict is not None and not verdict.ok) or bool(bad_accepted)
     return (1 if failed else 0), result
 
@@ -228,14 +260,14 @@ def minute_rows(ack: list[dict[str, float]], samples: list[dict[str, float]]) ->
 
 
 def secrets_from(ns: argparse.Namespace, self_contained_mode: bool) -> Secrets:
+    """The started gateway's secrets, or the given ones; without a Tenashi secret, Meta only."""
     if self_contained_mode:
         return processes.DEFAULT_SECRETS
-    if not ns.meta_secret or not ns.tenashi_secret:
+    if not ns.meta_secret:
         raise SystemExit(
-            "--url needs --meta-secret and --tenashi-secret "
-            "(or GATEWAY_META_APP_SECRETS / GATEWAY_TENASHI_SECRET)"
+            "--url needs --meta-secret (or GATEWAY_META_APP_SECRETS); --tenashi-secret is optional"
         )
-    return Secrets(meta=ns.meta_secret, tenashi=ns.tenashi_secret)
+    return Secrets(meta=ns.meta_secret, tenashi=ns.tenashi_secret or "")
 
 
 async def main(ns: argparse.Namespace) -> int:
@@ -250,17 +282,25 @@ async def main(ns: argparse.Namespace) -> int:
         secrets = secrets_from(ns, False)
         target = Target(u.hostname or "127.0.0.1", u.port or 80, ns.database_url, None)
         if not target.dsn and not ns.no_verify:
-            sys.stderr.write("no --database-url: the run is not verified\n")
+            sys.stderr.write(no_database_hint() + "\n")
         code, result = await execute(ns, target, secrets)
     else:
         secrets = secrets_from(ns, True)
         async with self_contained(ns, secrets, log_dir, not ns.no_consumers, extra_env) as target:
             code, result = await execute(ns, target, secrets)
+    verdict = report.run_verdict(result, p50_ms=ns.target_p50_ms, p99_ms=ns.target_p99_ms)
+    if ns.no_verify:
+        verdict.notes = ["not verified (--no-verify)"]
+    elif ns.url and not target.dsn:
+        verdict.notes = [no_database_hint()]
     text = report.run_table(result)
     for w in result["warnings"]:
         text += f"\nWARNING: {w}"
-    print(text)
-    jpath, hpath = report.write(ns.results, stem, result, text, report.run_charts(result))
+    shown = {secrets.meta, secrets.tenashi}
+    print(report.redact_text(text, {v for v in shown if v}))
+    jpath, hpath = report.write(
+        ns.results, stem, result, text, report.run_charts(result, verdict), verdict, secrets=shown - {""}
+    )
     print(f"\nresults: {jpath}\n         {hpath}")
-    print("PASS" if code == 0 else "FAIL: verification found violations (see the checks above)")
-    return code
+    print(verdict.summary())
+    return code if code else (0 if verdict.passed else 1)

@@ -32,6 +32,7 @@ class WebhookUser:
     """A provider sending webhooks; subclasses define ``weight`` and ``@task`` methods."""
 
     weight = 1
+    tenashi = False  # its deliveries are signed with the Tenashi secret
 
     def __init__(self, factory: PayloadFactory) -> None:
         self.f = factory
@@ -124,6 +125,7 @@ class TenashiUser(WebhookUser):
     """Tenashi events: statuses of our sends, inbound messages, other event types."""
 
     weight = 1
+    tenashi = True
 
     @task(6)
     def status(self) -> Delivery:
@@ -180,8 +182,19 @@ class Scenario:
         return fn()
 
 
-def scenario(name: str, factory: PayloadFactory) -> Scenario:
+def users(name: str, *, tenashi: bool = True) -> list[type[WebhookUser]]:
+    """The scenario's user classes; without a Tenashi secret, its Meta users only."""
     try:
-        return Scenario(SCENARIOS[name], factory)
+        chosen = SCENARIOS[name]
     except KeyError:
         raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}") from None
+    if tenashi:
+        return list(chosen)
+    meta_only = [u for u in chosen if not u.tenashi]
+    if not meta_only:
+        raise ValueError(f"scenario {name!r} sends only Tenashi events: it needs a Tenashi secret")
+    return meta_only
+
+
+def scenario(name: str, factory: PayloadFactory, *, tenashi: bool = True) -> Scenario:
+    return Scenario(users(name, tenashi=tenashi), factory)

@@ -61,3 +61,39 @@ async def test_url_mode_against_a_running_gateway(gateway: TestServer, db_dsn: s
     result = json.loads(result_file.read_text())
     assert result["summary"]["sent"] == 50 and result["verification"]["ok"]
     assert {c["name"] for c in result["verification"]["checks"]} >= {"ingest: bad signatures not stored"}
+
+
+async def test_url_mode_without_a_database_and_without_tenashi(
+    gateway: TestServer, tmp_path: Path, monkeypatch: object, capsys: object
+) -> None:
+    """`--url` with no database (and `--no-verify`) runs and reports, unverified, Meta-only when no
+    Tenashi secret is given; the secret appears in no report file."""
+    import pytest
+
+    from loadtest import cli, run
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch) and isinstance(capsys, pytest.CaptureFixture)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.delenv("GATEWAY_TENASHI_SECRET", raising=False)
+    base = str(gateway.make_url("/")).rstrip("/")
+    errs = {}
+    for extra, name in (([], "nodb"), (["--no-verify"], "noverify")):
+        ns = cli.build_parser().parse_args(
+            [
+                "run", "--url", base, "--meta-secret", META_SECRET,
+                "--rate", "40", "--duration", "1", "--scenario", "mixed",
+                "--results", str(tmp_path), "--name", name, "--quiet", *extra,
+            ]
+        )  # fmt: skip
+        assert await run.main(ns) == 0
+        out = capsys.readouterr()
+        errs[name] = out.err
+        assert "PASS" in out.out and "not verified" in out.out
+        (result_file,) = tmp_path.glob(f"{name}-*.json")
+        result = json.loads(result_file.read_text())
+        assert result["verification"] is None and result["summary"]["sent"] == 40
+        assert not any(k.startswith("tenashi") for k in result["sent_by_kind"])
+        for path in tmp_path.glob(f"{name}-*.*"):
+            assert META_SECRET not in path.read_text(), path
+    assert "--database-url 'postgresql://postgres@/gateway?host=" in errs["nodb"]  # says how to verify
+    assert "--database-url" not in errs["noverify"]
