@@ -9,6 +9,7 @@ from typing import Any
 import asyncpg
 import pytest
 from aiohttp.test_utils import TestServer
+from prometheus_client import REGISTRY
 
 from gateway.core.classify import PERMANENT_CODES, RETRYABLE_CODES
 from gateway.core.settings import Settings
@@ -340,11 +341,16 @@ async def test_resend_waits_for_staged_status_webhook(
         counts = await reconcile(sender)
         assert (counts["reconciled"], counts["waiting"]) == (0, 1)
         assert (await row(pool, "w1"))["state"] == "unknown"
+        assert REGISTRY.get_sample_value("gateway_reconcile_waiting_rows") == 1
+        lag = REGISTRY.get_sample_value("gateway_reconcile_watermark_lag_seconds")
+        assert lag is not None and lag >= WINDOW  # the staged status is older than the window
         await drain(sender)
         assert fake.count(callback) == 1
         await apply_statuses_from_inbox(pool, settings)  # the consumers catch up
         counts = await reconcile(sender)
         assert (counts["reconciled"], counts["waiting"]) == (0, 0)
+        assert REGISTRY.get_sample_value("gateway_reconcile_waiting_rows") == 0
+        assert REGISTRY.get_sample_value("gateway_reconcile_watermark_lag_seconds") == 0
         await drain(sender)
     finally:
         await sender.close()
@@ -560,3 +566,27 @@ async def test_release_waits_while_webhooks_of_the_period_are_unprocessed(
         assert "now pending" in await outbox.release(conn, "u1")  # the older dead row does not hold it
         bulk = await outbox.release_bulk(conn, state="review", since=None, until=None, tenant=None)
         assert (bulk.done, bulk.refused, bulk.waiting) == (1, 0, 0)
+
+
+async def test_tenashi_number_interval_across_recipients(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    """Tenashi sends one message per number per GATEWAY_TENASHI_NUMBER_INTERVAL_S, whoever the
+    recipient; another number is not held."""
+    clock = FakeClock()
+    a = await enqueue(pool, "t1", "4915100000001", provider="tenashi")
+    b = await enqueue(pool, "t2", "4915100000002", provider="tenashi")
+    c = await enqueue(pool, "t3", "4915100000003", provider="tenashi", number="2222")
+    s = send_settings(settings, fake, tenashi_number_interval_s=12.0)
+    sender = Sender(pool, s, clock=clock)
+    try:
+        await drain(sender)
+        assert (fake.count(a), fake.count(b), fake.count(c)) == (1, 0, 1)
+        clock.advance(11.9)
+        await drain(sender)
+        assert fake.count(b) == 0
+        clock.advance(0.2)
+        await drain(sender)
+        assert fake.count(b) == 1
+    finally:
+        await sender.close()
