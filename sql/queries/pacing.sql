@@ -20,10 +20,12 @@ SELECT * FROM unnest($1::text[], $2::float8[])
 ON CONFLICT (key) DO UPDATE SET at = excluded.at, updated_at = clock_timestamp();
 
 -- name: pacing_purge
--- Keys whose time passed long ago pace nothing (absent means "now"). `at < $1` is checked again
--- on a row a claim updates meanwhile, so a freshly booked key is never deleted.
+-- Keys whose time passed long ago pace nothing (absent means "now"). Rows a claim holds are
+-- skipped (the purge never waits for a claim, so the two cannot deadlock), and `at < $1` is
+-- checked again on the latest version, so a freshly booked key is never deleted.
 DELETE FROM send_pacing
-WHERE key IN (SELECT key FROM send_pacing WHERE at < $1::float8 ORDER BY at LIMIT $2)
+WHERE key IN (
+    SELECT key FROM send_pacing WHERE at < $1::float8 ORDER BY at LIMIT $2 FOR UPDATE SKIP LOCKED)
   AND at < $1::float8;
 
 -- name: breakers_get
