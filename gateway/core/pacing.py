@@ -24,9 +24,6 @@ from dataclasses import dataclass, field
 from gateway.core.enums import Provider
 from gateway.core.settings import Settings
 
-# A half-open breaker whose probe has not reported after this long lets another probe go.
-HALF_OPEN_RECHECK_S = 1.0
-
 
 @dataclass(frozen=True, slots=True)
 class Limits:
@@ -148,7 +145,8 @@ def plan_claim(
             if b.state == "open" and b.retry_at > now:
                 held_until = max(held_until, b.retry_at)
             elif b.state == "half_open" and b.retry_at > now:
-                held_until = max(held_until, min(b.retry_at, now + HALF_OPEN_RECHECK_S))
+                # Until the probe's lease ends; its success makes them due at once (wake_rows).
+                held_until = max(held_until, b.retry_at)
             elif b.state in ("open", "half_open"):
                 probe = b_id if probe is None else probe
         if held_until > 0:
