@@ -37,6 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench-ingest", help="gateway vs bare verify-only vs insert-per-request handler")
     bench_ingest.add_args(p)
     p.set_defaults(func=_asyncio(bench_ingest.main))
+    from loadtest import verify_cli
+
+    p = sub.add_parser("verify", help="exactly-once verification of a run driven by another tool (Locust)")
+    verify_cli.add_args(p)
+    p.set_defaults(func=_asyncio(verify_cli.main))
     p = sub.add_parser("render", help="redact a saved result JSON and re-draw its HTML page beside it")
     p.add_argument("json", type=Path, nargs="+", help="result files written by run or bench-ingest")
     p.set_defaults(func=_render)

@@ -182,6 +182,16 @@ class Scenario:
         return fn()
 
 
+def share_weight(total: int, share: float) -> int:
+    """A task weight that makes ``share`` of a user's picks, beside tasks weighing ``total``
+    (Locust picks tasks by weight; the harness adds redeliveries by share)."""
+    if not 0 <= share < 1:
+        raise ValueError("share must be in [0, 1)")
+    if share == 0:
+        return 0
+    return max(1, round(total * share / (1 - share)))
+
+
 def users(name: str, *, tenashi: bool = True) -> list[type[WebhookUser]]:
     """The scenario's user classes; without a Tenashi secret, its Meta users only."""
     try:

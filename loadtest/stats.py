@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from hdrh.histogram import HdrHistogram
 
 from loadtest.payloads import Delivery
@@ -161,3 +162,21 @@ class Ledger:
 
     def acked(self, digest: bytes) -> None:
         self.entries[digest].acked += 1
+
+    def to_json(self) -> bytes:
+        """The ledger as JSON (digests in hex), for a verification run in another process."""
+        return orjson.dumps(
+            {
+                d.hex(): [list(e.keys), list(e.msg_wamids), list(e.status_keys), e.sent, e.acked, e.bad_sent]
+                for d, e in self.entries.items()
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Ledger:
+        ledger = cls()
+        for digest, (keys, wamids, status_keys, sent, acked, bad) in orjson.loads(data).items():
+            ledger.entries[bytes.fromhex(digest)] = Entry(
+                tuple(keys), tuple(wamids), tuple(status_keys), sent, acked, bad
+            )
+        return ledger

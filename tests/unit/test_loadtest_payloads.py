@@ -118,3 +118,38 @@ def test_scenario_picks_users_and_tasks_by_weight() -> None:
     assert share["inbound_text"] == pytest.approx(3 / 16, abs=0.03)
     assert share["status_read"] == pytest.approx(9 / 16, abs=0.03)
     assert share["tenashi_message.status"] == pytest.approx(1 / 4, abs=0.03)
+
+
+def test_ledger_survives_json_for_a_verification_in_another_process() -> None:
+    from loadtest.payloads import PayloadFactory, Secrets
+    from loadtest.stats import Ledger
+
+    f = PayloadFactory(Secrets(meta="m-secret", tenashi="t-secret"), seed=3, run_tag="j")
+    ledger = Ledger()
+    d1, d2 = f.inbound("text"), f.status()
+    ledger.acked(ledger.sent(d1))
+    ledger.sent(d1)
+    ledger.sent(f.with_bad_signature(d2))
+    back = Ledger.from_json(ledger.to_json())
+    assert back.entries == ledger.entries
+
+
+def test_share_weight() -> None:
+    import pytest
+
+    from loadtest.scenarios import share_weight
+
+    assert share_weight(19, 0.05) == 1 and share_weight(95, 0.05) == 5 and share_weight(10, 0.0) == 0
+    assert share_weight(1, 0.01) == 1  # never rounded away
+    with pytest.raises(ValueError):
+        share_weight(10, 1.0)
+
+
+def test_scenarios_are_meta_only_without_a_tenashi_secret() -> None:
+    import pytest
+
+    from loadtest.scenarios import TenashiUser, users
+
+    assert TenashiUser in users("mixed") and TenashiUser not in users("mixed", tenashi=False)
+    with pytest.raises(ValueError, match="Tenashi secret"):
+        users("tenashi", tenashi=False)
