@@ -241,6 +241,7 @@ def _report_latency(r: dict[str, float], args: argparse.Namespace) -> int:
         f"  notify/poll p50 = {ratio:.3f}; target p50 <= 50 ms and ratio <= 0.2 ->",
         "met" if met else "NOT met",
     )
+    print("PASS" if met else "FAIL")
     return 0 if met else 1
 
 
