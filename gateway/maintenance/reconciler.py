@@ -14,11 +14,13 @@ tests can run it without waiting.
 from __future__ import annotations
 
 import logging
+import time
 
 import asyncpg
 
 from gateway import metrics
 from gateway.core.clock import Clock, SystemClock
+from gateway.core.limits import LogThrottle
 from gateway.core.settings import Settings
 from gateway.store import idempotency, outbox, pacing
 
@@ -34,6 +36,8 @@ class Reconciler:
         self.pool = pool
         self.settings = settings
         self.clock = clock or SystemClock()
+        # A backlog lasts minutes: one line a minute says it (the gauges say it continuously).
+        self._waiting_log = LogThrottle(60.0)
 
     async def run_once(self) -> dict[str, int]:
         """One pass; returns counts, for tests and logs."""
@@ -49,12 +53,14 @@ class Reconciler:
         lag = max(0.0, now - waiting.oldest_unprocessed) if waiting.oldest_unprocessed is not None else 0.0
         metrics.RECONCILE_WAITING.set(waiting.rows)
         metrics.RECONCILE_WATERMARK_LAG.set(lag)
-        if waiting.rows:
+        held = self._waiting_log.allow("waiting", time.monotonic()) if waiting.rows else None
+        if held is not None:
             log.warning(
-                "reconciler waiting on %d unknown row(s): webhooks received %.0f s ago are unprocessed%s",
+                "reconciler waiting on %d unknown row(s): webhooks received %.0f s ago are unprocessed%s%s",
                 waiting.rows,
                 lag,
                 " (some are dead: replay them with `gateway dead replay`)" if waiting.dead else "",
+                self._waiting_log.suffix(held),
             )
         # Pacing keys an hour past their time pace nothing any more.
         async with self.pool.acquire() as conn, conn.transaction():
