@@ -590,3 +590,25 @@ async def test_tenashi_number_interval_across_recipients(
         assert fake.count(b) == 1
     finally:
         await sender.close()
+
+
+async def test_tenashi_401_opens_the_token_breaker(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    clock = FakeClock()
+    cb = await enqueue(pool, "t401", "4915100000001", provider="tenashi")
+    fake.add_fault("http", status=401)
+    sender = Sender(pool, send_settings(settings, fake), clock=clock, rand=lambda: 0.5)
+    try:
+        await drain(sender)
+        r = await row(pool, "t401")
+        assert (r["state"], r["attempts"]) == ("pending", 0)
+        b = await pool.fetchrow("SELECT * FROM send_breakers")
+        assert (b["scope"], b["provider"], b["key"], b["state"]) == ("token", "tenashi", "acme", "open")
+        clock.advance(settings.breaker_backoff_s + 1)
+        await drain(sender)  # the probe goes through
+    finally:
+        await sender.close()
+    assert fake.count(cb) == 1
+    assert (await row(pool, "t401"))["state"] == "accepted"
+    assert await pool.fetchval("SELECT state FROM send_breakers") == "closed"
