@@ -14,11 +14,11 @@ import asyncpg
 from gateway.testing.fake_provider import FakeProvider
 from tests.sendkit import enqueue, fake_provider  # noqa: F401 - the `fake` fixture
 
-PAIR_S = 2.0
+PAIR_S = 3.0
 RATE = 5.0  # per number per second; bursts of 5
 # The fake stamps a message when it arrives, a little after the claim that paced it; on a
 # loaded machine one request can lag another by this much.
-ARRIVAL_JITTER_S = 0.5
+ARRIVAL_JITTER_S = 1.0
 
 
 async def spawn_sender(dsn: str, fake: FakeProvider, log_path: str) -> asyncio.subprocess.Process:
