@@ -9,8 +9,10 @@ import asyncio
 import hmac
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.web_urldispatcher import _default_expect_handler
 
 from gateway import metrics
 from gateway.core.enums import Source
@@ -40,9 +42,53 @@ class Webhooks:
     def routes(self) -> list[web.RouteDef]:
         return [
             web.get("/webhooks/meta", self.meta_verify),
-            web.post("/webhooks/meta", self.meta_post),
-            web.post("/webhooks/tenashi", self.tenashi_post),
+            web.post("/webhooks/meta", self.meta_post, expect_handler=self._expect(Source.META)),
+            web.post("/webhooks/tenashi", self.tenashi_post, expect_handler=self._expect(Source.TENASHI)),
         ]
+
+    def _signed(self, request: web.Request, source: Source) -> tuple[bool, str]:
+        """(the signature header has a valid shape and a secret is configured, its name)."""
+        s = self.settings
+        if source is Source.META:
+            name = "X-Hub-Signature-256"
+            return meta_header_ok(request.headers.get(name)) and bool(s.meta_app_secrets), name
+        name = s.tenashi_signature_header
+        header = request.headers.get(name)
+        ok = tenashi_header_ok(header, s.tenashi_signature_scheme, s.tenashi_signature_prefix)
+        return ok and bool(s.tenashi_secret), name
+
+    def _expect(self, source: Source) -> Callable[[web.Request], Awaitable[web.Response | None]]:
+        """``Expect: 100-continue``: refuse (no "100 Continue", so the body is never sent) when
+        a check that needs no body fails; otherwise aiohttp's default answer."""
+
+        async def expect(request: web.Request) -> web.Response | None:
+            early = self._early(request, source)
+            if early is not None:
+                return early
+            # aiohttp's own answer: "100 Continue", or 417 for another expectation.
+            await _default_expect_handler(request)
+            return None
+
+        return expect
+
+    def _early(self, request: web.Request, source: Source) -> web.Response | None:
+        """Every refusal that needs no body: a signature header that is missing or malformed
+        (401), an encoded body (415: a signature covers the bytes sent, and inflating costs
+        CPU), a declared length over the limit (413)."""
+        signed, header_name = self._signed(request, source)
+        if not signed:
+            return self._refuse(source, "bad_signature", 401, f"missing or malformed {header_name}")
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        if encoding not in ("", "identity"):
+            return self._refuse(
+                source, "encoded", 415, "Content-Encoding is not supported: send the body as is"
+            )
+        length = request.content_length
+        if length is not None and length > self.settings.max_body_bytes:
+            return self._refuse(
+                source, "too_large", 413, f"body larger than {self.settings.max_body_bytes} bytes"
+            )
+        return None
 
     async def meta_verify(self, request: web.Request) -> web.Response:
         """GET handshake: echo hub.challenge when the verify token matches."""
@@ -87,28 +133,18 @@ class Webhooks:
         resp.force_close()
         return resp
 
-    async def _read_body(
-        self, request: web.Request, source: Source, signed: bool, header_name: str
-    ) -> bytes | web.Response:
+    async def _read_body(self, request: web.Request, source: Source) -> bytes | web.Response:
         """The raw body, read only once the request could be valid, within the time and byte limits.
 
-        Every check that needs no body comes first: a signature header that is missing or
-        malformed (401), an encoded body (415: a signature covers the bytes sent, and inflating
-        costs CPU), a declared length over the limit (413), and the bytes already being read
-        by other requests (503). The body is then read under ``GATEWAY_BODY_TIMEOUT_S`` (408).
+        The refusals that need no body come first (``_early``), then the bytes already being
+        read by other requests (503); the body is then read under ``GATEWAY_BODY_TIMEOUT_S`` (408).
         """
         s = self.settings
-        if not signed:
-            return self._refuse(source, "bad_signature", 401, f"missing or malformed {header_name}")
-        encoding = request.headers.get("Content-Encoding", "").strip().lower()
-        if encoding not in ("", "identity"):
-            return self._refuse(
-                source, "encoded", 415, "Content-Encoding is not supported: send the body as is"
-            )
+        early = self._early(request, source)
+        if early is not None:
+            return early
         limit = s.max_body_bytes
         length = request.content_length
-        if length is not None and length > limit:
-            return self._refuse(source, "too_large", 413, f"body larger than {limit} bytes")
         # A chunked body has no declared length: reserve the most it may be.
         reserve = length if length is not None else limit
         if not self.budget.take(reserve):
@@ -132,16 +168,10 @@ class Webhooks:
             metrics.WEBHOOK_BODY_BYTES_INFLIGHT.set(self.budget.in_use)
 
     async def meta_post(self, request: web.Request) -> web.Response:
-        header = request.headers.get("X-Hub-Signature-256")
-        body = await self._read_body(
-            request,
-            Source.META,
-            meta_header_ok(header) and bool(self.settings.meta_app_secrets),
-            "X-Hub-Signature-256",
-        )
+        body = await self._read_body(request, Source.META)
         if isinstance(body, web.Response):
             return body
-        if not verify_meta(body, header, self.settings.meta_app_secrets):
+        if not verify_meta(body, request.headers.get("X-Hub-Signature-256"), self.settings.meta_app_secrets):
             metrics.WEBHOOK_REQUESTS.labels("meta", "bad_signature").inc()
             return problem(401, "missing or invalid X-Hub-Signature-256")
         return await self._stage(Source.META, body, None)
@@ -149,10 +179,7 @@ class Webhooks:
     async def tenashi_post(self, request: web.Request) -> web.Response:
         s = self.settings
         header = request.headers.get(s.tenashi_signature_header)
-        well_formed = tenashi_header_ok(header, s.tenashi_signature_scheme, s.tenashi_signature_prefix)
-        body = await self._read_body(
-            request, Source.TENASHI, well_formed and bool(s.tenashi_secret), s.tenashi_signature_header
-        )
+        body = await self._read_body(request, Source.TENASHI)
         if isinstance(body, web.Response):
             return body
         if not verify_tenashi(

@@ -259,3 +259,22 @@ async def test_handshake_forbids_sniffing(http: ClientSession, gateway: Listenin
         assert r.status == 200
         assert r.headers["X-Content-Type-Options"] == "nosniff"
         assert r.content_type == "text/plain"
+
+
+@pytest.mark.parametrize(
+    ("header", "length", "first"), [(None, 1000, 401), (FORGED, 8 * 1024 * 1024, 413), (FORGED, 100, 100)]
+)
+async def test_expect_continue_is_refused_before_the_body_is_invited(
+    gateway: Listening, header: str | None, length: int, first: int
+) -> None:
+    reader, writer = await raw(gateway)
+    extra = {"Expect": "100-continue"}
+    if header is not None:
+        extra["X_Hub_Signature_256"] = header
+    writer.write(head("/webhooks/meta", length, **extra))
+    assert await status_of(reader) == first
+    if first == 100:  # invited: the body follows, and is judged on its signature
+        await reader.readline()
+        writer.write(b" " * length)
+        assert await status_of(reader) == 401
+    writer.close()
