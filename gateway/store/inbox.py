@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
+import orjson
 
 from gateway.core.enums import InboxState
 from gateway.core.planning import Plan, StagedRow
@@ -79,7 +80,7 @@ async def apply_plan(conn: Conn, plan: Plan) -> Applied:
         plan.done,
         plan.parked,
         plan.parked_why,
-        plan.forwards,
+        orjson.dumps(plan.forwards).decode(),
     )
     assert r is not None
     return Applied(**dict(r))

@@ -44,7 +44,7 @@ FOR UPDATE SKIP LOCKED;
 -- the same keys or rows wait for each other instead of deadlocking.
 -- $1 keys, $2 their inbox ids, $3 messages, $4 statuses, $5 account errors,
 -- $6 account updates (jsonb arrays), $7 inbox ids done, $8/$9 inbox ids parked + why,
--- $10 forwards (jsonb array: key, kind, conversation, envelope, inbox_id per event).
+-- $10 forwards (JSON text of an array: key, kind, conversation, envelope, inbox_id per event).
 WITH ev AS (
     SELECT key, inbox_id FROM unnest($1::text[], $2::bigint[]) AS e(key, inbox_id)
 ), fresh AS (
@@ -146,7 +146,11 @@ WITH ev AS (
     SELECT d.id, f.key,
            'wh_' || left(encode(sha256(convert_to(d.name || '/' || f.key, 'UTF8')), 'hex'), 32),
            f.kind, f.conversation, f.envelope, coalesce(w.received_at, now())
-    FROM ROWS FROM (jsonb_to_recordset($10::jsonb) AS (
+    -- $10 is text, parsed only when some destination is enabled: without destinations the
+    -- consumers pay nothing here but sending the text.
+    FROM ROWS FROM (jsonb_to_recordset(
+            CASE WHEN EXISTS (SELECT 1 FROM destinations WHERE enabled) THEN $10::text::jsonb
+                 ELSE '[]'::jsonb END) AS (
         key text, kind text, conversation text, envelope jsonb, inbox_id bigint))
         WITH ORDINALITY AS f(key, kind, conversation, envelope, inbox_id, n)
     JOIN fresh ON fresh.event_key = f.key
