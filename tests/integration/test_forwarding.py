@@ -28,7 +28,7 @@ from gateway.testing.payloads import (
     tenashi_event,
     to_bytes,
 )
-from tests.conftest import META_SECRET, replace
+from tests.conftest import META_SECRET
 from tests.consume_helpers import drain, stage
 from tests.forward_helpers import (
     SECRET,
@@ -316,4 +316,55 @@ async def test_disabled_and_removed_destinations(
     await add(pool, "dup", receiver.url)
     with pytest.raises(deliveries.DestinationExists):
         await add(pool, "dup", receiver.url)
-    _ = replace
+
+
+async def test_a_dead_forwarders_claim_is_taken_over_after_its_lease(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    await add(pool, "crm", receiver.url)
+    await process_messages(pool, settings, 2)
+    # A forwarder claims both and dies before posting (its lease is short here).
+    async with pool.acquire() as conn:
+        claimed, _, _ = await deliveries.cycle(
+            conn,
+            results=[],
+            breakers=[],
+            threshold=5,
+            limit=10,
+            lease_s=0.3,
+            cooldown_s=30,
+            housekeeping=True,
+        )
+    assert len(claimed) == 2 and await states(pool) == {"delivering": 2}
+    async with forwarding(pool, fast(settings)):
+        await until(lambda: all_delivered(pool), what="taken over and delivered")
+    assert sorted(await pool.fetchval("SELECT array_agg(attempts) FROM deliveries")) == [2, 2]
+    assert len(receiver.state.processed) == 2
+
+
+async def test_unreachable_redirecting_and_refusing_destinations_are_retried_not_followed(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    await add(pool, "gone", "http://127.0.0.1:9/nothing-listens-here", ("message",))
+    await add(pool, "moved", receiver.url, ("message",))
+    receiver.script.append(Scripted(302, {"Location": receiver.url + "/elsewhere"}))
+    await process_messages(pool, settings, 1)
+    async with forwarding(pool, fast(settings, forward_retry_base_ms=5000, forward_retry_max_ms=5000)):
+        await until(lambda: _attempted_both(pool), what="both attempted")
+    rows = {
+        r["name"]: r
+        for r in await pool.fetch(
+            "SELECT d.name, dl.state, dl.last_status, dl.last_error, dl.attempts"
+            " FROM deliveries dl JOIN destinations d ON d.id = dl.destination_id"
+        )
+    }
+    assert rows["moved"]["state"] == "pending" and rows["moved"]["last_status"] == 302
+    assert rows["gone"]["state"] == "pending" and rows["gone"]["last_status"] is None
+    assert "Connect" in rows["gone"]["last_error"]
+    assert receiver.state.attempts == [stdwebhooks.webhook_id("moved", "msg:wamid.F0")]  # no redirect hop
+
+
+async def _attempted_both(pool: asyncpg.Pool) -> bool:
+    return bool(
+        await pool.fetchval("SELECT count(*) = 2 FROM deliveries WHERE attempts > 0 AND state = 'pending'")
+    )
