@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import datetime as dt
 import os
@@ -15,7 +16,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from loadtest import driver, plan, processes, report, verify
+from gateway.core import stdwebhooks
+from loadtest import driver, forwardcheck, plan, processes, report, verify
 from loadtest.httpclient import Pool
 from loadtest.payloads import PayloadFactory, Secrets
 from loadtest.resilient import Db
@@ -72,6 +74,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target-p99-ms", type=float, default=report.META_P99_MS, help="PASS needs ack p99 at most this"
     )
+    p.add_argument(
+        "--forward",
+        action="store_true",
+        help="self-contained: a fake receiver as a destination of every event; check it got each once",
+    )
+    p.add_argument(
+        "--forward-faults", action="store_true", help="with --forward: 10%% 5xx, 2%% late answers, one outage"
+    )
+    p.add_argument("--forward-outage-s", type=float, default=30.0, help="receiver outage, seconds")
     add_common_args(p)
 
 
@@ -107,6 +118,7 @@ class Target:
     port: int
     dsn: str | None
     gateway_pid: int | None
+    receiver: str | None = None  # the fake receiver's base URL (run --forward)
 
 
 @contextlib.asynccontextmanager
@@ -122,6 +134,15 @@ async def self_contained(
         if not dsn:
             server, dsn = processes.start_database(tmp)
         await processes.migrate(dsn)
+        receiver: str | None = None
+        if getattr(ns, "forward", False):
+            secret = stdwebhooks.generate_secret()
+            rx = forwardcheck.start_receiver(secret, log_dir, max_s=ns.duration + ns.drain_timeout + 600)
+            procs.append(rx)
+            await rx.wait_ready(path=None)
+            receiver = rx.url
+            await forwardcheck.register(dsn, f"{rx.url}/hooks", secret)
+            extra_env = {**forwardcheck.GATEWAY_ENV, **extra_env}
         fake_port = processes.free_port()
         gw = processes.start_gateway(
             dsn,
@@ -140,7 +161,7 @@ async def self_contained(
         if fake is not None:
             procs.append(fake)
             await fake.wait_ready(path=None)
-        yield Target("127.0.0.1", gw.port, dsn, gw.pid)
+        yield Target("127.0.0.1", gw.port, dsn, gw.pid, receiver)
     finally:
         for p in reversed(procs):
             p.stop()
@@ -201,6 +222,12 @@ async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> t
     ledger = Ledger()
     pool = Pool(target.host, target.port, ns.connections, ns.timeout)
     started = dt.datetime.now(dt.UTC)
+    fault_task = None
+    forwarding: dict[str, Any] | None = None
+    if target.receiver and ns.forward_faults:
+        fault_task = asyncio.create_task(
+            forwardcheck.faults(target.receiver, profile.duration, ns.forward_outage_s)
+        )
     try:
         res = await driver.run_open(
             shots,
@@ -219,6 +246,11 @@ async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> t
             conn = await db.connection(timeout_s=ns.drain_timeout)
             verdict = await verify.verify(conn, ledger.entries, start_id, ns.drain_timeout, consumers)
             verdict.e2e_timeline = await verify.e2e_timeline(conn, start_id, started)
+        if fault_task is not None:
+            await fault_task
+        if target.receiver and target.dsn:
+            sys.stderr.write("verifying forwarding (waiting for the forwarder to drain)...\n")
+            forwarding = await forwardcheck.verify(target.dsn, target.receiver, start_id, ns.drain_timeout)
     finally:
         if db is not None:
             await db.close()
@@ -240,7 +272,10 @@ async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> t
     }
     if not secrets.tenashi:
         res.warnings.append("Meta events only: no Tenashi secret given")
+    if forwarding is not None:
+        result["forwarding"] = forwarding
     failed = (verdict is not None and not verdict.ok) or bool(bad_accepted)
+    failed = failed or (forwarding is not None and not forwarding["ok"])
     return (1 if failed else 0), result
 
 
@@ -294,6 +329,8 @@ async def main(ns: argparse.Namespace) -> int:
     elif ns.url and not target.dsn:
         verdict.notes = [no_database_hint()]
     text = report.run_table(result)
+    if "forwarding" in result:
+        text += "\n" + forwardcheck.describe(result["forwarding"])
     for w in result["warnings"]:
         text += f"\nWARNING: {w}"
     shown = {secrets.meta, secrets.tenashi}
