@@ -17,7 +17,6 @@ from typing import Any
 import orjson
 from jsonschema.exceptions import ValidationError
 from openapi_schema_validator import OAS30Validator
-from referencing import Registry, Resource
 
 from gateway.core.enums import Provider, UnknownPolicy
 
@@ -76,9 +75,11 @@ class RequestValidator:
 
     @staticmethod
     def _validator(root: dict[str, Any], ref: str) -> OAS30Validator:
-        schema = {**root, "$ref": ref}
+        # References inlined once here (the schemas are not recursive): resolving them on every
+        # request was a third of the validation time.
+        schema = _inline({"$ref": ref}, root)
         OAS30Validator.check_schema(schema)
-        return OAS30Validator(schema, registry=Registry().with_resource("", Resource.opaque(schema)))
+        return OAS30Validator(schema)
 
     def errors(self, body: Any) -> list[str]:
         """Every problem with the body, sorted; empty when it is valid."""
@@ -108,6 +109,23 @@ class RequestValidator:
             in_reply_to=body.get("in_reply_to"),
             bot=body.get("bot", DEFAULT_BOT),
         )
+
+
+def _inline(node: Any, root: Mapping[str, Any], depth: int = 0) -> Any:
+    """``node`` with every local ``$ref`` (``#/a/b``) replaced by a copy of its target."""
+    if depth > 32:
+        raise ValueError("schema references nest too deep (a cycle?)")
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/"):
+            target: Any = root
+            for part in ref[2:].split("/"):
+                target = target[part.replace("~1", "/").replace("~0", "~")]
+            return _inline(target, root, depth + 1)
+        return {k: _inline(v, root, depth) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_inline(v, root, depth) for v in node]
+    return node
 
 
 def _where(error: ValidationError) -> str:

@@ -96,3 +96,18 @@ def test_the_document_is_a_oneof_on_type() -> None:
     schema = DOC["components"]["schemas"]["SendRequest"]
     assert [s["$ref"].rsplit("/", 1)[1] for s in schema["oneOf"]] == ["SendText", "SendTemplate"]
     assert schema["discriminator"]["propertyName"] == "type"
+
+
+def test_a_recursive_schema_is_refused_at_start_up() -> None:
+    doc = {
+        "components": {
+            "schemas": {
+                "SendRequest": {
+                    "discriminator": {"propertyName": "type", "mapping": {"text": "#/components/schemas/A"}}
+                },
+                "A": {"type": "object", "properties": {"a": {"$ref": "#/components/schemas/A"}}},
+            }
+        }
+    }
+    with pytest.raises(ValueError, match="cycle"):
+        RequestValidator(doc)
