@@ -42,7 +42,7 @@ import aiohttp
 import orjson
 
 from gateway.core.messages import callback_data
-from loadtest import driver, plan, processes, verify
+from loadtest import driver, plan, processes, report, verify
 from loadtest.httpclient import Pool
 from loadtest.payloads import PayloadFactory, Secrets
 from loadtest.resilient import Db
@@ -425,7 +425,7 @@ async def main(ns: argparse.Namespace) -> int:
             "verification": verdict.as_dict(),
         }
         path = ns.results / f"chaos-{stamp}.json"
-        path.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+        path.write_bytes(orjson.dumps(report.redact(result), option=orjson.OPT_INDENT_2))  # no secrets
         print(f"\nresults: {path}\nlogs: {log_dir}")
         code = 0 if verdict.ok else 1
         print("PASS" if code == 0 else "FAIL: verification found violations (see above)")
