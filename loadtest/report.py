@@ -207,6 +207,11 @@ def run_verdict(
         v.failed_checks += [f"{c['name']}: {c['detail']}" for c in verification["checks"] if not c["ok"]]
     else:
         v.notes.append("not verified against the database")
+    forwarding = result.get("forwarding")
+    if forwarding and not forwarding.get("ok", True):
+        wrong = ("lost", "unexpected", "without_delivery", "bad_signatures")
+        what = ", ".join(f"{k} {forwarding.get(k)}" for k in wrong if forwarding.get(k))
+        v.failed_checks.append(f"forwarding: {what or 'deliveries not all delivered'}")
     return v
 
 

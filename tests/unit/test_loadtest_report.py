@@ -135,6 +135,21 @@ def test_run_verdict(summary: dict[str, Any], verification: Any, word: str, why:
     assert ("not verified" in v.summary()) == (verification is None and word == "PASS")
 
 
+def test_forwarding_failure_fails_the_verdict() -> None:
+    result = run_result()
+    result["forwarding"] = {
+        "ok": False,
+        "lost": 2,
+        "unexpected": 0,
+        "without_delivery": 0,
+        "bad_signatures": 0,
+    }
+    v = report.run_verdict(result)
+    assert v.word == "FAIL" and "forwarding: lost 2" in v.summary()
+    result["forwarding"] = {"ok": True, "lost": 0}
+    assert report.run_verdict(result).passed
+
+
 def test_verdict_leads_the_page(tmp_path: Path) -> None:
     result = run_result(ack_ms={"p50": 3.0, "p99": 2000.0})
     v = report.run_verdict(result)
