@@ -161,8 +161,7 @@ async def _latency_mode(
     pool: asyncpg.Pool, dsn: str, fake_url: str, args: argparse.Namespace, notify: bool
 ) -> list[float]:
     settings = Settings(
-        # No DSN: the sender cannot LISTEN and only polls (as before NOTIFY existed).
-        database_url=dsn if notify else None,
+        database_url=dsn,
         graph_url=f"{fake_url}/v21.0",
         graph_token="bench",
         pair_interval_s=0.0,
@@ -170,7 +169,7 @@ async def _latency_mode(
         send_poll_ms=500,
     )
     tenant = "notify" if notify else "poll"
-    sender = Sender(pool, settings)
+    sender = Sender(pool, settings, listen=notify)  # listen=False: polls only, as before NOTIFY
     stop = asyncio.Event()
     task = asyncio.create_task(sender.run(stop))
     await asyncio.sleep(1.0)  # listening

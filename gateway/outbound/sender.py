@@ -19,7 +19,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -59,8 +59,10 @@ class Sender:
         *,
         clock: Clock | None = None,
         rand: Callable[[], float] = random.random,
+        listen: bool = True,
     ) -> None:
         self.pool = pool
+        self.listen = listen  # False: poll only (a baseline for benchmarks)
         self.settings = settings
         self.clock = clock or SystemClock()
         self.rand = rand
@@ -264,29 +266,47 @@ class Sender:
 
     async def _listen(self, stop: asyncio.Event) -> None:
         """Wake the loops on NOTIFY; on a lost connection, reconnect (polling covers the gap)."""
-        dsn = self.settings.database_url
-        if not dsn:
+        if not self.listen:
             return
         attempt = 0
         while not stop.is_set():
-            conn: asyncpg.Connection | None = None
             try:
-                conn = await connect(dsn, timeout=self.settings.db_connect_timeout_s)
-                lost = asyncio.Event()
-                conn.add_termination_listener(_setter(lost))
-                await conn.add_listener(CHANNEL, self._wake_all)
-                attempt = 0
-                self._wake_all()  # rows enqueued while we were not listening
-                await _first(stop, lost)
+                async with self._listen_connection() as conn:
+                    lost = asyncio.Event()
+                    on_lost = _setter(lost)
+                    conn.add_termination_listener(on_lost)
+                    await conn.add_listener(CHANNEL, self._wake_all)
+                    attempt = 0
+                    self._wake_all()  # rows enqueued while we were not listening
+                    try:
+                        await _first(stop, lost)
+                    finally:
+                        conn.remove_termination_listener(on_lost)
+                        if not conn.is_closed():
+                            with contextlib.suppress(Exception):
+                                await conn.remove_listener(CHANNEL, self._wake_all)
             except Exception as exc:
                 attempt += 1
                 log.warning("LISTEN %s failed (%s); polling meanwhile", CHANNEL, describe(exc))
-            finally:
-                if conn is not None and not conn.is_closed():
-                    with contextlib.suppress(Exception):
-                        await conn.close(timeout=2)
             if not stop.is_set():
                 await sleep_unless_stopped(stop, backoff_delay(max(attempt, 1), 0.5, 30))
+
+    @contextlib.asynccontextmanager
+    async def _listen_connection(self) -> AsyncIterator[Any]:
+        """A connection of its own when the DSN is known; else one held from the pool (the
+        pool resets its LISTENs when it takes it back)."""
+        dsn = self.settings.database_url
+        if not dsn:
+            async with self.pool.acquire() as pooled:
+                yield pooled
+            return
+        conn = await connect(dsn, timeout=self.settings.db_connect_timeout_s)
+        try:
+            yield conn
+        finally:
+            if not conn.is_closed():
+                with contextlib.suppress(Exception):
+                    await conn.close(timeout=2)
 
 
 async def _first(*events: asyncio.Event) -> None:

@@ -17,6 +17,7 @@ from gateway.maintenance.reconciler import Reconciler
 from gateway.outbound.sender import Sender
 from gateway.store import outbox
 from gateway.testing.fake_provider import FakeProvider
+from tests.conftest import replace
 from tests.sendkit import (
     FakeClock,
     apply_statuses_from_inbox,
@@ -494,12 +495,16 @@ async def test_token_breaker_is_per_tenant(
     )
 
 
+@pytest.mark.parametrize("dsn", [True, False], ids=["own connection", "pool connection"])
 async def test_enqueue_wakes_the_sender_and_the_listener_reconnects(
-    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+    dsn: bool, settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
 ) -> None:
     """With a 60 s poll, only NOTIFY can get a send out within seconds; after its LISTEN
-    connection is killed the sender listens again."""
+    connection is killed the sender listens again. Without a DSN (the embedded database of a
+    standalone `gateway send`) it listens on a connection held from its pool."""
     s = send_settings(settings, fake, send_poll_ms=60_000, pair_interval_s=0.0)
+    if not dsn:
+        s = replace(s, database_url=None)
     sender = Sender(pool, s)
     stop = asyncio.Event()
     task = asyncio.create_task(sender.run(stop))
