@@ -253,6 +253,9 @@ class Settings:
     forward_retry_h: float = _env(
         "GATEWAY_FORWARD_RETRY_H", 24.0, _float(0, 24 * 30), "retry a delivery this long, then failed"
     )
+    delivery_retention_days: int = _env(
+        "GATEWAY_DELIVERY_RETENTION_DAYS", 30, _int(1), "delivered deliveries kept (failed: kept)"
+    )
     forward_retry_base_ms: int = _env("GATEWAY_FORWARD_RETRY_BASE_MS", 1000, _int(1, 3600000))
     forward_retry_max_ms: int = _env(
         "GATEWAY_FORWARD_RETRY_MAX_MS", 3600000, _int(1, 86400000), "backoff cap per attempt"

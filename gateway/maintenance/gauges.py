@@ -3,6 +3,7 @@ forwarding backlog and breakers."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import asyncpg
@@ -32,9 +33,21 @@ async def refresh_outbox(pool: asyncpg.Pool, now: float | None = None) -> None:
 BREAKER_LEVEL = {"closed": 0, "half_open": 1, "open": 2}
 
 
+_destinations: set[str] = set()
+
+
 async def refresh_forward(pool: asyncpg.Pool) -> None:
-    """Backlog, oldest due delivery and breaker state per destination."""
+    """Backlog, oldest due delivery and breaker state per destination; a removed destination's
+    series go away."""
+    names = set()
     for g in await deliveries.gauges(pool):
+        names.add(g.name)
         metrics.FORWARD_BACKLOG.labels(g.name).set(g.backlog)
         metrics.FORWARD_OLDEST_DUE.labels(g.name).set(g.oldest_due_s)
         metrics.FORWARD_BREAKER.labels(g.name).set(BREAKER_GAUGE[BreakerState(g.breaker_state)])
+    for gone in _destinations - names:
+        for gauge in (metrics.FORWARD_BACKLOG, metrics.FORWARD_OLDEST_DUE, metrics.FORWARD_BREAKER):
+            with contextlib.suppress(KeyError):
+                gauge.remove(gone)
+    _destinations.clear()
+    _destinations.update(names)

@@ -21,6 +21,7 @@ async def purge(pool: asyncpg.Pool, settings: Settings, stop: asyncio.Event | No
         ("processed_webhook_events", settings.dedup_retention_days),
         ("webhook_inbox", settings.inbox_retention_days),
         ("message_statuses", settings.status_retention_days),
+        ("deliveries", settings.delivery_retention_days),
     )
     out: dict[str, int] = {}
     for table, days in plan:

@@ -1,6 +1,6 @@
 """Retention DELETEs: each removes at most ``batch`` rows in its own short transaction.
 
-Dead rows are never purged: an operator replays or inspects them.
+Dead rows and failed deliveries are never purged: an operator replays or inspects them.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ QUERIES = {
     "processed_webhook_events": "processed_webhook_events_purge",
     "webhook_inbox": "inbox_purge_done",
     "message_statuses": "message_statuses_purge",
+    "deliveries": "deliveries_purge_delivered",
 }
 
 

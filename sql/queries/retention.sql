@@ -16,6 +16,18 @@ WHERE ctid IN (
     LIMIT $2
 );
 
+-- name: deliveries_purge_delivered
+-- Delivered deliveries received before the horizon (failed ones stay for replay), through the
+-- (destination_id, received_at) index.
+DELETE FROM deliveries
+WHERE ctid IN (
+    SELECT ctid FROM deliveries
+    WHERE destination_id = ANY (ARRAY(SELECT id FROM destinations))
+      AND received_at < now() - make_interval(days => $1)
+      AND state = 'delivered'
+    LIMIT $2
+);
+
 -- name: message_statuses_purge
 DELETE FROM message_statuses
 WHERE ctid IN (

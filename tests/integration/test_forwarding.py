@@ -28,7 +28,7 @@ from gateway.testing.payloads import (
     tenashi_event,
     to_bytes,
 )
-from tests.conftest import META_SECRET
+from tests.conftest import META_SECRET, replace
 from tests.consume_helpers import drain, stage
 from tests.forward_helpers import (
     SECRET,
@@ -368,3 +368,41 @@ async def _attempted_both(pool: asyncpg.Pool) -> bool:
     return bool(
         await pool.fetchval("SELECT count(*) = 2 FROM deliveries WHERE attempts > 0 AND state = 'pending'")
     )
+
+
+async def test_retention_purges_old_delivered_deliveries_and_keeps_failed_ones(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    from gateway.maintenance import retention
+
+    await add(pool, "crm", "http://127.0.0.1:9/h")
+    await process_messages(pool, settings, 12)
+    await pool.execute(
+        "UPDATE deliveries SET state = CASE WHEN id % 3 = 0 THEN 'failed' ELSE 'delivered' END,"
+        " received_at = now() - make_interval(days => CASE WHEN id % 2 = 0 THEN 40 ELSE 1 END)"
+    )
+    expected_left = await pool.fetchval(
+        "SELECT count(*) FROM deliveries WHERE state = 'failed' OR received_at > now() - interval '30 days'"
+    )
+    deleted = await retention.purge(pool, replace(settings, purge_batch=2, delivery_retention_days=30))
+    assert deleted["deliveries"] == 12 - expected_left > 0
+    assert await pool.fetchval("SELECT count(*) FROM deliveries") == expected_left
+
+
+async def test_gauges_per_destination(pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver) -> None:
+    from prometheus_client import REGISTRY
+
+    from gateway.maintenance import gauges
+
+    await add(pool, "gauged", receiver.url)
+    await process_messages(pool, settings, 4)
+    await pool.execute("UPDATE deliveries SET received_at = now() - interval '90 seconds'")
+    await pool.execute("UPDATE destinations SET breaker_state = 'open' WHERE name = 'gauged'")
+    await gauges.refresh_forward(pool)
+    labels = {"destination": "gauged"}
+    assert REGISTRY.get_sample_value("gateway_forward_backlog", labels) == 4
+    assert REGISTRY.get_sample_value("gateway_forward_oldest_due_seconds", labels) >= 90
+    assert REGISTRY.get_sample_value("gateway_forward_breaker_state", labels) == 2
+    await deliveries.remove_destination(pool, name="gauged")
+    await gauges.refresh_forward(pool)
+    assert REGISTRY.get_sample_value("gateway_forward_backlog", labels) is None

@@ -50,7 +50,12 @@ async def test_purge_in_bounded_batches_keeps_recent_pending_and_dead(
 
     s = replace(settings, purge_batch=7)
     deleted = await retention.purge(pool, s)
-    assert deleted == {"processed_webhook_events": 46, "webhook_inbox": 46, "message_statuses": 23}
+    assert deleted == {
+        "processed_webhook_events": 46,
+        "webhook_inbox": 46,
+        "message_statuses": 23,
+        "deliveries": 0,
+    }
     assert await pool.fetchval("SELECT count(*) FROM processed_webhook_events") == 2
     assert sorted(r[0] for r in await pool.fetch("SELECT state FROM webhook_inbox")) == [
         "dead",
@@ -65,6 +70,7 @@ async def test_purge_in_bounded_batches_keeps_recent_pending_and_dead(
         "processed_webhook_events": 0,
         "webhook_inbox": 0,
         "message_statuses": 0,
+        "deliveries": 0,
     }
     assert REGISTRY.get_sample_value("gateway_retention_purged_total", {"table": "message_statuses"}) >= 23
 
