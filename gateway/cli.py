@@ -16,7 +16,8 @@ import asyncpg
 from gateway import __version__, runtime
 from gateway.core import forwarding, stdwebhooks
 from gateway.core.enums import OutboxState
-from gateway.core.settings import Settings, SettingsError, env_names
+from gateway.core.settings import Settings, SettingsError, env_names, unknown_variables
+from gateway.runtime.startup import EXIT_STARTUP, StartupError
 from gateway.store import deliveries, inbox, outbox, pacing
 from gateway.store.db import migrate
 
@@ -30,6 +31,7 @@ def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
 
     settings, server = runtime.resolve_database(settings)
     runtime.install_uvloop()
+    asyncio.run(runtime.wait_for(settings))
     app = build_app(settings)
     log.info("settings: %s", settings.redacted())
     runtime.tune_gc()
@@ -470,6 +472,17 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
-    runtime.setup_logging(settings.log_level)
+    secrets = settings.secret_values()
+    runtime.setup_logging(settings.log_level, settings.log_format, secrets)
+    for name, close in unknown_variables(os.environ):
+        hint = f" (did you mean {close}?)" if close else ""
+        log.warning("unknown variable %s is ignored%s; `gateway settings` lists them all", name, hint)
     _help, fn, _args = COMMANDS[ns.command]
-    return fn(settings, ns)
+    try:
+        return fn(settings, ns)
+    except StartupError as exc:
+        line = str(exc)
+        for secret in secrets:
+            line = line.replace(secret, "***")
+        print(f"gateway: {line}", file=sys.stderr)
+        return EXIT_STARTUP

@@ -1,10 +1,35 @@
-"""Prometheus metrics, defined once per process on the default registry."""
+"""Prometheus metrics, defined once per process on the default registry.
+
+Per-process series (counters, histograms) are summed across replicas by the dashboards.
+Database-wide gauges (inbox depth, lag, outbox states, dead letters) live on their own
+registry and are exported only by the process that currently holds the gauge leader lock
+(``gateway.maintenance.gauges``), so summing replicas never over-counts them.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import platform
+import time
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from gateway import __version__
+from gateway.core.enums import OutboxState, Provider, Source
+
+# `_created` series double the series count and no dashboard or alert here reads them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+BUILD_INFO = Gauge("gateway_build_info", "Always 1; labels say which build runs", ["version", "python"])
+BUILD_INFO.labels(__version__, platform.python_version()).set(1)
 
 # Ingest edge
+WEBHOOK_OUTCOMES = (
+    *("stored", "bad_signature", "too_large", "encoded", "busy", "slow", "aborted"),
+    *("timeout", "unavailable", "starting", "closed"),
+)
 WEBHOOK_REQUESTS = Counter(
     "gateway_webhook_requests_total",
     "Webhook POSTs by source and outcome",
@@ -34,7 +59,19 @@ WEBHOOK_BODY_BYTES_INFLIGHT = Gauge(
     "gateway_webhook_body_bytes_inflight", "Webhook body bytes reserved by requests being read"
 )
 COMMIT_FAILURES = Counter("gateway_commit_failures_total", "Group-commit batches that failed")
-INBOX_DEPTH = Gauge("gateway_inbox_depth", "Staged webhook rows not yet processed")
+
+# Send API (HTTP)
+API_REQUESTS = Counter(
+    "gateway_api_requests_total",
+    "Send API requests by route template, method and status code",
+    ["route", "method", "status"],
+)
+API_LATENCY = Histogram(
+    "gateway_api_request_seconds",
+    "Send API request duration by route template and method",
+    ["route", "method"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
 
 # Send side (outbox, sender, reconciler)
 SENDS = Counter(
@@ -42,19 +79,10 @@ SENDS = Counter(
     "Send attempts by provider, resulting outbox state and provider error code",
     ["provider", "outcome", "code"],
 )
-OUTBOX_ROWS = Gauge("gateway_outbox_rows", "Outbox rows by state", ["state"])
-OLDEST_UNKNOWN = Gauge(
-    "gateway_outbox_oldest_unknown_seconds", "Age of the oldest outbox row in state unknown (0: none)"
-)
 BREAKER_TRIPS = Counter(
     "gateway_breaker_trips_total",
     "Circuit breakers opened (or reopened) by an account-level error, by scope, provider and code",
     ["scope", "provider", "code"],
-)
-BREAKER_STATE = Gauge(
-    "gateway_breaker_state",
-    "Circuit breaker state per sending number / tenant token: 0 closed, 1 half-open, 2 open",
-    ["scope", "provider", "key"],
 )
 RECONCILE_WAITING = Gauge(
     "gateway_reconcile_waiting_rows",
@@ -66,6 +94,7 @@ RECONCILE_WATERMARK_LAG = Gauge(
 )
 
 # Consumers (exactly-once processing of staged webhooks)
+EVENT_KINDS = ("message", "status", "account_error", "account_update")
 CONSUMER_EVENTS = Counter(
     "gateway_consumer_events_total",
     "Events extracted from staged webhooks, by kind and outcome (processed, duplicate)",
@@ -82,7 +111,6 @@ DEAD_LETTERS = Counter(
 CONSUMER_FAILURES = Counter(
     "gateway_consumer_failures_total", "Staged rows whose processing failed and will be retried"
 )
-CONSUMER_LAG = Gauge("gateway_consumer_lag_seconds", "Age of the oldest due pending staged row")
 CONSUMER_BATCH_SECONDS = Histogram(
     "gateway_consumer_batch_seconds",
     "Duration of one consumer batch (claim, process, commit)",
@@ -96,6 +124,7 @@ CONSUMER_BATCH_ROWS = Histogram(
 CONSUMER_FALLBACKS = Counter(
     "gateway_consumer_fallbacks_total", "Batches that failed and were retried one row at a time"
 )
+RETENTION_TABLES = ("processed_webhook_events", "webhook_inbox", "message_statuses")
 RETENTION_PURGED = Counter("gateway_retention_purged_total", "Rows purged by retention", ["table"])
 
 # Forwarding to downstream destinations
@@ -110,16 +139,113 @@ FORWARD_LATENCY = Histogram(
     ["destination"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0, 600.0, 3600.0),
 )
+
+
+class _LeaderOnly(Collector):
+    """Yields the database-wide gauges only while this process exports them.
+
+    A process exports them from its first refresh until it loses the leader lock (or its
+    last refresh is older than ``max_age_s``: a leader whose refreshes stopped drops out
+    by itself instead of exporting frozen numbers next to the new leader's).
+    """
+
+    def __init__(self, registry: CollectorRegistry, max_age_s: float = 30.0) -> None:
+        self.registry = registry
+        self.max_age_s = max_age_s
+        self.refreshed_at: float | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self.registry.collect())
+
+    def collect(self) -> Iterator[Metric]:
+        at = self.refreshed_at
+        if at is not None and time.monotonic() - at <= self.max_age_s:
+            yield from self.registry.collect()
+
+
+DB_REGISTRY = CollectorRegistry(auto_describe=True)
+DB_GAUGES = _LeaderOnly(DB_REGISTRY)
+REGISTRY.register(DB_GAUGES)
+
+INBOX_DEPTH = Gauge(
+    "gateway_inbox_depth", "Staged webhook rows not yet processed (database-wide)", registry=DB_REGISTRY
+)
+CONSUMER_LAG = Gauge(
+    "gateway_consumer_lag_seconds",
+    "Age of the oldest due pending staged row (database-wide)",
+    registry=DB_REGISTRY,
+)
+DEAD_ROWS = Gauge(
+    "gateway_dead_rows",
+    "Staged rows parked as dead, waiting for `gateway dead` (database-wide)",
+    registry=DB_REGISTRY,
+)
+OUTBOX_ROWS = Gauge(
+    "gateway_outbox_rows", "Outbox rows by state (database-wide)", ["state"], registry=DB_REGISTRY
+)
+OLDEST_UNKNOWN = Gauge(
+    "gateway_outbox_oldest_unknown_seconds",
+    "Age of the oldest outbox row in state unknown (0: none; database-wide)",
+    registry=DB_REGISTRY,
+)
+GAUGE_LEADER = Gauge(
+    "gateway_gauge_leader", "1 in the one process exporting the database-wide gauges", registry=DB_REGISTRY
+)
+GAUGE_LEADER.set(1)
+BREAKER_STATE = Gauge(
+    "gateway_breaker_state",
+    "Circuit breaker state per sending number / tenant token: 0 closed, 1 half-open, 2 open (database-wide)",
+    ["scope", "provider", "key"],
+    registry=DB_REGISTRY,
+)
 FORWARD_BACKLOG = Gauge(
-    "gateway_forward_backlog", "Deliveries pending or in flight, per destination", ["destination"]
+    "gateway_forward_backlog",
+    "Deliveries pending or in flight, per destination (database-wide)",
+    ["destination"],
+    registry=DB_REGISTRY,
 )
 FORWARD_OLDEST_DUE = Gauge(
     "gateway_forward_oldest_due_seconds",
-    "Age (since receipt) of the oldest due pending delivery, per destination (0: none)",
+    "Age (since receipt) of the oldest due pending delivery, per destination (0: none; database-wide)",
     ["destination"],
+    registry=DB_REGISTRY,
 )
 FORWARD_BREAKER = Gauge(
     "gateway_forward_breaker_state",
-    "Circuit breaker per destination: 0 closed, 1 half-open, 2 open",
+    "Circuit breaker per destination: 0 closed, 1 half-open, 2 open (database-wide)",
     ["destination"],
+    registry=DB_REGISTRY,
 )
+
+
+def db_gauges_refreshed() -> None:
+    """This process refreshed the database-wide gauges: export them."""
+    DB_GAUGES.refreshed_at = time.monotonic()
+
+
+def db_gauges_withdrawn() -> None:
+    """This process no longer exports the database-wide gauges (lost the leader lock)."""
+    DB_GAUGES.refreshed_at = None
+
+
+def _init_series() -> None:
+    """Create the label combinations alerts and dashboards read, at 0, before any event."""
+    for src in Source:
+        ACK_LATENCY.labels(src.value)
+        for outcome in WEBHOOK_OUTCOMES:
+            WEBHOOK_REQUESTS.labels(src.value, outcome)
+    for provider in Provider:
+        for state in (OutboxState.ACCEPTED, OutboxState.UNKNOWN, OutboxState.FAILED, OutboxState.PENDING):
+            SENDS.labels(provider.value, state.value, "")
+    for kind in EVENT_KINDS:
+        for outcome in ("processed", "duplicate"):
+            CONSUMER_EVENTS.labels(kind, outcome)
+    for reason in ("unparseable", "max_attempts"):
+        DEAD_LETTERS.labels(reason)
+    for table in RETENTION_TABLES:
+        RETENTION_PURGED.labels(table)
+    for state in OutboxState:
+        OUTBOX_ROWS.labels(state.value)
+
+
+_init_series()

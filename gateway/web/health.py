@@ -1,64 +1,130 @@
-"""/healthz (process up), /readyz (database reachable, schema current), /metrics."""
+"""/healthz (process up), /readyz (database reachable, schema current), /metrics.
+
+``/readyz`` answers from the result of a probe run in the background once a second, and
+``/metrics`` from the registry (the database-wide gauges are refreshed by a maintenance job,
+not at scrape time): a flood of either cannot queue on the pool the send API and the
+consumers need. ``/metrics`` is prometheus_client's own aiohttp handler (text or OpenMetrics
+by the Accept header, gzip by Accept-Encoding).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.aiohttp import make_aiohttp_handler
 
-from gateway import metrics
-from gateway.store import inbox
 from gateway.store.db import latest_version, schema_version
 
 log = logging.getLogger(__name__)
+
+PROBE_INTERVAL_S = 1.0
+PROBE_TIMEOUT_S = 2.0
+
+metrics_handler = make_aiohttp_handler()
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
 
 
 class Health:
     """Health routes; ``pool`` is set once the app's database is up."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval_s: float = PROBE_INTERVAL_S, timeout_s: float = PROBE_TIMEOUT_S) -> None:
         self.pool: asyncpg.Pool | None = None
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self._status = 503
+        self._body: dict[str, Any] = {"status": "unavailable", "reason": "starting"}
+        self._checked_at: float | None = None
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
-            web.get("/healthz", self.healthz),
-            web.get("/readyz", self.readyz),
-            web.get("/metrics", self.metrics),
-        ]
+    def routes(self, *, metrics: bool = True) -> list[web.RouteDef]:
+        routes = [web.get("/healthz", healthz), web.get("/readyz", self.readyz)]
+        if metrics:
+            routes.append(web.get("/metrics", metrics_handler))
+        return routes
 
-    async def healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def readyz(self, request: web.Request) -> web.Response:
+    async def probe(self) -> None:
+        """Check the database and the schema once; the answer ``/readyz`` gives until the next."""
         try:
             assert self.pool is not None, "database not up yet"
-            async with asyncio.timeout(2):
+            async with asyncio.timeout(self.timeout_s):
                 version = await schema_version(self.pool)
         except Exception as exc:
-            return web.json_response(
-                {"status": "unavailable", "reason": f"database: {type(exc).__name__}"}, status=503
-            )
+            self._set(503, {"status": "unavailable", "reason": f"database: {type(exc).__name__}"})
+            return
         want = latest_version()
         if version < want:
-            return web.json_response(
-                {"status": "unavailable", "reason": f"schema at {version}, want {want}"}, status=503
-            )
-        return web.json_response({"status": "ready", "schema": version})
+            self._set(503, {"status": "unavailable", "reason": f"schema at {version}, want {want}"})
+        else:
+            self._set(200, {"status": "ready", "schema": version})
 
-    async def metrics(self, request: web.Request) -> web.Response:
-        await self._refresh_gauges()
-        resp = web.Response(body=generate_latest())
-        resp.content_type = CONTENT_TYPE_LATEST.split(";")[0]
-        return resp
+    def _set(self, status: int, body: dict[str, Any]) -> None:
+        if status != self._status:
+            log.log(logging.INFO if status == 200 else logging.WARNING, "readiness: %s", body)
+        self._status, self._body, self._checked_at = status, body, time.monotonic()
 
-    async def _refresh_gauges(self) -> None:
-        """Database-derived gauges, read at scrape time; a slow database leaves them stale."""
+    @contextlib.asynccontextmanager
+    async def probing(self) -> AsyncIterator[None]:
+        """Probe once now (the first answer is real), then in the background until exit."""
+        await self.probe()
+
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(self.interval_s)
+                await self.probe()
+
+        task = asyncio.create_task(loop())
         try:
-            assert self.pool is not None
-            async with asyncio.timeout(1):
-                metrics.INBOX_DEPTH.set(await inbox.depth(self.pool))
-        except Exception as exc:
-            log.debug("gauge refresh failed: %s", type(exc).__name__)
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        at = self._checked_at
+        if at is None or time.monotonic() - at > 3 * self.interval_s + self.timeout_s:
+            # The probe itself is stuck: say so rather than repeat an old "ready".
+            stalled = {"status": "unavailable", "reason": "readiness probe stalled"}
+            return web.json_response(stalled, status=503)
+        return web.json_response(self._body, status=self._status)
+
+
+def metrics_app() -> web.Application:
+    """The separate metrics listener: ``/metrics`` and ``/healthz`` only."""
+    app = web.Application()
+    app.router.add_routes([web.get("/healthz", healthz), web.get("/metrics", metrics_handler)])
+    return app
+
+
+class ListenError(OSError):
+    """The metrics listener's port could not be bound (names the variable for the message)."""
+
+    def __init__(self, exc: OSError, host: str, port: int) -> None:
+        super().__init__(exc.errno, exc.strerror)
+        self.host, self.port, self.variable = host, port, "GATEWAY_METRICS_PORT"
+
+
+@contextlib.asynccontextmanager
+async def metrics_listener(host: str, port: int) -> AsyncIterator[web.AppRunner]:
+    """Serve ``metrics_app`` on ``host:port`` for the duration of the block."""
+    runner = web.AppRunner(metrics_app(), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ListenError(exc, host, port) from exc
+        log.info("metrics on http://%s:%d/metrics", host, port)
+        yield runner
+    finally:
+        await runner.cleanup()

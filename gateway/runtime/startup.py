@@ -1,0 +1,105 @@
+"""Start-up that waits: the database may come up after the gateway (compose, a restart).
+
+An unreachable database is retried with backoff for ``GATEWAY_DB_WAIT_S``, one log line per
+try; then, like a wrong password, a malformed DSN or a busy port, the command ends with one
+clear line (``StartupError``) and a non-zero exit code instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import time
+import urllib.parse
+
+import asyncpg
+
+from gateway.core.backoff import backoff_delay
+from gateway.store.db import connect
+
+log = logging.getLogger("gateway")
+
+EXIT_STARTUP = 3
+
+# Worth waiting for: the server is not there yet, still starting, or full for a moment.
+RETRYABLE = (
+    OSError,
+    TimeoutError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InvalidCatalogNameError,
+)
+
+
+class StartupError(Exception):
+    """A one-line reason the process cannot start."""
+
+
+def where(dsn: str) -> str:
+    """``host:port/database`` of a DSN, without credentials (for messages)."""
+    try:
+        parts = urllib.parse.urlsplit(dsn)
+        host = parts.hostname or urllib.parse.parse_qs(parts.query).get("host", ["localhost"])[0]
+        return f"{host}:{parts.port or 5432}{parts.path or '/'}"
+    except ValueError:
+        return "<malformed DSN>"
+
+
+def describe(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())[:200]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+async def wait_for_database(dsn: str, *, wait_s: float, connect_timeout_s: float) -> None:
+    """Return once a connection to ``dsn`` opens; raise ``StartupError`` when it cannot."""
+    deadline = time.monotonic() + wait_s
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            conn = await connect(dsn, timeout=connect_timeout_s)
+        except RETRYABLE as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StartupError(
+                    f"database at {where(dsn)} unreachable after {wait_s:g}s "
+                    f"({attempt} tries; GATEWAY_DB_WAIT_S): {describe(exc)}"
+                ) from None
+            delay = min(backoff_delay(attempt, 0.25, 5.0), left)
+            log.warning(
+                "database at %s not reachable (try %d: %s); retrying in %.1fs, giving up in %.0fs",
+                where(dsn),
+                attempt,
+                describe(exc),
+                delay,
+                left,
+            )
+            await asyncio.sleep(delay)
+        except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
+            raise StartupError(f"database at {where(dsn)} refused the credentials: {describe(exc)}") from None
+        except (ValueError, asyncpg.ClientConfigurationError) as exc:
+            raise StartupError(f"DATABASE_URL is malformed: {describe(exc)}") from None
+        except asyncpg.PostgresError as exc:
+            raise StartupError(f"database at {where(dsn)}: {describe(exc)}") from None
+        else:
+            await conn.close()
+            if attempt > 1:
+                log.info("database at %s reachable after %d tries", where(dsn), attempt)
+            return
+
+
+LISTEN_ERRNOS = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
+
+
+def listen_error(exc: OSError, host: str, port: int, variable: str = "GATEWAY_PORT") -> StartupError:
+    if exc.errno == errno.EADDRINUSE:
+        why = "address already in use (another gateway or program listens there)"
+    elif exc.errno == errno.EACCES:
+        why = "permission denied (ports below 1024 need privileges)"
+    elif exc.errno == errno.EADDRNOTAVAIL:
+        why = "address not available on this machine (check GATEWAY_HOST)"
+    else:
+        why = exc.strerror or str(exc)
+    return StartupError(f"cannot listen on {host}:{port} ({variable}): {why}")

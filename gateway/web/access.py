@@ -1,0 +1,162 @@
+"""Access log, request ids and send-API request metrics: one middleware around every route.
+
+Each webhook and API request gets one access-log line (logger ``gateway.access``) with its
+request id (``X-Request-Id`` honoured when it is sane, generated otherwise, and echoed in the
+response), source, outcome, status and latency. Above ``rate`` lines a second the lines are
+sampled (a token bucket) so a flood cannot turn into a logging bottleneck; 5xx lines are always
+written, and the next written line says how many were left out. The query string is never
+logged (Meta's verification handshake carries its token there).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from gateway import metrics
+
+log = logging.getLogger("gateway.access")
+
+# The current request's id, for every log line written while handling it.
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
+
+_SANE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+_WEBHOOK_OUTCOME = {
+    200: "stored",
+    400: "aborted",
+    401: "bad_signature",
+    403: "refused",
+    408: "slow",
+    413: "too_large",
+    415: "encoded",
+    503: "unavailable",
+}
+MAX_PATH = 200
+
+
+def source_of(path: str) -> str:
+    """Who is calling, from the path: meta, tenashi, api or ops (health and metrics)."""
+    if path.startswith("/webhooks/"):
+        return "tenashi" if path.startswith("/webhooks/tenashi") else "meta"
+    if path.startswith("/v1/"):
+        return "api"
+    return "ops"
+
+
+def outcome_of(source: str, status: int) -> str:
+    if source in ("meta", "tenashi") and status in _WEBHOOK_OUTCOME:
+        return _WEBHOOK_OUTCOME[status]
+    if status < 400:
+        return "ok"
+    if status == 503:
+        return "unavailable"
+    return "rejected" if status < 500 else "error"
+
+
+def request_id(given: str | None) -> str:
+    if given is not None and _SANE_ID.match(given):
+        return given
+    return os.urandom(8).hex()
+
+
+class Sampler:
+    """Token bucket: ``rate`` lines a second on average, bursts up to one second's worth."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.capacity = max(rate, 1.0)
+        self.tokens = self.capacity
+        self.clock = clock
+        self.last = clock()
+        self.dropped = 0
+
+    def take(self, force: bool = False) -> int | None:
+        """None: leave this line out; else the number of lines left out since the last one written."""
+        now = self.clock()
+        self.tokens = min(self.capacity, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens >= 1.0 or force:
+            self.tokens = max(0.0, self.tokens - 1.0)
+            dropped, self.dropped = self.dropped, 0
+            return dropped
+        self.dropped += 1
+        return None
+
+
+def _route(request: web.Request) -> str:
+    info = request.match_info
+    resource = info.route.resource if info is not None else None
+    return resource.canonical if resource is not None else "unmatched"
+
+
+def middleware(rate: float) -> Middleware:
+    """The middleware; ``rate`` is access-log lines a second before sampling (0: no access log)."""
+    sampler = Sampler(rate) if rate > 0 else None
+
+    @web.middleware
+    async def access(request: web.Request, handler: Handler) -> web.StreamResponse:
+        rid = request_id(request.headers.get("X-Request-Id"))
+        token = REQUEST_ID.set(rid)
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            response.headers["X-Request-Id"] = rid
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            exc.headers["X-Request-Id"] = rid
+            raise
+        finally:
+            elapsed = time.perf_counter() - started
+            REQUEST_ID.reset(token)
+            source = source_of(request.path)
+            if source == "api":
+                method = request.method if request.method in _METHODS else "other"
+                route = _route(request)
+                metrics.API_REQUESTS.labels(route, method, str(status)).inc()
+                metrics.API_LATENCY.labels(route, method).observe(elapsed)
+            if sampler is not None and (source != "ops" or log.isEnabledFor(logging.DEBUG)):
+                dropped = sampler.take(force=status >= 500)
+                if dropped is not None:
+                    _write(request, rid, source, status, elapsed, dropped)
+
+    return access
+
+
+def _write(request: web.Request, rid: str, source: str, status: int, elapsed: float, dropped: int) -> None:
+    path = request.path[:MAX_PATH]
+    outcome = outcome_of(source, status)
+    ms = round(elapsed * 1000, 2)
+    level = logging.DEBUG if source == "ops" else logging.INFO
+    log.log(
+        level,
+        "%s %s %d %s %.2fms rid=%s%s",
+        request.method[:10],
+        path,
+        status,
+        outcome,
+        ms,
+        rid,
+        f" (+{dropped} lines sampled out)" if dropped else "",
+        extra={
+            "request_id": rid,
+            "source": source,
+            "method": request.method[:10],
+            "path": path,
+            "status": status,
+            "outcome": outcome,
+            "latency_ms": ms,
+            "sampled_out": dropped,
+            "remote": request.remote,
+        },
+    )
