@@ -12,12 +12,12 @@ import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 from prometheus_client import REGISTRY
-from tests.payloads import message_payload, meta_bytes
 
 from gateway import metrics
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
 from gateway.maintenance.gauges import GaugeLeader
+from gateway.testing.payloads import message_payload, meta_bytes
 from tests.conftest import META_SECRET, replace
 from tests.procs import free_port
 

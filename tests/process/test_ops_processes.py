@@ -13,9 +13,9 @@ from pathlib import Path
 
 import aiohttp
 import asyncpg
-from tests.payloads import message_payload, meta_bytes
 
 from gateway.core.signature import sign_meta
+from gateway.testing.payloads import message_payload, meta_bytes
 from tests.procs import free_port, spawn, wait_healthy
 
 SECRETS = {
