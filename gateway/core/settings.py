@@ -128,6 +128,8 @@ def _url(raw: str) -> str:
 def _dsn(raw: str) -> str:
     """A PostgreSQL URL; checked here so a typo is one line at start-up, not a driver traceback."""
     value = raw.strip()
+    if not value:
+        return value  # set but empty: the same as unset
     scheme, sep, _ = value.partition("://")
     if not sep or scheme not in ("postgres", "postgresql"):
         raise ValueError("must be a postgresql://user:password@host:port/database URL")

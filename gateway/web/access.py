@@ -51,7 +51,9 @@ def source_of(path: str) -> str:
     return "ops"
 
 
-def outcome_of(source: str, status: int) -> str:
+def outcome_of(source: str, status: int, method: str = "POST") -> str:
+    if source in ("meta", "tenashi") and method == "GET":  # Meta's subscription handshake
+        return "verified" if status == 200 else "refused"
     if source in ("meta", "tenashi") and status in _WEBHOOK_OUTCOME:
         return _WEBHOOK_OUTCOME[status]
     if status < 400:
@@ -135,7 +137,7 @@ def middleware(rate: float) -> Middleware:
 
 def _write(request: web.Request, rid: str, source: str, status: int, elapsed: float, dropped: int) -> None:
     path = request.path[:MAX_PATH]
-    outcome = outcome_of(source, status)
+    outcome = outcome_of(source, status, request.method)
     ms = round(elapsed * 1000, 2)
     level = logging.DEBUG if source == "ops" else logging.INFO
     log.log(

@@ -31,6 +31,7 @@ def test_unknown_variables(environ: dict[str, str], expected: list[tuple[str, st
         ("postgresql://u:p@db:5432/gateway", True),
         ("postgres://u@db/gateway?sslmode=require", True),
         ("postgresql:///gateway?host=/var/run/postgresql", True),
+        ("", True),  # empty: the same as unset (the embedded server)
         ("mysql://u:p@db/gateway", False),
         ("db:5432/gateway", False),
         ("postgresql://u:p@db:port/gateway", False),
@@ -95,6 +96,8 @@ def test_sampler_keeps_rate_and_counts_what_it_left_out() -> None:
     ("path", "status", "source", "outcome"),
     [
         ("/webhooks/meta", 200, "meta", "stored"),
+        ("/webhooks/meta", 408, "meta", "slow"),
+        ("/webhooks/meta", 415, "meta", "encoded"),
         ("/webhooks/tenashi", 401, "tenashi", "bad_signature"),
         ("/webhooks/meta", 503, "meta", "unavailable"),
         ("/v1/messages", 202, "api", "ok"),
@@ -106,6 +109,11 @@ def test_sampler_keeps_rate_and_counts_what_it_left_out() -> None:
 def test_source_and_outcome(path: str, status: int, source: str, outcome: str) -> None:
     assert source_of(path) == source
     assert outcome_of(source, status) == outcome
+
+
+def test_handshake_outcome() -> None:
+    assert outcome_of("meta", 200, "GET") == "verified"
+    assert outcome_of("meta", 403, "GET") == "refused"
 
 
 def test_request_id_honoured_only_when_sane() -> None:
