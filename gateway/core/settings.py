@@ -383,8 +383,12 @@ class Settings:
 
     @property
     def forward_lease_s(self) -> float:
-        """A delivery still ``delivering`` after this long belongs to a forwarder that died."""
-        return self.forward_timeout_ms / 1000 + 60.0
+        """A delivery still ``delivering`` after this long belongs to a forwarder that died.
+
+        A claimed delivery may wait for a request slot (at most one request's time) before its
+        own request: twice the request timeout, plus a minute of slack.
+        """
+        return 2 * self.forward_timeout_ms / 1000 + 60.0
 
     def redacted(self) -> dict[str, Any]:
         """Settings safe to log: secrets replaced by their count or a marker."""

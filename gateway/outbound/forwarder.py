@@ -121,7 +121,7 @@ class Forwarder:
         """Write finished attempts, claim what free slots allow and start them; claimed count."""
         s = self.settings
         results, breakers = self._outcomes()
-        if self._unwritten:  # outcomes a failed round could not write: try them again
+        if self._unwritten[0]:  # outcomes a failed round could not write: try them again
             results = self._unwritten[0] + results
             breakers = _merge(self._unwritten[1], breakers)
             self._unwritten = ([], [])
