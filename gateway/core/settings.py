@@ -154,27 +154,61 @@ def _str(raw: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Settings:
     # Database
-    database_url: str | None = _env("DATABASE_URL", None, _dsn, "PostgreSQL DSN; unset: embedded")
-    data_dir: Path = _env("GATEWAY_DATA_DIR", Path("./var"), _path, "embedded PostgreSQL home")
-    db_pool_min: int = _env("GATEWAY_DB_POOL_MIN", 2, _int(1, 200))
-    db_pool_max: int = _env("GATEWAY_DB_POOL_MAX", 10, _int(1, 200))
-    db_connect_timeout_s: float = _env("GATEWAY_DB_CONNECT_TIMEOUT_S", 5.0, _float(0.1, 120))
-    migrate_on_start: bool = _env("GATEWAY_MIGRATE_ON_START", True, _bool)
+    database_url: str | None = _env(
+        "DATABASE_URL",
+        None,
+        _dsn,
+        "PostgreSQL URL (postgresql://user:password@host:port/db); unset: the embedded server",
+    )
+    data_dir: Path = _env(
+        "GATEWAY_DATA_DIR",
+        Path("./var"),
+        _path,
+        "where the embedded PostgreSQL keeps its data (only without DATABASE_URL)",
+    )
+    db_pool_min: int = _env(
+        "GATEWAY_DB_POOL_MIN", 2, _int(1, 200), "database connections each process keeps open"
+    )
+    db_pool_max: int = _env(
+        "GATEWAY_DB_POOL_MAX", 10, _int(1, 200), "most database connections a process's pool opens"
+    )
+    db_connect_timeout_s: float = _env(
+        "GATEWAY_DB_CONNECT_TIMEOUT_S",
+        5.0,
+        _float(0.1, 120),
+        "seconds to wait for one database connection to open",
+    )
+    migrate_on_start: bool = _env(
+        "GATEWAY_MIGRATE_ON_START",
+        True,
+        _bool,
+        "apply pending migrations when a process starts (false: run gateway migrate)",
+    )
     db_wait_s: float = _env(
-        "GATEWAY_DB_WAIT_S", 30.0, _float(0, 3600), "at start-up, retry an unreachable database this long"
+        "GATEWAY_DB_WAIT_S",
+        30.0,
+        _float(0, 3600),
+        "at start-up, keep retrying an unreachable database this many seconds",
     )
     embedded: bool = _env(
         "GATEWAY_EMBEDDED",
         True,
         _bool,
-        "without DATABASE_URL, start an embedded PostgreSQL (needs the [embedded] extra); 0: refuse",
+        "without DATABASE_URL, start an embedded PostgreSQL ([embedded] extra); false: refuse to start",
     )
 
     # HTTP
-    host: str = _env("GATEWAY_HOST", "127.0.0.1", _str)
-    port: int = _env("GATEWAY_PORT", 8080, _int(0, 65535))
+    host: str = _env(
+        "GATEWAY_HOST", "127.0.0.1", _str, "address the HTTP server (and the metrics listener) binds to"
+    )
+    port: int = _env(
+        "GATEWAY_PORT", 8080, _int(0, 65535), "port for webhooks, the send API and health checks"
+    )
     max_body_bytes: int = _env(
-        "GATEWAY_MAX_BODY_BYTES", 4 * 1024 * 1024, _int(META_MAX_PAYLOAD), "request body limit (>= 3 MiB)"
+        "GATEWAY_MAX_BODY_BYTES",
+        4 * 1024 * 1024,
+        _int(META_MAX_PAYLOAD),
+        "largest request body accepted (413 above; Meta's payloads reach 3 MB)",
     )
     max_inflight_body_bytes: int = _env(
         "GATEWAY_MAX_INFLIGHT_BODY_BYTES",
@@ -192,9 +226,12 @@ class Settings:
         "GATEWAY_BODY_TIMEOUT_S", 15.0, _float(0.5, 3600), "to read a webhook body; 408 past it"
     )
     max_connections: int = _env("GATEWAY_MAX_CONNECTIONS", 1024, _int(1, 1_000_000), "open HTTP connections")
-    log_level: str = _env("GATEWAY_LOG_LEVEL", "INFO", _log_level)
+    log_level: str = _env("GATEWAY_LOG_LEVEL", "INFO", _log_level, "debug, info, warning or error")
     log_format: str = _env(
-        "GATEWAY_LOG_FORMAT", "text", _choice("text", "json"), "text, or json (one object per line)"
+        "GATEWAY_LOG_FORMAT",
+        "text",
+        _choice("text", "json"),
+        "text (for a terminal) or json (one object per line, for containers)",
     )
     access_log_rate: float = _env(
         "GATEWAY_ACCESS_LOG_RATE",
@@ -206,66 +243,160 @@ class Settings:
         "GATEWAY_METRICS_PORT",
         0,
         _int(0, 65535),
-        "separate /metrics + /healthz listener (serve, consume, send); 0: serve keeps /metrics on its port",
+        "separate /metrics + /healthz listener (serve, consume, send, forward); 0: serve keeps /metrics",
     )
 
     # Group commit of the ingest edge
-    commit_window_ms: float = _env("GATEWAY_COMMIT_WINDOW_MS", 2.0, _float(0, 1000))
-    commit_max_batch: int = _env("GATEWAY_COMMIT_MAX_BATCH", 256, _int(1, 10000))
-    commit_max_inflight: int = _env("GATEWAY_COMMIT_MAX_INFLIGHT", 4, _int(1, 100))
-    ack_deadline_ms: int = _env("GATEWAY_ACK_DEADLINE_MS", 3000, _int(10, 60000))
+    commit_window_ms: float = _env(
+        "GATEWAY_COMMIT_WINDOW_MS",
+        2.0,
+        _float(0, 1000),
+        "how long a group-commit batch collects webhooks before it is written",
+    )
+    commit_max_batch: int = _env(
+        "GATEWAY_COMMIT_MAX_BATCH",
+        256,
+        _int(1, 10000),
+        "most webhooks written in one group-commit transaction",
+    )
+    commit_max_inflight: int = _env(
+        "GATEWAY_COMMIT_MAX_INFLIGHT",
+        4,
+        _int(1, 100),
+        "group-commit batches written at once (each on its own connection)",
+    )
+    ack_deadline_ms: int = _env(
+        "GATEWAY_ACK_DEADLINE_MS",
+        3000,
+        _int(10, 60000),
+        "a webhook not committed within this many ms gets 503 (the sender retries)",
+    )
 
     # Meta
-    meta_app_secrets: tuple[str, ...] = _env("GATEWAY_META_APP_SECRETS", (), _secrets)
-    meta_verify_token: str = _env("GATEWAY_META_VERIFY_TOKEN", "", _str)
-    graph_url: str = _env("GATEWAY_GRAPH_URL", "https://graph.facebook.com/v21.0", _url)
-    graph_token: str = _env("GATEWAY_GRAPH_TOKEN", "", _str)
+    meta_app_secrets: tuple[str, ...] = _env(
+        "GATEWAY_META_APP_SECRETS",
+        (),
+        _secrets,
+        "Meta app secrets, comma-separated (several during rotation); empty: every Meta POST gets 401",
+    )
+    meta_verify_token: str = _env(
+        "GATEWAY_META_VERIFY_TOKEN",
+        "",
+        _str,
+        "token Meta echoes in the subscription handshake; empty: handshake refused",
+    )
+    graph_url: str = _env(
+        "GATEWAY_GRAPH_URL",
+        "https://graph.facebook.com/v21.0",
+        _url,
+        "Graph API base URL for sends (with its version)",
+    )
+    graph_token: str = _env("GATEWAY_GRAPH_TOKEN", "", _str, "Graph API access token for sends")
 
     # Tenashi
-    tenashi_secret: str = _env("GATEWAY_TENASHI_SECRET", "", _str)
-    tenashi_signature_header: str = _env("GATEWAY_TENASHI_SIGNATURE_HEADER", "X-Tenashi-Signature", _str)
+    tenashi_secret: str = _env("GATEWAY_TENASHI_SECRET", "", _str, "secret Tenashi signs its webhooks with")
+    tenashi_signature_header: str = _env(
+        "GATEWAY_TENASHI_SIGNATURE_HEADER", "X-Tenashi-Signature", _str, "header carrying Tenashi's signature"
+    )
     tenashi_signature_scheme: str = _env(
         "GATEWAY_TENASHI_SIGNATURE_SCHEME",
         "hmac-sha256-hex",
         _choice("hmac-sha256-hex", "hmac-sha256-base64"),
+        "hmac-sha256-hex or hmac-sha256-base64",
     )
-    tenashi_signature_prefix: str = _env("GATEWAY_TENASHI_SIGNATURE_PREFIX", "sha256=", _str)
-    tenashi_url: str = _env("GATEWAY_TENASHI_URL", "https://api.tenashi.example", _url)
-    tenashi_token: str = _env("GATEWAY_TENASHI_TOKEN", "", _str)
+    tenashi_signature_prefix: str = _env(
+        "GATEWAY_TENASHI_SIGNATURE_PREFIX",
+        "sha256=",
+        _str,
+        "text before the digest in Tenashi's signature header",
+    )
+    tenashi_url: str = _env(
+        "GATEWAY_TENASHI_URL", "https://api.tenashi.example", _url, "Tenashi API base URL for sends"
+    )
+    tenashi_token: str = _env("GATEWAY_TENASHI_TOKEN", "", _str, "Tenashi API token for sends")
 
     # Send API
-    api_keys: tuple[tuple[str, str], ...] = _env("GATEWAY_API_KEYS", (), _api_keys)
+    api_keys: tuple[tuple[str, str], ...] = _env(
+        "GATEWAY_API_KEYS",
+        (),
+        _api_keys,
+        "send API keys as tenant:key pairs, comma-separated (keys of 16+ characters)",
+    )
 
     # Which background workers `gateway serve` runs in-process.
-    run_consumers: bool = _env("GATEWAY_RUN_CONSUMERS", True, _bool)
-    run_sender: bool = _env("GATEWAY_RUN_SENDER", True, _bool)
-    run_forwarder: bool = _env("GATEWAY_RUN_FORWARDER", True, _bool, "forwarder in gateway serve")
+    run_consumers: bool = _env("GATEWAY_RUN_CONSUMERS", True, _bool, "run the consumers inside gateway serve")
+    run_sender: bool = _env(
+        "GATEWAY_RUN_SENDER", True, _bool, "run the sender and reconciler inside gateway serve"
+    )
+    run_forwarder: bool = _env("GATEWAY_RUN_FORWARDER", True, _bool, "run the forwarder inside gateway serve")
 
     # Consumers
-    consumer_concurrency: int = _env("GATEWAY_CONSUMER_CONCURRENCY", 2, _int(1, 64))
-    consumer_batch: int = _env("GATEWAY_CONSUMER_BATCH", 200, _int(1, 10000))
-    consumer_batch_bytes: int = _env("GATEWAY_CONSUMER_BATCH_BYTES", 16 * 1024 * 1024, _int(1), "per batch")
-    consumer_poll_ms: int = _env("GATEWAY_CONSUMER_POLL_MS", 1000, _int(10, 600000))
-    max_attempts: int = _env("GATEWAY_MAX_ATTEMPTS", 8, _int(1, 1000))
-    retry_base_ms: int = _env("GATEWAY_RETRY_BASE_MS", 1000, _int(1, 3600000))
-    retry_max_ms: int = _env("GATEWAY_RETRY_MAX_MS", 600000, _int(1, 86400000))
-    dedup_retention_days: int = _env("GATEWAY_DEDUP_RETENTION_DAYS", 30, _int(1))
-    inbox_retention_days: int = _env("GATEWAY_INBOX_RETENTION_DAYS", 7, _int(1))
-    status_retention_days: int = _env("GATEWAY_STATUS_RETENTION_DAYS", 90, _int(1))
-    purge_interval_s: int = _env("GATEWAY_PURGE_INTERVAL_S", 3600, _int(1))
-    purge_batch: int = _env("GATEWAY_PURGE_BATCH", 5000, _int(1, 1000000))
+    consumer_concurrency: int = _env(
+        "GATEWAY_CONSUMER_CONCURRENCY", 2, _int(1, 64), "consumer loops per process"
+    )
+    consumer_batch: int = _env(
+        "GATEWAY_CONSUMER_BATCH", 200, _int(1, 10000), "most staged webhooks one consumer batch claims"
+    )
+    consumer_batch_bytes: int = _env(
+        "GATEWAY_CONSUMER_BATCH_BYTES", 16 * 1024 * 1024, _int(1), "most body bytes one consumer batch reads"
+    )
+    consumer_poll_ms: int = _env(
+        "GATEWAY_CONSUMER_POLL_MS",
+        1000,
+        _int(10, 600000),
+        "consumers poll this often when no NOTIFY wakes them",
+    )
+    max_attempts: int = _env(
+        "GATEWAY_MAX_ATTEMPTS", 8, _int(1, 1000), "processing attempts before a staged webhook is parked dead"
+    )
+    retry_base_ms: int = _env(
+        "GATEWAY_RETRY_BASE_MS", 1000, _int(1, 3600000), "first retry delay (jittered exponential backoff)"
+    )
+    retry_max_ms: int = _env("GATEWAY_RETRY_MAX_MS", 600000, _int(1, 86400000), "longest retry delay")
+    dedup_retention_days: int = _env(
+        "GATEWAY_DEDUP_RETENTION_DAYS",
+        30,
+        _int(1),
+        "days processed event keys are kept (at least 7: Meta redelivers for 7 days)",
+    )
+    inbox_retention_days: int = _env(
+        "GATEWAY_INBOX_RETENTION_DAYS", 7, _int(1), "days processed staged webhooks are kept"
+    )
+    status_retention_days: int = _env(
+        "GATEWAY_STATUS_RETENTION_DAYS", 90, _int(1), "days message status history is kept"
+    )
+    purge_interval_s: int = _env(
+        "GATEWAY_PURGE_INTERVAL_S", 3600, _int(1), "seconds between retention passes"
+    )
+    purge_batch: int = _env(
+        "GATEWAY_PURGE_BATCH", 5000, _int(1, 1000000), "rows deleted per retention statement"
+    )
 
     # Sender
-    send_connect_timeout_ms: int = _env("GATEWAY_SEND_CONNECT_TIMEOUT_MS", 3000, _int(1))
-    send_read_timeout_ms: int = _env("GATEWAY_SEND_READ_TIMEOUT_MS", 15000, _int(1))
-    send_batch: int = _env("GATEWAY_SEND_BATCH", 100, _int(1, 10000))
-    send_concurrency: int = _env("GATEWAY_SEND_CONCURRENCY", 64, _int(1, 10000))
-    send_poll_ms: int = _env("GATEWAY_SEND_POLL_MS", 500, _int(10, 600000))
+    send_connect_timeout_ms: int = _env(
+        "GATEWAY_SEND_CONNECT_TIMEOUT_MS",
+        3000,
+        _int(1),
+        "provider connect timeout (a send that never connected is retried)",
+    )
+    send_read_timeout_ms: int = _env(
+        "GATEWAY_SEND_READ_TIMEOUT_MS",
+        15000,
+        _int(1),
+        "provider read timeout (past it the send's fate is unknown)",
+    )
+    send_batch: int = _env("GATEWAY_SEND_BATCH", 100, _int(1, 10000), "outbox rows one sender claim takes")
+    send_concurrency: int = _env(
+        "GATEWAY_SEND_CONCURRENCY", 64, _int(1, 10000), "sends in flight per sender process"
+    )
+    send_poll_ms: int = _env(
+        "GATEWAY_SEND_POLL_MS", 500, _int(10, 600000), "the sender polls the outbox this often"
+    )
     pair_interval_s: float = _env(
-        "GATEWAY_PAIR_INTERVAL_S", 6.0, _float(0), "seconds between messages to one recipient from one number"
+        "GATEWAY_PAIR_INTERVAL_S", 6.0, _float(0), "at most one message per recipient per this many seconds"
     )
     number_rate_per_s: float = _env(
-        "GATEWAY_NUMBER_RATE_PER_S", 80.0, _float(0.1), "Meta: messages/s per sending number, all senders"
+        "GATEWAY_NUMBER_RATE_PER_S", 80.0, _float(0.1), "sends per second per sending number"
     )
     tenashi_number_interval_s: float = _env(
         "GATEWAY_TENASHI_NUMBER_INTERVAL_S",
@@ -279,12 +410,24 @@ class Settings:
     breaker_max_backoff_s: float = _env(
         "GATEWAY_BREAKER_MAX_BACKOFF_S", 1800.0, _float(0.1), "cap of the doubling breaker wait"
     )
-    reconcile_window_s: int = _env("GATEWAY_RECONCILE_WINDOW_S", 600, _int(1))
-    send_max_attempts: int = _env("GATEWAY_SEND_MAX_ATTEMPTS", 8, _int(1, 1000))
-    send_loops: int = _env("GATEWAY_SEND_LOOPS", 2, _int(1, 64), "claim/send loops per sender")
-    idempotency_ttl_h: int = _env("GATEWAY_IDEMPOTENCY_TTL_H", 72, _int(1))
+    reconcile_window_s: int = _env(
+        "GATEWAY_RECONCILE_WINDOW_S",
+        600,
+        _int(1),
+        "how long an unknown send waits for its status webhook before its policy applies",
+    )
+    send_max_attempts: int = _env(
+        "GATEWAY_SEND_MAX_ATTEMPTS", 8, _int(1, 1000), "retryable provider rejections before a send is failed"
+    )
+    send_loops: int = _env("GATEWAY_SEND_LOOPS", 2, _int(1, 64), "claim/send loops per sender process")
+    idempotency_ttl_h: int = _env(
+        "GATEWAY_IDEMPOTENCY_TTL_H", 72, _int(1), "hours a send API Idempotency-Key is remembered"
+    )
     tenant_providers: tuple[tuple[str, str], ...] = _env(
-        "GATEWAY_TENANT_PROVIDERS", (), _pairs, "tenant:meta|tenashi; default meta"
+        "GATEWAY_TENANT_PROVIDERS",
+        (),
+        _pairs,
+        "tenant:meta or tenant:tenashi pairs, comma-separated; unlisted tenants use meta",
     )
     tenant_numbers: tuple[tuple[str, str], ...] = _env(
         "GATEWAY_TENANT_NUMBERS",
@@ -295,26 +438,46 @@ class Settings:
 
     # Forwarding to downstream destinations (gateway destinations / gateway forward)
     forward_retry_h: float = _env(
-        "GATEWAY_FORWARD_RETRY_H", 24.0, _float(0, 24 * 30), "retry a delivery this long, then failed"
+        "GATEWAY_FORWARD_RETRY_H", 24.0, _float(0, 24 * 30), "hours a delivery is retried before it is failed"
     )
     delivery_retention_days: int = _env(
         "GATEWAY_DELIVERY_RETENTION_DAYS", 30, _int(1), "delivered deliveries kept (failed: kept)"
     )
-    forward_retry_base_ms: int = _env("GATEWAY_FORWARD_RETRY_BASE_MS", 1000, _int(1, 3600000))
+    forward_retry_base_ms: int = _env(
+        "GATEWAY_FORWARD_RETRY_BASE_MS",
+        1000,
+        _int(1, 3600000),
+        "first forwarding retry delay (jittered exponential backoff)",
+    )
     forward_retry_max_ms: int = _env(
-        "GATEWAY_FORWARD_RETRY_MAX_MS", 3600000, _int(1, 86400000), "backoff cap per attempt"
+        "GATEWAY_FORWARD_RETRY_MAX_MS", 3600000, _int(1, 86400000), "longest forwarding retry delay"
     )
-    forward_timeout_ms: int = _env("GATEWAY_FORWARD_TIMEOUT_MS", 15000, _int(1, 600000), "whole request")
+    forward_timeout_ms: int = _env(
+        "GATEWAY_FORWARD_TIMEOUT_MS", 15000, _int(1, 600000), "whole-request timeout of one delivery"
+    )
     forward_concurrency: int = _env(
-        "GATEWAY_FORWARD_CONCURRENCY", 64, _int(1, 10000), "requests in flight per forwarder"
+        "GATEWAY_FORWARD_CONCURRENCY", 64, _int(1, 10000), "deliveries in flight per forwarder"
     )
-    forward_batch: int = _env("GATEWAY_FORWARD_BATCH", 100, _int(1, 10000), "deliveries per claim")
-    forward_poll_ms: int = _env("GATEWAY_FORWARD_POLL_MS", 1000, _int(10, 600000), "poll when no NOTIFY")
+    forward_batch: int = _env(
+        "GATEWAY_FORWARD_BATCH", 100, _int(1, 10000), "deliveries one forwarder claim takes"
+    )
+    forward_poll_ms: int = _env(
+        "GATEWAY_FORWARD_POLL_MS",
+        1000,
+        _int(10, 600000),
+        "the forwarder polls this often when no NOTIFY wakes it",
+    )
     forward_breaker_failures: int = _env(
-        "GATEWAY_FORWARD_BREAKER_FAILURES", 5, _int(1, 100000), "consecutive failures that open a breaker"
+        "GATEWAY_FORWARD_BREAKER_FAILURES",
+        5,
+        _int(1, 100000),
+        "consecutive failures that open a destination's breaker",
     )
     forward_breaker_cooldown_s: float = _env(
-        "GATEWAY_FORWARD_BREAKER_COOLDOWN_S", 30.0, _float(0, 86400), "open -> one half-open probe"
+        "GATEWAY_FORWARD_BREAKER_COOLDOWN_S",
+        30.0,
+        _float(0, 86400),
+        "seconds an open breaker waits before one half-open probe",
     )
 
     @classmethod
@@ -460,9 +623,24 @@ def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]
     return out
 
 
+def plain(value: Any) -> str:
+    """A setting's value as an operator writes it in the environment."""
+    if value is None:
+        return "(unset)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, Path):
+        text = value.as_posix()
+        return text if value.is_absolute() or text.startswith(".") else f"./{text}"
+    if isinstance(value, tuple):
+        items = [":".join(v) if isinstance(v, tuple) else str(v) for v in value]
+        return ",".join(items) if items else "(empty)"
+    text = str(value)
+    return text if text else "(empty)"
+
+
 def env_names() -> list[tuple[str, str, str]]:
-    """(variable, default, doc) for every setting, for the README and --help."""
-    rows = []
-    for f in dataclasses.fields(Settings):
-        rows.append((f.metadata["env"], repr(f.default), f.metadata["doc"]))
-    return rows
+    """(variable, default as written in the environment, what it does) for every setting."""
+    return [(f.metadata["env"], plain(f.default), f.metadata["doc"]) for f in dataclasses.fields(Settings)]

@@ -20,7 +20,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway import metrics
+from gateway import metrics, tracing
 from gateway.core.aio import sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.enums import InboxState
@@ -69,8 +69,9 @@ class Consumer:
                     if not rows:
                         return 0
                     ids = [r.id for r in rows]
-                    plan = plan_batch(rows)
-                    result = await inbox.apply_plan(conn, plan)
+                    with tracing.span("consumer.batch", rows=len(rows)):
+                        plan = plan_batch(rows)
+                        result = await inbox.apply_plan(conn, plan)
             except Exception as exc:  # any failure: isolate the rows (a bug in one must not block all)
                 if not ids or conn.is_closed():
                     raise

@@ -18,10 +18,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import asyncpg
 
-from gateway import metrics
+from gateway import metrics, tracing
 from gateway.core.limits import LogThrottle
 from gateway.store import inbox
 
@@ -45,6 +46,7 @@ class _Item:
     delivery_id: str | None
     deadline: float
     future: asyncio.Future[None] = field(repr=False)
+    link: Any = field(default=None, repr=False)  # the request's span context, when tracing
 
 
 Connect = Callable[[], Awaitable[asyncpg.Connection]]
@@ -87,7 +89,8 @@ class GroupCommitter:
             raise Unavailable("closed")
         loop = self._loop
         fut: asyncio.Future[None] = loop.create_future()
-        self._pending.append(_Item(source, body, delivery_id, loop.time() + self._deadline, fut))
+        link = tracing.current_context() if tracing.enabled else None
+        self._pending.append(_Item(source, body, delivery_id, loop.time() + self._deadline, fut, link))
         if len(self._pending) >= self._max_batch:
             self._flush()
         elif self._timer is None and not self._overdue:
@@ -129,15 +132,17 @@ class GroupCommitter:
         try:
             # Bounded by the oldest row's deadline; the late commit may still land,
             # which only means a redelivery that dedup absorbs.
-            async with asyncio.timeout_at(batch[0].deadline):
-                if conn is None or conn.is_closed():
-                    conn = await self._connect()
-                await inbox.insert_batch(
-                    conn,
-                    sources=[i.source for i in batch],
-                    bodies=[i.body for i in batch],
-                    delivery_ids=[i.delivery_id for i in batch],
-                )
+            links = [i.link for i in batch] if tracing.enabled else ()
+            with tracing.span("inbox.group_commit", root=True, links=links, rows=len(batch)):
+                async with asyncio.timeout_at(batch[0].deadline):
+                    if conn is None or conn.is_closed():
+                        conn = await self._connect()
+                    await inbox.insert_batch(
+                        conn,
+                        sources=[i.source for i in batch],
+                        bodies=[i.body for i in batch],
+                        delivery_ids=[i.delivery_id for i in batch],
+                    )
         except Exception as exc:  # any failure: nobody in this batch may get a 200
             # The connection's state is unknown (cancelled mid-query, or broken): drop it.
             if conn is not None:

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.web_urldispatcher import _default_expect_handler
 
-from gateway import metrics
+from gateway import metrics, tracing
 from gateway.core.enums import Source
 from gateway.core.limits import ByteBudget
 from gateway.core.settings import Settings
@@ -117,7 +117,8 @@ class Webhooks:
             if committer is None:
                 raise Unavailable("starting")
             # The committer enforces GATEWAY_ACK_DEADLINE_MS and raises Unavailable past it.
-            await committer.stage(source, body, delivery_id)
+            with tracing.span("webhook.commit", source=source.value):
+                await committer.stage(source, body, delivery_id)
         except Unavailable as exc:
             metrics.WEBHOOK_REQUESTS.labels(source.value, exc.reason).inc()
             return problem(503, "not stored, retry later", headers={"Retry-After": "5"})

@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from gateway import metrics
+from gateway import metrics, tracing
 from gateway.core.aio import sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.classify import Classified, Outcome, finalize, retry_delay_s
@@ -94,8 +94,9 @@ class Sender:
         """
         rows, deferred = await self._claim(self.clock.now())
         if rows:
-            results = await asyncio.gather(*(self._send(r) for r in rows))
-            await self._record(rows, results)
+            with tracing.span("sender.batch", rows=len(rows)):
+                results = await asyncio.gather(*(self._send(r) for r in rows))
+                await self._record(rows, results)
         return len(rows) + deferred
 
     async def _claim(self, now: float) -> tuple[list[Any], int]:
@@ -143,7 +144,11 @@ class Sender:
     async def _send(self, row: Any) -> tuple[Classified, float]:
         async with self._limit:
             sent_at = self.clock.now()
-            return await providers.send(self.session, self.settings, row), sent_at
+            with tracing.span("provider.send", kind="client", provider=row["provider"]) as span:
+                classified = await providers.send(self.session, self.settings, row)
+                if span is not None:
+                    span.set_attribute("outcome", classified.state.value)
+            return classified, sent_at
 
     async def _record(self, rows: list[Any], results: list[tuple[Classified, float]]) -> None:
         now = self.clock.now()

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from gateway import metrics
+from gateway import metrics, tracing
 
 log = logging.getLogger("gateway.access")
 
@@ -109,30 +109,38 @@ def middleware(rate: float) -> Middleware:
         token = REQUEST_ID.set(rid)
         started = time.perf_counter()
         status = 500
-        try:
-            response = await handler(request)
-            status = response.status
-            response.headers["X-Request-Id"] = rid
-            return response
-        except web.HTTPException as exc:
-            status = exc.status
-            exc.headers["X-Request-Id"] = rid
-            raise
-        finally:
-            elapsed = time.perf_counter() - started
-            REQUEST_ID.reset(token)
-            source = source_of(request.path)
-            if source == "api":
-                method = request.method if request.method in _METHODS else "other"
-                route = _route(request)
-                metrics.API_REQUESTS.labels(route, method, str(status)).inc()
-                metrics.API_LATENCY.labels(route, method).observe(elapsed)
-            if sampler is not None and (source != "ops" or log.isEnabledFor(logging.DEBUG)):
-                dropped = sampler.take(force=status >= 500)
-                if dropped is not None:
-                    _write(request, rid, source, status, elapsed, dropped)
+        with tracing.server_span(request.method, _route(request), request.headers) as span:
+            try:
+                response = await handler(request)
+                status = response.status
+                response.headers["X-Request-Id"] = rid
+                return response
+            except web.HTTPException as exc:
+                status = exc.status
+                exc.headers["X-Request-Id"] = rid
+                raise
+            finally:
+                if span is not None:
+                    span.set_attribute("http.response.status_code", status)
+                elapsed = time.perf_counter() - started
+                REQUEST_ID.reset(token)
+                _account(request, rid, status, elapsed, sampler)
 
     return access
+
+
+def _account(request: web.Request, rid: str, status: int, elapsed: float, sampler: Sampler | None) -> None:
+    """Send-API metrics and the (sampled) access-log line of one finished request."""
+    source = source_of(request.path)
+    if source == "api":
+        method = request.method if request.method in _METHODS else "other"
+        route = _route(request)
+        metrics.API_REQUESTS.labels(route, method, str(status)).inc()
+        metrics.API_LATENCY.labels(route, method).observe(elapsed)
+    if sampler is not None and (source != "ops" or log.isEnabledFor(logging.DEBUG)):
+        dropped = sampler.take(force=status >= 500)
+        if dropped is not None:
+            _write(request, rid, source, status, elapsed, dropped)
 
 
 def _write(request: web.Request, rid: str, source: str, status: int, elapsed: float, dropped: int) -> None:
