@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
@@ -18,7 +18,7 @@ from gateway.core import forwarding, stdwebhooks
 from gateway.core.enums import OutboxState
 from gateway.core.settings import Settings, SettingsError, env_names, unknown_variables
 from gateway.runtime.startup import EXIT_STARTUP, StartupError
-from gateway.store import deliveries, inbox, outbox, pacing
+from gateway.store import dead_events, deliveries, inbox, outbox, pacing
 from gateway.store.db import migrate
 
 log = logging.getLogger("gateway")
@@ -92,40 +92,60 @@ def _one_line(text: str | None, width: int = 100) -> str:
     return " ".join((text or "").split())[:width]
 
 
+def _when(raw: str) -> datetime:
+    """ISO 8601 (a time without an offset is UTC), or an age: 30m, 2h, 7d."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if raw[-1:] in units and raw[:-1].replace(".", "", 1).isdigit():
+        return datetime.now(UTC) - timedelta(seconds=float(raw[:-1]) * units[raw[-1]])
+    try:
+        value = datetime.fromisoformat(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a time: {raw!r} (ISO 8601, or 30m / 2h / 7d ago)") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _dead_id(raw: str) -> tuple[str, int]:
+    """``R12`` (or ``12``) a whole inbox row, ``E7`` one dead event."""
+    kind, digits = (raw[0].upper(), raw[1:]) if raw[:1].isalpha() else ("R", raw)
+    if kind not in ("R", "E") or not digits.isdigit():
+        raise argparse.ArgumentTypeError(f"not a dead id: {raw!r} (R<row id> or E<event id>)")
+    return kind, int(digits)
+
+
 def _dead_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=("list", "replay"))
-    p.add_argument("ids", nargs="*", type=int, metavar="ID", help="rows to replay")
-    p.add_argument("--all", action="store_true", help="replay every dead row")
-    p.add_argument("--limit", type=int, default=100, help="rows to list (default 100)")
+    p.add_argument("action", choices=("list", "show", "replay"))
+    p.add_argument(
+        "ids", nargs="*", type=_dead_id, metavar="ID", help="R<row> or E<event> (a bare number: row)"
+    )
+    p.add_argument("--all", action="store_true", help="replay everything dead (within --since/--until)")
+    p.add_argument("--since", type=_when, default=None, help="received at or after (ISO 8601, or 2h ago)")
+    p.add_argument("--until", type=_when, default=None, help="received before (ISO 8601, or 30m ago)")
+    p.add_argument("--retrying", action="store_true", help="list: also events waiting for a retry")
+    p.add_argument("--limit", type=int, default=100, help="entries to list (default 100)")
+    p.add_argument("--raw", action="store_true", help="show: only the raw bytes, nothing else")
 
 
 def cmd_dead(settings: Settings, ns: argparse.Namespace) -> int:
-    """Dead letters: their raw bytes stay in ``webhook_inbox``; replaying is safe (an event
-    already processed is a duplicate by its key and does nothing)."""
-    if ns.action == "replay" and not ns.ids and not ns.all:
-        print("gateway dead replay: give row ids or --all", file=sys.stderr)
+    """Dead letters: whole rows (a body that is not JSON) and single events (``dead_events``),
+    with their raw bytes. Replaying is safe: an event already processed is a duplicate by its
+    key and does nothing."""
+    ranged = ns.since is not None or ns.until is not None
+    if ns.action == "replay" and not ns.ids and not ns.all and not ranged:
+        print("gateway dead replay: give ids, --all, or --since/--until", file=sys.stderr)
         return 2
-    if ns.action == "replay" and ns.ids and ns.all:
-        print("gateway dead replay: give row ids or --all, not both", file=sys.stderr)
+    if ns.action == "replay" and ns.ids and (ns.all or ranged):
+        print("gateway dead replay: give ids or a range/--all, not both", file=sys.stderr)
+        return 2
+    if ns.action == "show" and len(ns.ids) != 1:
+        print("gateway dead show: give one id (R<row> or E<event>)", file=sys.stderr)
         return 2
 
     async def work(conn: asyncpg.Connection) -> int:
         if ns.action == "list":
-            rows = await inbox.dead_list(conn, limit=ns.limit)
-            total = await inbox.dead_count(conn)
-            for r in rows:
-                print(
-                    f"{r.id:>10} {r.source:8} {r.received_at:%Y-%m-%dT%H:%M:%S%z} "
-                    f"attempts={r.attempts} bytes={r.bytes} {_one_line(r.last_error)}"
-                )
-            print(f"{total} dead row(s)" + (f", {len(rows)} shown" if total > len(rows) else ""))
-            return 0
-        done = await inbox.dead_replay(conn, ids=None if ns.all else ns.ids)
-        print(f"replayed {len(done)} row(s): {done}" if done else "nothing to replay")
-        missing = sorted(set(ns.ids) - set(done))
-        if missing:
-            print(f"not dead (or unknown): {missing}")
-        return 0 if not missing else 1
+            return await _dead_list(conn, ns)
+        if ns.action == "show":
+            return await _dead_show(conn, *ns.ids[0], raw=ns.raw)
+        return await _dead_replay(conn, ns)
 
     return runtime.with_connection(settings, work)
 
@@ -133,6 +153,82 @@ def cmd_dead(settings: Settings, ns: argparse.Namespace) -> int:
 def _epoch(raw: str) -> float:
     """An ISO 8601 time (UTC when no offset is given) as epoch seconds."""
     return _when(raw).timestamp()
+
+
+async def _dead_list(conn: asyncpg.Connection, ns: argparse.Namespace) -> int:
+    since, until = ns.since, ns.until
+    rows = await inbox.dead_list(conn, limit=ns.limit, since=since, until=until)
+    states = [dead_events.DEAD, dead_events.RETRY] if ns.retrying else [dead_events.DEAD]
+    items = await dead_events.list_items(conn, states=states, limit=ns.limit, since=since, until=until)
+    for r in rows:
+        print(
+            f"R{r.id:<9} row   {r.source:8} {r.received_at:%Y-%m-%dT%H:%M:%S%z} "
+            f"attempts={r.attempts} bytes={r.bytes} {_one_line(r.last_error)}"
+        )
+    for i in items:
+        retry = f" next={i.next_attempt_at:%H:%M:%S}" if i.state == dead_events.RETRY else ""
+        print(
+            f"E{i.id:<9} {i.state:5} {i.source:8} {i.received_at:%Y-%m-%dT%H:%M:%S%z} "
+            f"row=R{i.inbox_id} {i.path} key={i.event_key or '-'} attempts={i.attempts}"
+            f" deferrals={i.deferrals}{retry} bytes={i.bytes} {_one_line(i.last_error)}"
+        )
+    n_rows = await inbox.dead_count(conn, since=since, until=until)
+    n_items = await dead_events.count(conn, states=states, since=since, until=until)
+    shown = "" if (n_rows, n_items) == (len(rows), len(items)) else f" ({len(rows) + len(items)} shown)"
+    print(f"{n_rows} dead row(s), {n_items} {'/'.join(states)} event(s){shown}")
+    return 0
+
+
+async def _dead_show(conn: asyncpg.Connection, kind: str, ident: int, *, raw: bool) -> int:
+    if kind == "R":
+        r = await inbox.get(conn, inbox_id=ident)
+        fields = ("id", "source", "state", "received_at", "delivery_id", "attempts", "processed_at")
+        data = None if r is None else bytes(r["body"])
+    else:
+        r = await dead_events.get(conn, item_id=ident)
+        fields = ("id", "inbox_id", "path", "event_key", "kind", "source", "unit", "state", "attempts")
+        fields += ("deferrals", "received_at", "created_at", "next_attempt_at", "updated_at", "context")
+        data = None if r is None else bytes(r["fragment"])
+    if r is None or data is None:
+        print(f"gateway: no {'row' if kind == 'R' else 'dead event'} {kind}{ident}", file=sys.stderr)
+        return 1
+    if not raw:
+        for f in fields:
+            print(f"{f}: {r[f]}")
+        print(f"error: {r['last_error'] or '-'}")
+        print(f"bytes ({len(data)}):")
+        sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    if not raw:
+        sys.stdout.buffer.write(b"\n")
+    sys.stdout.buffer.flush()
+    return 0
+
+
+async def _dead_replay(conn: asyncpg.Connection, ns: argparse.Namespace) -> int:
+    row_ids = [i for k, i in ns.ids if k == "R"]
+    item_ids = [i for k, i in ns.ids if k == "E"]
+    every = not ns.ids
+    async with conn.transaction():
+        rows: list[int] = []
+        items: list[int] = []
+        if every or row_ids:
+            rows = await inbox.dead_replay(
+                conn, ids=None if every else row_ids, since=ns.since, until=ns.until
+            )
+        if every or item_ids:
+            items = await dead_events.replay(
+                conn, ids=None if every else item_ids, since=ns.since, until=ns.until
+            )
+        if rows or items:
+            await inbox.notify(conn)
+    print(f"replayed {len(rows)} row(s): {rows}" if rows else "no row to replay")
+    print(f"replayed {len(items)} event(s): {items}" if items else "no event to replay")
+    missing = [f"R{i}" for i in sorted(set(row_ids) - set(rows))]
+    missing += [f"E{i}" for i in sorted(set(item_ids) - set(items))]
+    if missing:
+        print(f"not dead (or unknown): {', '.join(missing)}")
+    return 0 if not missing else 1
 
 
 def _outbox_args(p: argparse.ArgumentParser) -> None:
@@ -305,15 +401,6 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
     return runtime.with_connection(settings, work)
 
 
-def _when(raw: str) -> datetime:
-    """An ISO 8601 time (UTC when no offset is given)."""
-    try:
-        value = datetime.fromisoformat(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {raw!r}") from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
 def _deliveries_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True)
     states = [s.value for s in forwarding.DeliveryState]
@@ -432,7 +519,11 @@ COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None
     "migrate": ("apply pending database migrations and exit", cmd_migrate, None),
     "consume": ("run the consumers alone (no HTTP), until SIGTERM or SIGINT", cmd_consume, None),
     "send": ("run the sender (outbox → provider) and reconciler alone", cmd_send, None),
-    "dead": ("dead letters: `dead list`, `dead replay ID...` or `dead replay --all`", cmd_dead, _dead_args),
+    "dead": (
+        "dead rows and events: `dead list`, `dead show ID`, `dead replay ID...|--all|--since T --until T`",
+        cmd_dead,
+        _dead_args,
+    ),
     "outbox": ("list, release or cancel outbox rows (one by key, or in bulk)", cmd_outbox, _outbox_args),
     "senders": (
         "circuit breakers: `senders list`, `senders resume number|token KEY`",

@@ -105,7 +105,7 @@ CONSUMER_DUPLICATES = Counter(
 )
 DEAD_LETTERS = Counter(
     "gateway_dead_letters_total",
-    "Staged rows parked as dead, by reason (unparseable, max_attempts)",
+    "Rows and events parked as dead, by reason (unparseable, bad_fragment, max_attempts)",
     ["reason"],
 )
 CONSUMER_FAILURES = Counter(
@@ -121,6 +121,11 @@ CONSUMER_BATCH_ROWS = Histogram(
     "Staged rows per consumer batch",
     buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
 )
+CONSUMER_FAULTS = Counter(
+    "gateway_consumer_faults_total",
+    "Batches put off because the database was failing (retried with capped backoff, no attempt counted)",
+)
+HANDLER_CALLS = Counter("gateway_handler_calls_total", "Handler calls that returned, by outcome", ["outcome"])
 CONSUMER_FALLBACKS = Counter(
     "gateway_consumer_fallbacks_total", "Batches that failed and were retried one row at a time"
 )
@@ -172,7 +177,18 @@ INBOX_DEPTH = Gauge(
 )
 CONSUMER_LAG = Gauge(
     "gateway_consumer_lag_seconds",
-    "Age of the oldest due pending staged row (database-wide)",
+    "Age of the oldest pending staged row, due or put off because the database failed (database-wide)",
+    registry=DB_REGISTRY,
+)
+DEAD_EVENTS = Gauge(
+    "gateway_dead_events",
+    "Events that failed on their own, by state: retry (waiting for a retry), dead (database-wide)",
+    ["state"],
+    registry=DB_REGISTRY,
+)
+DEAD_EVENTS_OLDEST_RETRY = Gauge(
+    "gateway_dead_events_oldest_retry_seconds",
+    "Age (since receipt) of the oldest event waiting for a retry (0: none; database-wide)",
     registry=DB_REGISTRY,
 )
 DEAD_ROWS = Gauge(
@@ -240,7 +256,7 @@ def _init_series() -> None:
     for kind in EVENT_KINDS:
         for outcome in ("processed", "duplicate"):
             CONSUMER_EVENTS.labels(kind, outcome)
-    for reason in ("unparseable", "max_attempts"):
+    for reason in ("unparseable", "bad_fragment", "max_attempts"):
         DEAD_LETTERS.labels(reason)
     for table in RETENTION_TABLES:
         RETENTION_PURGED.labels(table)

@@ -23,7 +23,7 @@ async def drain(pool: asyncpg.Pool, settings: Settings, consumers: int = 1) -> N
     workers = [Consumer(pool, settings) for _ in range(consumers)]
 
     async def loop(c: Consumer) -> None:
-        while await c.process_batch():
+        while await c.step():
             pass
 
     await asyncio.gather(*(loop(c) for c in workers))

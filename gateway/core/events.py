@@ -19,7 +19,10 @@ the consumer parks it as dead with its bytes intact.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import json
+import math
+import re
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import orjson
@@ -145,21 +148,131 @@ class AccountUpdate:
 Event = InboundMessage | Status | AccountError | AccountUpdate
 
 
-def parse(source: str, body: bytes, delivery_id: str | None = None) -> list[Event]:
-    """Every event in one staged body, in payload order (duplicates included)."""
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One fragment of a body, processed on its own: a Meta message, a Meta status, a Meta
+    change (its account-level part), or a malformed piece of any of them.
+
+    ``path`` locates the fragment in the body (its raw bytes: ``jsonspan.fragment``);
+    ``unit`` and ``context`` are what ``parse_fragment`` needs to rebuild the same events
+    from those bytes alone. ``error`` is set when the fragment cannot become an event: it is
+    parked as a dead item while the rest of the body is processed. ``scrubbed`` says that a
+    value PostgreSQL cannot store was escaped (see ``scrub``).
+    """
+
+    position: int
+    path: tuple[str | int, ...]
+    unit: str
+    context: dict[str, Any] = field(default_factory=dict)
+    events: tuple[Event, ...] = ()
+    error: str | None = None
+    scrubbed: bool = False
+
+
+# What a body may contain that PostgreSQL cannot store: U+0000 (text and jsonb refuse it)
+# and lone UTF-16 surrogates (not UTF-8). Each becomes the six characters of its JSON
+# escape (``\u0000``), so the stored text shows what was sent; the exact bytes are kept
+# beside it (``event_fragments``). Numbers beyond a double (``1e400``) become null.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _escape_char(m: re.Match[str]) -> str:
+    return f"\\u{ord(m.group()):04x}"
+
+
+def scrub(value: Any) -> tuple[Any, bool]:
+    """``value`` with unstorable characters escaped; True if anything changed."""
+    if isinstance(value, str):
+        if _UNSTORABLE.search(value) is None:
+            return value, False
+        return _UNSTORABLE.sub(_escape_char, value), True
+    if isinstance(value, dict):
+        changed = False
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            k2, c1 = scrub(k)
+            v2, c2 = scrub(v)
+            out[k2] = v2
+            changed = changed or c1 or c2
+        return (out, True) if changed else (value, False)
+    if isinstance(value, list):
+        pairs = [scrub(v) for v in value]
+        if any(c for _, c in pairs):
+            return [v for v, _ in pairs], True
+        return value, False
+    if isinstance(value, float) and not math.isfinite(value):
+        return None, True
+    return value, False
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def load(body: bytes) -> tuple[Any, bool]:
+    """Parse JSON; returns (document, needs_scrub). Raises NotJson.
+
+    orjson refuses lone surrogates and numbers beyond a double; the standard library
+    accepts them, so such a body is still parsed and its fragments scrubbed rather than the
+    whole POST parked for one odd character.
+    """
     try:
-        doc = orjson.loads(body)
+        return orjson.loads(body), b"\\u0000" in body
     except orjson.JSONDecodeError as exc:
-        raise NotJson(f"body is not JSON: {exc}") from None
+        first = exc
+    try:
+        return json.loads(body, parse_constant=_reject_constant), True
+    except (ValueError, RecursionError):
+        raise NotJson(f"body is not JSON: {first}") from None
+
+
+def parse(source: str, body: bytes, delivery_id: str | None = None) -> list[Event]:
+    """Every event in one staged body, in payload order (duplicates included).
+
+    Strict: any malformed fragment raises. The consumer uses ``parse_items``."""
+    events: list[Event] = []
+    for item in parse_items(source, body, delivery_id):
+        if item.error is not None:
+            raise UnknownShape(item.error)
+        events.extend(item.events)
+    return events
+
+
+def parse_items(source: str, body: bytes, delivery_id: str | None = None) -> list[Item]:
+    """The body's fragments in payload order. Raises ``PayloadError`` only when the body as
+    a whole is unusable (not JSON, not a payload we know); a malformed fragment inside a
+    valid payload is an ``Item`` with ``error`` set."""
+    doc, dirty = load(body)
     if source == Source.META:
-        events = parse_meta(doc)
+        items = _meta_items(doc, dirty)
     elif source == Source.TENASHI:
-        events = [parse_tenashi(doc, delivery_id)]
+        raw, changed = scrub(doc) if dirty else (doc, False)
+        ev = parse_tenashi(raw, delivery_id)
+        items = [Item(0, (), "event", {"delivery_id": delivery_id}, (ev,), None, changed)]
     else:
         raise UnknownShape(f"unknown source {source!r}")
-    if len(events) > MAX_EVENTS_PER_PAYLOAD:
-        raise UnknownShape(f"{len(events)} events in one payload")
-    return events
+    if sum(len(i.events) for i in items) > MAX_EVENTS_PER_PAYLOAD:
+        raise UnknownShape(f"{sum(len(i.events) for i in items)} events in one payload")
+    return items
+
+
+def parse_fragment(source: str, unit: str, fragment: bytes, context: dict[str, Any]) -> list[Event]:
+    """Rebuild an item's events from its raw bytes and context (for retries and replays)."""
+    doc, dirty = load(fragment)
+    if dirty:
+        doc, _ = scrub(doc)
+    if source == Source.TENASHI:
+        return [parse_tenashi(doc, context.get("delivery_id"))]
+    if unit == "message":
+        name = context.get("contact_name")
+        sender = _opt_str(_dict(doc, "message").get("from"))
+        contacts = {sender or "": name} if isinstance(name, str) else {}
+        return [_meta_message(doc, context.get("phone_number_id"), contacts)]
+    if unit == "status":
+        return list(_meta_statuses(_dict(doc, "status")))
+    if unit == "change":
+        return [_change_event(context.get("waba_id"), _dict(doc, "change"))]
+    raise UnknownShape(f"a {unit} fragment cannot be processed alone")
 
 
 def _digest(*parts: Any) -> str:
@@ -209,44 +322,104 @@ def _list(value: Any, what: str) -> list[Any]:
 
 
 def parse_meta(doc: Any) -> list[Event]:
+    """Strict: every event of a Meta payload (raises on any malformed fragment)."""
+    events: list[Event] = []
+    for item in _meta_items(doc, False):
+        if item.error is not None:
+            raise UnknownShape(item.error)
+        events.extend(item.events)
+    return events
+
+
+def _meta_items(doc: Any, dirty: bool) -> list[Item]:
     doc = _dict(doc, "payload")
     if doc.get("object") != "whatsapp_business_account":
         raise UnknownShape(f"object is {str(doc.get('object'))[:60]!r}, not whatsapp_business_account")
     if "entry" not in doc:
         raise UnknownShape("payload without entry")
-    events: list[Event] = []
-    for entry in _list(doc["entry"], "entry"):
-        entry = _dict(entry, "entry")
+    items: list[Item] = []
+
+    def bad(path: tuple[str | int, ...], unit: str, exc: Exception) -> None:
+        items.append(Item(len(items), path, unit, error=f"{type(exc).__name__}: {exc}"))
+
+    for e, entry in enumerate(_list(doc["entry"], "entry")):
+        try:
+            entry = _dict(entry, "entry")
+            changes = _list(entry.get("changes"), "changes")
+        except UnknownShape as exc:
+            bad(("entry", e), "entry", exc)
+            continue
         waba_id = _opt_str(entry.get("id"))
-        for change in _list(entry.get("changes"), "changes"):
-            events.extend(_meta_change(waba_id, _dict(change, "change")))
-    return events
+        if dirty:
+            waba_id = scrub(waba_id)[0]
+        for c, change in enumerate(changes):
+            path: tuple[str | int, ...] = ("entry", e, "changes", c)
+            try:
+                _meta_change(items, path, waba_id, _dict(change, "change"), dirty)
+            except UnknownShape as exc:
+                bad(path, "change", exc)
+    return items
 
 
-def _meta_change(waba_id: str | None, change: dict[str, Any]) -> list[Event]:
+def _change_event(waba_id: str | None, change: dict[str, Any]) -> Event:
+    """The account-level event of a change: its errors, or the change itself as an update."""
     fld = change.get("field")
     if not isinstance(fld, str) or not fld:
         raise UnknownShape("change without a field")
     value = change.get("value")
+    if fld == "messages":
+        value = _dict(value, "messages change value")
+        errors = _list(value.get("errors"), "errors")
+        if errors:
+            metadata = value.get("metadata")
+            pnid = _opt_str(metadata.get("phone_number_id")) if isinstance(metadata, dict) else None
+            return AccountError(f"acct-error:{_digest(waba_id, change)}", waba_id, pnid, fld, errors, value)
+    return AccountUpdate(f"change:{fld}:{_digest(waba_id, change)}", waba_id, fld, value)
+
+
+def _meta_change(
+    items: list[Item], path: tuple[str | int, ...], waba_id: str | None, raw: dict[str, Any], dirty: bool
+) -> None:
+    change, changed = scrub(raw) if dirty else (raw, False)
+    fld = change.get("field")
+    if not isinstance(fld, str) or not fld:
+        raise UnknownShape("change without a field")
+    ctx = {"waba_id": waba_id}
     if fld != "messages":
-        return [AccountUpdate(f"change:{fld}:{_digest(waba_id, change)}", waba_id, fld, value)]
-    value = _dict(value, "messages change value")
+        items.append(Item(len(items), path, "change", ctx, (_change_event(waba_id, change),), None, changed))
+        return
+    value = _dict(change.get("value"), "messages change value")
+    raw_value = raw["value"]
+    messages = _list(value.get("messages"), "messages")
+    statuses = _list(value.get("statuses"), "statuses")
+    errors = _list(value.get("errors"), "errors")
     metadata = value.get("metadata")
     phone_number_id = _opt_str(metadata.get("phone_number_id")) if isinstance(metadata, dict) else None
     contacts = _contact_names(value.get("contacts"))
-    events: list[Event] = []
-    for msg in _list(value.get("messages"), "messages"):
-        events.append(_meta_message(_dict(msg, "message"), phone_number_id, contacts))
-    for st in _list(value.get("statuses"), "statuses"):
-        events.extend(_meta_statuses(_dict(st, "status")))
-    errors = _list(value.get("errors"), "errors")
-    if errors:
-        key = f"acct-error:{_digest(waba_id, change)}"
-        events.append(AccountError(key, waba_id, phone_number_id, fld, errors, value))
-    if not events:
-        # A messages change with nothing we act on (e.g. echoes): still recorded, not dropped.
-        events.append(AccountUpdate(f"change:{fld}:{_digest(waba_id, change)}", waba_id, fld, value))
-    return events
+    before = len(items)
+    for k, msg in enumerate(messages):
+        sub = (*path, "value", "messages", k)
+        try:
+            m = _meta_message(_dict(msg, "message"), phone_number_id, contacts)
+        except UnknownShape as exc:
+            items.append(Item(len(items), sub, "message", error=f"{type(exc).__name__}: {exc}"))
+            continue
+        mctx = {"phone_number_id": phone_number_id, "contact_name": m.contact_name}
+        dirty_msg = changed and scrub(raw_value["messages"][k])[1]
+        items.append(Item(len(items), sub, "message", mctx, (m,), None, dirty_msg))
+    for k, st in enumerate(statuses):
+        sub = (*path, "value", "statuses", k)
+        try:
+            sts = tuple(_meta_statuses(_dict(st, "status")))
+        except UnknownShape as exc:
+            items.append(Item(len(items), sub, "status", error=f"{type(exc).__name__}: {exc}"))
+            continue
+        dirty_st = changed and scrub(raw_value["statuses"][k])[1]
+        items.append(Item(len(items), sub, "status", {}, sts, None, dirty_st))
+    if errors or len(items) == before:
+        # value.errors (account level), or a messages change with nothing we act on (e.g.
+        # echoes): recorded, not dropped.
+        items.append(Item(len(items), path, "change", ctx, (_change_event(waba_id, change),), None, changed))
 
 
 def _contact_names(contacts: Any) -> dict[str, str]:

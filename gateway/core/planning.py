@@ -16,9 +16,10 @@ from gateway.core.events import (
     AccountUpdate,
     Event,
     InboundMessage,
+    Item,
     PayloadError,
     Status,
-    parse,
+    parse_items,
 )
 from gateway.core.forwarding import forward_row
 
@@ -54,6 +55,10 @@ class Plan:
     parked_why: list[str] = field(default_factory=list)
     duplicates_in_batch: int = 0
     kinds: Counter[str] = field(default_factory=Counter)
+    # Not parameters of the batch statement: what the consumer needs around it.
+    events: list[tuple[Event, StagedRow, Item]] = field(default_factory=list)  # planned, in order
+    bad: list[tuple[StagedRow, Item]] = field(default_factory=list)  # fragments that are no event
+    parsed: list[tuple[StagedRow, list[Item]]] = field(default_factory=list)  # rows in ``done``
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -85,22 +90,42 @@ def describe(exc: BaseException) -> str:
 
 
 def plan_batch(rows: Iterable[StagedRow]) -> Plan:
-    """Parse every row; park the unparseable; keep the first occurrence of each key."""
+    """Parse every row; park the unparseable; keep the first occurrence of each key.
+
+    A malformed fragment inside a valid body is listed in ``bad`` (the consumer records it
+    as a dead item) and the rest of the body is planned as usual."""
     plan = Plan()
     seen: set[str] = set()
     for row in rows:
         inbox_id = row.id
         try:
-            events = parse(row.source, row.body, row.delivery_id)
+            items = parse_items(row.source, row.body, row.delivery_id)
         except PayloadError as exc:
             plan.parked.append(inbox_id)
             plan.parked_why.append(describe(exc))
             continue
         plan.done.append(inbox_id)
-        for ev in events:
-            if ev.key in seen:
-                plan.duplicates_in_batch += 1
-                continue
-            seen.add(ev.key)
-            plan.add(ev, inbox_id, row.source)
+        plan.parsed.append((row, items))
+        for item in items:
+            if item.error is not None:
+                plan.bad.append((row, item))
+            for ev in item.events:
+                if ev.key in seen:
+                    plan.duplicates_in_batch += 1
+                    continue
+                seen.add(ev.key)
+                plan.add(ev, inbox_id, row.source)
+                plan.events.append((ev, row, item))
     return plan
+
+
+def plan_event(ev: Event, inbox_id: int, source: str) -> Plan:
+    """A plan of one event and nothing else (the per-event path runs one per savepoint)."""
+    plan = Plan()
+    plan.add(ev, inbox_id, source)
+    return plan
+
+
+def plan_rows(done: list[int]) -> Plan:
+    """A plan that only marks rows done (after their events went one by one)."""
+    return Plan(done=list(done))

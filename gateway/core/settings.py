@@ -76,6 +76,14 @@ def _csv(raw: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
+def _modules(raw: str) -> tuple[str, ...]:
+    items = _csv(raw)
+    for item in items:
+        if not all(part.isidentifier() for part in item.split(".")):
+            raise ValueError(f"{item!r} is not a module name (package.module)")
+    return items
+
+
 def _secrets(raw: str) -> tuple[str, ...]:
     items = _csv(raw)
     for item in items:
@@ -353,6 +361,16 @@ class Settings:
         "GATEWAY_RETRY_BASE_MS", 1000, _int(1, 3600000), "first retry delay (jittered exponential backoff)"
     )
     retry_max_ms: int = _env("GATEWAY_RETRY_MAX_MS", 600000, _int(1, 86400000), "longest retry delay")
+    fault_backoff_max_ms: int = _env(
+        "GATEWAY_FAULT_BACKOFF_MAX_MS",
+        30000,
+        _int(1, 3600000),
+        "backoff cap while the database is failing (retried forever, no attempt counted)",
+    )
+    handlers: tuple[str, ...] = _env(
+        "GATEWAY_HANDLERS", (), _modules, "modules whose handlers run in the consumer's transaction"
+    )
+    handler_timeout_ms: int = _env("GATEWAY_HANDLER_TIMEOUT_MS", 5000, _int(1, 600000), "per handler call")
     dedup_retention_days: int = _env(
         "GATEWAY_DEDUP_RETENTION_DAYS",
         30,

@@ -1,11 +1,24 @@
 """Consumers: claim staged webhook rows and act on each event exactly once.
 
-A batch costs a constant number of statements whatever its size: one claim
+Fast path, a constant number of statements per batch whatever its size: one claim
 (``FOR UPDATE SKIP LOCKED``) and one statement that inserts every key into
-``processed_webhook_events`` and applies side effects only for the keys it newly
-inserted, then COMMIT. If that batch fails, its rows are retried one per transaction so
-one poisoned event neither blocks nor rolls back the rest; a failing row is retried with
-backoff and parked as dead after ``max_attempts``. A body we cannot parse is parked at once.
+``processed_webhook_events`` and applies side effects only for the keys it newly inserted,
+then the handlers of the fresh events (if any are configured), then COMMIT.
+
+Everything after the claim runs under a savepoint, so when it fails the failure is recorded
+in the transaction that still holds the rows' locks (no other consumer can grab them in
+between), and what is recorded depends on what failed (``gateway.core.faults``):
+
+- the system is failing (connection, disk, timeout, serialization, privileges...): the rows
+  are put off with capped backoff, no attempt counted, and stay visible as lag;
+- otherwise the batch is redone event by event, each in its own savepoint running the same
+  statement on a one-event plan. The good events commit and their rows are marked done; an
+  event that fails becomes a ``dead_events`` item (its raw fragment, its key, the error)
+  that is retried on its own with backoff, counting attempts only when other events of its
+  kind go through meanwhile, and parked dead after ``max_attempts``.
+
+A fragment that can never be an event (a message without an id) is a dead item at once; a
+body that is not JSON at all parks the whole row.
 """
 
 from __future__ import annotations
@@ -15,23 +28,40 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from gateway import metrics, tracing
 from gateway.core.aio import sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
-from gateway.core.enums import InboxState
+from gateway.core.events import Event, Item, PayloadError, parse_fragment
+from gateway.core.faults import (
+    BadEvent,
+    Fault,
+    HandlerError,
+    Health,
+    Verdict,
+    classify,
+    fault_delay,
+    kind_of,
+    last_line,
+    verdict,
+)
+from gateway.core.jsonspan import fragment, pointer
 from gateway.core.limits import LogThrottle
-from gateway.core.planning import Plan, describe, plan_batch
+from gateway.core.planning import Plan, StagedRow, describe, plan_batch, plan_event
 from gateway.core.settings import Settings
-from gateway.store import inbox
-from gateway.store.db import Conn, connect
+from gateway.handlers import Registry
+from gateway.handlers import load as load_handlers
+from gateway.store import dead_events, inbox
+from gateway.store.db import connect
 
 log = logging.getLogger(__name__)
-# A database outage fails every batch and row alike: at most one line per kind per 10 s.
+# A database outage fails every batch alike: at most one line per kind per 10 s.
 _WARN = LogThrottle(10.0)
 
 
@@ -41,8 +71,34 @@ def _warn(kind: str, msg: str, *args: object) -> None:
         log.warning(msg + "%s", *args, _WARN.suffix(held))
 
 
+# A connection the consumer holds a transaction on.
+Conn = asyncpg.Connection | PoolConnectionProxy
+
+# One per process: what its consumers have seen lately (see ``Health``).
+HEALTH = Health(time.monotonic)
+# Dead items are looked at after every batch that did not fill up, and at least this often.
+ITEMS_EVERY_S = 1.0
+
+
+class SystemFault(Exception):
+    """The system failed while a batch was redone event by event: put the rows off."""
+
+    def __init__(self, cause: BaseException) -> None:
+        self.cause = cause
+        super().__init__(describe(cause))
+
+
+@dataclass
+class _Failure:
+    row: StagedRow
+    item: Item
+    event: Event
+    exc: BaseException
+    fault: Fault
+
+
 class Consumer:
-    """One claim-process-commit loop over ``webhook_inbox``."""
+    """One claim-process-commit loop over ``webhook_inbox`` and its dead items."""
 
     def __init__(
         self,
@@ -50,87 +106,354 @@ class Consumer:
         settings: Settings,
         *,
         rand: Callable[[], float] = random.random,
+        health: Health | None = None,
+        handlers: Registry | None = None,
     ) -> None:
         self._pool = pool
         self._s = settings
         self._rand = rand
+        self._health = HEALTH if health is None else health
+        if handlers is None and settings.handlers:
+            handlers = load_handlers(settings.handlers)
+        self._handlers = handlers if handlers else None
+        self._items_at = -ITEMS_EVERY_S
         self.wake = asyncio.Event()
 
-    async def process_batch(self) -> int:
-        """Claim one batch of due rows and handle it; returns the rows claimed (0: none due)."""
-        started = time.perf_counter()
-        async with self._pool.acquire() as conn:
-            ids: list[int] = []
-            try:
-                async with conn.transaction():
-                    rows = await inbox.claim_batch(
-                        conn, limit=self._s.consumer_batch, max_bytes=self._s.consumer_batch_bytes
-                    )
-                    if not rows:
-                        return 0
-                    ids = [r.id for r in rows]
-                    with tracing.span("consumer.batch", rows=len(rows)):
-                        plan = plan_batch(rows)
-                        result = await inbox.apply_plan(conn, plan)
-            except Exception as exc:  # any failure: isolate the rows (a bug in one must not block all)
-                if not ids or conn.is_closed():
-                    raise
-                metrics.CONSUMER_FALLBACKS.inc()
-                _warn(
-                    "fallback", "batch of %d rows failed (%s); retrying one by one", len(ids), describe(exc)
-                )
-                await self._one_by_one(conn, ids)
-            else:
-                _observe(plan, result)
-        metrics.CONSUMER_BATCH_ROWS.observe(len(ids))
-        metrics.CONSUMER_BATCH_SECONDS.observe(time.perf_counter() - started)
-        return len(ids)
+    # -- the loop -------------------------------------------------------------------------
 
-    async def _one_by_one(self, conn: Conn, ids: list[int]) -> None:
-        """Each row in its own transaction: the good ones commit, a bad one is retried later."""
-        for inbox_id in ids:
-            attempts = 0
-            try:
-                async with conn.transaction():  # type: ignore[union-attr]
-                    row = await inbox.claim_row(conn, inbox_id=inbox_id)
-                    if row is None:
-                        continue  # taken (or finished) by another consumer meanwhile
-                    attempts = row.attempts
-                    plan = plan_batch([row])
-                    result = await inbox.apply_plan(conn, plan)
-            except Exception as exc:
-                if conn.is_closed():  # type: ignore[union-attr]
-                    raise
-                await self._failed(conn, inbox_id, attempts, exc)
-            else:
-                _observe(plan, result)
-
-    async def _failed(self, conn: Conn, inbox_id: int, attempts: int, exc: BaseException) -> None:
-        s = self._s
-        delay = backoff_delay(attempts + 1, s.retry_base_ms / 1000, s.retry_max_ms / 1000, self._rand)
-        state = await inbox.row_failed(
-            conn, inbox_id=inbox_id, max_attempts=s.max_attempts, delay_s=delay, error=describe(exc)
-        )
-        if state is InboxState.DEAD:
-            metrics.DEAD_LETTERS.labels("max_attempts").inc()
-            log.error("inbox row %d parked as dead after %d attempts: %s", inbox_id, attempts + 1, exc)
-        elif state is InboxState.PENDING:
-            metrics.CONSUMER_FAILURES.inc()
-            _warn("row", "inbox row %d failed (attempt %d), retry in %.1fs", inbox_id, attempts + 1, delay)
+    async def step(self) -> int:
+        """One batch of staged rows, then due dead items when there is room; work done."""
+        n = await self.process_batch()
+        now = time.monotonic()
+        if n < self._s.consumer_batch or now - self._items_at >= ITEMS_EVERY_S:
+            self._items_at = now
+            n += await self.process_items()
+        return n
 
     async def run(self, stop: asyncio.Event) -> None:
         poll_s = self._s.consumer_poll_ms / 1000
         while not stop.is_set():
             self.wake.clear()
             try:
-                claimed = await self.process_batch()
+                claimed = await self.step()
             except Exception as exc:
-                _warn("batch", "consumer batch failed: %s", describe(exc))
-                claimed = 0
+                # Nothing could be recorded (the connection or the transaction is gone):
+                # the rows are unlocked and due, so this consumer itself waits before trying
+                # again, with the same capped backoff, and counts no attempt anywhere.
+                delay = self._fault(exc)
+                await sleep_unless_stopped(stop, delay)
+                continue
             if claimed:
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), poll_s)
+
+    # -- staged rows ----------------------------------------------------------------------
+
+    async def process_batch(self) -> int:
+        """Claim one batch of due rows and handle it; returns the rows claimed (0: none due)."""
+        started = time.perf_counter()
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await inbox.claim_batch(
+                conn, limit=self._s.consumer_batch, max_bytes=self._s.consumer_batch_bytes
+            )
+            if not rows:
+                return 0
+            plan = plan_batch(rows)
+            try:
+                async with conn.transaction():
+                    with tracing.span("consumer.batch", rows=len(rows)):
+                        result = await self._fast(conn, plan)
+            except Exception as exc:
+                if conn.is_closed():
+                    raise
+                await self._slow(conn, plan, exc)
+            else:
+                _observe(plan, result)
+                self._health.succeeded({kind_of(ev.key) for ev, _, _ in plan.events})
+        metrics.CONSUMER_BATCH_ROWS.observe(len(rows))
+        metrics.CONSUMER_BATCH_SECONDS.observe(time.perf_counter() - started)
+        return len(rows)
+
+    async def _fast(self, conn: Conn, plan: Plan) -> inbox.Applied:
+        result = await inbox.apply_plan(conn, plan)
+        if plan.bad:
+            await dead_events.record(conn, [self._bad_item(row, item) for row, item in plan.bad])
+        await self._fragments(conn, [(ev, row, item) for ev, row, item in plan.events if item.scrubbed])
+        if self._handlers and result.fresh_keys:
+            fresh = set(result.fresh_keys)
+            for ev, _row, _item in plan.events:
+                if ev.key in fresh:
+                    await self._run_handlers(conn, ev)
+        return result
+
+    async def _slow(self, conn: Conn, plan: Plan, exc: BaseException) -> None:
+        """The fast path failed (rolled back to its savepoint): defer, or go event by event."""
+        ids = [r.id for r, _ in plan.parsed] + plan.parked
+        if classify(exc) is Fault.SYSTEM:
+            await self._defer(conn, ids, exc)
+            return
+        metrics.CONSUMER_FALLBACKS.inc()
+        _warn("fallback", "batch of %d rows failed (%s); retrying event by event", len(ids), describe(exc))
+        try:
+            async with conn.transaction():
+                ok = await self._per_event(conn, plan)
+        except Exception as inner:
+            if conn.is_closed():
+                raise
+            await self._defer(conn, ids, inner.cause if isinstance(inner, SystemFault) else inner)
+            return
+        self._health.succeeded(ok)
+
+    async def _per_event(self, conn: Conn, plan: Plan) -> set[str]:
+        """Each event in its own savepoint; returns the kinds that committed."""
+        ok: set[str] = set()
+        failures: list[_Failure] = []
+        seen: set[str] = set()
+        for row, items in plan.parsed:
+            for item in items:
+                for ev in item.events:
+                    if ev.key in seen:
+                        continue
+                    seen.add(ev.key)
+                    try:
+                        async with conn.transaction():
+                            result = await inbox.apply_plan(conn, plan_event(ev, row.id, row.source))
+                            if item.scrubbed:
+                                await self._fragments(conn, [(ev, row, item)])
+                            if self._handlers and result.fresh_keys:
+                                await self._run_handlers(conn, ev)
+                    except Exception as exc:
+                        if conn.is_closed():
+                            raise
+                        fault = classify(exc)
+                        if fault is Fault.SYSTEM:
+                            raise SystemFault(exc) from exc
+                        failures.append(_Failure(row, item, ev, exc, fault))
+                    else:
+                        ok.add(kind_of(ev.key))
+                        metrics.CONSUMER_EVENTS.labels(
+                            ev.kind, "processed" if result.fresh else "duplicate"
+                        ).inc()
+        new = [self._bad_item(row, item) for row, item in plan.bad]
+        for f in failures:
+            kind = kind_of(f.event.key)
+            v = verdict(f.fault, isolated=self._health.isolated(kind, in_batch=kind in ok))
+            self._health.failed(kind)
+            new.append(self._failed_item(f, v))
+        if failures and not ok and all(i.deferrals for i in new if i.event_key):
+            # Nothing went through and nothing is this event's own fault: the system is
+            # failing for everyone. Keep the rows pending (lag) rather than copy every event.
+            raise SystemFault(failures[0].exc)
+        await dead_events.record(conn, new)
+        await inbox.apply_plan(conn, Plan(done=plan.done, parked=plan.parked, parked_why=plan.parked_why))
+        for i in new:
+            self._count_item(i.state, i.deferrals > 0, i.kind)
+        return ok
+
+    async def _defer(self, conn: Conn, ids: Sequence[int], exc: BaseException) -> None:
+        """The system failed: rows due again after the fault backoff, no attempt counted."""
+        delay = self._fault(exc)
+        await inbox.defer(conn, ids=ids, delay_s=delay, error=describe(exc))
+
+    def _fault(self, exc: BaseException) -> float:
+        """Count a system fault; the capped backoff to wait; log at most every few seconds."""
+        streak = self._health.system_fault()
+        metrics.CONSUMER_FAULTS.inc()
+        s = self._s
+        delay = fault_delay(streak, s.retry_base_ms / 1000, s.fault_backoff_max_ms / 1000, self._rand)
+        _warn(
+            "fault",
+            "database failing (%s); retrying in %.1fs, no attempt counted (%d in a row)",
+            describe(exc),
+            delay,
+            streak,
+        )
+        return delay
+
+    # -- dead items -----------------------------------------------------------------------
+
+    async def process_items(self) -> int:
+        """Retry due dead items, each in its own savepoint; returns the items claimed."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            claimed = await dead_events.claim(conn, limit=self._s.consumer_batch)
+            if not claimed:
+                return 0
+            try:
+                async with conn.transaction():
+                    ok = await self._retry_items(conn, claimed)
+            except Exception as exc:
+                if conn.is_closed():
+                    raise
+                cause = exc.cause if isinstance(exc, SystemFault) else exc
+                delay = self._fault(cause)
+                for it in claimed:
+                    await dead_events.failed(
+                        conn,
+                        item_id=it.id,
+                        state=dead_events.RETRY,
+                        attempts=0,
+                        deferrals=1,
+                        delay_s=delay,
+                        error=describe(cause),
+                    )
+                return len(claimed)
+        self._health.succeeded(ok)
+        return len(claimed)
+
+    async def _retry_items(self, conn: Conn, claimed: list[dead_events.Claimed]) -> set[str]:
+        ok: set[str] = set()
+        done: list[int] = []
+        failures: list[tuple[dead_events.Claimed, BaseException, Fault]] = []
+        for it in claimed:
+            try:
+                async with conn.transaction():
+                    for ev in _rebuild(it):
+                        result = await inbox.apply_plan(conn, plan_event(ev, it.inbox_id, it.source))
+                        if result.fresh_keys and b"\\u" in it.fragment:
+                            await dead_events.record_fragments(
+                                conn,
+                                keys=[ev.key],
+                                inbox_ids=[it.inbox_id],
+                                paths=[it.path],
+                                fragments=[it.fragment],
+                            )
+                        if self._handlers and result.fresh_keys:
+                            await self._run_handlers(conn, ev)
+            except Exception as exc:
+                if conn.is_closed():
+                    raise
+                fault = classify(exc)
+                if fault is Fault.SYSTEM:
+                    raise SystemFault(exc) from exc
+                failures.append((it, exc, fault))
+            else:
+                done.append(it.id)
+                ok.add(kind_of(it.event_key))
+        await dead_events.done(conn, ids=done)
+        s = self._s
+        for it, error, fault in failures:
+            kind = kind_of(it.event_key)
+            v = verdict(fault, isolated=self._health.isolated(kind, in_batch=kind in ok))
+            self._health.failed(kind)
+            attempts = it.attempts + (v is Verdict.ATTEMPT)
+            dead = v is Verdict.DEAD or (v is Verdict.ATTEMPT and attempts >= s.max_attempts)
+            delay = self._item_delay(v, attempts, it.deferrals + 1)
+            await dead_events.failed(
+                conn,
+                item_id=it.id,
+                state=dead_events.DEAD if dead else dead_events.RETRY,
+                attempts=int(v is not Verdict.DEFER),
+                deferrals=int(v is Verdict.DEFER),
+                delay_s=delay,
+                error=_error_text(error),
+            )
+            self._count_item(dead_events.DEAD if dead else dead_events.RETRY, v is Verdict.DEFER, kind)
+            if dead:
+                log.error(
+                    "dead item %d (%s) parked after %d attempts: %s", it.id, it.event_key, attempts, error
+                )
+        return ok
+
+    # -- helpers --------------------------------------------------------------------------
+
+    async def _run_handlers(self, conn: Conn, ev: Event) -> None:
+        assert self._handlers is not None
+        timeout = self._s.handler_timeout_ms / 1000
+        for h in self._handlers.for_event(ev):
+            try:
+                await asyncio.wait_for(h.fn(ev, conn), timeout)
+            except Exception as exc:
+                raise HandlerError(h.name, exc) from exc
+            metrics.HANDLER_CALLS.labels("ok").inc()
+
+    async def _fragments(self, conn: Conn, events: list[tuple[Event, StagedRow, Item]]) -> None:
+        """Exact bytes of events stored escaped (a NUL, a lone surrogate), beside their key."""
+        if not events:
+            return
+        await dead_events.record_fragments(
+            conn,
+            keys=[ev.key for ev, _, _ in events],
+            inbox_ids=[row.id for _, row, _ in events],
+            paths=[pointer(item.path) for _, _, item in events],
+            fragments=[_raw(row, item) for _, row, item in events],
+        )
+
+    def _bad_item(self, row: StagedRow, item: Item) -> dead_events.NewItem:
+        return dead_events.NewItem(
+            inbox_id=row.id,
+            position=item.position,
+            path=pointer(item.path),
+            event_key=None,
+            kind="bad",
+            source=row.source,
+            unit=item.unit,
+            context=item.context,
+            fragment=_raw(row, item),
+            state=dead_events.DEAD,
+            attempts=1,
+            deferrals=0,
+            delay_s=0.0,
+            error=item.error or "malformed",
+        )
+
+    def _failed_item(self, f: _Failure, v: Verdict) -> dead_events.NewItem:
+        attempts = int(v is Verdict.ATTEMPT)
+        dead = v is Verdict.DEAD or attempts >= self._s.max_attempts
+        return dead_events.NewItem(
+            inbox_id=f.row.id,
+            position=f.item.position,
+            path=pointer(f.item.path),
+            event_key=f.event.key,
+            kind=f.event.kind,
+            source=f.row.source,
+            unit=f.item.unit,
+            context=f.item.context,
+            fragment=_raw(f.row, f.item),
+            state=dead_events.DEAD if dead else dead_events.RETRY,
+            attempts=attempts,
+            deferrals=int(v is Verdict.DEFER),
+            delay_s=self._item_delay(v, attempts, 1),
+            error=_error_text(f.exc),
+        )
+
+    def _item_delay(self, v: Verdict, attempts: int, deferrals: int) -> float:
+        s = self._s
+        if v is Verdict.DEFER:
+            return fault_delay(deferrals, s.retry_base_ms / 1000, s.fault_backoff_max_ms / 1000, self._rand)
+        return backoff_delay(max(attempts, 1), s.retry_base_ms / 1000, s.retry_max_ms / 1000, self._rand)
+
+    def _count_item(self, state: str, deferred: bool, kind: str) -> None:
+        if state == dead_events.DEAD:
+            metrics.DEAD_LETTERS.labels("bad_fragment" if kind == "bad" else "max_attempts").inc()
+        elif not deferred:
+            metrics.CONSUMER_FAILURES.inc()
+
+
+def _raw(row: StagedRow, item: Item) -> bytes:
+    """The fragment's bytes exactly as sent (the whole body if it cannot be located)."""
+    found = fragment(row.body, item.path)
+    return row.body if found is None else found
+
+
+def _rebuild(it: dead_events.Claimed) -> list[Event]:
+    """A dead item's event(s), from its own bytes; BadEvent if they are no event."""
+    try:
+        events = parse_fragment(it.source, it.unit, it.fragment, it.context)
+    except PayloadError as exc:
+        raise BadEvent(describe(exc)) from exc
+    if it.event_key is not None:
+        events = [ev for ev in events if ev.key == it.event_key]
+    if not events:
+        raise BadEvent(f"fragment has no event {it.event_key!r}")
+    return events
+
+
+def _error_text(exc: BaseException) -> str:
+    """What an operator sees: a handler's last traceback line, or the error in one line."""
+    if isinstance(exc, HandlerError):
+        return str(exc)
+    return describe(exc) if str(exc) else last_line(exc)
 
 
 def _observe(plan: Plan, result: inbox.Applied) -> None:
@@ -151,6 +474,10 @@ def _observe(plan: Plan, result: inbox.Applied) -> None:
         metrics.DEAD_LETTERS.labels("unparseable").inc(len(plan.parked))
         for inbox_id, why in zip(plan.parked, plan.parked_why, strict=True):
             log.error("inbox row %d parked as dead: %s", inbox_id, why)
+    if plan.bad:
+        metrics.DEAD_LETTERS.labels("bad_fragment").inc(len(plan.bad))
+        for row, item in plan.bad:
+            log.error("inbox row %d: fragment %s parked as dead: %s", row.id, pointer(item.path), item.error)
 
 
 def _setter(event: asyncio.Event) -> Callable[[Any], None]:
@@ -160,10 +487,14 @@ def _setter(event: asyncio.Event) -> Callable[[Any], None]:
 class ConsumerGroup:
     """``consumer_concurrency`` consumers sharing one LISTEN connection."""
 
-    def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
+    def __init__(self, pool: asyncpg.Pool, settings: Settings, handlers: Registry | None = None) -> None:
         self._pool = pool
         self._s = settings
-        self.consumers = [Consumer(pool, settings) for _ in range(settings.consumer_concurrency)]
+        if handlers is None and settings.handlers:
+            handlers = load_handlers(settings.handlers)  # an import error stops the start-up
+        self.consumers = [
+            Consumer(pool, settings, handlers=handlers) for _ in range(settings.consumer_concurrency)
+        ]
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 

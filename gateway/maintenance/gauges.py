@@ -19,7 +19,7 @@ import asyncpg
 from gateway import metrics
 from gateway.core.enums import OutboxState
 from gateway.core.forwarding import BREAKER_GAUGE, BreakerState
-from gateway.store import deliveries, inbox, leader, outbox, pacing
+from gateway.store import dead_events, deliveries, inbox, leader, outbox, pacing
 from gateway.store.db import Conn, connect
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,10 @@ async def refresh_inbox(conn: Conn) -> None:
     metrics.INBOX_DEPTH.set(await inbox.depth(conn))
     metrics.CONSUMER_LAG.set(await inbox.lag_seconds(conn))
     metrics.DEAD_ROWS.set(await inbox.dead_count(conn))
+    st = await dead_events.stats(conn)
+    metrics.DEAD_EVENTS.labels("retry").set(st.retry)
+    metrics.DEAD_EVENTS.labels("dead").set(st.dead)
+    metrics.DEAD_EVENTS_OLDEST_RETRY.set(st.oldest_retry_s)
     metrics.db_gauges_refreshed()
 
 

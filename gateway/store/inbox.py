@@ -10,7 +10,6 @@ from datetime import datetime
 import asyncpg
 import orjson
 
-from gateway.core.enums import InboxState
 from gateway.core.planning import Plan, StagedRow
 from gateway.store.db import Conn
 from gateway.store.sqlfiles import q
@@ -32,6 +31,7 @@ class Applied:
     statuses_inserted: int
     done: int
     parked: int
+    fresh_keys: list[str]
     deliveries: int = 0
 
 
@@ -86,31 +86,43 @@ async def apply_plan(conn: Conn, plan: Plan) -> Applied:
     return Applied(**dict(r))
 
 
-async def row_failed(
-    conn: Conn, *, inbox_id: int, max_attempts: int, delay_s: float, error: str
-) -> InboxState | None:
-    """Count a failed attempt: back to pending after ``delay_s``, or dead; None if not pending."""
-    state = await conn.fetchval(q("inbox_row_failed"), inbox_id, max_attempts, delay_s, error)
-    return None if state is None else InboxState(state)
+async def defer(conn: Conn, *, ids: Sequence[int], delay_s: float, error: str) -> None:
+    """The system failed on these rows: due again after ``delay_s``; no attempt counted."""
+    await conn.execute(q("inbox_defer"), list(ids), delay_s, error)
 
 
 async def notify(conn: Conn) -> None:
     await conn.execute(q("inbox_notify"))
 
 
-async def dead_list(conn: Conn, *, limit: int) -> list[DeadRow]:
-    return [DeadRow(**dict(r)) for r in await conn.fetch(q("inbox_dead_list"), limit)]
+async def dead_list(
+    conn: Conn, *, limit: int, since: datetime | None = None, until: datetime | None = None
+) -> list[DeadRow]:
+    rows = await conn.fetch(q("inbox_dead_list"), limit, since, until)
+    return [DeadRow(**dict(r)) for r in rows]
 
 
-async def dead_count(conn: Conn) -> int:
-    n: int = await conn.fetchval(q("inbox_dead_count"))
+async def dead_count(conn: Conn, *, since: datetime | None = None, until: datetime | None = None) -> int:
+    n: int = await conn.fetchval(q("inbox_dead_count"), since, until)
     return n
 
 
-async def dead_replay(conn: asyncpg.Connection, *, ids: Sequence[int] | None) -> list[int]:
-    """Dead rows back to pending with a fresh budget (``ids=None``: every one); ids replayed."""
+async def get(conn: Conn, *, inbox_id: int) -> asyncpg.Record | None:
+    """Every column of one row, body included (for ``gateway dead show``)."""
+    r: asyncpg.Record | None = await conn.fetchrow(q("inbox_get"), inbox_id)
+    return r
+
+
+async def dead_replay(
+    conn: asyncpg.Connection,
+    *,
+    ids: Sequence[int] | None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[int]:
+    """Dead rows back to pending with a fresh budget (``ids=None``: every one in the range)."""
     async with conn.transaction():
-        rows = await conn.fetch(q("inbox_dead_replay"), None if ids is None else list(ids))
+        rows = await conn.fetch(q("inbox_dead_replay"), None if ids is None else list(ids), since, until)
         if rows:
             await notify(conn)
     return sorted(r["id"] for r in rows)
@@ -122,6 +134,6 @@ async def depth(conn: Conn) -> int:
 
 
 async def lag_seconds(conn: Conn) -> float:
-    """Age of the oldest due pending row (0 when none)."""
+    """Age of the oldest pending row, due or deferred (0 when none)."""
     lag: float = await conn.fetchval(q("inbox_lag"))
     return lag

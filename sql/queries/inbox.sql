@@ -171,47 +171,55 @@ SELECT (SELECT count(*) FROM fresh) AS fresh,
        (SELECT count(*) FROM ins_st) AS statuses_inserted,
        (SELECT count(*) FROM done) AS done,
        (SELECT count(*) FROM parked) AS parked,
-       (SELECT count(*) FROM fwd) AS deliveries;
+       (SELECT count(*) FROM fwd) AS deliveries,
+       (SELECT coalesce(array_agg(event_key), '{}') FROM fresh) AS fresh_keys;
 
--- name: inbox_row_failed
--- A row whose processing failed: retry later with backoff, or park it after max attempts.
--- $2 max attempts, $3 delay in seconds, $4 the error.
+-- name: inbox_defer
+-- The system failed while these rows were being processed (in the transaction that still
+-- holds their locks): due again after $2 seconds, the error kept, no attempt counted.
 UPDATE webhook_inbox SET
-    attempts = attempts + 1,
-    state = CASE WHEN attempts + 1 >= $2 THEN 'dead' ELSE 'pending' END,
-    next_attempt_at = clock_timestamp() + make_interval(secs => $3),
-    last_error = $4
-WHERE id = $1 AND state = 'pending'
-RETURNING state;
+    next_attempt_at = clock_timestamp() + make_interval(secs => $2),
+    last_error = $3
+WHERE id = ANY($1::bigint[]) AND state = 'pending';
 
 -- name: inbox_notify
 SELECT pg_notify('webhook_inbox', '');
 
 -- name: inbox_dead_list
+-- $1 limit, $2 since, $3 until (received_at; NULL: open).
 SELECT id, source, received_at, delivery_id, attempts, octet_length(body) AS bytes, last_error
 FROM webhook_inbox
 WHERE state = 'dead'
+  AND ($2::timestamptz IS NULL OR received_at >= $2)
+  AND ($3::timestamptz IS NULL OR received_at < $3)
 ORDER BY id
 LIMIT $1;
 
 -- name: inbox_dead_count
-SELECT count(*) FROM webhook_inbox WHERE state = 'dead';
+SELECT count(*) FROM webhook_inbox
+WHERE state = 'dead'
+  AND ($1::timestamptz IS NULL OR received_at >= $1)
+  AND ($2::timestamptz IS NULL OR received_at < $2);
+
+-- name: inbox_get
+SELECT id, source, received_at, delivery_id, state, attempts, body, last_error, processed_at
+FROM webhook_inbox WHERE id = $1;
 
 -- name: inbox_dead_replay
--- Dead rows back to pending with a fresh attempt budget; $1 NULL means every dead row.
+-- Dead rows back to pending with a fresh attempt budget; $1 NULL means every dead row,
+-- $2/$3 a received_at range (NULL: open).
 UPDATE webhook_inbox SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp()
 WHERE state = 'dead' AND ($1::bigint[] IS NULL OR id = ANY($1::bigint[]))
+  AND ($2::timestamptz IS NULL OR received_at >= $2)
+  AND ($3::timestamptz IS NULL OR received_at < $3)
 RETURNING id;
 
 -- name: inbox_depth
 SELECT count(*) FROM webhook_inbox WHERE state = 'pending';
 
 -- name: inbox_lag
--- Age in seconds of the oldest due pending row (0 when none), by the claim index.
+-- Age in seconds of the oldest pending row (0 when none), due or deferred: a row put off
+-- because the database is failing is lag, and the alert on it must fire.
 SELECT coalesce(extract(epoch FROM clock_timestamp() - min(received_at)), 0)::float8
-FROM (
-    SELECT received_at FROM webhook_inbox
-    WHERE state = 'pending' AND next_attempt_at <= clock_timestamp()
-    ORDER BY next_attempt_at, id
-    LIMIT 1
-) oldest;
+FROM webhook_inbox
+WHERE state = 'pending';

@@ -91,6 +91,13 @@ WHERE id IN (
           WHERE w.state IN ('pending', 'dead')
             AND w.received_at >= o.created_at
             AND w.received_at <= o.unknown_at + make_interval(secs => $2::float8))
+      -- A status that failed on its own (dead_events) while the rest of its POST was
+      -- processed is just as unprocessed, and so is a fragment we could not parse.
+      AND NOT EXISTS (
+          SELECT 1 FROM dead_events d
+          WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad')
+            AND d.received_at >= o.created_at
+            AND d.received_at <= o.unknown_at + make_interval(secs => $2::float8))
     ORDER BY o.unknown_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED)
@@ -103,11 +110,18 @@ SELECT count(*) AS n, extract(epoch FROM min(b.oldest))::float8 AS oldest,
        coalesce(bool_or(b.dead > 0), false) AS dead
 FROM outbox o
 CROSS JOIN LATERAL (
-    SELECT min(w.received_at) AS oldest, count(*) FILTER (WHERE w.state = 'dead') AS dead
-    FROM webhook_inbox w
-    WHERE w.state IN ('pending', 'dead')
-      AND w.received_at >= o.created_at
-      AND w.received_at <= o.unknown_at + make_interval(secs => $2::float8)) b
+    SELECT min(u.received_at) AS oldest, count(*) FILTER (WHERE u.state = 'dead') AS dead
+    FROM (
+        SELECT w.received_at, w.state FROM webhook_inbox w
+        WHERE w.state IN ('pending', 'dead')
+          AND w.received_at >= o.created_at
+          AND w.received_at <= o.unknown_at + make_interval(secs => $2::float8)
+        UNION ALL
+        SELECT d.received_at, d.state FROM dead_events d
+        WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad')
+          AND d.received_at >= o.created_at
+          AND d.received_at <= o.unknown_at + make_interval(secs => $2::float8)
+    ) u) b
 WHERE o.state = 'unknown' AND o.unknown_at <= to_timestamp($1::float8) - make_interval(secs => $2::float8)
   AND b.oldest IS NOT NULL;
 
@@ -194,3 +208,7 @@ WITH upd AS (
     RETURNING id
 )
 SELECT (SELECT count(*) FROM upd) AS done, 0::bigint AS refused, 0::bigint AS waiting;
+
+-- name: outbox_claim_reply
+-- The reply guard of migration 0002, in the caller's transaction: true once per inbound wamid.
+SELECT claim_reply($1, $2);

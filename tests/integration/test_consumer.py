@@ -8,10 +8,12 @@ import sys
 import time
 
 import asyncpg
+import orjson
 import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
+from gateway.core.faults import Health
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta, sign_tenashi
 from gateway.inbound.consumer import Consumer
@@ -311,32 +313,54 @@ async def test_poisoned_event_parked_rest_commits_then_replayed_once(
     poison_id = await stage(pool, to_bytes(messages_payload(message_obj("wamid.POISON"))))
     ids += [await stage(pool, to_bytes(messages_payload(message_obj(f"wamid.OK{i}")))) for i in range(5, 10)]
 
-    consumer = Consumer(pool, s)
+    consumer = Consumer(pool, s, health=Health(time.monotonic))
     assert await consumer.process_batch() == 11
-    # The rest of the batch committed; the poisoned row is pending again with backoff.
+    # The rest of the batch committed, every row is done; the poisoned event is a dead item
+    # due again after a backoff, its first attempt counted (the other messages went through).
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 10
-    row = await pool.fetchrow(
-        "SELECT state, attempts, last_error FROM webhook_inbox WHERE id = $1", poison_id
+    assert await inbox_states(pool) == {"done": 11}
+    item = await pool.fetchrow("SELECT * FROM dead_events")
+    assert (item["inbox_id"], item["event_key"], item["state"], item["attempts"]) == (
+        poison_id,
+        "msg:wamid.POISON",
+        "retry",
+        1,
     )
-    assert (row["state"], row["attempts"]) == ("pending", 1)
-    assert "downstream rejects wamid.POISON" in row["last_error"]
+    assert "downstream rejects wamid.POISON" in item["last_error"]
+    assert item["path"] == "/entry/0/changes/0/value/messages/0"
+    assert orjson.loads(bytes(item["fragment"])) == message_obj("wamid.POISON")
+    # More traffic goes through meanwhile, so the next failure is the event's own again.
+    await stage(pool, to_bytes(messages_payload(message_obj("wamid.OK10"))))
     await asyncio.sleep(0.02)
     await drain(pool, s)
-    row = await pool.fetchrow("SELECT state, attempts FROM webhook_inbox WHERE id = $1", poison_id)
-    assert (row["state"], row["attempts"]) == ("dead", 2)
-    assert await pool.fetchval("SELECT count(*) FROM processed_webhook_events") == 10
+    item = await pool.fetchrow("SELECT state, attempts FROM dead_events")
+    assert (item["state"], item["attempts"]) == ("dead", 2)
+    assert await pool.fetchval("SELECT count(*) FROM processed_webhook_events") == 11
 
     # The operator lists it, fixes the cause, and replays it through the CLI.
     env = {**os.environ, "DATABASE_URL": db_dsn}
     out = await cli(env, "dead", "list")
-    assert f"{poison_id:>10} meta" in out and "downstream rejects" in out and "1 dead row(s)" in out
+    assert (
+        f"row=R{poison_id}" in out and "downstream rejects" in out and "0 dead row(s), 1 dead event(s)" in out
+    )
+    item_id = await pool.fetchval("SELECT id FROM dead_events")
+    out = await cli(env, "dead", "show", f"E{item_id}")
+    assert "error: RaiseError: downstream rejects wamid.POISON" in out
+    assert '"id":"wamid.POISON"' in out
     await pool.execute("DROP TRIGGER reject_poison ON inbound_messages")
-    out = await cli(env, "dead", "replay", str(poison_id))
-    assert f"replayed 1 row(s): [{poison_id}]" in out
+    out = await cli(env, "dead", "replay", f"E{item_id}")
+    assert f"replayed 1 event(s): [{item_id}]" in out
     await drain(pool, s)
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages WHERE wamid = 'wamid.POISON'") == 1
-    assert await inbox_states(pool) == {"done": 11}
-    # Replaying a processed row again (an operator mistake) does nothing more.
+    assert await pool.fetchval("SELECT state FROM dead_events") == "done"
+    # Replaying a processed event again (an operator mistake) does nothing more.
+    await pool.execute("UPDATE dead_events SET state = 'dead'")
+    out = await cli(env, "dead", "replay", "--all")
+    assert f"replayed 1 event(s): [{item_id}]" in out
+    await drain(pool, s)
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 12
+    assert await pool.fetchval("SELECT count(*) FROM processed_webhook_events") == 12
+    # A whole row replayed: its events are duplicates by their keys.
     await pool.execute("UPDATE webhook_inbox SET state = 'dead' WHERE id = $1", poison_id)
     conn = await asyncpg.connect(db_dsn)
     try:
@@ -344,8 +368,7 @@ async def test_poisoned_event_parked_rest_commits_then_replayed_once(
     finally:
         await conn.close()
     await drain(pool, s)
-    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 11
-    assert await pool.fetchval("SELECT count(*) FROM processed_webhook_events") == 11
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 12
 
 
 async def cli(env: dict[str, str], *args: str) -> str:
@@ -444,9 +467,9 @@ async def test_a_batch_costs_a_constant_number_of_statements(db_dsn: str, settin
                 )
             statements.clear()
             assert await consumer.process_batch() == n_rows
-            # BEGIN, claim, apply_batch, COMMIT and the pool's reset on release:
-            # the same five for 4 events and for 1200.
+            # BEGIN, claim, SAVEPOINT, apply_batch, RELEASE, COMMIT and the pool's reset on
+            # release: the same seven for 4 events and for 1200.
             if not warm_up:
-                assert len(statements) == 5, [s[:60] for s in statements]
+                assert len(statements) == 7, [s[:60] for s in statements]
     finally:
         await pool.close()
