@@ -182,7 +182,8 @@ async def _dead_list(conn: asyncpg.Connection, ns: argparse.Namespace) -> int:
 async def _dead_show(conn: asyncpg.Connection, kind: str, ident: int, *, raw: bool) -> int:
     if kind == "R":
         r = await inbox.get(conn, inbox_id=ident)
-        fields = ("id", "source", "state", "received_at", "delivery_id", "attempts", "processed_at")
+        fields: tuple[str, ...] = ("id", "source", "state", "received_at", "delivery_id", "attempts")
+        fields += ("processed_at",)
         data = None if r is None else bytes(r["body"])
     else:
         r = await dead_events.get(conn, item_id=ident)

@@ -14,7 +14,10 @@ from gateway.core.events import (
     Status,
     UnknownShape,
     parse,
+    parse_fragment,
+    parse_items,
 )
+from gateway.core.jsonspan import fragment
 from gateway.testing.payloads import (
     message_obj,
     messages_payload,
@@ -188,3 +191,79 @@ def test_tenashi_status_carries_idempotency_key_as_callback() -> None:
 def test_unparseable_raises_a_specific_error(source: str, body: bytes, error: type[Exception]) -> None:
     with pytest.raises(error):
         parse(source, body)
+
+
+def _items_body(*messages: bytes) -> bytes:
+    return (
+        b'{"object":"whatsapp_business_account","entry":[{"id":"w","changes":[{"field":"messages",'
+        b'"value":{"metadata":{"phone_number_id":"1111"},"contacts":[{"profile":{"name":"Ana"},"wa_id":"49"}],'
+        b'"messages":[' + b",".join(messages) + b"]}}]}]}"
+    )
+
+
+GOOD = b'{"from":"49","id":"wamid.G","type":"text","text":{"body":"hi"}}'
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        (b'{"from":"49","type":"text"}', "without a string 'id'"),
+        (b'"a string"', "is not an object"),
+        (b'{"from":"49","id":7}', "without a string 'id'"),
+    ],
+)
+def test_a_malformed_message_is_a_bad_item_and_the_rest_parses(bad: bytes, error: str) -> None:
+    items = parse_items("meta", _items_body(GOOD, bad, GOOD.replace(b"wamid.G", b"wamid.H")))
+    assert [(i.position, i.unit, i.error is None) for i in items] == [
+        (0, "message", True),
+        (1, "message", False),
+        (2, "message", True),
+    ]
+    assert error in (items[1].error or "")
+    assert [e.key for i in items for e in i.events] == ["msg:wamid.G", "msg:wamid.H"]
+    assert items[1].path == ("entry", 0, "changes", 0, "value", "messages", 1)
+    with pytest.raises(UnknownShape):
+        parse("meta", _items_body(GOOD, bad))
+
+
+@pytest.mark.parametrize(
+    ("text", "stored"),
+    [
+        (b"a\\u0000b", "a\\u0000b"),
+        (b"x\\ud800y", "x\\ud800y"),  # orjson refuses the body; the standard library parses it
+        (b"\\u00e9", "\u00e9"),  # an ordinary escape is left alone
+    ],
+)
+def test_unstorable_characters_are_escaped(text: bytes, stored: str) -> None:
+    msg = b'{"from":"49","id":"wamid.N","type":"text","text":{"body":"' + text + b'"}}'
+    (item,) = parse_items("meta", _items_body(msg))
+    (ev,) = item.events
+    assert isinstance(ev, InboundMessage)
+    assert ev.message["text"]["body"] == stored
+    assert item.scrubbed == (stored != "\u00e9")
+    # Rebuilt from the fragment alone, the event is the same (retries and replays).
+    assert parse_fragment("meta", item.unit, msg, item.context) == [ev]
+
+
+def test_every_unit_rebuilds_from_its_fragment() -> None:
+    body = to_bytes(
+        meta_payload(
+            (
+                "messages",
+                meta_value(
+                    messages=[message_obj("wamid.A", sender="4911")],
+                    statuses=[status_obj("wamid.B", "read", participant=["p1", "p2"])],
+                    errors=[{"code": 131000}],
+                ),
+            ),
+            ("message_template_status_update", {"event": "APPROVED"}),
+        )
+    )
+    items = parse_items("meta", body)
+    assert [i.unit for i in items] == ["message", "status", "change", "change"]
+    for item in items:
+        raw = fragment(body, item.path)
+        assert raw is not None
+        assert parse_fragment("meta", item.unit, raw, item.context) == list(item.events)
+    (t,) = parse_items("tenashi", b'{"type":"x.y","data":{}}', "dlv-1")
+    assert parse_fragment("tenashi", t.unit, b'{"type":"x.y","data":{}}', t.context) == list(t.events)

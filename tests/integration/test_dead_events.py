@@ -1,0 +1,288 @@
+"""Faults and bad events against a real PostgreSQL: a failing database never dead-letters an
+acknowledged webhook; a bad event is parked on its own, with its bytes, after its attempts."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import orjson
+import pytest
+
+from gateway.core.faults import Health
+from gateway.core.settings import Settings
+from gateway.inbound.consumer import Consumer
+from gateway.store import inbox
+from tests.conftest import replace
+from tests.consume_helpers import counts, drain, inbox_states, stage
+from gateway.testing.payloads import (
+    message_obj,
+    messages_payload,
+    meta_payload,
+    meta_value,
+    status_obj,
+    to_bytes,
+)
+from tests.integration.test_consumer import cli
+
+# Faults that hit every message alike, injected for a while and then removed.
+FAULTS = {
+    # A trigger that raises (SQLSTATE P0001): could be one event's fault, or everyone's.
+    "trigger": (
+        """CREATE FUNCTION fault() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN RAISE EXCEPTION 'injected fault'; END $$;
+           CREATE TRIGGER fault BEFORE INSERT ON inbound_messages
+               FOR EACH ROW EXECUTE FUNCTION fault();""",
+        "DROP TRIGGER fault ON inbound_messages",
+    ),
+    # A constraint from a newer replica that this code's rows do not satisfy (23514).
+    "check": (
+        "ALTER TABLE inbound_messages ADD CONSTRAINT newer CHECK (type <> 'text') NOT VALID",
+        "ALTER TABLE inbound_messages DROP CONSTRAINT newer",
+    ),
+    # The data volume is full (53100): the system's fault by its SQLSTATE class.
+    "disk_full": (
+        """CREATE FUNCTION fault() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN RAISE EXCEPTION 'could not extend file' USING ERRCODE = 'disk_full'; END $$;
+           CREATE TRIGGER fault BEFORE INSERT ON inbound_messages
+               FOR EACH ROW EXECUTE FUNCTION fault();""",
+        "DROP TRIGGER fault ON inbound_messages",
+    ),
+}
+
+
+def fast(settings: Settings, **kw: object) -> Settings:
+    base = {"max_attempts": 2, "retry_base_ms": 1, "retry_max_ms": 5, "fault_backoff_max_ms": 5}
+    return replace(settings, **{**base, **kw})
+
+
+async def no_dead(pool: asyncpg.Pool) -> None:
+    assert await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state = 'dead'") == 0
+    assert await pool.fetchval("SELECT count(*) FROM dead_events WHERE state = 'dead'") == 0
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("with_statuses", [False, True])
+async def test_a_fault_for_a_while_parks_nothing_dead(
+    pool: asyncpg.Pool, settings: Settings, fault: str, with_statuses: bool
+) -> None:
+    s = fast(settings, consumer_batch=7)
+    health = Health(time.monotonic)
+    # Messages went through before the fault: the consumers know the system worked.
+    await stage(pool, to_bytes(messages_payload(message_obj("wamid.BEFORE"))))
+    await drain_with(pool, s, health)
+    inject, remove = FAULTS[fault]
+    await pool.execute(inject)
+    n = 20
+    for i in range(n):
+        sts = [status_obj(f"wamid.out{i}", "delivered")] if with_statuses else None
+        value = meta_value(messages=[message_obj(f"wamid.F{i}")], statuses=sts)
+        await stage(pool, to_bytes(meta_payload(("messages", value))))
+    # The fault lasts for many more retries than max_attempts (2) would allow.
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        await drain_with(pool, s, health, max_steps=3)
+        await no_dead(pool)
+        await asyncio.sleep(0.01)
+    # At most one attempt was counted: the first failure after the fault began.
+    assert await pool.fetchval("SELECT coalesce(max(attempts), 0) FROM dead_events") <= 1
+    assert await pool.fetchval("SELECT max(attempts) FROM webhook_inbox") == 0
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 1
+    # The waiting events show: as lag while their rows are pending, as retrying items otherwise.
+    pending = await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state = 'pending'")
+    retrying = await pool.fetchval("SELECT count(*) FROM dead_events WHERE state = 'retry'")
+    assert pending + retrying >= n
+    if pending:
+        assert await inbox.lag_seconds(pool) > 0
+    await pool.execute(remove)
+    await asyncio.sleep(0.05)
+    await drain_with(pool, s, health)
+    await no_dead(pool)
+    assert await inbox_states(pool) == {"done": n + 1}
+    c = await counts(pool)
+    assert c["inbound_messages"] == n + 1
+    assert c["message_statuses"] == (n if with_statuses else 0)
+    assert await pool.fetchval("SELECT count(*) FROM dead_events WHERE state <> 'done'") == 0
+
+
+async def drain_with(pool: asyncpg.Pool, settings: Settings, health: Health, max_steps: int = 200) -> None:
+    """Step until nothing is due (bounded: during a fault, deferred work keeps coming due)."""
+    c = Consumer(pool, settings, health=health)
+    for _ in range(max_steps):
+        if not await c.step():
+            return
+
+
+async def test_system_fault_defers_rows_without_attempts_in_the_locking_transaction(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    inject, remove = FAULTS["disk_full"]
+    await pool.execute(inject)
+    ids = [await stage(pool, to_bytes(messages_payload(message_obj(f"wamid.D{i}")))) for i in range(3)]
+    s = replace(settings, retry_base_ms=2000, fault_backoff_max_ms=4000)
+    consumer = Consumer(pool, s, health=Health(time.monotonic))
+    assert await consumer.process_batch() == 3
+    rows = await pool.fetch(
+        "SELECT state, attempts, last_error, next_attempt_at > clock_timestamp() AS later"
+        " FROM webhook_inbox ORDER BY id"
+    )
+    assert [(r["state"], r["attempts"], r["later"]) for r in rows] == [("pending", 0, True)] * 3
+    assert all("DiskFullError" in r["last_error"] for r in rows)
+    # The backoff holds: neither this consumer nor another one takes them again at once.
+    other = Consumer(pool, s, health=Health(time.monotonic))
+    assert await other.process_batch() == 0
+    assert await consumer.process_batch() == 0
+    assert await inbox.lag_seconds(pool) > 0  # deferred rows are lag
+    await pool.execute(remove)
+    await pool.execute("UPDATE webhook_inbox SET next_attempt_at = clock_timestamp() WHERE id = ANY($1)", ids)
+    await drain(pool, s)
+    assert await inbox_states(pool) == {"done": 3}
+
+
+async def test_poison_event_attempts_honour_the_backoff(pool: asyncpg.Pool, settings: Settings) -> None:
+    await pool.execute(
+        """CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN IF NEW.wamid = 'wamid.POISON' THEN RAISE EXCEPTION 'poison'; END IF; RETURN NEW; END $$;
+           CREATE TRIGGER poison BEFORE INSERT ON inbound_messages
+               FOR EACH ROW EXECUTE FUNCTION poison();"""
+    )
+    s = replace(settings, max_attempts=3, retry_base_ms=300, retry_max_ms=300)
+    health = Health(time.monotonic)
+    body = to_bytes(messages_payload(message_obj("wamid.OK0"), message_obj("wamid.POISON")))
+    await stage(pool, body)
+    consumers = [Consumer(pool, s, health=health) for _ in range(3)]
+    seen: list[tuple[float, int]] = []
+    started = time.monotonic()
+    i = 0
+    while time.monotonic() - started < 10:
+        # Other messages keep flowing, so every failure of the poison is its own.
+        i += 1
+        await stage(pool, to_bytes(messages_payload(message_obj(f"wamid.OK{i}"))))
+        await asyncio.gather(*(c.step() for c in consumers))
+        row = await pool.fetchrow("SELECT state, attempts FROM dead_events")
+        if not seen or seen[-1][1] != row["attempts"]:
+            seen.append((time.monotonic(), row["attempts"]))
+        if row["state"] == "dead":
+            break
+        await asyncio.sleep(0.01)
+    assert row["state"] == "dead" and row["attempts"] == 3
+    assert [a for _, a in seen] == [1, 2, 3]
+    # Attempts are spread by the backoff (150-300 ms with full jitter), never a burst.
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(seen)]
+    assert all(g >= 0.14 for g in gaps), gaps
+    assert await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state <> 'done'") == 0
+
+
+# A POST whose second message has no id, spelled the way a sender might (spaces, escapes).
+ODD_MESSAGE = b'{ "from" : "4915112345678",  "type":"text", "text": {"body": "caf\\u00e9"} }'
+
+
+def body_with(fragment: bytes) -> bytes:
+    good = [orjson.dumps(message_obj(f"wamid.G{i}")) for i in range(3)]
+    msgs = b",".join([good[0], fragment, good[1], good[2]])
+    return (
+        b'{"object":"whatsapp_business_account","entry":[{"id":"waba-0","changes":[{"field":"messages",'
+        b'"value":{"metadata":{"phone_number_id":"1111"},"messages":[' + msgs + b"]}}]}]}"
+    )
+
+
+async def test_message_without_id_is_its_own_dead_item_with_its_exact_bytes(
+    pool: asyncpg.Pool, settings: Settings, db_dsn: str
+) -> None:
+    inbox_id = await stage(pool, body_with(ODD_MESSAGE))
+    await drain(pool, settings)
+    assert await inbox_states(pool) == {"done": 1}
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 3
+    item = await pool.fetchrow("SELECT * FROM dead_events")
+    assert (item["inbox_id"], item["state"], item["kind"], item["event_key"]) == (
+        inbox_id,
+        "dead",
+        "bad",
+        None,
+    )
+    assert item["path"] == "/entry/0/changes/0/value/messages/1"
+    assert bytes(item["fragment"]) == ODD_MESSAGE
+    assert "without a string 'id'" in item["last_error"]
+    env = {**os.environ, "DATABASE_URL": db_dsn}
+    out = await cli(env, "dead", "show", f"E{item['id']}", "--raw")
+    assert out.encode() == ODD_MESSAGE
+    # A redelivery of the POST: the good events are duplicates, the bad one parked again.
+    await stage(pool, body_with(ODD_MESSAGE))
+    await drain(pool, settings)
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 3
+    assert await pool.fetchval("SELECT count(*) FROM dead_events WHERE state = 'dead'") == 2
+
+
+@pytest.mark.parametrize(
+    ("fragment", "stored"),
+    [
+        # U+0000: text and jsonb refuse it; stored as the six characters of its escape.
+        (b'{"from":"4915","id":"wamid.NUL","type":"text","text":{"body":"a\\u0000b"}}', "a\\u0000b"),
+        # A lone surrogate (not UTF-8): orjson refuses the whole body; the stdlib parses it.
+        (b'{"from":"4915","id":"wamid.SUR","type":"text","text":{"body":"x\\ud800y"}}', "x\\ud800y"),
+    ],
+)
+async def test_values_postgres_cannot_store_are_escaped_and_kept_exactly(
+    pool: asyncpg.Pool, settings: Settings, fragment: bytes, stored: str
+) -> None:
+    wamid = orjson.loads(fragment.replace(b"\\u0000", b"").replace(b"\\ud800", b""))["id"]
+    for _ in range(2):  # a redelivery changes nothing
+        await stage(pool, body_with(fragment))
+        await drain(pool, settings)
+    assert await inbox_states(pool) == {"done": 2}
+    assert await pool.fetchval("SELECT count(*) FROM dead_events") == 0
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 4
+    msg = await pool.fetchval("SELECT message FROM inbound_messages WHERE wamid = $1", wamid)
+    assert msg["text"]["body"] == stored
+    raw = await pool.fetchrow(
+        "SELECT path, fragment FROM event_fragments WHERE event_key = $1", f"msg:{wamid}"
+    )
+    assert (raw["path"], bytes(raw["fragment"])) == ("/entry/0/changes/0/value/messages/1", fragment)
+    assert await pool.fetchval("SELECT count(*) FROM event_fragments") == 1
+
+
+async def test_dead_list_and_replay_by_time_range(
+    pool: asyncpg.Pool, settings: Settings, db_dsn: str
+) -> None:
+    await pool.execute(
+        """CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN IF NEW.wamid LIKE 'wamid.P%' THEN RAISE EXCEPTION 'poison'; END IF; RETURN NEW; END $$;
+           CREATE TRIGGER poison BEFORE INSERT ON inbound_messages
+               FOR EACH ROW EXECUTE FUNCTION poison();"""
+    )
+    s = fast(settings, max_attempts=1)
+    health = Health(time.monotonic)
+    for day in range(3):
+        await stage(
+            pool, to_bytes(messages_payload(message_obj(f"wamid.OK{day}"), message_obj(f"wamid.P{day}")))
+        )
+    await stage(pool, b"not json")
+    await drain_with(pool, s, health)
+    assert await pool.fetchval("SELECT count(*) FROM dead_events WHERE state = 'dead'") == 3
+    # Received one, two and three days ago.
+    now = datetime.now(UTC)
+    await pool.execute(
+        """UPDATE dead_events d SET received_at = $1::timestamptz - make_interval(days => 3 - (w.n - 1)::int)
+           FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM webhook_inbox) w
+           WHERE w.id = d.inbox_id""",
+        now,
+    )
+    env = {**os.environ, "DATABASE_URL": db_dsn}
+    since = (now - timedelta(days=2, hours=12)).isoformat()
+    until = (now - timedelta(hours=12)).isoformat()
+    out = await cli(env, "dead", "list", "--since", since, "--until", until)
+    assert "key=msg:wamid.P1" in out and "key=msg:wamid.P2" in out and "wamid.P0" not in out
+    assert "2 dead event(s)" in out
+    out = await cli(env, "dead", "list", "--since", "36h")
+    assert "key=msg:wamid.P2" in out and "1 dead event(s)" in out and "1 dead row(s)" in out
+    await pool.execute("DROP TRIGGER poison ON inbound_messages")
+    out = await cli(env, "dead", "replay", "--since", since, "--until", until)
+    assert "replayed 2 event(s)" in out and "no row to replay" in out
+    await drain_with(pool, s, health)
+    done = {r[0] for r in await pool.fetch("SELECT wamid FROM inbound_messages WHERE wamid LIKE 'wamid.P%'")}
+    assert done == {"wamid.P1", "wamid.P2"}
+    assert await pool.fetchval("SELECT count(*) FROM dead_events WHERE state = 'dead'") == 1

@@ -1,0 +1,50 @@
+"""The exact bytes of a value inside a JSON body."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gateway.core.jsonspan import fragment, pointer
+
+BODY = (
+    b'{ "entry" : [ {"id":"w", "changes": [ {"field":"messages", "value": {"messages": ['
+    b'{"id":"a","text":{"body":"[not]{a} \\"bracket\\""}} ,'
+    b'  { "from" : "49",\n "type":"text" } , 12.5e3, "s\\u00e9", null, [1,[2]] ]}} ]} ] , "x": 1, "x": 2}'
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        (
+            ("entry", 0, "changes", 0, "value", "messages", 0),
+            b'{"id":"a","text":{"body":"[not]{a} \\"bracket\\""}}',
+        ),
+        (("entry", 0, "changes", 0, "value", "messages", 1), b'{ "from" : "49",\n "type":"text" }'),
+        (("entry", 0, "changes", 0, "value", "messages", 2), b"12.5e3"),
+        (("entry", 0, "changes", 0, "value", "messages", 3), b'"s\\u00e9"'),
+        (("entry", 0, "changes", 0, "value", "messages", 4), b"null"),
+        (("entry", 0, "changes", 0, "value", "messages", 5), b"[1,[2]]"),
+        (("entry", 0, "changes", 0, "value", "messages", 6), None),
+        (("entry", 0, "id"), b'"w"'),
+        (("x",), b"2"),  # the last duplicate wins, as parsers do
+        (("missing",), None),
+        (("entry", "0"), None),
+        ((), BODY),
+    ],
+)
+def test_fragment(path: tuple[str | int, ...], expected: bytes | None) -> None:
+    got = fragment(BODY, path)
+    assert got == expected
+    if got is not None:
+        orjson.loads(got)  # a fragment is JSON on its own
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b'{"a": [1, 2', b'{"a" 1}'])
+def test_malformed_answers_none(body: bytes) -> None:
+    assert fragment(body, ("a", 1)) is None
+
+
+def test_pointer() -> None:
+    assert pointer(("entry", 0, "a/b", "c~d")) == "/entry/0/a~1b/c~0d"
