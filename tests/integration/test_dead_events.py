@@ -17,8 +17,6 @@ from gateway.core.faults import Health
 from gateway.core.settings import Settings
 from gateway.inbound.consumer import Consumer
 from gateway.store import inbox
-from tests.conftest import replace
-from tests.consume_helpers import counts, drain, inbox_states, stage
 from gateway.testing.payloads import (
     message_obj,
     messages_payload,
@@ -27,6 +25,8 @@ from gateway.testing.payloads import (
     status_obj,
     to_bytes,
 )
+from tests.conftest import replace
+from tests.consume_helpers import counts, drain, inbox_states, stage
 from tests.integration.test_consumer import cli
 
 # Faults that hit every message alike, injected for a while and then removed.
