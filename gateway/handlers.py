@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from gateway.core.enums import Provider
 from gateway.core.events import AccountError, AccountUpdate, Event, InboundMessage, Status
-from gateway.store import outbox
+from gateway.store import outbox, replies
 from gateway.store.db import Conn
 
 E = TypeVar("E", bound=Event)
@@ -114,13 +114,15 @@ async def reply(
 ) -> bool:
     """Enqueue a text reply to ``event`` in the handler's transaction; False if already answered.
 
-    Two guards, both in this transaction: ``claim_reply(wamid, bot)`` (migration 0002: one
-    automatic reply per inbound message) and the outbox key ``reply:<bot>:<wamid>`` (unique
-    per tenant). The reply threads under the message (Meta's ``context.message_id``).
+    Two guards, both in this transaction: the reply claim of (wamid, bot) in ``reply_claims``
+    (the same guard as the send API's ``in_reply_to``: one reply per inbound message per bot)
+    and the outbox key ``reply:<bot>:<wamid>`` (unique per tenant). The reply threads under
+    the message (Meta's ``context.message_id``).
     """
     if not event.sender:
         raise ValueError(f"message {event.wamid} has no sender to reply to")
-    if not await outbox.claim_reply(conn, inbound_wamid=event.wamid, bot=bot):
+    key = f"reply:{bot}:{event.wamid}"
+    if not await replies.claim(conn, inbound_wamid=event.wamid, bot=bot, tenant=tenant, key=key):
         return False
     payload: dict[str, Any] = {"type": "text", "text": {"body": text}}
     if str(provider) == Provider.META:
@@ -129,7 +131,7 @@ async def reply(
         conn,
         outbox.NewMessage(
             tenant=tenant,
-            key=f"reply:{bot}:{event.wamid}",
+            key=key,
             provider=provider,
             phone_number_id=event.phone_number_id or "",
             recipient=event.sender,

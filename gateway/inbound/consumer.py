@@ -76,7 +76,7 @@ Conn = asyncpg.Connection | PoolConnectionProxy
 
 # One per process: what its consumers have seen lately (see ``Health``).
 HEALTH = Health(time.monotonic)
-# Dead items are looked at after every batch that did not fill up, and at least this often.
+# Dead items are looked at when no staged row is due, and at least this often.
 ITEMS_EVERY_S = 1.0
 
 
@@ -122,10 +122,10 @@ class Consumer:
     # -- the loop -------------------------------------------------------------------------
 
     async def step(self) -> int:
-        """One batch of staged rows, then due dead items when there is room; work done."""
+        """One batch of staged rows, then due dead items when idle or once a second; work done."""
         n = await self.process_batch()
         now = time.monotonic()
-        if n < self._s.consumer_batch or now - self._items_at >= ITEMS_EVERY_S:
+        if n == 0 or now - self._items_at >= ITEMS_EVERY_S:
             self._items_at = now
             n += await self.process_items()
         return n

@@ -241,9 +241,3 @@ async def cancel_bulk(
     r = await conn.fetchrow(q("outbox_cancel_bulk"), str(OutboxState(state)), since, until, tenant)
     assert r is not None
     return Bulk(int(r["done"]), int(r["refused"]))
-
-
-async def claim_reply(conn: Conn, *, inbound_wamid: str, bot: str) -> bool:
-    """The right to answer an inbound message (true once); a rollback releases it."""
-    claimed: bool = await conn.fetchval(q("outbox_claim_reply"), inbound_wamid, bot)
-    return claimed

@@ -208,7 +208,3 @@ WITH upd AS (
     RETURNING id
 )
 SELECT (SELECT count(*) FROM upd) AS done, 0::bigint AS refused, 0::bigint AS waiting;
-
--- name: outbox_claim_reply
--- The reply guard of migration 0002, in the caller's transaction: true once per inbound wamid.
-SELECT claim_reply($1, $2);

@@ -18,6 +18,7 @@ import pytest
 
 from gateway.core.events import InboundMessage, Status, parse
 from gateway.testing.payloads import message_obj, meta_payload, meta_value, status_obj, to_bytes
+from tests import handlers_sample
 from tests.consume_helpers import add_outbox, inbox_states
 
 pytestmark = pytest.mark.slow
@@ -54,8 +55,9 @@ async def _ge(n: Any, want: int) -> bool:
     return bool(await n >= want)
 
 
-def start(dsn: str, name: str) -> asyncio.Future[asyncio.subprocess.Process]:
+def start(dsn: str, name: str, handlers: str = "") -> asyncio.Future[asyncio.subprocess.Process]:
     env = {
+        "GATEWAY_HANDLERS": handlers,
         **os.environ,
         "DATABASE_URL": f"{dsn}{'&' if '?' in dsn else '?'}application_name={name}",
         "GATEWAY_MIGRATE_ON_START": "false",
@@ -93,7 +95,13 @@ async def wait_for(cond: Any, what: str, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.002)
 
 
-async def test_sigkill_mid_batch_every_event_exactly_once(pool: asyncpg.Pool, db_dsn: str) -> None:
+@pytest.mark.parametrize("handlers", ["", "tests.handlers_sample"])
+async def test_sigkill_mid_batch_every_event_exactly_once(
+    pool: asyncpg.Pool, db_dsn: str, handlers: str
+) -> None:
+    # With handlers, each call is recorded in the consumer's transaction (tests/handlers_sample):
+    # a call whose transaction a SIGKILL cut short leaves nothing, so each event shows once.
+    await pool.execute(handlers_sample.TABLE)
     rng = random.Random(7)
     for n in range(OUTBOX_ROWS):
         await add_outbox(pool, f"cb-{n}")
@@ -112,8 +120,8 @@ async def test_sigkill_mid_batch_every_event_exactly_once(pool: asyncpg.Pool, db
     insert = "INSERT INTO webhook_inbox (source, body) VALUES ('meta', $1)"
     await pool.executemany(insert, [(b,) for b in chunks[0]])
 
-    steady = await start(db_dsn, "crash-steady")
-    victim = await start(db_dsn, "crash-victim")
+    steady = await start(db_dsn, "crash-steady", handlers)
+    victim = await start(db_dsn, "crash-victim", handlers)
     try:
         for chunk in chunks[1:]:
             await wait_for(lambda: _ge(backends(pool, "crash-victim"), 2), "the victim to connect")
@@ -122,7 +130,7 @@ async def test_sigkill_mid_batch_every_event_exactly_once(pool: asyncpg.Pool, db
             await asyncio.sleep(rng.random() * 0.005)
             victim.send_signal(signal.SIGKILL)
             await victim.wait()
-            victim = await start(db_dsn, "crash-victim")
+            victim = await start(db_dsn, "crash-victim", handlers)
         deadline = time.monotonic() + 20
         while await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state <> 'done'"):
             assert time.monotonic() < deadline, await inbox_states(pool)
@@ -153,4 +161,9 @@ async def test_sigkill_mid_batch_every_event_exactly_once(pool: asyncpg.Pool, db
     rows = await pool.fetch(
         "SELECT callback_data, delivery_status FROM outbox WHERE delivery_status IS NOT NULL"
     )
+    calls = await pool.fetch("SELECT event_key, count(*) AS n FROM handled GROUP BY event_key")
+    if handlers:
+        assert {r["event_key"]: r["n"] for r in calls} == dict.fromkeys(expected, 1)
+    else:
+        assert calls == []
     assert {r[0]: r[1] for r in rows} == want

@@ -1,0 +1,172 @@
+"""Handlers run inside the consumer's transaction: exactly once per event, isolated on failure."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import asyncpg
+import pytest
+
+from examples import echo_bot, order_updater
+from gateway.core.faults import Health
+from gateway.core.settings import Settings
+from gateway.handlers import Registry
+from gateway.inbound.consumer import Consumer
+from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
+from tests import handlers_sample
+from tests.conftest import replace
+from tests.consume_helpers import add_outbox, inbox_states, stage
+from tests.integration.test_consumer import cli
+
+
+async def drain(
+    pool: asyncpg.Pool, s: Settings, registry: Registry, health: Health, consumers: int = 1
+) -> None:
+    workers = [Consumer(pool, s, handlers=registry, health=health) for _ in range(consumers)]
+
+    async def loop(c: Consumer) -> None:
+        for _ in range(500):
+            if not await c.step():
+                return
+
+    await asyncio.gather(*(loop(c) for c in workers))
+
+
+async def handled(pool: asyncpg.Pool) -> dict[str, int]:
+    rows = await pool.fetch("SELECT event_key, count(*) AS n FROM handled GROUP BY event_key")
+    return {r["event_key"]: r["n"] for r in rows}
+
+
+@pytest.fixture
+async def sample(pool: asyncpg.Pool) -> Registry:
+    await pool.execute(handlers_sample.TABLE)
+    return handlers_sample.register(Registry())
+
+
+async def test_handlers_run_once_per_event_across_redeliveries(
+    pool: asyncpg.Pool, settings: Settings, sample: Registry
+) -> None:
+    body = to_bytes(messages_payload(message_obj("wamid.H1"), message_obj("wamid.H2")))
+    status = to_bytes(statuses_payload(status_obj("wamid.OUT", "read")))
+    health = Health(time.monotonic)
+    for _ in range(3):
+        for _ in range(4):  # redeliveries, some in one batch, with concurrent consumers
+            await stage(pool, body)
+            await stage(pool, status)
+        await drain(pool, replace(settings, consumer_batch=3), sample, health, consumers=3)
+    assert await handled(pool) == {"msg:wamid.H1": 1, "msg:wamid.H2": 1, "status:wamid.OUT:read:": 1}
+    assert await inbox_states(pool) == {"done": 24}
+
+
+async def test_a_raising_handler_fails_only_its_event_then_replay_runs_it_once(
+    pool: asyncpg.Pool, settings: Settings, sample: Registry, db_dsn: str
+) -> None:
+    s = replace(settings, max_attempts=2, retry_base_ms=60000, retry_max_ms=60000)
+    health = Health(time.monotonic)
+    msgs = [message_obj("wamid.A"), message_obj("wamid.RAISE1"), message_obj("wamid.B")]
+    await stage(pool, to_bytes(messages_payload(*msgs)))
+    await stage(pool, to_bytes(statuses_payload(status_obj("wamid.OUT", "sent"))))
+    await drain(pool, s, sample, health)
+    # The rest of the batch committed with its handlers' writes; the raising handler's write
+    # rolled back with its event.
+    assert await handled(pool) == {"msg:wamid.A": 1, "msg:wamid.B": 1, "status:wamid.OUT:sent:": 1}
+    keys = {r[0] for r in await pool.fetch("SELECT event_key FROM processed_webhook_events")}
+    assert "msg:wamid.RAISE1" not in keys and len(keys) == 3
+    assert await inbox_states(pool) == {"done": 2}
+    item = await pool.fetchrow("SELECT id, state, attempts, last_error FROM dead_events")
+    assert item["state"] == "retry" and item["attempts"] == 1
+    assert item["last_error"] == (
+        "handler tests.handlers_sample.on_message: ValueError: cannot handle wamid.RAISE1"
+    )
+    # Not retried before its backoff; then (other messages went through since) the next
+    # failure is again the event's own: its last attempt, dead.
+    await drain(pool, s, sample, health)
+    assert await pool.fetchval("SELECT attempts FROM dead_events") == 1
+    await pool.execute("UPDATE dead_events SET next_attempt_at = clock_timestamp()")
+    await drain(pool, s, sample, health)
+    row = await pool.fetchrow("SELECT state, attempts FROM dead_events")
+    assert (row["state"], row["attempts"]) == ("dead", 2)
+    assert await handled(pool) == {"msg:wamid.A": 1, "msg:wamid.B": 1, "status:wamid.OUT:sent:": 1}
+    # Fixed (here: the handler no longer raises for it), replayed: handled exactly once.
+    fixed = Registry()
+    fixed.message()(lambda ev, conn: conn.execute(handlers_sample.RECORD, ev.key, "fixed"))
+    out = await cli({**os.environ, "DATABASE_URL": db_dsn}, "dead", "replay", f"E{item['id']}")
+    assert f"replayed 1 event(s): [{item['id']}]" in out
+    await drain(pool, s, fixed, health)
+    await drain(pool, s, fixed, health)
+    n = await pool.fetchval(
+        "SELECT count(*) FROM handled WHERE event_key = 'msg:wamid.RAISE1' AND handler = 'fixed'"
+    )
+    assert n == 1
+    assert await pool.fetchval("SELECT state FROM dead_events") == "done"
+
+
+@pytest.mark.parametrize("wamid", ["wamid.SLOW1", "wamid.SLOWSQL1"])
+async def test_a_handler_past_its_timeout_fails_only_its_event(
+    pool: asyncpg.Pool, settings: Settings, sample: Registry, wamid: str
+) -> None:
+    s = replace(settings, handler_timeout_ms=200, retry_base_ms=60000, retry_max_ms=60000)
+    msgs = [message_obj("wamid.A"), message_obj(wamid), message_obj("wamid.B")]
+    await stage(pool, to_bytes(messages_payload(*msgs)))
+    await drain(pool, s, sample, Health(time.monotonic))
+    assert set(await handled(pool)) == {"msg:wamid.A", "msg:wamid.B"}
+    item = await pool.fetchrow("SELECT event_key, state, attempts, last_error FROM dead_events")
+    assert (item["event_key"], item["state"], item["attempts"]) == (f"msg:{wamid}", "retry", 1)
+    assert item["last_error"] == "handler tests.handlers_sample.on_message: timed out"
+    # The connection is usable after the cancelled statement.
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 2
+
+
+async def test_echo_bot_answers_each_text_message_once(pool: asyncpg.Pool, settings: Settings) -> None:
+    bot = Registry()
+    bot.message(type="text")(echo_bot.echo)
+    health = Health(time.monotonic)
+    body = to_bytes(
+        messages_payload(message_obj("wamid.E1", text="hello"), message_obj("wamid.E2", text="bye"))
+    )
+    for _ in range(3):
+        await stage(pool, body)
+        await drain(pool, settings, bot, health, consumers=2)
+    rows = await pool.fetch(
+        "SELECT tenant, idem_key, recipient, payload, state FROM outbox ORDER BY idem_key"
+    )
+    assert [(r["tenant"], r["idem_key"], r["state"]) for r in rows] == [
+        ("handlers", "reply:echo:wamid.E1", "pending"),
+        ("handlers", "reply:echo:wamid.E2", "pending"),
+    ]
+    assert rows[0]["payload"] == {
+        "type": "text",
+        "text": {"body": "You said: hello"},
+        "context": {"message_id": "wamid.E1"},
+    }
+    claims = await pool.fetch("SELECT inbound_wamid, claimed_by FROM reply_claims ORDER BY 1")
+    assert [tuple(r) for r in claims] == [("wamid.E1", "echo"), ("wamid.E2", "echo")]
+
+
+async def test_order_updater_keeps_orders_in_step_with_statuses(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    with open(order_updater.__file__.replace(".py", ".sql")) as f:
+        await pool.execute(f.read())
+    await pool.execute(
+        "INSERT INTO orders (id, callback_data) VALUES ('o-1', 'shop:o-1'), ('o-2', 'shop:o-2')"
+    )
+    await add_outbox(pool, "shop:o-1")
+    updater = Registry()
+    updater.status()(order_updater.track_delivery)
+    health = Health(time.monotonic)
+    err = [{"code": 131026, "title": "Message undeliverable"}]
+    arrivals = [
+        status_obj("wamid.O1", "read", callback="shop:o-1"),
+        status_obj("wamid.O1", "sent", callback="shop:o-1"),  # late: never moves it back
+        status_obj("wamid.O2", "sent", callback="shop:o-2"),
+        status_obj("wamid.O2", "failed", callback="shop:o-2", errors=err),
+        status_obj("wamid.X", "read"),  # not an order
+    ]
+    for st in arrivals + arrivals[:2]:
+        await stage(pool, to_bytes(statuses_payload(st)))
+        await drain(pool, settings, updater, health)
+    rows = await pool.fetch("SELECT id, wamid, delivery, delivery_errors FROM orders ORDER BY id")
+    assert [tuple(r) for r in rows] == [("o-1", "wamid.O1", "read", None), ("o-2", "wamid.O2", "failed", err)]
