@@ -22,6 +22,7 @@ async def purge(pool: asyncpg.Pool, settings: Settings, stop: asyncio.Event | No
         ("webhook_inbox", settings.inbox_retention_days),
         ("message_statuses", settings.status_retention_days),
         ("deliveries", settings.delivery_retention_days),
+        ("dead_events", settings.inbox_retention_days),  # only those a retry or replay finished
     )
     out: dict[str, int] = {}
     for table, days in plan:

@@ -1,6 +1,6 @@
 """Retention DELETEs: each removes at most ``batch`` rows in its own short transaction.
 
-Dead rows and failed deliveries are never purged: an operator replays or inspects them.
+Dead rows, dead events and failed deliveries are never purged: an operator replays or inspects them.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ QUERIES = {
     "webhook_inbox": "inbox_purge_done",
     "message_statuses": "message_statuses_purge",
     "deliveries": "deliveries_purge_delivered",
+    "dead_events": "dead_events_purge_done",
 }
 
 

@@ -33,6 +33,8 @@ CREATE TABLE dead_events (
 CREATE UNIQUE INDEX dead_events_item ON dead_events (inbox_id, path, coalesce(event_key, ''));
 CREATE INDEX dead_events_due ON dead_events (next_attempt_at, id) WHERE state = 'retry';
 CREATE INDEX dead_events_received ON dead_events (received_at);
+-- Retention purges items a retry or a replay finished.
+CREATE INDEX dead_events_done ON dead_events (updated_at) WHERE state = 'done';
 
 -- The exact bytes of events whose stored JSON had to be altered because PostgreSQL cannot
 -- store a value they contain (U+0000, a lone surrogate, a number beyond a double): the

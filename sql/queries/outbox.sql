@@ -150,17 +150,27 @@ UPDATE outbox o
 SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
 WHERE o.tenant = $1 AND o.idem_key = $2 AND o.state IN ('review', 'unknown', 'failed')
   AND o.wamid IS NULL AND o.delivery_status IS NULL
-  AND (o.state = 'failed' OR NOT EXISTS (
-      SELECT 1 FROM webhook_inbox w WHERE w.state IN ('pending', 'dead') AND w.received_at >= o.created_at))
+  AND (o.state = 'failed' OR (NOT EXISTS (
+      SELECT 1 FROM webhook_inbox w WHERE w.state IN ('pending', 'dead') AND w.received_at >= o.created_at)
+    AND NOT EXISTS (
+      SELECT 1 FROM dead_events d
+      WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad') AND d.received_at >= o.created_at)))
 RETURNING o.state;
 
 -- name: outbox_unprocessed_since
--- Webhooks received since a row's creation that are not processed: (pending, dead).
-SELECT count(*) FILTER (WHERE w.state = 'pending') AS pending,
-       count(*) FILTER (WHERE w.state = 'dead') AS dead
-FROM webhook_inbox w
-WHERE w.state IN ('pending', 'dead')
-  AND w.received_at >= (SELECT created_at FROM outbox WHERE tenant = $1 AND idem_key = $2);
+-- Webhooks received since a row's creation that are not processed: (pending, dead), whole
+-- rows and status events that failed on their own (dead_events: retrying counts as pending).
+SELECT count(*) FILTER (WHERE u.state IN ('pending', 'retry')) AS pending,
+       count(*) FILTER (WHERE u.state = 'dead') AS dead
+FROM (
+    SELECT w.state FROM webhook_inbox w
+    WHERE w.state IN ('pending', 'dead')
+      AND w.received_at >= (SELECT created_at FROM outbox WHERE tenant = $1 AND idem_key = $2)
+    UNION ALL
+    SELECT d.state FROM dead_events d
+    WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad')
+      AND d.received_at >= (SELECT created_at FROM outbox WHERE tenant = $1 AND idem_key = $2)
+) u;
 
 -- name: outbox_cancel
 UPDATE outbox
@@ -175,9 +185,13 @@ RETURNING state;
 -- (counted as waiting), as for one row.
 WITH picked AS (
     SELECT o.id, (o.wamid IS NULL AND o.delivery_status IS NULL) AS safe,
-           (o.state <> 'failed' AND EXISTS (
+           (o.state <> 'failed' AND (EXISTS (
                SELECT 1 FROM webhook_inbox w
-               WHERE w.state IN ('pending', 'dead') AND w.received_at >= o.created_at)) AS waits
+               WHERE w.state IN ('pending', 'dead') AND w.received_at >= o.created_at)
+             OR EXISTS (
+               SELECT 1 FROM dead_events d
+               WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad')
+                 AND d.received_at >= o.created_at))) AS waits
     FROM outbox o
     WHERE o.state = $1 AND o.state IN ('review', 'unknown', 'failed')
       AND ($2::float8 IS NULL OR o.updated_at >= to_timestamp($2::float8))

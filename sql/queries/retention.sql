@@ -35,3 +35,12 @@ WHERE ctid IN (
     WHERE recorded_at < now() - make_interval(days => $1)
     LIMIT $2
 );
+
+-- name: dead_events_purge_done
+-- Dead items a retry or a replay finished (kept for the record, like processed inbox rows).
+DELETE FROM dead_events
+WHERE ctid IN (
+    SELECT ctid FROM dead_events
+    WHERE state = 'done' AND updated_at < now() - make_interval(days => $1)
+    LIMIT $2
+);

@@ -48,6 +48,17 @@ async def test_purge_in_bounded_batches_keeps_recent_pending_and_dead(
         dead,
     )
 
+    # Dead items: only those a retry or replay finished long ago go; dead and retrying stay.
+    for i, (state, age) in enumerate([("done", 30), ("done", 30), ("dead", 30), ("retry", 30), ("done", 0)]):
+        await pool.execute(
+            "INSERT INTO dead_events (inbox_id, position, path, kind, source, received_at, unit,"
+            " fragment, state, updated_at) VALUES (1, $1::int, '/x/' || $1::int, 'bad', 'meta', now(),"
+            " 'message', '{}', $2, now() - make_interval(days => $3))",
+            i,
+            state,
+            age,
+        )
+
     s = replace(settings, purge_batch=7)
     deleted = await retention.purge(pool, s)
     assert deleted == {
@@ -55,7 +66,13 @@ async def test_purge_in_bounded_batches_keeps_recent_pending_and_dead(
         "webhook_inbox": 46,
         "message_statuses": 23,
         "deliveries": 0,
+        "dead_events": 2,
     }
+    assert sorted(r[0] for r in await pool.fetch("SELECT state FROM dead_events")) == [
+        "dead",
+        "done",
+        "retry",
+    ]
     assert await pool.fetchval("SELECT count(*) FROM processed_webhook_events") == 2
     assert sorted(r[0] for r in await pool.fetch("SELECT state FROM webhook_inbox")) == [
         "dead",
@@ -71,6 +88,7 @@ async def test_purge_in_bounded_batches_keeps_recent_pending_and_dead(
         "webhook_inbox": 0,
         "message_statuses": 0,
         "deliveries": 0,
+        "dead_events": 0,
     }
     assert REGISTRY.get_sample_value("gateway_retention_purged_total", {"table": "message_statuses"}) >= 23
 

@@ -617,3 +617,33 @@ async def test_tenashi_401_opens_the_token_breaker(
     assert fake.count(cb) == 1
     assert (await row(pool, "t401"))["state"] == "accepted"
     assert await pool.fetchval("SELECT state FROM send_breakers") == "closed"
+
+
+async def test_resend_waits_for_a_status_event_that_failed_on_its_own(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    """A status that failed alone (its POST processed, its inbox row done, the event in
+    dead_events) is as unprocessed as a pending row: the reconciler waits for it. A message
+    that failed alone proves no delivery and does not hold it."""
+    clock = FakeClock()
+    await enqueue(pool, "e1", TO, policy="resend")
+    fake.add_fault("http", status=502)
+    sender = Sender(pool, send_settings(settings, fake), clock=clock, rand=lambda: 0.5)
+    item = (
+        "INSERT INTO dead_events (inbox_id, position, path, event_key, kind, source, received_at, unit,"
+        " fragment, state) VALUES (1, 0, $1, $2, $3, 'meta', clock_timestamp(), $3, '{}', $4)"
+    )
+    try:
+        await sender.step()
+        assert (await row(pool, "e1"))["state"] == "unknown"
+        await pool.execute(item, "/m", "msg:w", "message", "dead")
+        await pool.execute(item, "/s", "status:w:read:", "status", "retry")
+        clock.advance(WINDOW + 1)
+        counts = await reconcile(sender)
+        assert (counts["reconciled"], counts["waiting"]) == (0, 1)
+        await pool.execute("UPDATE dead_events SET state = 'done' WHERE kind = 'status'")
+        counts = await reconcile(sender)
+        assert (counts["reconciled"], counts["waiting"]) == (1, 0)
+        assert (await row(pool, "e1"))["state"] == "pending"
+    finally:
+        await sender.close()
