@@ -578,13 +578,19 @@ most once, paced per recipient and per number, and settles sends whose fate is u
 (GATEWAY_RECONCILE_WINDOW_S). Any number of send processes may share a database.
 
 With GATEWAY_METRICS_PORT set, serves /metrics and /healthz there. Runs until SIGTERM/SIGINT.""",
-    "dead": """Dead letters: staged webhooks parked after GATEWAY_MAX_ATTEMPTS failures (or unparseable).
-Their raw bytes stay in the database; replaying is safe (an event already processed is a
-duplicate by its key and does nothing).
+    "dead": """Dead letters: whole staged webhooks that are not JSON (R<id>), and single events that
+failed on their own (E<id>: a malformed fragment at once, or after GATEWAY_MAX_ATTEMPTS failures
+that were the event's fault) while the rest of their POST was processed. Their raw bytes stay
+in the database; `show` prints them. Replaying is safe (an event already processed is a
+duplicate by its key and does nothing). Times: ISO 8601 (UTC unless an offset is given) or an
+age (30m, 2h, 7d).
 
 Examples:
-  gateway dead list --limit 20
-  gateway dead replay 1041 1042
+  gateway dead list --since 2h --retrying
+  gateway dead show E12
+  gateway dead show E12 --raw > fragment.json
+  gateway dead replay R1041 E12
+  gateway dead replay --since 2026-11-30T08:00 --until 2026-11-30T09:00
   gateway dead replay --all""",
     "outbox": """Outbox rows an operator decides on: sends parked for review (their fate stayed unknown and
 their policy is review), failed or unknown ones.
