@@ -11,11 +11,13 @@ logged (Meta's verification handshake carries its token there).
 from __future__ import annotations
 
 import contextvars
+import itertools
 import logging
 import os
 import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -63,10 +65,16 @@ def outcome_of(source: str, status: int, method: str = "POST") -> str:
     return "rejected" if status < 500 else "error"
 
 
+# Generated ids: a random per-process prefix and a counter (os.urandom per request is a
+# system call on the ack path); unique across processes and restarts in practice.
+_ID_PREFIX = os.urandom(4).hex()
+_ids = itertools.count(1)
+
+
 def request_id(given: str | None) -> str:
     if given is not None and _SANE_ID.match(given):
         return given
-    return os.urandom(8).hex()
+    return f"{_ID_PREFIX}{next(_ids) & 0xFFFFFFFF:08x}"
 
 
 class Sampler:
@@ -103,28 +111,33 @@ def middleware(rate: float) -> Middleware:
     """The middleware; ``rate`` is access-log lines a second before sampling (0: no access log)."""
     sampler = Sampler(rate) if rate > 0 else None
 
-    @web.middleware
-    async def access(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def serve(request: web.Request, handler: Handler, span: Any) -> web.StreamResponse:
         rid = request_id(request.headers.get("X-Request-Id"))
         token = REQUEST_ID.set(rid)
         started = time.perf_counter()
         status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            response.headers["X-Request-Id"] = rid
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            exc.headers["X-Request-Id"] = rid
+            raise
+        finally:
+            if span is not None:
+                span.set_attribute("http.response.status_code", status)
+            elapsed = time.perf_counter() - started
+            REQUEST_ID.reset(token)
+            _account(request, rid, status, elapsed, sampler)
+
+    @web.middleware
+    async def access(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not tracing.enabled:  # the usual case: no span machinery on the ack path
+            return await serve(request, handler, None)
         with tracing.server_span(request.method, _route(request), request.headers) as span:
-            try:
-                response = await handler(request)
-                status = response.status
-                response.headers["X-Request-Id"] = rid
-                return response
-            except web.HTTPException as exc:
-                status = exc.status
-                exc.headers["X-Request-Id"] = rid
-                raise
-            finally:
-                if span is not None:
-                    span.set_attribute("http.response.status_code", status)
-                elapsed = time.perf_counter() - started
-                REQUEST_ID.reset(token)
-                _account(request, rid, status, elapsed, sampler)
+            return await serve(request, handler, span)
 
     return access
 

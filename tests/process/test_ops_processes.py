@@ -225,3 +225,22 @@ async def test_serve_consume_send_json_logs_metrics_and_no_secret(
     serve_lines = [json.loads(line) for line in logs["serve"].read_text().splitlines() if line.strip()]
     malformed = [line for line in serve_lines if "Error handling request" in line["message"]]
     assert malformed and all(line["level"] == "DEBUG" for line in malformed)
+
+
+def test_operator_commands_print_no_secret(db_dsn: str) -> None:
+    """Every operator command, with every secret configured and debug logs on."""
+    env = clean_env(DATABASE_URL=db_dsn, GATEWAY_LOG_LEVEL="debug", GATEWAY_LOG_FORMAT="json", **SECRETS)
+    for args in (
+        ["settings"],
+        ["migrate"],
+        ["dead", "list"],
+        ["outbox", "list", "--state", "review"],
+        ["senders", "list"],
+        ["destinations", "list"],
+        ["deliveries", "list"],
+        ["serve", "--help"],
+    ):
+        done = run_cli(*args, env=env)
+        assert done.returncode == 0, (args, done.stderr[-500:])
+        for secret in SECRET_VALUES:
+            assert secret not in done.stdout + done.stderr, (args, secret)
