@@ -286,3 +286,36 @@ async def test_dead_list_and_replay_by_time_range(
     done = {r[0] for r in await pool.fetch("SELECT wamid FROM inbound_messages WHERE wamid LIKE 'wamid.P%'")}
     assert done == {"wamid.P1", "wamid.P2"}
     assert await pool.fetchval("SELECT count(*) FROM dead_events WHERE state = 'dead'") == 1
+
+
+async def test_statement_timeout_defers_without_attempts(db_dsn: str, settings: Settings) -> None:
+    """A statement timeout (57014) is the system failing: nothing counted, nothing dead."""
+    from gateway.store.db import init_connection
+
+    slow = await asyncpg.create_pool(
+        db_dsn, min_size=1, max_size=2, init=init_connection, server_settings={"statement_timeout": "100"}
+    )
+    assert slow is not None
+    try:
+        await slow.execute(
+            """CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$;
+               CREATE TRIGGER slow BEFORE INSERT ON inbound_messages FOR EACH ROW EXECUTE FUNCTION slow();"""
+        )
+        for i in range(3):
+            await stage(slow, to_bytes(messages_payload(message_obj(f"wamid.T{i}"))))
+        s = fast(settings, max_attempts=1)
+        health = Health(time.monotonic)
+        for _ in range(5):
+            await drain_with(slow, s, health, max_steps=3)
+            await asyncio.sleep(0.01)
+        await no_dead(slow)
+        rows = await slow.fetch("SELECT state, attempts, last_error FROM webhook_inbox")
+        assert {(r["state"], r["attempts"]) for r in rows} == {("pending", 0)}
+        assert all("QueryCanceledError" in r["last_error"] for r in rows)
+        await slow.execute("DROP TRIGGER slow ON inbound_messages")
+        await slow.execute("UPDATE webhook_inbox SET next_attempt_at = clock_timestamp()")
+        await drain_with(slow, s, health)
+        assert await inbox_states(slow) == {"done": 3}
+    finally:
+        await slow.close()
