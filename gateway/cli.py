@@ -26,16 +26,42 @@ log = logging.getLogger("gateway")
 Command = Callable[[Settings, argparse.Namespace], int]
 
 
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes sharing the port (SO_REUSEPORT); default GATEWAY_WORKERS, 0: one per core",
+    )
+    # Internal: a worker started by the parent of `serve --workers N`.
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+
+
 def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
+    from gateway.runtime import workers
     from gateway.web.app import build_app
 
+    if ns.worker:
+        workers.die_with_parent()
+    if ns.workers is not None and ns.workers < 0:
+        print("gateway serve: --workers must be >= 0", file=sys.stderr)
+        return 2
+    n = 1 if ns.worker else workers.count(settings, ns.workers)
+    if n > 1 and settings.port == 0:
+        print("gateway serve: several workers need a fixed GATEWAY_PORT, not 0", file=sys.stderr)
+        return 2
     settings, server = runtime.resolve_database(settings)
+    if n > 1:
+        log.info("settings: %s", settings.redacted())
+        return runtime.serve_workers(settings, n, embedded=server)
     runtime.install_uvloop()
     asyncio.run(runtime.wait_for(settings))
     app = build_app(settings)
-    log.info("settings: %s", settings.redacted())
+    if not ns.worker:
+        log.info("settings: %s", settings.redacted())
     runtime.tune_gc()
-    return runtime.serve_http(app, settings, embedded=server)
+    return runtime.serve_http(app, settings, embedded=server, reuse_port=ns.worker)
 
 
 def cmd_migrate(settings: Settings, ns: argparse.Namespace) -> int:
@@ -516,7 +542,7 @@ def cmd_fake_provider(settings: Settings, ns: argparse.Namespace) -> int:
 
 # name -> (help, function, extra arguments)
 COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None] | None]] = {
-    "serve": ("run the HTTP gateway (with consumers and sender unless disabled)", cmd_serve, None),
+    "serve": ("run the HTTP gateway (with consumers and sender unless disabled)", cmd_serve, _serve_args),
     "migrate": ("apply pending database migrations and exit", cmd_migrate, None),
     "consume": ("run the consumers alone (no HTTP), until SIGTERM or SIGINT", cmd_consume, None),
     "send": ("run the sender (outbox → provider) and reconciler alone", cmd_send, None),

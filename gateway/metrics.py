@@ -1,5 +1,11 @@
 """Prometheus metrics, defined once per process on the default registry.
 
+Under ``gateway serve --workers N`` the workers record into a shared PROMETHEUS_MULTIPROC_DIR
+(prometheus_client's multiprocess mode) and ``/metrics`` on any of them answers for the whole
+group: counters and histograms add up, per-process gauges (open connections, body bytes in
+flight) are ``livesum``, and gauges read from the database are ``mostrecent`` (the gauge
+leader writes them every few seconds; a former leader's last write is older).
+
 Per-process series (counters, histograms) are summed across replicas by the dashboards.
 Database-wide gauges (inbox depth, lag, outbox states, dead letters) live on their own
 registry and are exported only by the process that currently holds the gauge leader lock
@@ -22,7 +28,12 @@ from gateway.core.enums import OutboxState, Provider, Source
 # `_created` series double the series count and no dashboard or alert here reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
-BUILD_INFO = Gauge("gateway_build_info", "Always 1; labels say which build runs", ["version", "python"])
+BUILD_INFO = Gauge(
+    "gateway_build_info",
+    "Always 1; labels say which build runs",
+    ["version", "python"],
+    multiprocess_mode="max",
+)
 BUILD_INFO.labels(__version__, platform.python_version()).set(1)
 
 # Ingest edge
@@ -51,12 +62,14 @@ COMMIT_SECONDS = Histogram(
     "Duration of one group-commit INSERT+COMMIT",
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
-HTTP_CONNECTIONS = Gauge("gateway_http_connections", "Open HTTP connections")
+HTTP_CONNECTIONS = Gauge("gateway_http_connections", "Open HTTP connections", multiprocess_mode="livesum")
 HTTP_CONNECTIONS_REFUSED = Counter(
     "gateway_http_connections_refused_total", "Connections closed at once: GATEWAY_MAX_CONNECTIONS reached"
 )
 WEBHOOK_BODY_BYTES_INFLIGHT = Gauge(
-    "gateway_webhook_body_bytes_inflight", "Webhook body bytes reserved by requests being read"
+    "gateway_webhook_body_bytes_inflight",
+    "Webhook body bytes reserved by requests being read",
+    multiprocess_mode="livesum",
 )
 COMMIT_FAILURES = Counter("gateway_commit_failures_total", "Group-commit batches that failed")
 
@@ -87,10 +100,12 @@ BREAKER_TRIPS = Counter(
 RECONCILE_WAITING = Gauge(
     "gateway_reconcile_waiting_rows",
     "Unknown outbox rows past their window that wait because webhooks of their period are unprocessed",
+    multiprocess_mode="mostrecent",
 )
 RECONCILE_WATERMARK_LAG = Gauge(
     "gateway_reconcile_watermark_lag_seconds",
     "Age of the oldest unprocessed (pending or dead) webhook a waiting unknown row waits for (0: none)",
+    multiprocess_mode="mostrecent",
 )
 
 # Consumers (exactly-once processing of staged webhooks)
@@ -129,13 +144,7 @@ HANDLER_CALLS = Counter("gateway_handler_calls_total", "Handler calls that retur
 CONSUMER_FALLBACKS = Counter(
     "gateway_consumer_fallbacks_total", "Batches that failed and were retried one row at a time"
 )
-RETENTION_TABLES = (
-    "processed_webhook_events",
-    "webhook_inbox",
-    "message_statuses",
-    "deliveries",
-    "dead_events",
-)
+RETENTION_TABLES = ("processed_webhook_events", "reply_claims", "outbox", "deliveries", "dead_events")
 RETENTION_PURGED = Counter("gateway_retention_purged_total", "Rows purged by retention", ["table"])
 
 # Forwarding to downstream destinations
@@ -179,39 +188,63 @@ DB_GAUGES = _LeaderOnly(DB_REGISTRY)
 REGISTRY.register(DB_GAUGES)
 
 INBOX_DEPTH = Gauge(
-    "gateway_inbox_depth", "Staged webhook rows not yet processed (database-wide)", registry=DB_REGISTRY
+    "gateway_inbox_depth",
+    "Staged webhook rows not yet processed (database-wide)",
+    registry=DB_REGISTRY,
+    multiprocess_mode="mostrecent",
 )
 CONSUMER_LAG = Gauge(
     "gateway_consumer_lag_seconds",
     "Age of the oldest pending staged row, due or put off because the database failed (database-wide)",
     registry=DB_REGISTRY,
+    multiprocess_mode="mostrecent",
 )
 DEAD_EVENTS = Gauge(
     "gateway_dead_events",
     "Events that failed on their own, by state: retry (waiting for a retry), dead (database-wide)",
     ["state"],
     registry=DB_REGISTRY,
+    multiprocess_mode="mostrecent",
 )
 DEAD_EVENTS_OLDEST_RETRY = Gauge(
     "gateway_dead_events_oldest_retry_seconds",
     "Age (since receipt) of the oldest event waiting for a retry (0: none; database-wide)",
     registry=DB_REGISTRY,
+    multiprocess_mode="mostrecent",
 )
 DEAD_ROWS = Gauge(
     "gateway_dead_rows",
     "Staged rows parked as dead, waiting for `gateway dead` (database-wide)",
     registry=DB_REGISTRY,
+    multiprocess_mode="mostrecent",
+)
+# Only the states that drain are counted (each on its partial index, capped: see
+# gateway.maintenance.gauges); accepted and cancelled rows are counted by gateway_sends_total.
+OPEN_OUTBOX_STATES = (
+    OutboxState.PENDING,
+    OutboxState.SENDING,
+    OutboxState.UNKNOWN,
+    OutboxState.REVIEW,
+    OutboxState.FAILED,
 )
 OUTBOX_ROWS = Gauge(
-    "gateway_outbox_rows", "Outbox rows by state (database-wide)", ["state"], registry=DB_REGISTRY
+    "gateway_outbox_rows",
+    "Outbox rows in the states that drain (database-wide, capped count)",
+    ["state"],
+    registry=DB_REGISTRY,
+    multiprocess_mode="mostrecent",
 )
 OLDEST_UNKNOWN = Gauge(
     "gateway_outbox_oldest_unknown_seconds",
     "Age of the oldest outbox row in state unknown (0: none; database-wide)",
     registry=DB_REGISTRY,
+    multiprocess_mode="mostrecent",
 )
 GAUGE_LEADER = Gauge(
-    "gateway_gauge_leader", "1 in the one process exporting the database-wide gauges", registry=DB_REGISTRY
+    "gateway_gauge_leader",
+    "1 in the one process exporting the database-wide gauges",
+    registry=DB_REGISTRY,
+    multiprocess_mode="mostrecent",
 )
 GAUGE_LEADER.set(1)
 BREAKER_STATE = Gauge(
@@ -219,24 +252,28 @@ BREAKER_STATE = Gauge(
     "Circuit breaker state per sending number / tenant token: 0 closed, 1 half-open, 2 open (database-wide)",
     ["scope", "provider", "key"],
     registry=DB_REGISTRY,
+    multiprocess_mode="mostrecent",
 )
 FORWARD_BACKLOG = Gauge(
     "gateway_forward_backlog",
     "Deliveries pending or in flight, per destination (database-wide)",
     ["destination"],
     registry=DB_REGISTRY,
+    multiprocess_mode="mostrecent",
 )
 FORWARD_OLDEST_DUE = Gauge(
     "gateway_forward_oldest_due_seconds",
     "Age (since receipt) of the oldest due pending delivery, per destination (0: none; database-wide)",
     ["destination"],
     registry=DB_REGISTRY,
+    multiprocess_mode="mostrecent",
 )
 FORWARD_BREAKER = Gauge(
     "gateway_forward_breaker_state",
     "Circuit breaker per destination: 0 closed, 1 half-open, 2 open (database-wide)",
     ["destination"],
     registry=DB_REGISTRY,
+    multiprocess_mode="mostrecent",
 )
 
 
@@ -266,8 +303,19 @@ def _init_series() -> None:
         DEAD_LETTERS.labels(reason)
     for table in RETENTION_TABLES:
         RETENTION_PURGED.labels(table)
-    for state in OutboxState:
+    for state in OPEN_OUTBOX_STATES:
         OUTBOX_ROWS.labels(state.value)
 
 
 _init_series()
+
+# Partitions and retention (gateway.maintenance.retention)
+PARTITIONS_DROPPED = Counter(
+    "gateway_partitions_dropped_total", "Day partitions dropped by retention", ["table"]
+)
+PARTITIONS_AHEAD = Gauge(
+    "gateway_partitions_ahead_days",
+    "Days ahead of today covered by partitions, the least over the partitioned tables "
+    "(alert below 1: writes fail once today has no partition)",
+    multiprocess_mode="mostrecent",
+)

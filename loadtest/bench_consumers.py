@@ -20,13 +20,14 @@ import random
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-from gateway.core.events import InboundMessage, Status, parse
-from gateway.core.settings import Settings
+from gateway.core.events import InboundMessage, Status, event_day, parse
+from gateway.core.settings import MIN_DEDUP_RETENTION_DAYS, Settings
 from gateway.inbound.consumer import Consumer
 from gateway.store import inbox
 from gateway.store.db import connect, create_pool, migrate
@@ -100,8 +101,10 @@ async def _naive_one(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
         row = await conn.fetchrow(BASELINE["naive_claim_one"])
         if row is None:
             return False
+        today = datetime.now(UTC).date()
         for ev in parse(row["source"], bytes(row["body"]), row["delivery_id"]):
-            if await conn.fetchval(BASELINE["naive_claim_key"], ev.key, row["id"]) is None:
+            day = event_day(ev, row["source"], today=today, window_days=MIN_DEDUP_RETENTION_DAYS)
+            if await conn.fetchval(BASELINE["naive_claim_key"], ev.key, row["id"], day) is None:
                 continue  # duplicate
             if isinstance(ev, InboundMessage):
                 await conn.execute(

@@ -24,7 +24,7 @@ def _asyncio(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from loadtest import bench_ingest, chaos, run
+    from loadtest import bench_growth, bench_ingest, chaos, run
 
     parser = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="redact a saved result JSON and re-draw its HTML page beside it")
     p.add_argument("json", type=Path, nargs="+", help="result files written by run or bench-ingest")
     p.set_defaults(func=_render)
+    p = sub.add_parser("bench-growth", help="throughput as the dedup table grows; DROP vs DELETE retention")
+    bench_growth.add_args(p)
+    p.set_defaults(func=bench_growth.main)
     for name, what in (
         ("bench-consumers", "the consumer benchmark"),
         ("bench-send", "the send benchmark"),

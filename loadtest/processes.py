@@ -128,6 +128,8 @@ def gateway_env(
             "GATEWAY_LOG_LEVEL": "warning",
             "GATEWAY_RUN_CONSUMERS": "true" if consumers else "false",
             "GATEWAY_RUN_SENDER": "false",
+            # The figures are per process unless a run asks for more (`serve` defaults to one per core).
+            "GATEWAY_WORKERS": "1",
         }
     )
     env.update(extra or {})

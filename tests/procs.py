@@ -22,6 +22,8 @@ def free_port() -> int:
 
 def spawn(args: list[str], env: Mapping[str, str], log_path: str | None = None) -> subprocess.Popen[bytes]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    # One process unless a test asks for more (`serve` defaults to one per core).
+    full_env["GATEWAY_WORKERS"] = "1"
     full_env.update(env)
     out = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen(

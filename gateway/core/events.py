@@ -14,6 +14,11 @@ Keys (fixed names, other parts code against them):
 
 A body that is not JSON, or JSON of a shape we do not know, raises ``PayloadError``:
 the consumer parks it as dead with its bytes intact.
+
+Each key is stored in the partition of its *event day* (``event_day``): the UTC day of
+Meta's own message/status ``timestamp``, which a redelivery repeats, so the redelivery
+meets its key in the same partition. Everything else is *untimed* and shares one small
+partition trimmed by age (see docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
 from typing import Any, ClassVar
 
 import orjson
@@ -31,6 +37,11 @@ from gateway.core.enums import Source
 
 # Meta may batch up to 1000 updates per POST; more than this is not a Meta payload.
 MAX_EVENTS_PER_PAYLOAD = 10_000
+
+# The day of keys with no usable event time (the one partition trimmed by DELETE).
+UNTIMED_DAY = date(1970, 1, 1)
+# A timestamp later than tomorrow is nobody's clock skew: treated as untimed.
+FUTURE_DAYS = 1
 
 
 class PayloadError(ValueError):
@@ -530,3 +541,22 @@ def parse_tenashi(doc: Any, delivery_id: str | None = None) -> Event:
             message=data,
         )
     return AccountUpdate(key, None, f"tenashi:{typ}", doc)
+
+
+def event_day(ev: Event, source: str, *, today: date, window_days: int) -> date:
+    """The partition day of ``ev``'s dedup key: a pure function of the event and the date.
+
+    A Meta message or status takes the UTC day of its ``timestamp``; a redelivery repeats
+    that timestamp, so it computes the same day for as long as the day lies within
+    ``[today - window_days, today + FUTURE_DAYS]``. Meta retries for 7 days and the window
+    is the dedup retention (never below 7), so every redelivery inside Meta's window gets
+    the same day. Events with no timestamp we trust (Tenashi ``evt:`` ids, whose resend
+    behaviour is not published; account errors; other changes) and timestamps outside the
+    window are ``UNTIMED_DAY``; an event that old stays untimed on every later delivery.
+    """
+    if source != Source.META or not isinstance(ev, InboundMessage | Status) or ev.timestamp is None:
+        return UNTIMED_DAY
+    day = datetime.fromtimestamp(ev.timestamp, UTC).date()
+    if day < today - timedelta(days=window_days) or day > today + timedelta(days=FUTURE_DAYS):
+        return UNTIMED_DAY
+    return day

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
 from typing import Any
 
 from gateway.core.events import (
@@ -19,9 +20,11 @@ from gateway.core.events import (
     Item,
     PayloadError,
     Status,
+    event_day,
     parse_items,
 )
 from gateway.core.forwarding import forward_row
+from gateway.core.settings import MIN_DEDUP_RETENTION_DAYS
 
 MAX_ERROR_CHARS = 2000
 
@@ -47,6 +50,7 @@ class Plan:
 
     keys: list[str] = field(default_factory=list)
     key_inbox: list[int] = field(default_factory=list)
+    key_days: list[date] = field(default_factory=list)  # each key's partition (events.event_day)
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {k: [] for k in KINDS})
     # One row per event for the destinations that want it: kind, conversation, envelope.
     forwards: list[dict[str, Any]] = field(default_factory=list)
@@ -76,9 +80,10 @@ class Plan:
     def account_updates(self) -> list[dict[str, Any]]:
         return self.rows[AccountUpdate.kind]
 
-    def add(self, ev: Event, inbox_id: int, source: str) -> None:
+    def add(self, ev: Event, inbox_id: int, source: str, day: date) -> None:
         self.keys.append(ev.key)
         self.key_inbox.append(inbox_id)
+        self.key_days.append(day)
         self.kinds[ev.kind] += 1
         self.rows[ev.kind].append(ev.to_row(inbox_id, source))
         self.forwards.append(forward_row(ev, source, inbox_id))
@@ -89,11 +94,16 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
 
 
-def plan_batch(rows: Iterable[StagedRow]) -> Plan:
+def plan_batch(
+    rows: Iterable[StagedRow], *, today: date | None = None, window_days: int = MIN_DEDUP_RETENTION_DAYS
+) -> Plan:
     """Parse every row; park the unparseable; keep the first occurrence of each key.
 
     A malformed fragment inside a valid body is listed in ``bad`` (the consumer records it
-    as a dead item) and the rest of the body is planned as usual."""
+    as a dead item) and the rest of the body is planned as usual. ``today`` (UTC, default:
+    now) and ``window_days`` (the dedup retention) fix each key's event day
+    (``events.event_day``)."""
+    today = datetime.now(UTC).date() if today is None else today
     plan = Plan()
     seen: set[str] = set()
     for row in rows:
@@ -114,15 +124,25 @@ def plan_batch(rows: Iterable[StagedRow]) -> Plan:
                     plan.duplicates_in_batch += 1
                     continue
                 seen.add(ev.key)
-                plan.add(ev, inbox_id, row.source)
+                plan.add(
+                    ev, inbox_id, row.source, event_day(ev, row.source, today=today, window_days=window_days)
+                )
                 plan.events.append((ev, row, item))
     return plan
 
 
-def plan_event(ev: Event, inbox_id: int, source: str) -> Plan:
+def plan_event(
+    ev: Event,
+    inbox_id: int,
+    source: str,
+    *,
+    today: date | None = None,
+    window_days: int = MIN_DEDUP_RETENTION_DAYS,
+) -> Plan:
     """A plan of one event and nothing else (the per-event path runs one per savepoint)."""
+    today = datetime.now(UTC).date() if today is None else today
     plan = Plan()
-    plan.add(ev, inbox_id, source)
+    plan.add(ev, inbox_id, source, event_day(ev, source, today=today, window_days=window_days))
     return plan
 
 

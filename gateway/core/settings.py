@@ -331,6 +331,14 @@ class Settings:
         "send API keys as tenant:key pairs, comma-separated (keys of 16+ characters)",
     )
 
+    # Processes of `gateway serve`: 0 = one per core. Each runs HTTP, its own group
+    # committer, consumers, sender and forwarder as configured below (sizes are per process).
+    workers: int = _env(
+        "GATEWAY_WORKERS",
+        0,
+        _int(0, 256),
+        "gateway serve processes sharing the port (SO_REUSEPORT); 0: one per core",
+    )
     # Which background workers `gateway serve` runs in-process.
     run_consumers: bool = _env("GATEWAY_RUN_CONSUMERS", True, _bool, "run the consumers inside gateway serve")
     run_sender: bool = _env(
@@ -382,6 +390,21 @@ class Settings:
     )
     status_retention_days: int = _env(
         "GATEWAY_STATUS_RETENTION_DAYS", 90, _int(1), "days message status history is kept"
+    )
+    inbound_retention_days: int = _env(
+        "GATEWAY_INBOUND_RETENTION_DAYS", 30, _int(1), "days inbound_messages (the downstream feed) is kept"
+    )
+    account_retention_days: int = _env(
+        "GATEWAY_ACCOUNT_RETENTION_DAYS", 90, _int(1), "days account_errors and account_updates are kept"
+    )
+    outbox_retention_days: int = _env(
+        "GATEWAY_OUTBOX_RETENTION_DAYS",
+        30,
+        _int(1),
+        "days accepted/failed/cancelled outbox rows are kept (at least the idempotency window)",
+    )
+    partitions_ahead_days: int = _env(
+        "GATEWAY_PARTITIONS_AHEAD_DAYS", 3, _int(2, 60), "day partitions created ahead of time"
     )
     purge_interval_s: int = _env(
         "GATEWAY_PURGE_INTERVAL_S", 3600, _int(1), "seconds between retention passes"
@@ -526,6 +549,11 @@ class Settings:
             problems.append(
                 f"GATEWAY_DEDUP_RETENTION_DAYS: must be >= {MIN_DEDUP_RETENTION_DAYS} "
                 f"(Meta redelivers for 7 days), got {self.dedup_retention_days}"
+            )
+        if self.outbox_retention_days * 24 < self.idempotency_ttl_h:
+            problems.append(
+                "GATEWAY_OUTBOX_RETENTION_DAYS: must cover GATEWAY_IDEMPOTENCY_TTL_H "
+                f"({self.idempotency_ttl_h} h), got {self.outbox_retention_days} days"
             )
         if self.db_pool_min > self.db_pool_max:
             problems.append("GATEWAY_DB_POOL_MIN: must not exceed GATEWAY_DB_POOL_MAX")

@@ -159,7 +159,7 @@ class Consumer:
             )
             if not rows:
                 return 0
-            plan = plan_batch(rows)
+            plan = plan_batch(rows, window_days=self._s.dedup_retention_days)
             try:
                 async with conn.transaction():
                     with tracing.span("consumer.batch", rows=len(rows)):
@@ -218,7 +218,10 @@ class Consumer:
                     seen.add(ev.key)
                     try:
                         async with conn.transaction():
-                            result = await inbox.apply_plan(conn, plan_event(ev, row.id, row.source))
+                            result = await inbox.apply_plan(
+                                conn,
+                                plan_event(ev, row.id, row.source, window_days=self._s.dedup_retention_days),
+                            )
                             if item.scrubbed:
                                 await self._fragments(conn, [(ev, row, item)])
                             if self._handlers and result.fresh_keys:
@@ -309,7 +312,10 @@ class Consumer:
             try:
                 async with conn.transaction():
                     for ev in _rebuild(it):
-                        result = await inbox.apply_plan(conn, plan_event(ev, it.inbox_id, it.source))
+                        result = await inbox.apply_plan(
+                            conn,
+                            plan_event(ev, it.inbox_id, it.source, window_days=self._s.dedup_retention_days),
+                        )
                         if result.fresh_keys and b"\\u" in it.fragment:
                             await dead_events.record_fragments(
                                 conn,

@@ -43,9 +43,10 @@ def jobs_for(
         # One process of all those running jobs exports the database-wide gauges.
         lead = gauges.GaugeLeader(settings.database_url, timeout_s=settings.db_connect_timeout_s)
         jobs.append(Job("database gauges", GAUGE_INTERVAL_S, lambda _stop: lead.run_once(), lead.close))
-    if inbound:
+    if inbound or outbound or forward:
+        # Partitions ahead, retention behind: one job for every table, one replica at a time.
         jobs.append(
-            Job("retention", settings.purge_interval_s, lambda stop: retention.purge(pool, settings, stop))
+            Job("retention", settings.purge_interval_s, lambda stop: retention.run_once(pool, settings, stop))
         )
     if outbound:
         reconciler = Reconciler(pool, settings)

@@ -140,15 +140,19 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
-def serve_http(app: web.Application, settings: Settings, *, embedded: Any = None) -> int:
+def serve_http(
+    app: web.Application, settings: Settings, *, embedded: Any = None, reuse_port: bool = False
+) -> int:
     """Serve ``app`` with the edge limits (gateway.web.server) until SIGTERM/SIGINT, or until
-    the embedded PostgreSQL is gone (exit status 1)."""
+    the embedded PostgreSQL is gone (exit status 1). ``reuse_port``: one of several workers."""
 
     async def go() -> int:
         stop = asyncio.Event()
         _stop_on_signals(stop)
         try:
-            listening = await server.listen(app, settings, settings.host, settings.port, shutdown_timeout=10)
+            listening = await server.listen(
+                app, settings, settings.host, settings.port, shutdown_timeout=10, reuse_port=reuse_port
+            )
         except ListenError as exc:  # the separate metrics listener (GATEWAY_METRICS_PORT)
             raise listen_error(exc, exc.host, exc.port, exc.variable) from None
         except OSError as exc:
@@ -173,6 +177,32 @@ async def wait_for(settings: Settings) -> None:
     await wait_for_database(
         settings.database_url, wait_s=settings.db_wait_s, connect_timeout_s=settings.db_connect_timeout_s
     )
+
+
+def serve_workers(settings: Settings, n: int, *, embedded: Any = None) -> int:
+    """The parent of ``gateway serve --workers N``: migrate once, then run and supervise N
+    worker processes on one port (gateway.runtime.workers) until SIGTERM/SIGINT."""
+    from gateway.runtime import workers
+
+    async def go() -> int:
+        assert settings.database_url
+        await wait_for(settings)
+        if settings.migrate_on_start:
+            await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
+        metrics_dir = workers.make_metrics_dir()
+        try:
+            stop = asyncio.Event()
+            _stop_on_signals(stop)
+            supervisor = workers.Supervisor(n, workers.child_env(settings, metrics_dir), metrics_dir)
+            watch = asyncio.create_task(supervise_embedded(embedded, stop))
+            log.info("serving http://%s:%d with %d worker processes", settings.host, settings.port, n)
+            await supervisor.run(stop)
+            log.info("all workers stopped")
+            return 1 if await watch else 0
+        finally:
+            workers.remove_metrics_dir(metrics_dir)
+
+    return run(go())
 
 
 def run(coro: Coroutine[Any, Any, int]) -> int:

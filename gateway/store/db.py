@@ -65,8 +65,9 @@ async def connect(dsn: str, timeout: float = 5.0) -> asyncpg.Connection:
     return conn
 
 
-async def migrate(conn: asyncpg.Connection) -> list[int]:
-    """Apply pending migrations, each in its own transaction; returns the versions applied."""
+async def migrate(conn: asyncpg.Connection, *, upto: int | None = None) -> list[int]:
+    """Apply pending migrations (up to ``upto``, default all), each in its own transaction;
+    returns the versions applied."""
     applied: list[int] = []
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_ID)
     try:
@@ -78,7 +79,7 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
         )
         done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
         for m in migrations():
-            if m.version in done:
+            if m.version in done or (upto is not None and m.version > upto):
                 continue
             async with conn.transaction():
                 await conn.execute(m.sql)

@@ -81,6 +81,7 @@ async def apply_plan(conn: Conn, plan: Plan) -> Applied:
         plan.parked,
         plan.parked_why,
         orjson.dumps(plan.forwards).decode(),
+        plan.key_days,
     )
     assert r is not None
     return Applied(**dict(r))
@@ -128,8 +129,9 @@ async def dead_replay(
     return sorted(r["id"] for r in rows)
 
 
-async def depth(conn: Conn) -> int:
-    n: int = await conn.fetchval(q("inbox_depth"))
+async def depth(conn: Conn, *, cap: int) -> int:
+    """Pending rows, counted up to ``cap`` (a gauge at the cap means "at least")."""
+    n: int = await conn.fetchval(q("inbox_depth"), cap)
     return n
 
 

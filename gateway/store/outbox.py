@@ -135,8 +135,9 @@ async def reconcile_waiting(conn: Conn, *, now: float, window_s: float) -> Waiti
     return Waiting(int(r["n"]), r["oldest"], bool(r["dead"]))
 
 
-async def count_by_state(conn: Conn) -> dict[OutboxState, int]:
-    return {OutboxState(r["state"]): r["n"] for r in await conn.fetch(q("outbox_count_by_state"))}
+async def count_open(conn: Conn, *, cap: int) -> dict[OutboxState, int]:
+    """Rows per state that drains (pending, sending, unknown, review, failed), each up to ``cap``."""
+    return {OutboxState(r["state"]): r["n"] for r in await conn.fetch(q("outbox_count_open"), cap)}
 
 
 async def oldest_unknown(conn: Conn) -> float | None:

@@ -1,24 +1,92 @@
-"""Retention DELETEs: each removes at most ``batch`` rows in its own short transaction.
-
-Dead rows, dead events and failed deliveries are never purged: an operator replays or inspects them.
-"""
+"""Retention and partitions: day partitions created ahead and dropped past their horizon,
+bounded DELETE batches for the row sets that are not partitioned, and the advisory lock
+that lets one replica at a time do it."""
 
 from __future__ import annotations
 
 import asyncio
+import re
+from datetime import date, datetime
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from gateway.store.db import Conn
 from gateway.store.idempotency import affected
 from gateway.store.sqlfiles import q
 
-# table -> the query that trims it
-QUERIES = {
-    "processed_webhook_events": "processed_webhook_events_purge",
-    "webhook_inbox": "inbox_purge_done",
-    "message_statuses": "message_statuses_purge",
+# Arbitrary but fixed: one maintenance pass at a time across every replica.
+MAINTENANCE_LOCK_ID = 0x6777_7061_7274  # "gwpart"
+
+# One connection (the advisory lock is held by its session): plain or from a pool.
+Session = asyncpg.Connection | PoolConnectionProxy
+
+# table -> the query that trims it in bounded batches ($1 days, $2 batch)
+PURGES = {
+    "processed_webhook_events": "processed_webhook_events_purge_untimed",
+    "reply_claims": "reply_claims_purge",
+    "outbox": "outbox_purge_terminal",
     "deliveries": "deliveries_purge_delivered",
     "dead_events": "dead_events_purge_done",
 }
+
+
+async def try_lock(conn: Session) -> bool:
+    """Session advisory lock on this connection; False when another replica holds it."""
+    return bool(await conn.fetchval(q("maintenance_try_lock"), MAINTENANCE_LOCK_ID))
+
+
+async def unlock(conn: Session) -> None:
+    await conn.fetchval(q("maintenance_unlock"), MAINTENANCE_LOCK_ID)
+
+
+async def ensure_day(conn: Session, *, table: str, day: date) -> bool:
+    """Create ``table``'s partition for ``day``; False if it existed."""
+    async with conn.transaction():
+        await conn.execute(q("partition_lock_timeout"))
+        return bool(await conn.fetchval(q("partition_ensure_day"), table, day))
+
+
+async def days(conn: Conn, *, table: str) -> list[date]:
+    """The days of ``table``'s day partitions, oldest first."""
+    return [r[0] for r in await conn.fetch(q("partition_days"), table)]
+
+
+_TABLE_NAME = re.compile(r"^[a-z_]+(_p[0-9]{8})?$")
+
+
+def _ddl(query: str, **names: str) -> str:
+    """A DDL statement of retention.sql with its table names filled in (checked, never input)."""
+    for name in names.values():
+        if not _TABLE_NAME.match(name):
+            raise ValueError(f"not a partition name: {name!r}")
+    return q(query).format(**names)
+
+
+async def drop_oldest(conn: Session, *, table: str, before: date) -> str | None:
+    """Drop ``table``'s oldest day partition older than ``before``; its name or None.
+
+    DETACH ... CONCURRENTLY (outside a transaction) then DROP of the detached table: neither
+    takes a lock on the parent that would stop inserts or claims. A detach interrupted by a
+    crash is finalized on the next call.
+    """
+    r = await conn.fetchrow(q("partition_oldest_before"), table, before)
+    if r is None or r["name"] is None:
+        return None
+    name: str = r["name"]
+    if r["detach_pending"]:
+        await conn.execute(_ddl("partition_detach_finalize", parent=table, child=name))
+    else:
+        await conn.execute(_ddl("partition_detach", parent=table, child=name))
+    async with conn.transaction():
+        await conn.execute(q("partition_lock_timeout"))
+        await conn.execute(_ddl("partition_drop_detached", child=name))
+    return name
+
+
+async def inbox_carry_forward(conn: Conn, *, before: datetime) -> int:
+    """Move rows not done out of the partitions about to be dropped; rows moved."""
+    return affected(await conn.execute(q("inbox_carry_forward"), before))
 
 
 async def purge_table(
@@ -27,7 +95,7 @@ async def purge_table(
     """Delete rows of ``table`` older than the horizon, batch by batch until a batch is short."""
     total = 0
     while stop is None or not stop.is_set():
-        n = affected(await conn.execute(q(QUERIES[table]), older_than_days, batch))
+        n = affected(await conn.execute(q(PURGES[table]), older_than_days, batch))
         total += n
         if n < batch:
             break

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 from aiohttp import web
+from prometheus_client import REGISTRY, CollectorRegistry, multiprocess
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from gateway.store.db import latest_version, schema_version
@@ -27,11 +29,27 @@ log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = 1.0
 PROBE_TIMEOUT_S = 2.0
 
-metrics_handler = make_aiohttp_handler()
+# Set by the parent of `gateway serve --workers N` for its children (gateway.runtime.workers).
+MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def _registry() -> CollectorRegistry:
+    """This process's metrics or, under ``--workers`` (PROMETHEUS_MULTIPROC_DIR set), those of
+    every worker combined: behind one port a scrape reaches any worker, so each must answer
+    for all of them (a registry per process would make every counter jump between workers)."""
+    if MULTIPROC_DIR is None:
+        return REGISTRY
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=MULTIPROC_DIR)  # type: ignore[no-untyped-call]
+    return registry
+
+
+metrics_handler = make_aiohttp_handler(_registry())
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    # The pid tells which worker answered (several share the port under --workers).
+    return web.json_response({"status": "ok", "pid": os.getpid()})
 
 
 class Health:
@@ -119,7 +137,8 @@ async def metrics_listener(host: str, port: int) -> AsyncIterator[web.AppRunner]
     runner = web.AppRunner(metrics_app(), access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        # Under --workers every worker serves the metrics port too (each answers for all).
+        site = web.TCPSite(runner, host, port, reuse_port=MULTIPROC_DIR is not None or None)
         try:
             await site.start()
         except OSError as exc:

@@ -126,10 +126,13 @@ class _Refuse(asyncio.Protocol):
 class CappedSite(web.BaseSite):
     """A TCP site that keeps at most ``max_connections`` connections open."""
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, max_connections: int) -> None:
+    def __init__(
+        self, runner: web.BaseRunner, host: str, port: int, max_connections: int, *, reuse_port: bool = False
+    ) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
+        self._reuse_port = reuse_port
         self.max_connections = max_connections
         self.open = 0
         self.refused = 0
@@ -160,7 +163,11 @@ class CappedSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()
-        self._listener = await loop.create_server(self._protocol, self._host, self._port, reuse_address=True)
+        # reuse_port: `gateway serve --workers N` binds N processes to one port (SO_REUSEPORT);
+        # the kernel spreads new connections over them.
+        self._listener = await loop.create_server(
+            self._protocol, self._host, self._port, reuse_address=True, reuse_port=self._reuse_port or None
+        )
         self._server = self._listener  # BaseSite.stop() closes it
 
 
@@ -185,14 +192,20 @@ class Listening:
 
 
 async def listen(
-    app: web.Application, settings: Settings, host: str, port: int, shutdown_timeout: float = 10.0
+    app: web.Application,
+    settings: Settings,
+    host: str,
+    port: int,
+    shutdown_timeout: float = 10.0,
+    *,
+    reuse_port: bool = False,
 ) -> Listening:
     """Start ``app`` (its cleanup contexts included) on ``host:port`` with the edge limits."""
     runner = web.AppRunner(
         app, handle_signals=False, shutdown_timeout=shutdown_timeout, **handler_args(settings)
     )
     await runner.setup()
-    site = CappedSite(runner, host, port, settings.max_connections)
+    site = CappedSite(runner, host, port, settings.max_connections, reuse_port=reuse_port)
     try:
         await site.start()
     except BaseException:

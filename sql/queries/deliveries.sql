@@ -223,7 +223,9 @@ SELECT m.id, m.wamid, m.source, m.phone_number_id, m.sender, m.type, m.timestamp
        m.contact_name, m.message, m.received_at,
        CASE WHEN m.source = 'meta' THEN 'msg:' || m.wamid
             ELSE (SELECT p.event_key FROM processed_webhook_events p
-                  WHERE p.processed_at >= m.received_at
+                  -- evt: keys are untimed: one partition, with a processed_at index.
+                  WHERE p.event_day = DATE '1970-01-01'
+                    AND p.processed_at >= m.received_at
                     AND p.processed_at < m.received_at + interval '10 minutes'
                     AND p.inbox_id = m.inbox_id AND p.event_key LIKE 'evt:%'
                   LIMIT 1) END AS event_key

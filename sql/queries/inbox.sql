@@ -12,19 +12,20 @@ ORDER BY n;
 -- Due pending rows, locked for this transaction; other consumers skip them. Bodies are
 -- read only up to a byte budget ($2; the first row always), so a backlog of 3 MB payloads
 -- cannot make one batch huge: rows past the budget stay pending and are unlocked at COMMIT.
+-- The join carries received_at (the partition key) so each row is read from its partition.
 WITH claimed AS (
-    SELECT id, next_attempt_at, octet_length(body) AS size
+    SELECT id, received_at, next_attempt_at, octet_length(body) AS size
     FROM webhook_inbox
     WHERE state = 'pending' AND next_attempt_at <= clock_timestamp()
     ORDER BY next_attempt_at, id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), budget AS (
-    SELECT id, next_attempt_at, sum(size) OVER (ORDER BY next_attempt_at, id) - size AS before
+    SELECT id, received_at, next_attempt_at, sum(size) OVER (ORDER BY next_attempt_at, id) - size AS before
     FROM claimed
 )
 SELECT w.id, w.source, w.body, w.delivery_id, w.attempts
-FROM budget b JOIN webhook_inbox w ON w.id = b.id
+FROM budget b JOIN webhook_inbox w ON w.id = b.id AND w.received_at = b.received_at
 WHERE b.before = 0 OR b.before + octet_length(w.body) <= $2
 ORDER BY b.next_attempt_at, b.id;
 
@@ -42,15 +43,18 @@ FOR UPDATE SKIP LOCKED;
 -- crash rolls back keys and effects together, a redelivery finds its key and does nothing.
 -- Keys are inserted and outbox rows locked in sorted order so that two consumers touching
 -- the same keys or rows wait for each other instead of deadlocking.
+-- A key lives in the partition of its event's day ($11, gateway/core/events.py: event_day):
+-- a redelivery computes the same day, so ON CONFLICT meets the key it stored before.
 -- $1 keys, $2 their inbox ids, $3 messages, $4 statuses, $5 account errors,
 -- $6 account updates (jsonb arrays), $7 inbox ids done, $8/$9 inbox ids parked + why,
 -- $10 forwards (JSON text of an array: key, kind, conversation, envelope, inbox_id per event).
+-- $11 the keys' event days.
 WITH ev AS (
-    SELECT key, inbox_id FROM unnest($1::text[], $2::bigint[]) AS e(key, inbox_id)
+    SELECT key, inbox_id, day FROM unnest($1::text[], $2::bigint[], $11::date[]) AS e(key, inbox_id, day)
 ), fresh AS (
-    INSERT INTO processed_webhook_events (event_key, inbox_id)
-    SELECT key, inbox_id FROM ev ORDER BY key
-    ON CONFLICT (event_key) DO NOTHING
+    INSERT INTO processed_webhook_events (event_key, inbox_id, event_day)
+    SELECT key, inbox_id, day FROM ev ORDER BY key, day
+    ON CONFLICT (event_key, event_day) DO NOTHING
     RETURNING event_key
 ), msg AS (
     SELECT m.*
@@ -61,9 +65,15 @@ WITH ev AS (
 ), ins_msg AS (
     INSERT INTO inbound_messages
         (wamid, source, phone_number_id, sender, type, timestamp, contact_name, message, inbox_id)
-    SELECT wamid, source, phone_number_id, sender, type, to_timestamp(ts), contact_name, message, inbox_id
-    FROM msg ORDER BY wamid
-    ON CONFLICT (wamid) DO NOTHING
+    SELECT DISTINCT ON (wamid)
+           wamid, source, phone_number_id, sender, type, to_timestamp(ts), contact_name, message, inbox_id
+    FROM msg
+    -- wamid cannot be UNIQUE across day partitions: skip one recorded in the last 8 days
+    -- (Meta's redelivery window); the dedup key is what makes each event count once.
+    WHERE NOT EXISTS (
+        SELECT 1 FROM inbound_messages i
+        WHERE i.wamid = msg.wamid AND i.received_at > now() - interval '8 days')
+    ORDER BY wamid
     RETURNING 1
 ), st AS (
     SELECT s.*, delivery_rank(s.status) AS rank
@@ -215,7 +225,8 @@ WHERE state = 'dead' AND ($1::bigint[] IS NULL OR id = ANY($1::bigint[]))
 RETURNING id;
 
 -- name: inbox_depth
-SELECT count(*) FROM webhook_inbox WHERE state = 'pending';
+-- Pending rows on the claim index, counted up to a cap ($1): bounded work every scrape.
+SELECT count(*) FROM (SELECT FROM webhook_inbox WHERE state = 'pending' LIMIT $1) x;
 
 -- name: inbox_lag
 -- Age in seconds of the oldest pending row (0 when none), due or deferred: a row put off

@@ -125,8 +125,19 @@ CROSS JOIN LATERAL (
 WHERE o.state = 'unknown' AND o.unknown_at <= to_timestamp($1::float8) - make_interval(secs => $2::float8)
   AND b.oldest IS NOT NULL;
 
--- name: outbox_count_by_state
-SELECT state, count(*) AS n FROM outbox GROUP BY state;
+-- name: outbox_count_open
+-- The states that drain, each counted on its own partial index up to a cap ($1): a gauge of
+-- the backlog, never a scan of the whole table (accepted and cancelled rows, the bulk, are
+-- counted as they happen by gateway_sends_total).
+SELECT 'pending' AS state, (SELECT count(*) FROM (SELECT FROM outbox WHERE state = 'pending' LIMIT $1) x) AS n
+UNION ALL
+SELECT 'sending', (SELECT count(*) FROM (SELECT FROM outbox WHERE state = 'sending' LIMIT $1) x)
+UNION ALL
+SELECT 'unknown', (SELECT count(*) FROM (SELECT FROM outbox WHERE state = 'unknown' LIMIT $1) x)
+UNION ALL
+SELECT 'review', (SELECT count(*) FROM (SELECT FROM outbox WHERE state = 'review' LIMIT $1) x)
+UNION ALL
+SELECT 'failed', (SELECT count(*) FROM (SELECT FROM outbox WHERE state = 'failed' LIMIT $1) x);
 
 -- name: outbox_oldest_unknown
 SELECT extract(epoch FROM min(unknown_at))::float8 FROM outbox WHERE state = 'unknown';

@@ -1,38 +1,89 @@
--- Retention: bounded DELETE batches (never one long lock); callers loop until a batch is short.
+-- Retention and partitions (maintenance job): whole day partitions are created ahead and
+-- dropped when past their table's horizon; the few unpartitioned row sets are trimmed by
+-- bounded DELETE batches (never one long lock); callers loop until a batch is short.
+-- The partition_* functions are defined by migration 0007.
 
--- name: processed_webhook_events_purge
+-- name: partition_lock_timeout
+-- Creating or dropping a partition locks its parent: never queue behind a long transaction
+-- (and so block every writer queued behind us); the job retries on its next run.
+SET LOCAL lock_timeout = '2s';
+
+-- name: partition_ensure_day
+SELECT partition_ensure_day($1, $2);
+
+-- name: partition_days
+SELECT d FROM partition_days($1) AS d;
+
+-- name: partition_oldest_before
+SELECT name, detach_pending FROM partition_oldest_before($1, $2);
+
+-- The three statements below name tables, which cannot be parameters: {parent} and {child}
+-- are filled in by gateway/store/retention.py with names it has checked against
+-- ^[a-z_]+(_p[0-9]{8})?$ (they come from partition_oldest_before).
+
+-- name: partition_detach
+-- Outside any transaction: waits for transactions that may still read the partition, and
+-- blocks no writer meanwhile.
+ALTER TABLE {parent} DETACH PARTITION {child} CONCURRENTLY;
+
+-- name: partition_detach_finalize
+-- A detach that was interrupted (the connection died) is finished, not started again.
+ALTER TABLE {parent} DETACH PARTITION {child} FINALIZE;
+
+-- name: partition_drop_detached
+DROP TABLE {child};
+
+-- name: maintenance_try_lock
+SELECT pg_try_advisory_lock($1);
+
+-- name: maintenance_unlock
+SELECT pg_advisory_unlock($1);
+
+-- name: inbox_carry_forward
+-- Rows not done in a partition about to be dropped (pending, or dead for an operator) move
+-- to today's partition: received_at is the partition key, the id stays. Found on the
+-- partial indexes of those states, never by scanning a whole day of done rows.
+UPDATE webhook_inbox SET received_at = clock_timestamp()
+WHERE received_at < $1 AND state IN ('pending', 'dead');
+
+-- name: processed_webhook_events_purge_untimed
+-- Keys with no event day share one partition: trimmed by age, on its processed_at index.
 DELETE FROM processed_webhook_events
-WHERE ctid IN (
-    SELECT ctid FROM processed_webhook_events
-    WHERE processed_at < now() - make_interval(days => $1)
+WHERE event_day = DATE '1970-01-01' AND event_key IN (
+    SELECT event_key FROM processed_webhook_events
+    WHERE event_day = DATE '1970-01-01' AND processed_at < now() - make_interval(days => $1)
     LIMIT $2
 );
 
--- name: inbox_purge_done
-DELETE FROM webhook_inbox
-WHERE ctid IN (
-    SELECT ctid FROM webhook_inbox
-    WHERE state = 'done' AND processed_at < now() - make_interval(days => $1)
+-- name: reply_claims_purge
+DELETE FROM reply_claims
+WHERE (inbound_wamid, claimed_by) IN (
+    SELECT inbound_wamid, claimed_by FROM reply_claims
+    WHERE claimed_at < now() - make_interval(days => $1)
     LIMIT $2
+    FOR UPDATE SKIP LOCKED
+);
+
+-- name: outbox_purge_terminal
+-- accepted, failed and cancelled rows past the horizon (>= the send API's idempotency window).
+DELETE FROM outbox
+WHERE id IN (
+    SELECT id FROM outbox
+    WHERE state IN ('accepted', 'failed', 'cancelled')
+      AND updated_at < now() - make_interval(days => $1)
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
 );
 
 -- name: deliveries_purge_delivered
--- Delivered deliveries received before the horizon (failed ones stay for replay), through the
--- (destination_id, received_at) index.
+-- Delivered deliveries received before the horizon (failed ones stay for replay, like dead
+-- letters), through the (destination_id, received_at) index.
 DELETE FROM deliveries
 WHERE ctid IN (
     SELECT ctid FROM deliveries
     WHERE destination_id = ANY (ARRAY(SELECT id FROM destinations))
       AND received_at < now() - make_interval(days => $1)
       AND state = 'delivered'
-    LIMIT $2
-);
-
--- name: message_statuses_purge
-DELETE FROM message_statuses
-WHERE ctid IN (
-    SELECT ctid FROM message_statuses
-    WHERE recorded_at < now() - make_interval(days => $1)
     LIMIT $2
 );
 

@@ -384,8 +384,8 @@ async def test_retention_purges_old_delivered_deliveries_and_keeps_failed_ones(
     expected_left = await pool.fetchval(
         "SELECT count(*) FROM deliveries WHERE state = 'failed' OR received_at > now() - interval '30 days'"
     )
-    deleted = await retention.purge(pool, replace(settings, purge_batch=2, delivery_retention_days=30))
-    assert deleted["deliveries"] == 12 - expected_left > 0
+    report = await retention.run_once(pool, replace(settings, purge_batch=2, delivery_retention_days=30))
+    assert report.purged["deliveries"] == 12 - expected_left > 0
     assert await pool.fetchval("SELECT count(*) FROM deliveries") == expected_left
 
 

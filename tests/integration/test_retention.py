@@ -1,16 +1,37 @@
-"""Retention purges old rows in bounded batches and keeps everything else; start-up refuses < 7 days."""
+"""Retention: whole day partitions dropped past each table's horizon, never a dedup key younger
+than the window; partitions created ahead; unpartitioned row sets trimmed in bounded batches;
+two replicas at once; start-up refuses a dedup retention below 7 days."""
 
 from __future__ import annotations
+
+import asyncio
+from datetime import UTC, date, datetime, timedelta
 
 import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
+from gateway.core.events import UNTIMED_DAY
+from gateway.core.planning import plan_batch
 from gateway.core.settings import Settings, SettingsError
 from gateway.maintenance import retention
+from gateway.store import inbox
+from gateway.store import retention as store
+from gateway.store.db import create_pool
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
 from tests.conftest import replace
 from tests.consume_helpers import drain, stage
+
+TODAY = datetime.now(UTC).date()
+
+
+async def ensure_day(pool: asyncpg.Pool, table: str, day: date) -> None:
+    async with pool.acquire() as conn:
+        await store.ensure_day(conn, table=table, day=day)
+
+
+def noon(day: date) -> datetime:
+    return datetime(day.year, day.month, day.day, 12, tzinfo=UTC)
 
 
 @pytest.mark.parametrize("days", ["1", "6"])
@@ -26,71 +47,246 @@ def test_dedup_retention_of_seven_days_is_accepted() -> None:
     assert Settings.from_env({"GATEWAY_DEDUP_RETENTION_DAYS": "7"}).dedup_retention_days == 7
 
 
-async def test_purge_in_bounded_batches_keeps_recent_pending_and_dead(
+def test_outbox_retention_must_cover_the_idempotency_window() -> None:
+    with pytest.raises(SettingsError, match="GATEWAY_OUTBOX_RETENTION_DAYS: must cover"):
+        Settings.from_env({"GATEWAY_OUTBOX_RETENTION_DAYS": "2", "GATEWAY_IDEMPOTENCY_TTL_H": "72"})
+
+
+async def redeliver(pool: asyncpg.Pool, body: bytes, *, today: date, window_days: int = 7) -> inbox.Applied:
+    """Stage ``body`` again and process it as a consumer would on ``today``."""
+    await stage(pool, body)
+    async with pool.acquire() as conn, conn.transaction():
+        rows = await inbox.claim_batch(conn, limit=100, max_bytes=1 << 20)
+        return await inbox.apply_plan(conn, plan_batch(rows, today=today, window_days=window_days))
+
+
+async def test_a_redelivery_six_days_later_is_still_deduplicated(
     pool: asyncpg.Pool, settings: Settings
 ) -> None:
-    for i in range(23):
-        await stage(pool, to_bytes(messages_payload(message_obj(f"wamid.old{i}"))))
-        await stage(pool, to_bytes(statuses_payload(status_obj(f"wamid.s{i}", "sent"))))
-    await drain(pool, settings)
-    # Age what was just processed past every retention.
-    await pool.execute("UPDATE processed_webhook_events SET processed_at = now() - interval '31 days'")
-    await pool.execute("UPDATE webhook_inbox SET processed_at = now() - interval '8 days'")
-    await pool.execute("UPDATE message_statuses SET recorded_at = now() - interval '91 days'")
-    # Fresh rows, and old rows that are not done, must survive.
-    await stage(pool, to_bytes(messages_payload(message_obj("wamid.new"))))
-    await stage(pool, to_bytes(statuses_payload(status_obj("wamid.snew", "sent"))))
-    await drain(pool, settings)
-    pending = await stage(pool, b"{}")
-    dead = await stage(pool, b"not json")
-    await pool.execute(
-        "UPDATE webhook_inbox SET state = 'dead', processed_at = now() - interval '30 days' WHERE id = $1",
-        dead,
+    ts = str(int(noon(TODAY).timestamp()))
+    body = to_bytes(
+        messages_payload(
+            {"from": "49", "id": "wamid.SIX", "timestamp": ts, "type": "text", "text": {"body": "x"}}
+        )
+    )
+    status = to_bytes(statuses_payload(status_obj("wamid.OUT6", "read", timestamp=ts)))
+    first = await redeliver(pool, body, today=TODAY)
+    assert (first.fresh, first.messages_inserted) == (1, 1)
+    assert (await redeliver(pool, status, today=TODAY)).fresh == 1
+    assert (
+        await pool.fetchval(
+            "SELECT event_day FROM processed_webhook_events WHERE event_key = 'msg:wamid.SIX'"
+        )
+        == TODAY
     )
 
-    # Dead items: only those a retry or replay finished long ago go; dead and retrying stay.
-    for i, (state, age) in enumerate([("done", 30), ("done", 30), ("dead", 30), ("retry", 30), ("done", 0)]):
+    # Six days on: maintenance has run every day, then Meta redelivers both.
+    s = replace(settings, dedup_retention_days=7, inbox_retention_days=30)
+    for offset in range(1, 7):
+        await retention.run_once(pool, s, today=TODAY + timedelta(days=offset))
+    for again in (body, status):
+        later = await redeliver(pool, again, today=TODAY + timedelta(days=6))
+        assert (later.fresh, later.messages_inserted, later.statuses_inserted) == (0, 0, 0)
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages WHERE wamid = 'wamid.SIX'") == 1
+    assert await pool.fetchval("SELECT count(*) FROM message_statuses WHERE wamid = 'wamid.OUT6'") == 1
+
+
+async def test_dropping_partitions_keeps_every_key_younger_than_the_window(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    s = replace(settings, dedup_retention_days=7, purge_batch=3)
+    days = [TODAY + timedelta(days=d) for d in range(-12, 2)]
+    for day in days:
+        await ensure_day(pool, "processed_webhook_events", day)
+    await pool.execute(
+        "INSERT INTO processed_webhook_events (event_key, event_day) SELECT 'k:' || d || ':' || n, d"
+        " FROM unnest($1::date[]) d, generate_series(1, 5) n",
+        days,
+    )
+    # Untimed keys: trimmed by age, in bounded batches.
+    await pool.execute(
+        "INSERT INTO processed_webhook_events (event_key, event_day, processed_at)"
+        " SELECT 'old:' || n, $1::date, now() - interval '8 days' FROM generate_series(1, 10) n"
+        " UNION ALL SELECT 'new:' || n, $1, now() - interval '6 days' FROM generate_series(1, 4) n",
+        UNTIMED_DAY,
+    )
+    report = await retention.run_once(pool, s, today=TODAY)
+    assert report.ran
+    # Keys of an event day >= today - 7 are consulted (plus a day of slack): kept.
+    kept = {r[0] for r in await pool.fetch("SELECT DISTINCT event_day FROM processed_webhook_events")}
+    assert kept == {UNTIMED_DAY} | {d for d in days if d >= TODAY - timedelta(days=8)}
+    assert sorted(report.dropped) == [f"processed_webhook_events_p{d:%Y%m%d}" for d in days[:4]]
+    assert (
+        await pool.fetchval("SELECT count(*) FROM processed_webhook_events WHERE event_day = $1", UNTIMED_DAY)
+        == 4
+    )
+    assert report.purged["processed_webhook_events"] == 10
+    # Partitions exist from the window's start to three days ahead, for every table.
+    want = [TODAY + timedelta(days=d) for d in range(-8, 4)]
+    assert await store.days(pool, table="processed_webhook_events") == want
+    for table in (
+        "webhook_inbox",
+        "inbound_messages",
+        "message_statuses",
+        "account_errors",
+        "account_updates",
+    ):
+        assert (await store.days(pool, table=table))[-4:] == [TODAY + timedelta(days=d) for d in range(4)]
+    assert (
+        REGISTRY.get_sample_value("gateway_partitions_dropped_total", {"table": "processed_webhook_events"})
+        >= 4
+    )
+    assert REGISTRY.get_sample_value("gateway_partitions_ahead_days") == 3
+
+
+async def test_inbox_partitions_drop_done_rows_and_carry_the_rest(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    old = TODAY - timedelta(days=9)
+    await ensure_day(pool, "webhook_inbox", old)
+    ids = {}
+    for state in ("done", "pending", "dead"):
+        ids[state] = await pool.fetchval(
+            "INSERT INTO webhook_inbox (source, body, state, received_at)"
+            " VALUES ('meta', $1, $2, $3) RETURNING id",
+            state.encode(),
+            state,
+            noon(old),
+        )
+    recent = await stage(pool, b"{}")
+    report = await retention.run_once(pool, replace(settings, inbox_retention_days=7), today=TODAY)
+    assert f"webhook_inbox_p{old:%Y%m%d}" in report.dropped
+    assert report.carried == 2
+    rows = await pool.fetch("SELECT id, state, received_at FROM webhook_inbox ORDER BY id")
+    assert [(r["id"], r["state"]) for r in rows] == [
+        (ids["pending"], "pending"),
+        (ids["dead"], "dead"),
+        (recent, "pending"),
+    ]
+    # A row is still found by its id alone (every partition is probed) after it moved.
+    assert (await inbox.claim_row(pool, inbox_id=ids["pending"])) is not None
+
+
+async def test_creating_and_dropping_partitions_never_blocks_writers(
+    pool: asyncpg.Pool, settings: Settings, db_dsn: str
+) -> None:
+    old = TODAY - timedelta(days=9)
+    await ensure_day(pool, "webhook_inbox", old)
+    holder = await asyncpg.connect(db_dsn)
+    try:
+        tr = holder.transaction()
+        await tr.start()
+        await holder.execute("INSERT INTO webhook_inbox (source, body) VALUES ('meta', 'held')")
+        # A long transaction is open on the parent while the job attaches two new days to
+        # every table and detaches an old one ...
+        s = replace(settings, inbox_retention_days=7, partitions_ahead_days=5)
+        job = asyncio.create_task(retention.run_once(pool, s, today=TODAY))
+        await asyncio.sleep(0.5)
+        # ... and writers are not queued behind it.
+        for _ in range(3):
+            await asyncio.wait_for(stage(pool, b"{}"), 1.0)
+        await tr.commit()
+        report = await asyncio.wait_for(job, 30)
+    finally:
+        await holder.close()
+    assert f"webhook_inbox_p{old:%Y%m%d}" in report.dropped
+    assert f"webhook_inbox_p{TODAY + timedelta(days=5):%Y%m%d}" in report.created
+    assert await pool.fetchval("SELECT count(*) FROM webhook_inbox") == 4
+    assert await pool.fetchval("SELECT to_regclass($1)", f"webhook_inbox_p{old:%Y%m%d}") is None
+
+
+async def test_side_effect_tables_drop_by_their_own_horizon(pool: asyncpg.Pool, settings: Settings) -> None:
+    for i in range(3):
+        await stage(pool, to_bytes(messages_payload(message_obj(f"wamid.m{i}"))))
+        await stage(pool, to_bytes(statuses_payload(status_obj(f"wamid.s{i}", "sent"))))
+    await drain(pool, settings)
+    s = replace(settings, status_retention_days=10, inbound_retention_days=20, dedup_retention_days=30)
+    # Twelve days on, statuses (10 days) go, the feed (20 days) stays.
+    report = await retention.run_once(pool, s, today=TODAY + timedelta(days=12))
+    assert f"message_statuses_p{TODAY:%Y%m%d}" in report.dropped
+    assert f"inbound_messages_p{TODAY:%Y%m%d}" not in report.dropped
+    assert await pool.fetchval("SELECT count(*) FROM message_statuses") == 0
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 3
+    report = await retention.run_once(pool, s, today=TODAY + timedelta(days=21))
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 0
+
+
+async def test_outbox_terminal_rows_and_reply_claims_are_bounded(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    for i, (state, age) in enumerate(
+        [
+            ("accepted", 40),
+            ("failed", 40),
+            ("cancelled", 40),
+            ("review", 40),
+            ("pending", 40),
+            ("accepted", 5),
+        ]
+    ):
         await pool.execute(
-            "INSERT INTO dead_events (inbox_id, position, path, kind, source, received_at, unit,"
-            " fragment, state, updated_at) VALUES (1, $1::int, '/x/' || $1::int, 'bad', 'meta', now(),"
-            " 'message', '{}', $2, now() - make_interval(days => $3))",
-            i,
+            "INSERT INTO outbox (tenant, idem_key, callback_data, recipient, payload, state, updated_at)"
+            " VALUES ('acme', $1, $1, '49', '{}', $2, now() - make_interval(days => $3))",
+            f"k{i}",
             state,
             age,
         )
+    await pool.execute(
+        "INSERT INTO reply_claims (inbound_wamid, claimed_by, claimed_at) VALUES"
+        " ('w.old', 'bot', now() - interval '31 days'), ('w.new', 'bot', now())"
+    )
+    dest = await pool.fetchval(
+        "INSERT INTO destinations (name, url, events, secret)"
+        " VALUES ('d', 'http://x', '{message}', 'whsec_x') RETURNING id"
+    )
+    finished = [("delivered", 20), ("failed", 20), ("pending", 20), ("delivered", 1)]
+    for i, (state, age) in enumerate(finished):
+        await pool.execute(
+            "INSERT INTO deliveries"
+            " (destination_id, event_key, webhook_id, kind, envelope, state, received_at)"
+            " VALUES ($1, $2, $2, 'message', '{}', $3, now() - make_interval(days => $4))",
+            dest,
+            f"e{i}",
+            state,
+            age,
+        )
+    s = replace(settings, outbox_retention_days=30, delivery_retention_days=14, purge_batch=2)
+    report = await retention.run_once(pool, s, today=TODAY)
+    assert report.purged["outbox"] == 3
+    assert report.purged["deliveries"] == 1  # delivered only: a failed one waits for an operator
+    assert report.purged["dead_events"] == 0
+    left_keys = [r[0] for r in await pool.fetch("SELECT event_key FROM deliveries ORDER BY 1")]
+    assert left_keys == ["e1", "e2", "e3"]
+    left = await pool.fetch("SELECT idem_key, state FROM outbox ORDER BY idem_key")
+    assert [(r[0], r[1]) for r in left] == [("k3", "review"), ("k4", "pending"), ("k5", "accepted")]
+    assert [r[0] for r in await pool.fetch("SELECT inbound_wamid FROM reply_claims")] == ["w.new"]
 
-    s = replace(settings, purge_batch=7)
-    deleted = await retention.purge(pool, s)
-    assert deleted == {
-        "processed_webhook_events": 46,
-        "webhook_inbox": 46,
-        "message_statuses": 23,
-        "deliveries": 0,
-        "dead_events": 2,
-    }
-    assert sorted(r[0] for r in await pool.fetch("SELECT state FROM dead_events")) == [
-        "dead",
-        "done",
-        "retry",
-    ]
-    assert await pool.fetchval("SELECT count(*) FROM processed_webhook_events") == 2
-    assert sorted(r[0] for r in await pool.fetch("SELECT state FROM webhook_inbox")) == [
-        "dead",
-        "done",
-        "done",
-        "pending",
-    ]
-    assert await pool.fetchval("SELECT id FROM webhook_inbox WHERE state = 'pending'") == pending
-    assert await pool.fetchval("SELECT wamid FROM message_statuses") == "wamid.snew"
-    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 24  # the feed is not purged here
-    assert await retention.purge(pool, s) == {
-        "processed_webhook_events": 0,
-        "webhook_inbox": 0,
-        "message_statuses": 0,
-        "deliveries": 0,
-        "dead_events": 0,
-    }
-    assert REGISTRY.get_sample_value("gateway_retention_purged_total", {"table": "message_statuses"}) >= 23
+
+async def test_two_replicas_at_once_do_the_work_once(
+    pool: asyncpg.Pool, settings: Settings, db_dsn: str
+) -> None:
+    s = replace(settings, dedup_retention_days=7)
+    far = TODAY + timedelta(days=40)  # every partition of "today" is missing, many are old
+    pools = [pool, await create_pool(db_dsn, 1, 2), await create_pool(db_dsn, 1, 2)]
+    try:
+        reports = await asyncio.gather(*(retention.run_once(p, s, today=far) for p in pools))
+        # Whoever ran, nothing failed, nothing was created twice, and the result is complete.
+        created = [n for r in reports for n in r.created]
+        assert len(created) == len(set(created))
+        assert await store.days(pool, table="processed_webhook_events") == [
+            far + timedelta(days=d) for d in range(-8, 4)
+        ]
+        # While one replica holds the lock, another skips its run.
+        async with pool.acquire() as holder:
+            assert await store.try_lock(holder)
+            try:
+                assert not (await retention.run_once(pools[1], s, today=far)).ran
+            finally:
+                await store.unlock(holder)
+        assert (await retention.run_once(pools[1], s, today=far)).ran
+    finally:
+        for p in pools[1:]:
+            await p.close()
 
 
 async def test_metrics_count_processed_and_duplicates(pool: asyncpg.Pool, settings: Settings) -> None:

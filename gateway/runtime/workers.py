@@ -1,0 +1,117 @@
+"""``gateway serve --workers N``: one parent, N HTTP worker processes on one port.
+
+The parent resolves the database once (it starts the embedded PostgreSQL, if any, and
+applies the migrations), then starts N children with ``gateway serve --worker``. Each child
+binds the same host:port with SO_REUSEPORT (the kernel spreads connections over them) and
+runs a whole gateway: HTTP, its own group committer, consumers, sender, forwarder and
+maintenance jobs, sized per process by the usual settings. The parent supervises: a child
+that dies is started again (after a pause), SIGTERM/SIGINT is forwarded to every child, and
+the parent exits once all of them have. A child whose parent disappears (even by SIGKILL)
+gets SIGTERM from the kernel (PR_SET_PDEATHSIG) and stops.
+
+Metrics: the children share one PROMETHEUS_MULTIPROC_DIR (made fresh by the parent, removed
+on exit), so ``/metrics`` on any of them reports every worker (see gateway.metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+
+from prometheus_client import multiprocess
+
+from gateway.core.settings import Settings
+
+log = logging.getLogger("gateway")
+
+RESTART_DELAY_S = 1.0
+STOP_TIMEOUT_S = 20.0
+PR_SET_PDEATHSIG = 1
+
+
+def count(settings: Settings, asked: int | None) -> int:
+    """Workers to run: ``--workers``, else GATEWAY_WORKERS, where 0 means one per core."""
+    n = settings.workers if asked is None else asked
+    return n if n > 0 else (os.cpu_count() or 1)
+
+
+def die_with_parent() -> None:
+    """In a child: SIGTERM when the parent exits, however it exits (Linux)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def child_env(settings: Settings, metrics_dir: str) -> dict[str, str]:
+    assert settings.database_url
+    env = dict(os.environ)
+    env.update(
+        {
+            "DATABASE_URL": settings.database_url,
+            "GATEWAY_MIGRATE_ON_START": "false",  # the parent did
+            "GATEWAY_WORKERS": "1",
+            "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
+        }
+    )
+    return env
+
+
+class Supervisor:
+    """Starts, restarts and stops the worker processes."""
+
+    def __init__(self, n: int, env: dict[str, str], metrics_dir: str) -> None:
+        self.n = n
+        self.env = env
+        self.metrics_dir = metrics_dir
+        self.procs: dict[int, asyncio.subprocess.Process] = {}
+
+    async def _start(self, slot: int) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway", "serve", "--worker", env=self.env
+        )
+        self.procs[slot] = proc
+        log.info("worker %d started (pid %d)", slot, proc.pid)
+
+    async def _keep(self, slot: int, stop: asyncio.Event) -> None:
+        """Run slot ``slot`` until ``stop``: start it, and again whenever it dies."""
+        while not stop.is_set():
+            await self._start(slot)
+            proc = self.procs[slot]
+            code = await proc.wait()
+            multiprocess.mark_process_dead(proc.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
+            if stop.is_set():
+                break
+            log.error("worker %d (pid %d) exited with %s; starting it again", slot, proc.pid, code)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), RESTART_DELAY_S)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        slots = [asyncio.create_task(self._keep(i, stop)) for i in range(self.n)]
+        await stop.wait()
+        for proc in self.procs.values():
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        _done, pending = await asyncio.wait(slots, timeout=STOP_TIMEOUT_S)
+        if pending:
+            log.error("%d worker(s) did not stop in %.0f s: killing them", len(pending), STOP_TIMEOUT_S)
+            for proc in self.procs.values():
+                if proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+            await asyncio.wait(pending)
+
+
+def make_metrics_dir() -> str:
+    return tempfile.mkdtemp(prefix="gateway-metrics-")
+
+
+def remove_metrics_dir(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
