@@ -189,6 +189,9 @@ def serve_workers(settings: Settings, n: int, *, embedded: Any = None) -> int:
         await wait_for(settings)
         if settings.migrate_on_start:
             await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
+        workers.check_free(settings.host, settings.port, "GATEWAY_PORT")
+        if settings.metrics_port:
+            workers.check_free(settings.host, settings.metrics_port, "GATEWAY_METRICS_PORT")
         metrics_dir = workers.make_metrics_dir()
         try:
             stop = asyncio.Event()
@@ -197,6 +200,9 @@ def serve_workers(settings: Settings, n: int, *, embedded: Any = None) -> int:
             watch = asyncio.create_task(supervise_embedded(embedded, stop))
             log.info("serving http://%s:%d with %d worker processes", settings.host, settings.port, n)
             await supervisor.run(stop)
+            if supervisor.fatal is not None:
+                watch.cancel()
+                return supervisor.fatal  # the worker's own message is the last line
             log.info("all workers stopped")
             return 1 if await watch else 0
         finally:

@@ -22,12 +22,14 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 
 from prometheus_client import multiprocess
 
 from gateway.core.settings import Settings
+from gateway.runtime.startup import EXIT_STARTUP, LISTEN_ERRNOS, listen_error
 
 log = logging.getLogger("gateway")
 
@@ -63,6 +65,29 @@ def child_env(settings: Settings, metrics_dir: str) -> dict[str, str]:
     return env
 
 
+# A child that exits with these could not start (bad configuration, port taken): starting it
+# again would fail the same way, so the parent stops every worker and exits with the code.
+FATAL_EXITS = (2, EXIT_STARTUP)
+
+
+def check_free(host: str, port: int, variable: str) -> None:
+    """Refuse to start when something already listens on host:port. The workers bind with
+    SO_REUSEPORT, which would otherwise let a second gateway share the port silently."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return  # the workers will say why
+    family, kind, proto, _name, addr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(addr)
+        except OSError as exc:
+            if exc.errno in LISTEN_ERRNOS:
+                raise listen_error(exc, host, port, variable) from None
+            raise
+
+
 class Supervisor:
     """Starts, restarts and stops the worker processes."""
 
@@ -71,6 +96,7 @@ class Supervisor:
         self.env = env
         self.metrics_dir = metrics_dir
         self.procs: dict[int, asyncio.subprocess.Process] = {}
+        self.fatal: int | None = None  # the exit code of a worker that could not start
 
     async def _start(self, slot: int) -> None:
         proc = await asyncio.create_subprocess_exec(
@@ -87,6 +113,10 @@ class Supervisor:
             code = await proc.wait()
             multiprocess.mark_process_dead(proc.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
             if stop.is_set():
+                break
+            if code in FATAL_EXITS:
+                self.fatal = code  # it said why on stderr; the others are stopped
+                stop.set()
                 break
             log.error("worker %d (pid %d) exited with %s; starting it again", slot, proc.pid, code)
             with contextlib.suppress(TimeoutError):

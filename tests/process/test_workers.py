@@ -71,6 +71,10 @@ async def test_two_workers_share_one_port_and_stop_together(db_dsn: str, pool: a
             assert seen == {20.0}
         assert await pool.fetchval("SELECT count(*) FROM webhook_inbox") == 20
 
+        # SO_REUSEPORT would let a second group share the port silently: it is refused.
+        second = spawn(["serve", "--workers", "2"], env)
+        assert await asyncio.to_thread(second.wait, 30) == 3
+
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 30) == 0
         for c in children:
