@@ -589,8 +589,13 @@ embedded PostgreSQL under GATEWAY_DATA_DIR (./var). Migrations run at start-up u
 GATEWAY_MIGRATE_ON_START=false. Stops cleanly on SIGTERM/SIGINT (pending webhooks are committed
 first). Exit codes: 2 invalid settings, 3 cannot start (database unreachable, port busy).
 
-Example:
-  GATEWAY_META_APP_SECRETS=<app secret> GATEWAY_META_VERIFY_TOKEN=<token> gateway serve""",
+--workers N (GATEWAY_WORKERS; default 0 = one per core) runs N such processes on the one port
+(SO_REUSEPORT), supervised by a parent that starts the database and migrates once, restarts a
+worker that dies and forwards SIGTERM; /metrics on any of them reports all (docs/scaling.md).
+
+Examples:
+  GATEWAY_META_APP_SECRETS=<app secret> GATEWAY_META_VERIFY_TOKEN=<token> gateway serve
+  GATEWAY_WORKERS=4 gateway serve          # or: gateway serve --workers 4""",
     "migrate": """Apply the pending database migrations and exit (0). Safe to run from several places at
 once: migrations are serialised by an advisory lock. Compose runs it once before the other
 services; with GATEWAY_MIGRATE_ON_START=false the other commands do not migrate themselves.""",
