@@ -62,6 +62,11 @@ async def claim_batch(conn: Conn, *, limit: int, max_bytes: int) -> list[StagedR
     return [_staged(r) for r in await conn.fetch(q("inbox_claim_batch"), limit, max_bytes)]
 
 
+async def claim_row(conn: Conn, *, inbox_id: int) -> StagedRow | None:
+    r = await conn.fetchrow(q("inbox_claim_row"), inbox_id)
+    return None if r is None else _staged(r)
+
+
 async def apply_plan(conn: Conn, plan: Plan) -> Applied:
     """handle_once for a whole batch: keys, side effects and row states in one statement."""
     r = await conn.fetchrow(

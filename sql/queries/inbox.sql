@@ -29,6 +29,13 @@ FROM budget b JOIN webhook_inbox w ON w.id = b.id AND w.received_at = b.received
 WHERE b.before = 0 OR b.before + octet_length(w.body) <= $2
 ORDER BY b.next_attempt_at, b.id;
 
+-- name: inbox_claim_row
+-- One row again, for the one-by-one fallback after a batch failed.
+SELECT id, source, body, delivery_id, attempts
+FROM webhook_inbox
+WHERE id = $1 AND state = 'pending'
+FOR UPDATE SKIP LOCKED;
+
 -- name: inbox_apply_batch
 -- handle_once for a whole batch in one statement. The keys go into
 -- processed_webhook_events first; only keys that were newly inserted (RETURNING) get their
