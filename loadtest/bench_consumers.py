@@ -26,7 +26,8 @@ from typing import Any
 
 import asyncpg
 
-from gateway.core.events import InboundMessage, Status, event_day, parse
+from gateway.core.events import InboundMessage, Status, event_day
+from gateway.core.parsing import parse
 from gateway.core.settings import MIN_DEDUP_RETENTION_DAYS, Settings
 from gateway.inbound.consumer import Consumer
 from gateway.store import inbox

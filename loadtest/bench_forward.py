@@ -96,8 +96,8 @@ class Receiver:
 
 def _rows(prefix: str, n: int) -> list[dict[str, Any]]:
     """Deliveries of n realistic inbound-message envelopes."""
-    from gateway.core.events import parse
     from gateway.core.forwarding import conversation_of, envelope, kind_of
+    from gateway.core.parsing import parse
 
     out = []
     for i in range(n):

@@ -15,6 +15,7 @@ from aiohttp import ClientSession
 
 from gateway.core.settings import Settings
 from gateway.store.db import connect, create_pool, migrate, with_database
+from gateway.testing.scratch import scratch_database
 from gateway.web.app import build_app
 from gateway.web.server import Listening, listen
 
@@ -63,18 +64,8 @@ def template_db(pg_admin_dsn: str) -> str:
 @pytest.fixture
 async def db_dsn(pg_admin_dsn: str, template_db: str) -> AsyncIterator[str]:
     """A fresh database cloned from the migrated template."""
-    name = f"gw_t_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(pg_admin_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    finally:
-        await admin.close()
-    yield with_database(pg_admin_dsn, name)
-    admin = await asyncpg.connect(pg_admin_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    async with scratch_database(pg_admin_dsn, "gw_t", template=template_db) as dsn:
+        yield dsn
 
 
 @pytest.fixture

@@ -21,9 +21,9 @@ from gateway.core.events import (
     PayloadError,
     Status,
     event_day,
-    parse_items,
 )
 from gateway.core.forwarding import forward_row
+from gateway.core.parsing import parse_items
 from gateway.core.settings import MIN_DEDUP_RETENTION_DAYS
 
 MAX_ERROR_CHARS = 2000

@@ -38,7 +38,7 @@ from asyncpg.pool import PoolConnectionProxy
 from gateway import metrics, tracing
 from gateway.core.aio import sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
-from gateway.core.events import Event, Item, PayloadError, parse_fragment
+from gateway.core.events import Event, Item, PayloadError
 from gateway.core.faults import (
     BadEvent,
     Fault,
@@ -53,6 +53,7 @@ from gateway.core.faults import (
 )
 from gateway.core.jsonspan import fragment, pointer
 from gateway.core.limits import LogThrottle
+from gateway.core.parsing import parse_fragment
 from gateway.core.planning import Plan, StagedRow, describe, plan_batch, plan_event
 from gateway.core.settings import Settings
 from gateway.handlers import Registry

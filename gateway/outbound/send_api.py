@@ -28,6 +28,7 @@ from gateway.core.messages import Invalid, RequestValidator, SendRequest, finger
 from gateway.core.settings import Settings
 from gateway.httpkit import bearer_tenant, problem, unauthorized
 from gateway.store import idempotency, outbox, replies
+from gateway.store.db import DB_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +39,6 @@ CLAIM_LEASE_S = 30.0
 RETRY_AFTER_S = "1"
 _KEY_CHARS = re.compile(r"[\x21-\x7e]+")  # visible ASCII: safe in headers, logs and URLs (fullmatch)
 OPENAPI_PATH = Path(__file__).with_name("openapi.json")
-DB_ERRORS = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-)
 
 
 def _key_problem(key: str | None) -> web.Response | None:

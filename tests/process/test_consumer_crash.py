@@ -16,7 +16,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.core.events import InboundMessage, Status, parse
+from gateway.core.events import InboundMessage, Status
+from gateway.core.parsing import parse
 from gateway.testing.payloads import message_obj, meta_payload, meta_value, status_obj, to_bytes
 from tests import handlers_sample
 from tests.consume_helpers import add_outbox, inbox_states

@@ -7,7 +7,8 @@ from datetime import UTC, date, datetime
 import orjson
 import pytest
 
-from gateway.core.events import UNTIMED_DAY, event_day, parse
+from gateway.core.events import UNTIMED_DAY, event_day
+from gateway.core.parsing import parse
 from gateway.core.planning import StagedRow, plan_batch
 
 TODAY = date(2026, 11, 30)

@@ -6,18 +6,9 @@ from typing import Any
 
 import pytest
 
-from gateway.core.events import (
-    AccountError,
-    AccountUpdate,
-    InboundMessage,
-    NotJson,
-    Status,
-    UnknownShape,
-    parse,
-    parse_fragment,
-    parse_items,
-)
+from gateway.core.events import AccountError, AccountUpdate, InboundMessage, NotJson, Status, UnknownShape
 from gateway.core.jsonspan import fragment
+from gateway.core.parsing import parse, parse_fragment, parse_items
 from gateway.testing.payloads import (
     message_obj,
     messages_payload,

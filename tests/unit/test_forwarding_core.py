@@ -11,7 +11,6 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from gateway.core import stdwebhooks
-from gateway.core.events import parse
 from gateway.core.forwarding import (
     MAX_RETRY_AFTER_S,
     DeliveryState,
@@ -26,6 +25,7 @@ from gateway.core.forwarding import (
     parse_events,
     parse_retry_after,
 )
+from gateway.core.parsing import parse
 from gateway.core.planning import StagedRow, plan_batch
 from gateway.testing.payloads import (
     message_obj,
