@@ -24,9 +24,10 @@ import asyncpg
 import orjson
 from aiohttp import web
 
-from gateway.core.messages import Invalid, RequestValidator, SendRequest, fingerprint
+from gateway.core.messages import Invalid, SendRequest, fingerprint
 from gateway.core.settings import Settings
 from gateway.httpkit import bearer_tenant, problem, unauthorized
+from gateway.outbound.validation import RequestValidator
 from gateway.store import idempotency, outbox, replies
 from gateway.store.db import DB_ERRORS
 

@@ -9,7 +9,8 @@ import orjson
 import pytest
 
 from gateway.core.enums import UnknownPolicy
-from gateway.core.messages import DEFAULT_BOT, Invalid, Message, RequestValidator
+from gateway.core.messages import DEFAULT_BOT, Invalid, Message
+from gateway.outbound.validation import RequestValidator
 
 DOC = orjson.loads((Path(__file__).parents[2] / "gateway" / "outbound" / "openapi.json").read_bytes())
 V = RequestValidator(DOC)

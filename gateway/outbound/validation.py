@@ -1,0 +1,133 @@
+"""Send-API bodies checked against the OpenAPI document's request schema.
+
+The validator is ``openapi-schema-validator`` (the schema validator behind openapi-core, in
+the OpenAPI 3.0 dialect, with ECMA-262 regular expressions so ``$`` means end of string).
+What a valid body means is ``gateway.core.messages``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from jsonschema.exceptions import ValidationError
+from openapi_schema_validator import OAS30Validator
+
+from gateway.core.enums import UnknownPolicy
+from gateway.core.messages import DEFAULT_BOT, Invalid, Message
+
+REQUEST_SCHEMA = "SendRequest"
+_MAX_ERROR = 200
+
+
+class RequestValidator:
+    """Validates send-API bodies against ``components.schemas.SendRequest`` of an OpenAPI document.
+
+    The request schema is a ``oneOf`` with a ``discriminator`` on ``type``: a body whose type the
+    mapping names is checked against that one variant, so its errors are about that variant
+    (``text.body: at most 4096 characters``) instead of "not valid under any of the schemas".
+    """
+
+    def __init__(self, document: Mapping[str, Any]) -> None:
+        root = {"components": document["components"]}
+        disc = root["components"]["schemas"][REQUEST_SCHEMA]["discriminator"]
+        self._tag: str = disc["propertyName"]
+        self._variants = {tag: self._validator(root, ref) for tag, ref in disc["mapping"].items()}
+
+    @staticmethod
+    def _validator(root: dict[str, Any], ref: str) -> OAS30Validator:
+        # References inlined once here (the schemas are not recursive): resolving them on every
+        # request was a third of the validation time.
+        schema = _inline({"$ref": ref}, root)
+        OAS30Validator.check_schema(schema)
+        return OAS30Validator(schema)
+
+    def errors(self, body: Any) -> list[str]:
+        """Every problem with the body, sorted; empty when it is valid."""
+        if not isinstance(body, dict):
+            return ["body: must be a JSON object"]
+        tag = body.get(self._tag)
+        variant = self._variants.get(tag) if isinstance(tag, str) else None
+        if variant is None:
+            # Without a known tag no variant applies: say what the tag may be, and stop there.
+            return [f"{self._tag}: one of {', '.join(self._variants)}"]
+        found = {_describe(e) for e in variant.iter_errors(body)}
+        seen = {line.split(":", 1)[0] for line in found}
+        found.update(e for e in _nul_errors(body) if e.split(":", 1)[0] not in seen)
+        return sorted(found)
+
+    def validate(self, body: Any) -> Message:
+        """The message a request body asks for, or Invalid listing every problem."""
+        errors = self.errors(body)
+        if errors:
+            raise Invalid(errors)
+        kind = body["type"]
+        return Message(
+            to=body["to"].lstrip("+"),
+            phone_number_id=body["phone_number_id"],
+            message={"type": kind, kind: body[kind]},
+            unknown_policy=UnknownPolicy(body.get("unknown_policy", UnknownPolicy.REVIEW)),
+            in_reply_to=body.get("in_reply_to"),
+            bot=body.get("bot", DEFAULT_BOT),
+        )
+
+
+def _inline(node: Any, root: Mapping[str, Any], depth: int = 0) -> Any:
+    """``node`` with every local ``$ref`` (``#/a/b``) replaced by a copy of its target."""
+    if depth > 32:
+        raise ValueError("schema references nest too deep (a cycle?)")
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/"):
+            target: Any = root
+            for part in ref[2:].split("/"):
+                target = target[part.replace("~1", "/").replace("~0", "~")]
+            return _inline(target, root, depth + 1)
+        return {k: _inline(v, root, depth) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_inline(v, root, depth) for v in node]
+    return node
+
+
+def _where(error: ValidationError) -> str:
+    return ".".join(str(p) for p in error.absolute_path) or "body"
+
+
+def _describe(error: ValidationError) -> str:
+    """One line per error that never echoes a (possibly huge) value back."""
+    kw, want, instance, schema = error.validator, error.validator_value, error.instance, error.schema
+    where = _where(error)
+    if kw == "type":
+        text = f"must be {'an' if str(want)[0] in 'aeiou' else 'a'} {want}"
+    elif kw == "pattern":
+        text = f"must match {want}"
+    elif kw == "maxLength":
+        text = f"at most {want} characters"
+    elif kw == "minLength":
+        text = f"at least {want} character{'s' if want != 1 else ''}"
+    elif kw == "enum" and isinstance(want, list):
+        text = f"one of {', '.join(str(v) for v in want)}"
+    elif kw == "additionalProperties" and isinstance(instance, dict) and isinstance(schema, Mapping):
+        extra = sorted(set(instance) - set(schema.get("properties", {})))
+        text = f"unknown fields: {', '.join(extra)}"
+    else:  # required, oneOf, ...: jsonschema's own words, which name a field, not a value
+        text = error.message
+    line = f"{where}: {text}"
+    return line if len(line) <= _MAX_ERROR else line[: _MAX_ERROR - 3] + "..."
+
+
+def _nul_errors(body: Any, path: str = "body") -> Iterator[str]:
+    """U+0000 anywhere (key or value): PostgreSQL's text and jsonb cannot store it."""
+    if isinstance(body, str):
+        if "\x00" in body:
+            yield f"{path}: U+0000 is not allowed"
+    elif isinstance(body, dict):
+        for k, v in body.items():
+            child = k if path == "body" else f"{path}.{k}"
+            if "\x00" in k:
+                yield f"{path}: U+0000 is not allowed in field names"
+            else:
+                yield from _nul_errors(v, child)
+    elif isinstance(body, list):
+        for i, v in enumerate(body):
+            yield from _nul_errors(v, f"{path}.{i}")
