@@ -86,7 +86,7 @@ def cmd_settings(settings: Settings, ns: argparse.Namespace) -> int:
 
 
 def cmd_consume(settings: Settings, ns: argparse.Namespace) -> int:
-    from gateway.inbound.consumer import ConsumerGroup
+    from gateway.inbound.consumer_group import ConsumerGroup
 
     async def work(pool: asyncpg.Pool, stop: asyncio.Event) -> None:
         group = ConsumerGroup(pool, settings)

@@ -42,7 +42,7 @@ import asyncpg
 
 from gateway.core import stdwebhooks
 from gateway.core.settings import Settings
-from gateway.inbound.consumer import ConsumerGroup
+from gateway.inbound.consumer_group import ConsumerGroup
 from gateway.outbound.forwarder import Forwarder
 from gateway.store import deliveries, inbox
 from gateway.store.db import connect, create_pool, migrate

@@ -29,8 +29,6 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -38,9 +36,8 @@ from asyncpg.pool import PoolConnectionProxy
 from gateway import metrics, tracing
 from gateway.core.aio import sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
-from gateway.core.events import Event, Item, PayloadError
+from gateway.core.events import Event, Item
 from gateway.core.faults import (
-    BadEvent,
     Fault,
     HandlerError,
     Health,
@@ -48,18 +45,16 @@ from gateway.core.faults import (
     classify,
     fault_delay,
     kind_of,
-    last_line,
     verdict,
 )
-from gateway.core.jsonspan import fragment, pointer
+from gateway.core.jsonspan import pointer
 from gateway.core.limits import LogThrottle
-from gateway.core.parsing import parse_fragment
 from gateway.core.planning import Plan, StagedRow, describe, plan_batch, plan_event
 from gateway.core.settings import Settings
 from gateway.handlers import Registry
 from gateway.handlers import load as load_handlers
+from gateway.inbound.dead_items import Failure, bad_item, error_text, failed_item, raw_fragment, rebuild
 from gateway.store import dead_events, inbox
-from gateway.store.db import connect
 
 log = logging.getLogger(__name__)
 # A database outage fails every batch alike: at most one line per kind per 10 s.
@@ -87,15 +82,6 @@ class SystemFault(Exception):
     def __init__(self, cause: BaseException) -> None:
         self.cause = cause
         super().__init__(describe(cause))
-
-
-@dataclass
-class _Failure:
-    row: StagedRow
-    item: Item
-    event: Event
-    exc: BaseException
-    fault: Fault
 
 
 class Consumer:
@@ -179,7 +165,7 @@ class Consumer:
     async def _fast(self, conn: Conn, plan: Plan) -> inbox.Applied:
         result = await inbox.apply_plan(conn, plan)
         if plan.bad:
-            await dead_events.record(conn, [self._bad_item(row, item) for row, item in plan.bad])
+            await dead_events.record(conn, [bad_item(row, item) for row, item in plan.bad])
         await self._fragments(conn, [(ev, row, item) for ev, row, item in plan.events if item.scrubbed])
         if self._handlers and result.fresh_keys:
             fresh = set(result.fresh_keys)
@@ -209,7 +195,7 @@ class Consumer:
     async def _per_event(self, conn: Conn, plan: Plan) -> set[str]:
         """Each event in its own savepoint; returns the kinds that committed."""
         ok: set[str] = set()
-        failures: list[_Failure] = []
+        failures: list[Failure] = []
         seen: set[str] = set()
         for row, items in plan.parsed:
             for item in items:
@@ -233,18 +219,18 @@ class Consumer:
                         fault = classify(exc)
                         if fault is Fault.SYSTEM:
                             raise SystemFault(exc) from exc
-                        failures.append(_Failure(row, item, ev, exc, fault))
+                        failures.append(Failure(row, item, ev, exc, fault))
                     else:
                         ok.add(kind_of(ev.key))
                         metrics.CONSUMER_EVENTS.labels(
                             ev.kind, "processed" if result.fresh else "duplicate"
                         ).inc()
-        new = [self._bad_item(row, item) for row, item in plan.bad]
+        new = [bad_item(row, item) for row, item in plan.bad]
         for f in failures:
             kind = kind_of(f.event.key)
             v = verdict(f.fault, isolated=self._health.isolated(kind, in_batch=kind in ok))
             self._health.failed(kind)
-            new.append(self._failed_item(f, v))
+            new.append(failed_item(f, v, max_attempts=self._s.max_attempts, delay=self._item_delay))
         if failures and not ok and all(i.deferrals for i in new if i.event_key):
             # Nothing went through and nothing is this event's own fault: the system is
             # failing for everyone. Keep the rows pending (lag) rather than copy every event.
@@ -312,7 +298,7 @@ class Consumer:
         for it in claimed:
             try:
                 async with conn.transaction():
-                    for ev in _rebuild(it):
+                    for ev in rebuild(it):
                         result = await inbox.apply_plan(
                             conn,
                             plan_event(ev, it.inbox_id, it.source, window_days=self._s.dedup_retention_days),
@@ -353,7 +339,7 @@ class Consumer:
                 attempts=int(v is not Verdict.DEFER),
                 deferrals=int(v is Verdict.DEFER),
                 delay_s=delay,
-                error=_error_text(error),
+                error=error_text(error),
             )
             self._count_item(dead_events.DEAD if dead else dead_events.RETRY, v is Verdict.DEFER, kind)
             if dead:
@@ -383,45 +369,7 @@ class Consumer:
             keys=[ev.key for ev, _, _ in events],
             inbox_ids=[row.id for _, row, _ in events],
             paths=[pointer(item.path) for _, _, item in events],
-            fragments=[_raw(row, item) for _, row, item in events],
-        )
-
-    def _bad_item(self, row: StagedRow, item: Item) -> dead_events.NewItem:
-        return dead_events.NewItem(
-            inbox_id=row.id,
-            position=item.position,
-            path=pointer(item.path),
-            event_key=None,
-            kind="bad",
-            source=row.source,
-            unit=item.unit,
-            context=item.context,
-            fragment=_raw(row, item),
-            state=dead_events.DEAD,
-            attempts=1,
-            deferrals=0,
-            delay_s=0.0,
-            error=item.error or "malformed",
-        )
-
-    def _failed_item(self, f: _Failure, v: Verdict) -> dead_events.NewItem:
-        attempts = int(v is Verdict.ATTEMPT)
-        dead = v is Verdict.DEAD or attempts >= self._s.max_attempts
-        return dead_events.NewItem(
-            inbox_id=f.row.id,
-            position=f.item.position,
-            path=pointer(f.item.path),
-            event_key=f.event.key,
-            kind=f.event.kind,
-            source=f.row.source,
-            unit=f.item.unit,
-            context=f.item.context,
-            fragment=_raw(f.row, f.item),
-            state=dead_events.DEAD if dead else dead_events.RETRY,
-            attempts=attempts,
-            deferrals=int(v is Verdict.DEFER),
-            delay_s=self._item_delay(v, attempts, 1),
-            error=_error_text(f.exc),
+            fragments=[raw_fragment(row, item) for _, row, item in events],
         )
 
     def _item_delay(self, v: Verdict, attempts: int, deferrals: int) -> float:
@@ -435,32 +383,6 @@ class Consumer:
             metrics.DEAD_LETTERS.labels("bad_fragment" if kind == "bad" else "max_attempts").inc()
         elif not deferred:
             metrics.CONSUMER_FAILURES.inc()
-
-
-def _raw(row: StagedRow, item: Item) -> bytes:
-    """The fragment's bytes exactly as sent (the whole body if it cannot be located)."""
-    found = fragment(row.body, item.path)
-    return row.body if found is None else found
-
-
-def _rebuild(it: dead_events.Claimed) -> list[Event]:
-    """A dead item's event(s), from its own bytes; BadEvent if they are no event."""
-    try:
-        events = parse_fragment(it.source, it.unit, it.fragment, it.context)
-    except PayloadError as exc:
-        raise BadEvent(describe(exc)) from exc
-    if it.event_key is not None:
-        events = [ev for ev in events if ev.key == it.event_key]
-    if not events:
-        raise BadEvent(f"fragment has no event {it.event_key!r}")
-    return events
-
-
-def _error_text(exc: BaseException) -> str:
-    """What an operator sees: a handler's last traceback line, or the error in one line."""
-    if isinstance(exc, HandlerError):
-        return str(exc)
-    return describe(exc) if str(exc) else last_line(exc)
 
 
 def _observe(plan: Plan, result: inbox.Applied) -> None:
@@ -485,67 +407,3 @@ def _observe(plan: Plan, result: inbox.Applied) -> None:
         metrics.DEAD_LETTERS.labels("bad_fragment").inc(len(plan.bad))
         for row, item in plan.bad:
             log.error("inbox row %d: fragment %s parked as dead: %s", row.id, pointer(item.path), item.error)
-
-
-def _setter(event: asyncio.Event) -> Callable[[Any], None]:
-    return lambda _conn: event.set()
-
-
-class ConsumerGroup:
-    """``consumer_concurrency`` consumers sharing one LISTEN connection."""
-
-    def __init__(self, pool: asyncpg.Pool, settings: Settings, handlers: Registry | None = None) -> None:
-        self._pool = pool
-        self._s = settings
-        if handlers is None and settings.handlers:
-            handlers = load_handlers(settings.handlers)  # an import error stops the start-up
-        self.consumers = [
-            Consumer(pool, settings, handlers=handlers) for _ in range(settings.consumer_concurrency)
-        ]
-        self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-
-    def _wake_all(self, *_: Any) -> None:
-        for c in self.consumers:
-            c.wake.set()
-
-    async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(c.run(self._stop)) for c in self.consumers]
-        self._tasks.append(loop.create_task(self._listen()))
-
-    async def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        self._wake_all()
-        _done, pending = await asyncio.wait(self._tasks, timeout=timeout_s) if self._tasks else ((), ())
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _listen(self) -> None:
-        """Wake the consumers on NOTIFY; on a lost connection, reconnect (polling covers the gap)."""
-        assert self._s.database_url
-        attempt = 0
-        while not self._stop.is_set():
-            conn: asyncpg.Connection | None = None
-            try:
-                conn = await connect(self._s.database_url, timeout=self._s.db_connect_timeout_s)
-                lost = asyncio.Event()
-                conn.add_termination_listener(_setter(lost))
-                await conn.add_listener(inbox.CHANNEL, self._wake_all)
-                attempt = 0
-                self._wake_all()  # rows staged while we were not listening
-                stop_wait = asyncio.ensure_future(self._stop.wait())
-                lost_wait = asyncio.ensure_future(lost.wait())
-                await asyncio.wait({stop_wait, lost_wait}, return_when=asyncio.FIRST_COMPLETED)
-                stop_wait.cancel()
-                lost_wait.cancel()
-            except Exception as exc:
-                attempt += 1
-                log.warning("LISTEN %s failed (%s); polling meanwhile", inbox.CHANNEL, describe(exc))
-            finally:
-                if conn is not None and not conn.is_closed():
-                    with contextlib.suppress(Exception):
-                        await conn.close(timeout=2)
-            if not self._stop.is_set():
-                await sleep_unless_stopped(self._stop, backoff_delay(max(attempt, 1), 0.5, 30))

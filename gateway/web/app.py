@@ -12,7 +12,7 @@ from aiohttp import web
 
 from gateway.core.settings import Settings
 from gateway.httpkit import problem_errors
-from gateway.inbound.consumer import ConsumerGroup
+from gateway.inbound.consumer_group import ConsumerGroup
 from gateway.inbound.groupcommit import GroupCommitter
 from gateway.inbound.webhooks import Webhooks
 from gateway.maintenance import jobs

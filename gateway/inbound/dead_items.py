@@ -1,0 +1,95 @@
+"""Dead items: events parked on their own (``dead_events``) with their exact bytes, and how
+they are rebuilt from those bytes when retried."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.core.events import Event, Item, PayloadError
+from gateway.core.faults import BadEvent, Fault, HandlerError, Verdict, last_line
+from gateway.core.jsonspan import fragment, pointer
+from gateway.core.parsing import parse_fragment
+from gateway.core.planning import StagedRow, describe
+from gateway.store import dead_events
+
+
+@dataclass
+class Failure:
+    """An event that failed in its own savepoint, with what failed it."""
+
+    row: StagedRow
+    item: Item
+    event: Event
+    exc: BaseException
+    fault: Fault
+
+
+def bad_item(row: StagedRow, item: Item) -> dead_events.NewItem:
+    """A fragment that can never be an event: dead at once, with its bytes."""
+    return dead_events.NewItem(
+        inbox_id=row.id,
+        position=item.position,
+        path=pointer(item.path),
+        event_key=None,
+        kind="bad",
+        source=row.source,
+        unit=item.unit,
+        context=item.context,
+        fragment=raw_fragment(row, item),
+        state=dead_events.DEAD,
+        attempts=1,
+        deferrals=0,
+        delay_s=0.0,
+        error=item.error or "malformed",
+    )
+
+
+def failed_item(
+    f: Failure, v: Verdict, *, max_attempts: int, delay: Callable[[Verdict, int, int], float]
+) -> dead_events.NewItem:
+    """An event that failed in its own savepoint: retried on its own, or dead."""
+    attempts = int(v is Verdict.ATTEMPT)
+    dead = v is Verdict.DEAD or attempts >= max_attempts
+    return dead_events.NewItem(
+        inbox_id=f.row.id,
+        position=f.item.position,
+        path=pointer(f.item.path),
+        event_key=f.event.key,
+        kind=f.event.kind,
+        source=f.row.source,
+        unit=f.item.unit,
+        context=f.item.context,
+        fragment=raw_fragment(f.row, f.item),
+        state=dead_events.DEAD if dead else dead_events.RETRY,
+        attempts=attempts,
+        deferrals=int(v is Verdict.DEFER),
+        delay_s=delay(v, attempts, 1),
+        error=error_text(f.exc),
+    )
+
+
+def raw_fragment(row: StagedRow, item: Item) -> bytes:
+    """The fragment's bytes exactly as sent (the whole body if it cannot be located)."""
+    found = fragment(row.body, item.path)
+    return row.body if found is None else found
+
+
+def rebuild(it: dead_events.Claimed) -> list[Event]:
+    """A dead item's event(s), from its own bytes; BadEvent if they are no event."""
+    try:
+        events = parse_fragment(it.source, it.unit, it.fragment, it.context)
+    except PayloadError as exc:
+        raise BadEvent(describe(exc)) from exc
+    if it.event_key is not None:
+        events = [ev for ev in events if ev.key == it.event_key]
+    if not events:
+        raise BadEvent(f"fragment has no event {it.event_key!r}")
+    return events
+
+
+def error_text(exc: BaseException) -> str:
+    """What an operator sees: a handler's last traceback line, or the error in one line."""
+    if isinstance(exc, HandlerError):
+        return str(exc)
+    return describe(exc) if str(exc) else last_line(exc)
