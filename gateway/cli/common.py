@@ -1,0 +1,40 @@
+"""What the commands share: argument types and one-line formatting."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from gateway.core.settings import Settings
+
+Command = Callable[[Settings, argparse.Namespace], int]
+
+
+def one_line(text: str | None, width: int = 100) -> str:
+    return " ".join((text or "").split())[:width]
+
+
+def when(raw: str) -> datetime:
+    """ISO 8601 (a time without an offset is UTC), or an age: 30m, 2h, 7d."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if raw[-1:] in units and raw[:-1].replace(".", "", 1).isdigit():
+        return datetime.now(UTC) - timedelta(seconds=float(raw[:-1]) * units[raw[-1]])
+    try:
+        value = datetime.fromisoformat(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a time: {raw!r} (ISO 8601, or 30m / 2h / 7d ago)") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def dead_id(raw: str) -> tuple[str, int]:
+    """``R12`` (or ``12``) a whole inbox row, ``E7`` one dead event."""
+    kind, digits = (raw[0].upper(), raw[1:]) if raw[:1].isalpha() else ("R", raw)
+    if kind not in ("R", "E") or not digits.isdigit():
+        raise argparse.ArgumentTypeError(f"not a dead id: {raw!r} (R<row id> or E<event id>)")
+    return kind, int(digits)
+
+
+def epoch(raw: str) -> float:
+    """An ISO 8601 time (UTC when no offset is given) as epoch seconds."""
+    return when(raw).timestamp()

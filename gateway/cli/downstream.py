@@ -1,0 +1,164 @@
+"""Downstream commands: destinations and their deliveries."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import asyncpg
+
+from gateway import runtime
+from gateway.cli.common import one_line, when
+from gateway.core import forwarding, stdwebhooks
+from gateway.core.settings import Settings
+from gateway.store import deliveries
+
+log = logging.getLogger("gateway")
+
+
+def destinations_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True)
+    add = sub.add_parser("add", help="add a destination (takes effect without a restart)")
+    add.add_argument("name")
+    add.add_argument("url")
+    add.add_argument("--events", required=True, help="comma-separated: message,status,account")
+    add.add_argument(
+        "--secret", help="whsec_<base64 of 24..64 bytes>; omitted: one is generated and printed once"
+    )
+    add.add_argument("--max-in-flight", type=int, default=16, help="requests in flight at once (default 16)")
+    add.add_argument("--ordered", action="store_true", help="one delivery in flight per customer wa_id")
+    sub.add_parser("list", help="destinations, breaker state, backlog")
+    for name, help_text in (
+        ("disable", "stop forwarding to it (new events are not queued for it meanwhile)"),
+        ("enable", "resume forwarding to it"),
+        ("remove", "delete it and its deliveries"),
+    ):
+        sub.add_parser(name, help=help_text).add_argument("name")
+
+
+def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
+    secret: str | None = None
+    if ns.action == "add":
+        try:
+            forwarding.check_name(ns.name)
+            forwarding.check_url(ns.url)
+            events = forwarding.parse_events(ns.events)
+            if not 1 <= ns.max_in_flight <= 10000:
+                raise ValueError("--max-in-flight must be 1..10000")
+            secret = ns.secret if ns.secret is not None else stdwebhooks.generate_secret()
+            stdwebhooks.secret_key(secret)
+        except ValueError as exc:
+            print(f"gateway destinations add: {exc}", file=sys.stderr)
+            return 2
+
+    async def work(conn: asyncpg.Connection) -> int:
+        if ns.action == "add":
+            assert secret is not None
+            try:
+                await deliveries.add_destination(
+                    conn, name=ns.name, url=ns.url, events=events, secret=secret,
+                    max_in_flight=ns.max_in_flight, ordered=ns.ordered,
+                )  # fmt: skip
+            except deliveries.DestinationExists:
+                print(f"gateway: destination {ns.name!r} exists (remove it first)", file=sys.stderr)
+                return 1
+            print(f"added {ns.name} -> {ns.url} events={','.join(events)}")
+            if ns.secret is None:
+                # The only time the generated secret is shown: the receiver needs it to verify.
+                print(f"secret (shown once, give it to the receiver): {secret}")
+            return 0
+        if ns.action == "list":
+            print(
+                "name\tenabled\tevents\tordered\tmax_in_flight\tbreaker\tfailures\tbacklog\tfailed\tsecret\turl"
+            )
+            for d in await deliveries.list_destinations(conn):
+                cols = [d.name, d.enabled, ",".join(d.events), d.ordered, d.max_in_flight, d.breaker_state]
+                cols += [
+                    d.consecutive_failures,
+                    d.backlog,
+                    d.failed,
+                    stdwebhooks.mask_secret(d.secret),
+                    d.url,
+                ]
+                print("\t".join(str(c) for c in cols))
+            return 0
+        if ns.action == "remove":
+            n = await deliveries.remove_destination(conn, name=ns.name)
+            if n is None:
+                print(f"gateway: no destination named {ns.name!r}", file=sys.stderr)
+                return 1
+            print(f"removed {ns.name} and its {n} deliveries")
+            return 0
+        if not await deliveries.set_enabled(conn, name=ns.name, enabled=ns.action == "enable"):
+            print(f"gateway: no destination named {ns.name!r}", file=sys.stderr)
+            return 1
+        print(f"{ns.action}d {ns.name}")
+        return 0
+
+    return runtime.with_connection(settings, work)
+
+
+def deliveries_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True)
+    states = [s.value for s in forwarding.DeliveryState]
+    for name, help_text in (
+        ("list", "deliveries by destination, receipt time range and state"),
+        ("replay", "send finished deliveries again (same webhook-id)"),
+        ("backfill", "create deliveries for a destination from events already processed"),
+    ):
+        a = sub.add_parser(name, help=help_text)
+        a.add_argument("--destination", required=name == "backfill")
+        a.add_argument("--since", type=when, required=name == "backfill", help="ISO 8601, inclusive")
+        a.add_argument("--until", type=when, required=name == "backfill", help="ISO 8601, exclusive")
+        if name == "list":
+            a.add_argument("--state", choices=states)
+            a.add_argument("--limit", type=int, default=100)
+        elif name == "replay":
+            a.add_argument("--state", choices=("failed", "delivered"), default="failed")
+
+
+def cmd_deliveries(settings: Settings, ns: argparse.Namespace) -> int:
+    async def work(conn: asyncpg.Connection) -> int:
+        if ns.action == "list":
+            rows = await deliveries.list_deliveries(
+                conn,
+                destination=ns.destination,
+                since=ns.since,
+                until=ns.until,
+                state=ns.state,
+                limit=ns.limit,
+            )
+            print(
+                "id\tdestination\twebhook_id\tevent_key\tstate\tattempts\treceived_at\tlast_status\tlast_error"
+            )
+            for r in rows:
+                cols = [r.id, r.destination, r.webhook_id, r.event_key, r.state, r.attempts]
+                cols += [r.received_at.isoformat(), r.last_status or "", one_line(r.last_error)]
+                print("\t".join(str(c) for c in cols))
+            counts = await deliveries.count_deliveries(
+                conn, destination=ns.destination, since=ns.since, until=ns.until
+            )
+            print("totals: " + (", ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "none"))
+            return 0
+        if ns.action == "replay":
+            n = await deliveries.replay(
+                conn, destination=ns.destination, since=ns.since, until=ns.until, state=ns.state
+            )
+            print(f"replayed {n} {ns.state} deliveries" if n else "nothing to replay")
+            return 0
+        from gateway.outbound.backfill import backfill
+
+        try:
+            b = await backfill(conn, destination=ns.destination, since=ns.since, until=ns.until)
+        except LookupError as exc:
+            print(f"gateway: {exc}", file=sys.stderr)
+            return 1
+        print(
+            f"backfilled {b.inserted} deliveries from {b.seen} events ({b.seen - b.inserted} already there)"
+        )
+        if b.skipped_no_key:
+            print(f"{b.skipped_no_key} Tenashi messages skipped: their event key was purged")
+        return 0
+
+    return runtime.with_connection(settings, work)

@@ -1,0 +1,243 @@
+"""Operator commands: dead letters, outbox rows, sender breakers."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from datetime import UTC, datetime
+
+import asyncpg
+
+from gateway import runtime
+from gateway.cli.common import dead_id, epoch, one_line, when
+from gateway.core.enums import OutboxState
+from gateway.core.settings import Settings
+from gateway.store import dead_events, inbox, outbox, pacing
+
+log = logging.getLogger("gateway")
+
+
+def dead_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=("list", "show", "replay"))
+    p.add_argument(
+        "ids", nargs="*", type=dead_id, metavar="ID", help="R<row> or E<event> (a bare number: row)"
+    )
+    p.add_argument("--all", action="store_true", help="replay everything dead (within --since/--until)")
+    p.add_argument("--since", type=when, default=None, help="received at or after (ISO 8601, or 2h ago)")
+    p.add_argument("--until", type=when, default=None, help="received before (ISO 8601, or 30m ago)")
+    p.add_argument("--retrying", action="store_true", help="list: also events waiting for a retry")
+    p.add_argument("--limit", type=int, default=100, help="entries to list (default 100)")
+    p.add_argument("--raw", action="store_true", help="show: only the raw bytes, nothing else")
+
+
+def cmd_dead(settings: Settings, ns: argparse.Namespace) -> int:
+    """Dead letters: whole rows (a body that is not JSON) and single events (``dead_events``),
+    with their raw bytes. Replaying is safe: an event already processed is a duplicate by its
+    key and does nothing."""
+    ranged = ns.since is not None or ns.until is not None
+    if ns.action == "replay" and not ns.ids and not ns.all and not ranged:
+        print("gateway dead replay: give ids, --all, or --since/--until", file=sys.stderr)
+        return 2
+    if ns.action == "replay" and ns.ids and (ns.all or ranged):
+        print("gateway dead replay: give ids or a range/--all, not both", file=sys.stderr)
+        return 2
+    if ns.action == "show" and len(ns.ids) != 1:
+        print("gateway dead show: give one id (R<row> or E<event>)", file=sys.stderr)
+        return 2
+
+    async def work(conn: asyncpg.Connection) -> int:
+        if ns.action == "list":
+            return await _dead_list(conn, ns)
+        if ns.action == "show":
+            return await _dead_show(conn, *ns.ids[0], raw=ns.raw)
+        return await _dead_replay(conn, ns)
+
+    return runtime.with_connection(settings, work)
+
+
+async def _dead_list(conn: asyncpg.Connection, ns: argparse.Namespace) -> int:
+    since, until = ns.since, ns.until
+    rows = await inbox.dead_list(conn, limit=ns.limit, since=since, until=until)
+    states = [dead_events.DEAD, dead_events.RETRY] if ns.retrying else [dead_events.DEAD]
+    items = await dead_events.list_items(conn, states=states, limit=ns.limit, since=since, until=until)
+    for r in rows:
+        print(
+            f"R{r.id:<9} row   {r.source:8} {r.received_at:%Y-%m-%dT%H:%M:%S%z} "
+            f"attempts={r.attempts} bytes={r.bytes} {one_line(r.last_error)}"
+        )
+    for i in items:
+        retry = f" next={i.next_attempt_at:%H:%M:%S}" if i.state == dead_events.RETRY else ""
+        print(
+            f"E{i.id:<9} {i.state:5} {i.source:8} {i.received_at:%Y-%m-%dT%H:%M:%S%z} "
+            f"row=R{i.inbox_id} {i.path} key={i.event_key or '-'} attempts={i.attempts}"
+            f" deferrals={i.deferrals}{retry} bytes={i.bytes} {one_line(i.last_error)}"
+        )
+    n_rows = await inbox.dead_count(conn, since=since, until=until)
+    n_items = await dead_events.count(conn, states=states, since=since, until=until)
+    shown = "" if (n_rows, n_items) == (len(rows), len(items)) else f" ({len(rows) + len(items)} shown)"
+    print(f"{n_rows} dead row(s), {n_items} {'/'.join(states)} event(s){shown}")
+    return 0
+
+
+async def _dead_show(conn: asyncpg.Connection, kind: str, ident: int, *, raw: bool) -> int:
+    if kind == "R":
+        r = await inbox.get(conn, inbox_id=ident)
+        fields: tuple[str, ...] = ("id", "source", "state", "received_at", "delivery_id", "attempts")
+        fields += ("processed_at",)
+        data = None if r is None else bytes(r["body"])
+    else:
+        r = await dead_events.get(conn, item_id=ident)
+        fields = ("id", "inbox_id", "path", "event_key", "kind", "source", "unit", "state", "attempts")
+        fields += ("deferrals", "received_at", "created_at", "next_attempt_at", "updated_at", "context")
+        data = None if r is None else bytes(r["fragment"])
+    if r is None or data is None:
+        print(f"gateway: no {'row' if kind == 'R' else 'dead event'} {kind}{ident}", file=sys.stderr)
+        return 1
+    if not raw:
+        for f in fields:
+            print(f"{f}: {r[f]}")
+        print(f"error: {r['last_error'] or '-'}")
+        print(f"bytes ({len(data)}):")
+        sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    if not raw:
+        sys.stdout.buffer.write(b"\n")
+    sys.stdout.buffer.flush()
+    return 0
+
+
+async def _dead_replay(conn: asyncpg.Connection, ns: argparse.Namespace) -> int:
+    row_ids = [i for k, i in ns.ids if k == "R"]
+    item_ids = [i for k, i in ns.ids if k == "E"]
+    every = not ns.ids
+    async with conn.transaction():
+        rows: list[int] = []
+        items: list[int] = []
+        if every or row_ids:
+            rows = await inbox.dead_replay(
+                conn, ids=None if every else row_ids, since=ns.since, until=ns.until
+            )
+        if every or item_ids:
+            items = await dead_events.replay(
+                conn, ids=None if every else item_ids, since=ns.since, until=ns.until
+            )
+        if rows or items:
+            await inbox.notify(conn)
+    print(f"replayed {len(rows)} row(s): {rows}" if rows else "no row to replay")
+    print(f"replayed {len(items)} event(s): {items}" if items else "no event to replay")
+    missing = [f"R{i}" for i in sorted(set(row_ids) - set(rows))]
+    missing += [f"E{i}" for i in sorted(set(item_ids) - set(items))]
+    if missing:
+        print(f"not dead (or unknown): {', '.join(missing)}")
+    return 0 if not missing else 1
+
+
+def outbox_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True)
+    ls = sub.add_parser("list", help="list outbox rows in a state")
+    ls.add_argument("--state", default="review", choices=[s.value for s in OutboxState])
+    ls.add_argument("--limit", type=int, default=100)
+    actions = (
+        ("release", "send a review/unknown/failed row (again); never one that reached the provider"),
+        ("cancel", "never send it"),
+    )
+    for name, help_text in actions:
+        a = sub.add_parser(name, help=help_text, description=help_text)
+        a.add_argument("key", nargs="?", help="one row's key; or select rows in bulk with --state")
+        a.add_argument("--tenant", default=None, help="the key's tenant, or the tenant of the bulk selection")
+        a.add_argument(
+            "--state", default=None, choices=[s.value for s in OutboxState], help="bulk: rows in this state"
+        )
+        a.add_argument("--since", type=epoch, default=None, help="bulk: last changed at or after (ISO-8601)")
+        a.add_argument("--until", type=epoch, default=None, help="bulk: last changed before (ISO-8601)")
+
+
+def cmd_outbox(settings: Settings, ns: argparse.Namespace) -> int:
+    bulk = ns.action != "list" and ns.state is not None
+    if ns.action != "list" and bulk == (ns.key is not None):
+        print(f"gateway outbox {ns.action}: give a KEY or --state (bulk), not both", file=sys.stderr)
+        return 2
+    if ns.action != "list" and not bulk and (ns.since is not None or ns.until is not None):
+        print(
+            f"gateway outbox {ns.action}: --since/--until select rows in bulk: add --state", file=sys.stderr
+        )
+        return 2
+
+    async def work(conn: asyncpg.Connection) -> int:
+        if ns.action == "list":
+            rows = await outbox.list_state(conn, state=ns.state, limit=ns.limit)
+            print("tenant\tkey\tstate\trecipient\tattempts\tcode\terror\tupdated_at")
+            for r in rows:
+                cols = [r["tenant"], r["idem_key"], r["state"], r["recipient"], r["attempts"]]
+                cols += [r["last_error_code"] or "", r["last_error"] or "", r["updated_at"].isoformat()]
+                print("\t".join(str(c) for c in cols))
+            return 0
+        if bulk:
+            many = outbox.release_bulk if ns.action == "release" else outbox.cancel_bulk
+            try:
+                done = await many(conn, state=ns.state, since=ns.since, until=ns.until, tenant=ns.tenant)
+            except ValueError as exc:
+                print(f"gateway: {exc}", file=sys.stderr)
+                return 1
+            verb = "released" if ns.action == "release" else "cancelled"
+            print(f"{done.done} row(s) {verb}")
+            if done.refused:
+                print(
+                    f"{done.refused} row(s) not released: they have a wamid or a delivery status "
+                    "(the provider accepted them; releasing would send them twice)"
+                )
+            if done.waiting:
+                print(
+                    f"{done.waiting} row(s) not released yet: webhooks received since they were created "
+                    "are unprocessed (pending or dead) and may hold their status"
+                )
+            return 0
+        fn = outbox.release if ns.action == "release" else outbox.cancel
+        try:
+            print(await fn(conn, ns.key, ns.tenant))
+        except outbox.AmbiguousKey as exc:
+            print(f"gateway: key {ns.key!r} is used by tenants {exc}: pass --tenant", file=sys.stderr)
+            return 2
+        except (LookupError, ValueError) as exc:
+            print(f"gateway: {exc}", file=sys.stderr)
+            return 1
+        return 0
+
+    return runtime.with_connection(settings, work)
+
+
+def senders_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True)
+    sub.add_parser("list", help="every circuit breaker (per sending number and per tenant token)")
+    r = sub.add_parser("resume", help="close a breaker by hand: its rows are due now")
+    r.add_argument("scope", choices=("number", "token"))
+    r.add_argument("key", help="the phone_number_id (number) or the tenant (token)")
+    r.add_argument("--provider", default="meta", choices=("meta", "tenashi"))
+
+
+def cmd_senders(settings: Settings, ns: argparse.Namespace) -> int:
+    from gateway.core.pacing import BreakerId
+
+    async def work(conn: asyncpg.Connection) -> int:
+        if ns.action == "list":
+            rows = await pacing.list_breakers(conn)
+            print("scope\tprovider\tkey\tstate\tfailures\tcode\tprobe_at\topened_at\terror")
+            for b in rows:
+                probe_at = (
+                    "" if b["retry_at"] is None else datetime.fromtimestamp(b["retry_at"], UTC).isoformat()
+                )
+                opened = b["opened_at"].isoformat() if b["opened_at"] else ""
+                cols = [b["scope"], b["provider"], b["key"], b["state"], b["failures"], b["code"] or ""]
+                cols += [probe_at, opened, one_line(b["error"])]
+                print("\t".join(str(c) for c in cols))
+            return 0
+        b_id = BreakerId(ns.scope, ns.provider, ns.key)
+        if await pacing.resume(conn, b_id, now=time.time()):
+            print(f"breaker {ns.scope}/{ns.provider}/{ns.key} closed; its rows are due now")
+            return 0
+        print(f"gateway: breaker {ns.scope}/{ns.provider}/{ns.key} is not open", file=sys.stderr)
+        return 1
+
+    return runtime.with_connection(settings, work)
