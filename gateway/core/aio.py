@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
+from typing import Any
 
 
 async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> bool:
@@ -12,3 +14,8 @@ async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> bool:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), seconds)
     return stop.is_set()
+
+
+def setter(event: asyncio.Event) -> Callable[[Any], None]:
+    """A callback that sets ``event``, e.g. an asyncpg termination listener (LISTEN connection lost)."""
+    return lambda _conn: event.set()

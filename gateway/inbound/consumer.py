@@ -84,6 +84,21 @@ class SystemFault(Exception):
         super().__init__(describe(cause))
 
 
+def _event_fault(conn: Conn, exc: Exception) -> Fault:
+    """What failed one event in its savepoint; a lost connection or a failing system aborts
+    the whole event-by-event pass (re-raised, the latter as ``SystemFault``)."""
+    if conn.is_closed():
+        raise exc
+    fault = classify(exc)
+    if fault is Fault.SYSTEM:
+        raise SystemFault(exc) from exc
+    return fault
+
+
+def _cause(exc: BaseException) -> BaseException:
+    return exc.cause if isinstance(exc, SystemFault) else exc
+
+
 class Consumer:
     """One claim-process-commit loop over ``webhook_inbox`` and its dead items."""
 
@@ -188,7 +203,7 @@ class Consumer:
         except Exception as inner:
             if conn.is_closed():
                 raise
-            await self._defer(conn, ids, inner.cause if isinstance(inner, SystemFault) else inner)
+            await self._defer(conn, ids, _cause(inner))
             return
         self._health.succeeded(ok)
 
@@ -214,12 +229,7 @@ class Consumer:
                             if self._handlers and result.fresh_keys:
                                 await self._run_handlers(conn, ev)
                     except Exception as exc:
-                        if conn.is_closed():
-                            raise
-                        fault = classify(exc)
-                        if fault is Fault.SYSTEM:
-                            raise SystemFault(exc) from exc
-                        failures.append(Failure(row, item, ev, exc, fault))
+                        failures.append(Failure(row, item, ev, exc, _event_fault(conn, exc)))
                     else:
                         ok.add(kind_of(ev.key))
                         metrics.CONSUMER_EVENTS.labels(
@@ -275,7 +285,7 @@ class Consumer:
             except Exception as exc:
                 if conn.is_closed():
                     raise
-                cause = exc.cause if isinstance(exc, SystemFault) else exc
+                cause = _cause(exc)
                 delay = self._fault(cause)
                 for it in claimed:
                     await dead_events.failed(
@@ -314,12 +324,7 @@ class Consumer:
                         if self._handlers and result.fresh_keys:
                             await self._run_handlers(conn, ev)
             except Exception as exc:
-                if conn.is_closed():
-                    raise
-                fault = classify(exc)
-                if fault is Fault.SYSTEM:
-                    raise SystemFault(exc) from exc
-                failures.append((it, exc, fault))
+                failures.append((it, exc, _event_fault(conn, exc)))
             else:
                 done.append(it.id)
                 ok.add(kind_of(it.event_key))

@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import asyncpg
 
-from gateway.core.aio import sleep_unless_stopped
+from gateway.core.aio import setter, sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.planning import describe
 from gateway.core.settings import Settings
@@ -21,10 +20,6 @@ from gateway.store import inbox
 from gateway.store.db import connect
 
 log = logging.getLogger(__name__)
-
-
-def _setter(event: asyncio.Event) -> Callable[[Any], None]:
-    return lambda _conn: event.set()
 
 
 class ConsumerGroup:
@@ -67,7 +62,7 @@ class ConsumerGroup:
             try:
                 conn = await connect(self._s.database_url, timeout=self._s.db_connect_timeout_s)
                 lost = asyncio.Event()
-                conn.add_termination_listener(_setter(lost))
+                conn.add_termination_listener(setter(lost))
                 await conn.add_listener(inbox.CHANNEL, self._wake_all)
                 attempt = 0
                 self._wake_all()  # rows staged while we were not listening

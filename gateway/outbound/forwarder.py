@@ -18,14 +18,13 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any
 
 import aiohttp
 import asyncpg
 
 from gateway import __version__, metrics
 from gateway.core import stdwebhooks
-from gateway.core.aio import sleep_unless_stopped
+from gateway.core.aio import setter, sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.forwarding import Outcome, breaker_tally, decide
@@ -41,10 +40,6 @@ MAX_ERROR_BODY = 200
 HOUSEKEEPING_S = 0.5
 STOP_GRACE_S = 5.0
 PREFETCH = 2
-
-
-def _setter(event: asyncio.Event) -> Callable[[Any], None]:
-    return lambda _conn: event.set()
 
 
 def _merge(
@@ -295,7 +290,7 @@ class Forwarder:
             try:
                 conn = await connect(dsn, timeout=self.settings.db_connect_timeout_s)
                 lost = asyncio.Event()
-                conn.add_termination_listener(_setter(lost))
+                conn.add_termination_listener(setter(lost))
                 await conn.add_listener(deliveries.CHANNEL, lambda *_: self.wake.set())
                 attempt = 0
                 self.wake.set()

@@ -26,7 +26,7 @@ import aiohttp
 import asyncpg
 
 from gateway import metrics, tracing
-from gateway.core.aio import sleep_unless_stopped
+from gateway.core.aio import setter, sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.classify import Classified, Outcome, finalize, retry_delay_s
 from gateway.core.clock import Clock, SystemClock
@@ -45,10 +45,6 @@ _WARN = LogThrottle(10.0)
 CHANNEL = "outbox"
 # Rows looked at per claim, per row that may go: room for rows pacing holds back.
 SCAN_FACTOR = 2
-
-
-def _setter(event: asyncio.Event) -> Callable[[Any], None]:
-    return lambda _conn: event.set()
 
 
 class Sender:
@@ -278,7 +274,7 @@ class Sender:
             try:
                 async with self._listen_connection() as conn:
                     lost = asyncio.Event()
-                    on_lost = _setter(lost)
+                    on_lost = setter(lost)
                     conn.add_termination_listener(on_lost)
                     await conn.add_listener(CHANNEL, self._wake_all)
                     attempt = 0
