@@ -144,7 +144,14 @@ HANDLER_CALLS = Counter("gateway_handler_calls_total", "Handler calls that retur
 CONSUMER_FALLBACKS = Counter(
     "gateway_consumer_fallbacks_total", "Batches that failed and were retried one row at a time"
 )
-RETENTION_TABLES = ("processed_webhook_events", "reply_claims", "outbox", "deliveries", "dead_events")
+RETENTION_TABLES = (
+    "processed_webhook_events",
+    "reply_claims",
+    "outbox",
+    "deliveries",
+    "dead_events",
+    "event_fragments",
+)
 RETENTION_PURGED = Counter("gateway_retention_purged_total", "Rows purged by retention", ["table"])
 
 # Forwarding to downstream destinations

@@ -26,7 +26,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.core.events import InboundMessage, Status, event_day
+from gateway.core.events import InboundMessage, Status, event_day, subject_of
 from gateway.core.parsing import parse
 from gateway.core.settings import MIN_DEDUP_RETENTION_DAYS, Settings
 from gateway.inbound.consumer import Consumer
@@ -105,7 +105,8 @@ async def _naive_one(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
         today = datetime.now(UTC).date()
         for ev in parse(row["source"], bytes(row["body"]), row["delivery_id"]):
             day = event_day(ev, row["source"], today=today, window_days=MIN_DEDUP_RETENTION_DAYS)
-            if await conn.fetchval(BASELINE["naive_claim_key"], ev.key, row["id"], day) is None:
+            subject = subject_of(ev.key)
+            if await conn.fetchval(BASELINE["naive_claim_key"], ev.key, row["id"], day, subject) is None:
                 continue  # duplicate
             if isinstance(ev, InboundMessage):
                 await conn.execute(
@@ -119,6 +120,7 @@ async def _naive_one(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
                     ev.contact_name,
                     ev.message,
                     row["id"],
+                    subject,
                 )
             elif isinstance(ev, Status):
                 await conn.execute(
@@ -134,6 +136,7 @@ async def _naive_one(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
                     ev.errors,
                     ev.raw,
                     row["id"],
+                    subject,
                 )
                 await conn.execute(
                     BASELINE["naive_update_outbox"], ev.callback_data, ev.wamid, ev.status, ev.errors

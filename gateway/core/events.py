@@ -16,6 +16,12 @@ Parsing bodies into these events is ``gateway.core.parsing``. A body that is not
 JSON of a shape we do not know, raises ``PayloadError``: the consumer parks it as dead with
 its bytes intact.
 
+Each key has a *subject* (``subject_of``): the value the key is built from (the wamid of a
+Meta message or status, the Tenashi event id, else the key itself). It is stored beside the
+key and in every side-effect row, in their primary keys: the distribution column the schema
+keeps ready for Citus (docs/scaling.md). A pure function of the key, so a redelivery has the
+same subject and meets its key; migration 0009's SQL ``event_subject`` is the same rule.
+
 Each key is stored in the partition of its *event day* (``event_day``): the UTC day of
 Meta's own message/status ``timestamp``, which a redelivery repeats, so the redelivery
 meets its key in the same partition. Everything else is *untimed* and shares one small
@@ -173,6 +179,22 @@ class Item:
     events: tuple[Event, ...] = ()
     error: str | None = None
     scrubbed: bool = False
+
+
+def subject_of(key: str) -> str:
+    """The subject of a dedup key (the same rule as SQL ``event_subject``, migration 0009).
+
+    ``msg:<wamid>`` and ``evt:<id>`` give what follows the prefix; ``status:<wamid>:<status>:
+    <participant>`` gives the wamid (everything up to the last two ``:``, so a ``:`` inside
+    the wamid is kept); any other key (``acct-error:``, ``change:``) is its own subject.
+    """
+    if key.startswith(("msg:", "evt:")):
+        return key[4:]
+    if key.startswith("status:"):
+        parts = key[7:].rsplit(":", 2)
+        if len(parts) == 3:
+            return parts[0]
+    return key
 
 
 def event_day(ev: Event, source: str, *, today: date, window_days: int) -> date:

@@ -21,6 +21,7 @@ from gateway.core.events import (
     PayloadError,
     Status,
     event_day,
+    subject_of,
 )
 from gateway.core.forwarding import forward_row
 from gateway.core.parsing import parse_items
@@ -51,6 +52,7 @@ class Plan:
     keys: list[str] = field(default_factory=list)
     key_inbox: list[int] = field(default_factory=list)
     key_days: list[date] = field(default_factory=list)  # each key's partition (events.event_day)
+    key_subjects: list[str] = field(default_factory=list)  # each key's subject (events.subject_of)
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {k: [] for k in KINDS})
     # One row per event for the destinations that want it: kind, conversation, envelope.
     forwards: list[dict[str, Any]] = field(default_factory=list)
@@ -84,6 +86,7 @@ class Plan:
         self.keys.append(ev.key)
         self.key_inbox.append(inbox_id)
         self.key_days.append(day)
+        self.key_subjects.append(subject_of(ev.key))
         self.kinds[ev.kind] += 1
         self.rows[ev.kind].append(ev.to_row(inbox_id, source))
         self.forwards.append(forward_row(ev, source, inbox_id))

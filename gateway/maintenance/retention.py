@@ -111,6 +111,8 @@ async def _purges(conn: retention.Session, s: Settings, report: Report, stop: as
         ("outbox", s.outbox_retention_days),
         ("deliveries", s.delivery_retention_days),
         ("dead_events", s.inbox_retention_days),  # only those a retry or replay finished
+        # Exact bytes of escaped events: kept as long as the raw bodies they came from.
+        ("event_fragments", s.inbox_retention_days),
     )
     for table, days in plan:
         n = await retention.purge_table(

@@ -82,6 +82,7 @@ async def apply_plan(conn: Conn, plan: Plan) -> Applied:
         plan.parked_why,
         orjson.dumps(plan.forwards).decode(),
         plan.key_days,
+        plan.key_subjects,
     )
     assert r is not None
     return Applied(**dict(r))

@@ -11,20 +11,21 @@ LIMIT 1
 FOR UPDATE SKIP LOCKED;
 
 -- name: naive_claim_key
-INSERT INTO processed_webhook_events (event_key, inbox_id, event_day) VALUES ($1, $2, $3)
-ON CONFLICT (event_key, event_day) DO NOTHING
+INSERT INTO processed_webhook_events (event_key, inbox_id, event_day, subject) VALUES ($1, $2, $3, $4)
+ON CONFLICT (event_key, event_day, subject) DO NOTHING
 RETURNING event_key;
 
 -- name: naive_insert_message
 INSERT INTO inbound_messages
-    (wamid, source, phone_number_id, sender, type, timestamp, contact_name, message, inbox_id)
-SELECT $1, $2, $3, $4, $5, to_timestamp($6), $7, $8, $9
+    (wamid, source, phone_number_id, sender, type, timestamp, contact_name, message, inbox_id, subject)
+SELECT $1, $2, $3, $4, $5, to_timestamp($6), $7, $8, $9, $10
 WHERE NOT EXISTS (SELECT 1 FROM inbound_messages WHERE wamid = $1 AND received_at > now() - interval '8 days');
 
 -- name: naive_insert_status
 INSERT INTO message_statuses
-    (event_key, source, wamid, status, participant, recipient, timestamp, callback_data, errors, raw, inbox_id)
-VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), $8, $9, $10, $11);
+    (event_key, source, wamid, status, participant, recipient, timestamp, callback_data, errors, raw, inbox_id,
+     subject)
+VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), $8, $9, $10, $11, $12);
 
 -- name: naive_update_outbox
 UPDATE outbox o SET

@@ -9,22 +9,24 @@ CREATE TABLE processed_webhook_events (
     inbox_id     bigint,
     processed_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     event_day    date        NOT NULL,
-    PRIMARY KEY (event_key, event_day)
+    subject      text        NOT NULL,
+    PRIMARY KEY (event_key, event_day, subject)
 );
 CREATE INDEX processed_webhook_events_processed_at ON processed_webhook_events (processed_at);
 
 -- name: growth_fill
 -- Keys $1+1 .. $2 spread over the 8 days before today (7-day window and the slack day),
 -- processed on their day.
-INSERT INTO processed_webhook_events (event_key, inbox_id, event_day, processed_at)
+INSERT INTO processed_webhook_events (event_key, inbox_id, event_day, processed_at, subject)
 SELECT 'status:wamid.' || md5(n::text) || ':read:', n, current_date - (n % 8)::int,
-       (current_date - (n % 8)::int) + make_interval(secs => (n % 86400)::float8)
+       (current_date - (n % 8)::int) + make_interval(secs => (n % 86400)::float8), 'wamid.' || md5(n::text)
 FROM generate_series($1::bigint + 1, $2::bigint) AS n;
 
 -- name: growth_fill_day
 -- $3 keys for one day ($1), numbered from $2.
-INSERT INTO processed_webhook_events (event_key, inbox_id, event_day, processed_at)
-SELECT 'status:wamid.' || md5(n::text) || ':day:', n, $1::date, $1::date + make_interval(secs => 1)
+INSERT INTO processed_webhook_events (event_key, inbox_id, event_day, processed_at, subject)
+SELECT 'status:wamid.' || md5(n::text) || ':day:', n, $1::date, $1::date + make_interval(secs => 1),
+       'wamid.' || md5(n::text)
 FROM generate_series($2::bigint + 1, $2::bigint + $3::bigint) AS n;
 
 -- name: growth_delete_day

@@ -86,8 +86,9 @@ FROM dead_events WHERE state <> 'done';
 -- name: event_fragments_record
 -- Exact bytes of events stored escaped, for the keys this transaction processed
 -- ($1 keys, $2 inbox ids, $3 paths, $4 fragments); a duplicate's key belongs to another row.
-INSERT INTO event_fragments (event_key, inbox_id, path, fragment)
-SELECT t.key, t.inbox_id, t.path, t.fragment
+INSERT INTO event_fragments (event_key, inbox_id, path, fragment, subject)
+SELECT DISTINCT ON (t.key) t.key, t.inbox_id, t.path, t.fragment, p.subject
 FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bytea[]) AS t(key, inbox_id, path, fragment)
 JOIN processed_webhook_events p ON p.event_key = t.key AND p.inbox_id = t.inbox_id
-ON CONFLICT (event_key) DO NOTHING;
+ORDER BY t.key
+ON CONFLICT (event_key, subject) DO NOTHING;

@@ -202,15 +202,15 @@ SELECT pg_notify('deliveries', '');
 -- kind, conversation, envelope, received_at); events it already has are skipped.
 WITH ins AS (
     INSERT INTO deliveries
-        (destination_id, event_key, webhook_id, kind, conversation, envelope, received_at)
+        (destination_id, event_key, webhook_id, kind, conversation, envelope, received_at, subject)
     SELECT d.id, f.key,
            'wh_' || left(encode(sha256(convert_to(d.name || '/' || f.key, 'UTF8')), 'hex'), 32),
-           f.kind, f.conversation, f.envelope, f.received_at
+           f.kind, f.conversation, f.envelope, f.received_at, event_subject(f.key)
     FROM jsonb_to_recordset($2::jsonb) AS f(
         key text, kind text, conversation text, envelope jsonb, received_at timestamptz)
     JOIN destinations d ON d.id = $1
     ORDER BY f.received_at, f.key
-    ON CONFLICT (destination_id, event_key) DO NOTHING
+    ON CONFLICT (destination_id, event_key, subject) DO NOTHING
     RETURNING 1
 )
 SELECT count(*) FROM ins;

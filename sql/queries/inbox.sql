@@ -48,25 +48,29 @@ FOR UPDATE SKIP LOCKED;
 -- $1 keys, $2 their inbox ids, $3 messages, $4 statuses, $5 account errors,
 -- $6 account updates (jsonb arrays), $7 inbox ids done, $8/$9 inbox ids parked + why,
 -- $10 forwards (JSON text of an array: key, kind, conversation, envelope, inbox_id per event).
--- $11 the keys' event days.
+-- $11 the keys' event days, $12 their subjects (gateway/core/events.py: subject_of, a pure
+-- function of the key: a redelivery brings the same one). The side-effect rows take the
+-- subject of their key from `fresh`.
 WITH ev AS (
-    SELECT key, inbox_id, day FROM unnest($1::text[], $2::bigint[], $11::date[]) AS e(key, inbox_id, day)
+    SELECT key, inbox_id, day, subject
+    FROM unnest($1::text[], $2::bigint[], $11::date[], $12::text[]) AS e(key, inbox_id, day, subject)
 ), fresh AS (
-    INSERT INTO processed_webhook_events (event_key, inbox_id, event_day)
-    SELECT key, inbox_id, day FROM ev ORDER BY key, day
-    ON CONFLICT (event_key, event_day) DO NOTHING
-    RETURNING event_key
+    INSERT INTO processed_webhook_events (event_key, inbox_id, event_day, subject)
+    SELECT key, inbox_id, day, subject FROM ev ORDER BY key, day
+    ON CONFLICT (event_key, event_day, subject) DO NOTHING
+    RETURNING event_key, subject
 ), msg AS (
-    SELECT m.*
+    SELECT m.*, fresh.subject
     FROM jsonb_to_recordset($3::jsonb) AS m(
         key text, source text, wamid text, phone_number_id text, sender text, type text,
         ts bigint, contact_name text, message jsonb, inbox_id bigint)
     JOIN fresh ON fresh.event_key = m.key
 ), ins_msg AS (
     INSERT INTO inbound_messages
-        (wamid, source, phone_number_id, sender, type, timestamp, contact_name, message, inbox_id)
+        (wamid, source, phone_number_id, sender, type, timestamp, contact_name, message, inbox_id, subject)
     SELECT DISTINCT ON (wamid)
-           wamid, source, phone_number_id, sender, type, to_timestamp(ts), contact_name, message, inbox_id
+           wamid, source, phone_number_id, sender, type, to_timestamp(ts), contact_name, message, inbox_id,
+           subject
     FROM msg
     -- wamid cannot be UNIQUE across day partitions: skip one recorded in the last 8 days
     -- (Meta's redelivery window); the dedup key is what makes each event count once.
@@ -76,7 +80,7 @@ WITH ev AS (
     ORDER BY wamid
     RETURNING 1
 ), st AS (
-    SELECT s.*, delivery_rank(s.status) AS rank
+    SELECT s.*, delivery_rank(s.status) AS rank, fresh.subject
     FROM jsonb_to_recordset($4::jsonb) AS s(
         key text, source text, wamid text, status text, participant text, recipient text,
         ts bigint, callback_data text, errors jsonb, raw jsonb, inbox_id bigint)
@@ -84,9 +88,9 @@ WITH ev AS (
 ), ins_st AS (
     INSERT INTO message_statuses
         (event_key, source, wamid, status, participant, recipient, timestamp, callback_data,
-         errors, raw, inbox_id)
+         errors, raw, inbox_id, subject)
     SELECT key, source, wamid, status, participant, recipient, to_timestamp(ts), callback_data,
-           errors, raw, inbox_id
+           errors, raw, inbox_id, subject
     FROM st
     RETURNING 1
 ), hit AS (
@@ -124,15 +128,15 @@ WITH ev AS (
     WHERE o.id = b.outbox_id
     RETURNING 1
 ), ins_err AS (
-    INSERT INTO account_errors (event_key, waba_id, phone_number_id, field, errors, raw, inbox_id)
-    SELECT a.key, a.waba_id, a.phone_number_id, a.field, a.errors, a.raw, a.inbox_id
+    INSERT INTO account_errors (event_key, waba_id, phone_number_id, field, errors, raw, inbox_id, subject)
+    SELECT a.key, a.waba_id, a.phone_number_id, a.field, a.errors, a.raw, a.inbox_id, fresh.subject
     FROM jsonb_to_recordset($5::jsonb) AS a(
         key text, waba_id text, phone_number_id text, field text, errors jsonb, raw jsonb, inbox_id bigint)
     JOIN fresh ON fresh.event_key = a.key
     RETURNING 1
 ), ins_upd AS (
-    INSERT INTO account_updates (event_key, waba_id, field, value, inbox_id)
-    SELECT u.key, u.waba_id, u.field, u.value, u.inbox_id
+    INSERT INTO account_updates (event_key, waba_id, field, value, inbox_id, subject)
+    SELECT u.key, u.waba_id, u.field, u.value, u.inbox_id, fresh.subject
     FROM jsonb_to_recordset($6::jsonb) AS u(
         key text, waba_id text, field text, value jsonb, inbox_id bigint)
     JOIN fresh ON fresh.event_key = u.key
@@ -152,10 +156,10 @@ WITH ev AS (
     -- redelivered event is not fresh, so it never gets a second delivery. The webhook id is
     -- gateway.core.stdwebhooks.webhook_id: 'wh_' + 32 hex of sha256('<name>/<event key>').
     INSERT INTO deliveries
-        (destination_id, event_key, webhook_id, kind, conversation, envelope, received_at)
+        (destination_id, event_key, webhook_id, kind, conversation, envelope, received_at, subject)
     SELECT d.id, f.key,
            'wh_' || left(encode(sha256(convert_to(d.name || '/' || f.key, 'UTF8')), 'hex'), 32),
-           f.kind, f.conversation, f.envelope, coalesce(w.received_at, now())
+           f.kind, f.conversation, f.envelope, coalesce(w.received_at, now()), fresh.subject
     -- $10 is text, parsed only when some destination is enabled: without destinations the
     -- consumers pay nothing here but sending the text.
     FROM ROWS FROM (jsonb_to_recordset(
@@ -168,7 +172,7 @@ WITH ev AS (
     LEFT JOIN webhook_inbox w ON w.id = f.inbox_id
     -- Ids in the batch's arrival order: per-conversation ordering follows them.
     ORDER BY d.id, f.n
-    ON CONFLICT (destination_id, event_key) DO NOTHING
+    ON CONFLICT (destination_id, event_key, subject) DO NOTHING
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM fresh) AS fresh,

@@ -95,3 +95,13 @@ WHERE ctid IN (
     WHERE state = 'done' AND updated_at < now() - make_interval(days => $1)
     LIMIT $2
 );
+
+-- name: event_fragments_purge
+-- Exact bytes of events stored escaped, recorded before the horizon (the raw bodies' own,
+-- GATEWAY_INBOX_RETENTION_DAYS), on the recorded_at index of migration 0009.
+DELETE FROM event_fragments
+WHERE ctid IN (
+    SELECT ctid FROM event_fragments
+    WHERE recorded_at < now() - make_interval(days => $1)
+    LIMIT $2
+);

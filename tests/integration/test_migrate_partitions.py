@@ -204,7 +204,8 @@ async def test_migrating_a_populated_database_keeps_every_row_and_key(
             before["keys"]
         )
         new = await pool.fetchval(
-            "INSERT INTO inbound_messages (wamid, message) VALUES ('wamid.new', '{}') RETURNING id"
+            "INSERT INTO inbound_messages (wamid, message, subject) VALUES ('wamid.new', '{}', 'wamid.new')"
+            " RETURNING id"
         )
         assert new > top["inbound_messages"]
     finally:

@@ -99,15 +99,16 @@ async def test_dropping_partitions_keeps_every_key_younger_than_the_window(
     for day in days:
         await ensure_day(pool, "processed_webhook_events", day)
     await pool.execute(
-        "INSERT INTO processed_webhook_events (event_key, event_day) SELECT 'k:' || d || ':' || n, d"
+        "INSERT INTO processed_webhook_events (event_key, event_day, subject)"
+        " SELECT 'k:' || d || ':' || n, d, 's'"
         " FROM unnest($1::date[]) d, generate_series(1, 5) n",
         days,
     )
     # Untimed keys: trimmed by age, in bounded batches.
     await pool.execute(
-        "INSERT INTO processed_webhook_events (event_key, event_day, processed_at)"
-        " SELECT 'old:' || n, $1::date, now() - interval '8 days' FROM generate_series(1, 10) n"
-        " UNION ALL SELECT 'new:' || n, $1, now() - interval '6 days' FROM generate_series(1, 4) n",
+        "INSERT INTO processed_webhook_events (event_key, event_day, processed_at, subject)"
+        " SELECT 'old:' || n, $1::date, now() - interval '8 days', 's' FROM generate_series(1, 10) n"
+        " UNION ALL SELECT 'new:' || n, $1, now() - interval '6 days', 's' FROM generate_series(1, 4) n",
         UNTIMED_DAY,
     )
     report = await retention.run_once(pool, s, today=TODAY)
@@ -243,8 +244,8 @@ async def test_outbox_terminal_rows_and_reply_claims_are_bounded(
     for i, (state, age) in enumerate(finished):
         await pool.execute(
             "INSERT INTO deliveries"
-            " (destination_id, event_key, webhook_id, kind, envelope, state, received_at)"
-            " VALUES ($1, $2, $2, 'message', '{}', $3, now() - make_interval(days => $4))",
+            " (destination_id, event_key, webhook_id, kind, envelope, state, received_at, subject)"
+            " VALUES ($1, $2, $2, 'message', '{}', $3, now() - make_interval(days => $4), $2)",
             dest,
             f"e{i}",
             state,
@@ -260,6 +261,21 @@ async def test_outbox_terminal_rows_and_reply_claims_are_bounded(
     left = await pool.fetch("SELECT idem_key, state FROM outbox ORDER BY idem_key")
     assert [(r[0], r[1]) for r in left] == [("k3", "review"), ("k4", "pending"), ("k5", "accepted")]
     assert [r[0] for r in await pool.fetch("SELECT inbound_wamid FROM reply_claims")] == ["w.new"]
+
+
+async def test_event_fragments_go_with_the_raw_bodies(pool: asyncpg.Pool, settings: Settings) -> None:
+    # Exact bytes of escaped events: 5 older than the inbox horizon, 2 younger.
+    await pool.execute(
+        "INSERT INTO event_fragments (event_key, subject, inbox_id, path, fragment, recorded_at)"
+        " SELECT 'msg:' || n, n::text, n, '', '\\x00',"
+        "        now() - make_interval(days => CASE WHEN n <= 5 THEN 4 ELSE 2 END)"
+        " FROM generate_series(1, 7) n"
+    )
+    s = replace(settings, inbox_retention_days=3, purge_batch=2)
+    report = await retention.run_once(pool, s, today=TODAY)
+    assert report.purged["event_fragments"] == 5  # in batches of 2
+    left = [r[0] for r in await pool.fetch("SELECT event_key FROM event_fragments ORDER BY 1")]
+    assert left == ["msg:6", "msg:7"]
 
 
 async def test_two_replicas_at_once_do_the_work_once(
