@@ -45,6 +45,16 @@ FILL_CHUNK = 1_000_000
 INGEST_BATCH = 256  # rows per INSERT, as the group commit writes them
 TARGET_RATIO = 0.8
 TARGET_DROP_S = 1.0
+# Server settings that decide whether a big key set stays in memory: printed with the report.
+PG_SETTINGS = (
+    "shared_buffers",
+    "effective_cache_size",
+    "work_mem",
+    "maintenance_work_mem",
+    "max_wal_size",
+    "synchronous_commit",
+    "fsync",
+)
 
 
 @dataclasses.dataclass
@@ -146,6 +156,8 @@ async def run_layout(dsn: str, name: str, ns: argparse.Namespace, sizes: list[in
     )
     conn = await connect(dsn)
     await migrate(conn)
+    shown = [f"{k}={await conn.fetchval(f'SHOW {k}')}" for k in PG_SETTINGS]
+    print(f"  {name}: PostgreSQL {await conn.fetchval('SHOW server_version')}: {' '.join(shown)}", flush=True)
     if name == "unpartitioned":
         await conn.execute(SQL["growth_unpartition"])
     layout = Layout(name)

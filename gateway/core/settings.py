@@ -386,7 +386,10 @@ class Settings:
         "days processed event keys are kept (at least 7: Meta redelivers for 7 days)",
     )
     inbox_retention_days: int = _env(
-        "GATEWAY_INBOX_RETENTION_DAYS", 7, _int(1), "days processed staged webhooks are kept"
+        "GATEWAY_INBOX_RETENTION_DAYS",
+        7,
+        _int(1),
+        "days processed staged webhooks (and exact bytes of escaped events) are kept",
     )
     status_retention_days: int = _env(
         "GATEWAY_STATUS_RETENTION_DAYS", 90, _int(1), "days message status history is kept"
