@@ -15,19 +15,24 @@ CREATE TABLE processed_webhook_events (
 CREATE INDEX processed_webhook_events_processed_at ON processed_webhook_events (processed_at);
 
 -- name: growth_fill
--- Keys $1+1 .. $2 spread over the 8 days before today (7-day window and the slack day),
--- processed on their day.
+-- Keys $1+1 .. $2 spread over today and the 7 days before (7-day window and the slack day),
+-- processed on their day. Sorted by partition and key: each chunk walks every index once
+-- from left to right instead of touching a random leaf per row (with random order the fill
+-- slowed down by ~4 s per million keys already stored, as every insert missed
+-- shared_buffers and dirtied a page the next checkpoint had to log in full again).
 INSERT INTO processed_webhook_events (event_key, inbox_id, event_day, processed_at, subject)
 SELECT 'status:wamid.' || md5(n::text) || ':read:', n, current_date - (n % 8)::int,
        (current_date - (n % 8)::int) + make_interval(secs => (n % 86400)::float8), 'wamid.' || md5(n::text)
-FROM generate_series($1::bigint + 1, $2::bigint) AS n;
+FROM generate_series($1::bigint + 1, $2::bigint) AS n
+ORDER BY 3, 1;
 
 -- name: growth_fill_day
 -- $3 keys for one day ($1), numbered from $2.
 INSERT INTO processed_webhook_events (event_key, inbox_id, event_day, processed_at, subject)
 SELECT 'status:wamid.' || md5(n::text) || ':day:', n, $1::date, $1::date + make_interval(secs => 1),
        'wamid.' || md5(n::text)
-FROM generate_series($2::bigint + 1, $2::bigint + $3::bigint) AS n;
+FROM generate_series($2::bigint + 1, $2::bigint + $3::bigint) AS n
+ORDER BY 1;
 
 -- name: growth_delete_day
 DELETE FROM processed_webhook_events WHERE processed_at < $1::date + 1 AND processed_at >= $1::date;
