@@ -117,7 +117,10 @@ class Webhooks:
             if committer is None:
                 raise Unavailable("starting")
             # The committer enforces GATEWAY_ACK_DEADLINE_MS and raises Unavailable past it.
-            with tracing.span("webhook.commit", source=source.value):
+            if tracing.enabled:
+                with tracing.span("webhook.commit", source=source.value):
+                    await committer.stage(source, body, delivery_id)
+            else:  # the ack path, untraced: not even a null context manager
                 await committer.stage(source, body, delivery_id)
         except Unavailable as exc:
             metrics.WEBHOOK_REQUESTS.labels(source.value, exc.reason).inc()
@@ -137,14 +140,23 @@ class Webhooks:
     async def _read_body(self, request: web.Request, source: Source) -> bytes | web.Response:
         """The raw body, read only once the request could be valid, within the time and byte limits.
 
-        The refusals that need no body come first (``_early``), then the bytes already being
-        read by other requests (503); the body is then read under ``GATEWAY_BODY_TIMEOUT_S`` (408).
+        The refusals that need no body come first (``_early``). A body that arrived whole with
+        the headers is taken as is; otherwise the bytes already being read by other requests are
+        checked (503) and the body is read under ``GATEWAY_BODY_TIMEOUT_S`` (408).
         """
         s = self.settings
         early = self._early(request, source)
         if early is not None:
             return early
         limit = s.max_body_bytes
+        content = request.content
+        if content.is_eof() and content.exception() is None:
+            # The whole body came with the headers (the usual webhook): it is in memory already,
+            # so neither the byte budget nor a timer has anything to bound.
+            body = content.read_nowait()
+            if len(body) > limit:
+                return self._refuse(source, "too_large", 413, f"body larger than {limit} bytes")
+            return body
         length = request.content_length
         # A chunked body has no declared length: reserve the most it may be.
         reserve = length if length is not None else limit

@@ -1,4 +1,5 @@
-"""Access log, request ids and send-API request metrics: one middleware around every route.
+"""Access log, request ids, send-API request metrics and problem answers for raised errors:
+one middleware around every route.
 
 Each webhook and API request gets one access-log line (logger ``gateway.access``) with its
 request id (``X-Request-Id`` honoured when it is sane, generated otherwise, and echoed in the
@@ -23,6 +24,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from gateway import metrics, tracing
+from gateway.httpkit import crashed, problem_of
 
 log = logging.getLogger("gateway.access")
 
@@ -108,7 +110,11 @@ def _route(request: web.Request) -> str:
 
 
 def middleware(rate: float) -> Middleware:
-    """The middleware; ``rate`` is access-log lines a second before sampling (0: no access log)."""
+    """The middleware; ``rate`` is access-log lines a second before sampling (0: no access log).
+
+    It also answers what a handler or the router raises as a problem document (as
+    ``httpkit.problem_errors`` does), so that every request goes through one layer, not two.
+    """
     sampler = Sampler(rate) if rate > 0 else None
 
     async def serve(request: web.Request, handler: Handler, span: Any) -> web.StreamResponse:
@@ -117,7 +123,14 @@ def middleware(rate: float) -> Middleware:
         started = time.perf_counter()
         status = 500
         try:
-            response = await handler(request)
+            try:
+                response = await handler(request)
+            except web.HTTPException as exc:
+                if exc.status < 400:
+                    raise  # redirects and the like are not errors
+                response = problem_of(exc)
+            except Exception:
+                response = crashed(request)
             status = response.status
             response.headers["X-Request-Id"] = rid
             return response
@@ -150,10 +163,11 @@ def _account(request: web.Request, rid: str, status: int, elapsed: float, sample
         route = _route(request)
         metrics.API_REQUESTS.labels(route, method, str(status)).inc()
         metrics.API_LATENCY.labels(route, method).observe(elapsed)
-    if sampler is not None and (source != "ops" or log.isEnabledFor(logging.DEBUG)):
-        dropped = sampler.take(force=status >= 500)
-        if dropped is not None:
-            _write(request, rid, source, status, elapsed, dropped)
+    if sampler is None or not log.isEnabledFor(logging.DEBUG if source == "ops" else logging.INFO):
+        return  # no line would be written: nothing to sample or format
+    dropped = sampler.take(force=status >= 500)
+    if dropped is not None:
+        _write(request, rid, source, status, elapsed, dropped)
 
 
 def _write(request: web.Request, rid: str, source: str, status: int, elapsed: float, dropped: int) -> None:

@@ -11,7 +11,6 @@ import asyncpg
 from aiohttp import web
 
 from gateway.core.settings import Settings
-from gateway.httpkit import problem_errors
 from gateway.inbound.consumer_group import ConsumerGroup
 from gateway.inbound.groupcommit import GroupCommitter
 from gateway.inbound.webhooks import Webhooks
@@ -135,10 +134,9 @@ def _maintenance(inbound: bool, outbound: bool, forward: bool = False) -> object
 
 def build_app(settings: Settings, *, workers: bool = True) -> web.Application:
     """The gateway app; ``workers`` starts the in-process consumers, sender and forwarder."""
-    # The access log is outermost: it sees the answer problem_errors turned an exception into.
+    # One middleware: access log, request id, and raised errors answered as problem documents.
     app = web.Application(
-        client_max_size=settings.max_body_bytes,
-        middlewares=[access.middleware(settings.access_log_rate), problem_errors],
+        client_max_size=settings.max_body_bytes, middlewares=[access.middleware(settings.access_log_rate)]
     )
     app[SETTINGS] = settings
     app[WEBHOOKS] = Webhooks(settings)

@@ -278,3 +278,27 @@ async def test_expect_continue_is_refused_before_the_body_is_invited(
         writer.write(b" " * length)
         assert await status_of(reader) == 401
     writer.close()
+
+
+async def test_chunked_body_over_the_limit_is_refused_whole_or_trickled(
+    start_gateway: object, settings: Settings, pool: asyncpg.Pool
+) -> None:
+    """No declared length: the limit is checked on the bytes, whether the body came whole with
+    the headers (taken at once) or is still arriving (read under the body deadline)."""
+    gw: Listening = await start_gateway(replace(settings, max_body_bytes=1024))  # type: ignore[operator]
+    body = b"x" * 2000
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    lines = ["POST /webhooks/meta HTTP/1.1", "Host: gateway", "Transfer-Encoding: chunked"]
+    request_head = ("\r\n".join([*lines, f"X-Hub-Signature-256: {FORGED}"]) + "\r\n\r\n").encode()
+    whole_reader, whole_writer = await raw(gw)
+    whole_writer.write(request_head + chunked)
+    assert await status_of(whole_reader) == 413
+    whole_writer.close()
+    drip_reader, drip_writer = await raw(gw)
+    drip_writer.write(request_head + chunked[:1500])
+    await drip_writer.drain()
+    await asyncio.sleep(0.2)
+    drip_writer.write(chunked[1500:])
+    assert await status_of(drip_reader) == 413
+    drip_writer.close()
+    assert await stored(pool) == []
