@@ -60,7 +60,8 @@ def signature(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
         raise ValueError("webhook id must be 1..200 characters of [A-Za-z0-9_-:] (no '.')")
     if timestamp < 0:
         raise ValueError("timestamp must be a non-negative Unix time")
-    mac = hmac.new(key, b"%s.%d.%s" % (msg_id.encode(), timestamp, body), hashlib.sha256).digest()
+    # hmac.digest: OpenSSL's one-shot HMAC, several times cheaper than hmac.new(...).digest().
+    mac = hmac.digest(key, b"%s.%d.%s" % (msg_id.encode(), timestamp, body), "sha256")
     return "v1," + base64.b64encode(mac).decode()
 
 

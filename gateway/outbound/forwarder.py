@@ -3,11 +3,13 @@
 Deliveries are inserted by the consumers in the same transaction as their event's key (see
 ``inbox_apply_batch``). A forwarder claims due ones in a short transaction (``FOR UPDATE SKIP
 LOCKED``, serialised across forwarders so per-destination limits hold), woken by ``LISTEN
-deliveries`` with polling as a fallback, keeps up to ``forward_concurrency`` requests in flight
-(and as many claimed ones queued for a slot), and writes outcomes in batches. What an answer
-means is ``gateway.core.forwarding.decide``; signing is ``gateway.core.stdwebhooks``; both
-pure. The circuit breaker lives in the ``destinations`` row, so every forwarder sees the same
-state.
+deliveries`` with polling as a fallback, and writes the outcomes of finished attempts in the
+same transaction as the next claim, on a connection of its own (no pool reset per round).
+``forward_concurrency`` workers take claimed deliveries from a queue (up to as many again
+wait there, so a finished request's slot is refilled without a database round trip) and
+POST them. What an answer means is ``gateway.core.forwarding.decide``; signing is
+``gateway.core.stdwebhooks``; both pure. The circuit breaker lives in the ``destinations``
+row, so every forwarder sees the same state.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import asyncpg
+from prometheus_client import Counter, Histogram
 
 from gateway import __version__, metrics
 from gateway.core import stdwebhooks
@@ -31,6 +34,7 @@ from gateway.core.forwarding import Outcome, breaker_tally, decide
 from gateway.core.settings import Settings
 from gateway.store import deliveries
 from gateway.store.db import connect
+from gateway.store.deliveries import Tx
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,6 @@ MAX_ERROR_BODY = 200
 # Expired leases and cooled-down breakers are looked at this often, not on every claim.
 HOUSEKEEPING_S = 0.5
 STOP_GRACE_S = 5.0
-PREFETCH = 2
 
 
 def _merge(
@@ -81,13 +84,22 @@ class Forwarder:
         self.clock = clock or SystemClock()
         self.rand = rand
         self.wake = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
+        # Claimed deliveries waiting for a worker, and how many workers are posting one.
+        self._queue: asyncio.Queue[deliveries.Claimed] = asyncio.Queue()
+        self._busy = 0
+        self._idle = asyncio.Event()  # set while no worker is posting
+        self._idle.set()
+        self._workers: list[asyncio.Task[None]] = []
         self._done: list[Attempt] = []
         self._keys: dict[str, bytes] = {}
+        # Per destination: its delivered counter and latency histogram (labels() is a locked
+        # dict lookup; once per delivery it shows in a profile).
+        self._ok_metrics: dict[str, tuple[Counter, Histogram]] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._conn: asyncpg.Connection | None = None
         self._housekept = 0.0
         self._free_before = 0
-        self._slots = asyncio.Semaphore(settings.forward_concurrency)
+        self.again = False  # the last round freed work only the next one can claim
         self._unwritten: tuple[list[deliveries.Result], list[tuple[int, bool, int]]] = ([], [])
 
     @property
@@ -105,10 +117,28 @@ class Forwarder:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            with contextlib.suppress(Exception):
+                await conn.close(timeout=2)
 
     @property
     def in_flight(self) -> int:
-        return len(self._tasks)
+        """Claimed deliveries not finished yet: being posted or queued for a worker."""
+        return self._busy + self._queue.qsize()
+
+    @contextlib.asynccontextmanager
+    async def _db(self) -> AsyncIterator[Tx]:
+        """The connection of a round: the forwarder's own (a pool's would be reset, one more
+        round trip, after every round), opened on first use and again after a failure."""
+        dsn = self.settings.database_url
+        if dsn is None:  # only a pool to go by
+            async with self.pool.acquire() as conn:
+                yield conn
+            return
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await connect(dsn, timeout=self.settings.db_connect_timeout_s)
+        yield self._conn
 
     # --- one round: write outcomes, claim, start requests -------------------------------------
 
@@ -120,9 +150,11 @@ class Forwarder:
             results = self._unwritten[0] + results
             breakers = _merge(self._unwritten[1], breakers)
             self._unwritten = ([], [])
-        # Claimed deliveries queue for a request slot, up to one more round than there are
-        # slots: a finished request's slot goes to the next one at once, not after a round trip.
-        free = PREFETCH * s.forward_concurrency - len(self._tasks)
+        # Claimed deliveries queue for a worker, up to one claim (forward_batch) beyond what
+        # the workers hold: a finished request's worker takes the next one at once, and a
+        # round (a few round trips, each behind a busy event loop) refills the queue before
+        # the workers empty it.
+        free = s.forward_concurrency + s.forward_batch - self.in_flight
         self._free_before = free
         limit = min(free, s.forward_batch)
         now = time.monotonic()
@@ -132,7 +164,7 @@ class Forwarder:
         if not results and limit <= 0 and not housekeeping:
             return 0
         try:
-            async with self.pool.acquire() as conn:
+            async with self._db() as conn:
                 claimed, changes, half_open = await deliveries.cycle(
                     conn,
                     results=results,
@@ -151,9 +183,10 @@ class Forwarder:
         for name in half_open:
             log.info("destination %s: breaker half-open, probing", name)
         for c in claimed:
-            task = asyncio.create_task(self._attempt(c))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._queue.put_nowait(c)
+        # The round's claim could not see what it freed: a conversation's next delivery (its
+        # predecessor was still open in the statement's snapshot) and a half-open probe.
+        self.again = bool(half_open) or any(r.ordered for r in results)
         return len(claimed)
 
     def _key(self, secret: str) -> bytes:
@@ -162,21 +195,31 @@ class Forwarder:
             key = self._keys[secret] = stdwebhooks.secret_key(secret)
         return key
 
+    async def _worker(self) -> None:
+        """Post claimed deliveries one after another until cancelled."""
+        while True:
+            c = await self._queue.get()
+            self._busy += 1
+            self._idle.clear()
+            try:
+                await self._attempt(c)
+            finally:
+                self._busy -= 1
+                if not self._busy:
+                    self._idle.set()
+
     async def _attempt(self, c: deliveries.Claimed) -> None:
         a = Attempt(c)
         try:
-            async with self._slots:
-                ts = int(self.clock.now())
-                headers = stdwebhooks.headers(self._key(c.secret), c.webhook_id, ts, c.body)
-                headers["Content-Type"] = "application/json"
-                async with self.session.post(
-                    c.url, data=c.body, headers=headers, allow_redirects=False
-                ) as resp:
-                    a.status = resp.status
-                    a.retry_after = resp.headers.get("Retry-After")
-                    if not 200 <= resp.status < 300:
-                        text = await resp.content.read(MAX_ERROR_BODY)
-                        a.error = " ".join(text.decode("utf-8", "replace").split())[:MAX_ERROR_BODY] or None
+            ts = int(self.clock.now())
+            headers = stdwebhooks.headers(self._key(c.secret), c.webhook_id, ts, c.body)
+            headers["Content-Type"] = "application/json"
+            async with self.session.post(c.url, data=c.body, headers=headers, allow_redirects=False) as resp:
+                a.status = resp.status
+                a.retry_after = resp.headers.get("Retry-After")
+                if not 200 <= resp.status < 300:
+                    text = await resp.content.read(MAX_ERROR_BODY)
+                    a.error = " ".join(text.decode("utf-8", "replace").split())[:MAX_ERROR_BODY] or None
         except TimeoutError:
             a.error = "timeout"
         except aiohttp.ClientError as exc:
@@ -205,39 +248,57 @@ class Forwarder:
         for a in done:
             c = a.claimed
             if a.finished < 0:
-                results.append(deliveries.Result(c.id, "pending", 0.0, None, a.error))
+                results.append(deliveries.Result(c.id, "pending", 0.0, None, a.error, c.ordered))
+                continue
+            status = a.status
+            if status is not None and 200 <= status < 300:
+                # The common case, without decide()'s retry arithmetic (what it would say).
+                results.append(deliveries.Result(c.id, "delivered", None, status, None, c.ordered))
+                per_dest.setdefault(c.destination_id, []).append(True)
+                count, latency = self._delivered_metrics(c.destination)
+                count.inc()
+                latency.observe(max(0.0, a.finished - c.received_at))
                 continue
             d = decide(
-                status=a.status,
+                status=status,
                 error=a.error,
                 retry_after=a.retry_after,
                 now=now,
-                first_attempt_at=c.window_start.timestamp(),
+                first_attempt_at=c.window_start,
                 backoff_s=backoff_delay(
                     c.attempts, s.forward_retry_base_ms / 1000, s.forward_retry_max_ms / 1000, self.rand
                 ),
                 retry_window_s=s.forward_retry_h * 3600,
             )
-            results.append(deliveries.Result(c.id, d.state.value, d.delay_s, a.status, d.error))
-            ok = d.outcome is Outcome.DELIVERED
-            per_dest.setdefault(c.destination_id, []).append(ok)
+            results.append(deliveries.Result(c.id, d.state.value, d.delay_s, status, d.error, c.ordered))
+            per_dest.setdefault(c.destination_id, []).append(d.outcome is Outcome.DELIVERED)
             metrics.FORWARD_DELIVERIES.labels(c.destination, d.outcome.value).inc()
-            if ok:
-                metrics.FORWARD_LATENCY.labels(c.destination).observe(
-                    max(0.0, a.finished - c.received_at.timestamp())
-                )
-            elif d.outcome is Outcome.FAILED:
+            if d.outcome is Outcome.FAILED:
                 log.warning(
                     "delivery %d (%s) to %s failed after %d attempts: %s",
                     c.id, c.webhook_id, c.destination, c.attempts, d.error,
                 )  # fmt: skip
         return results, [(dest, *breaker_tally(oks)) for dest, oks in per_dest.items()]
 
+    def _delivered_metrics(self, destination: str) -> tuple[Counter, Histogram]:
+        m = self._ok_metrics.get(destination)
+        if m is None:
+            m = self._ok_metrics[destination] = (
+                metrics.FORWARD_DELIVERIES.labels(destination, Outcome.DELIVERED.value),
+                metrics.FORWARD_LATENCY.labels(destination),
+            )
+        return m
+
     # --- the loop -----------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
         """Forward until ``stop`` is set; then let requests in flight finish (briefly) and record them."""
         listener = asyncio.create_task(self._listen(stop))
+        # A stop wakes the loop, which may be waiting up to a whole poll interval.
+        stopped = asyncio.create_task(stop.wait())
+        stopped.add_done_callback(lambda _: self.wake.set())
+        n = self.settings.forward_concurrency
+        self._workers = [asyncio.create_task(self._worker()) for _ in range(n)]
         poll_s = self.settings.forward_poll_ms / 1000
         try:
             while not stop.is_set():
@@ -251,27 +312,37 @@ class Forwarder:
                     continue
                 if claimed and claimed == min(self.settings.forward_batch, self._free_before):
                     continue  # a full claim: more may be due right now
+                if self.again:
+                    continue
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), poll_s)
         finally:
+            stopped.cancel()
             await self._drain()
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
 
     async def _drain(self) -> None:
-        if self._tasks:
-            _done, pending = await asyncio.wait(set(self._tasks), timeout=STOP_GRACE_S)
-            for t in pending:
-                t.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        """At stop: queued deliveries go back at once (nothing was sent), requests in flight get
+        a short grace and are then cancelled; every outcome is written if the database lets."""
+        while not self._queue.empty():
+            a = Attempt(self._queue.get_nowait())
+            a.error, a.finished = "forwarder stopped", -1.0  # not the receiver's fault: retry at once
+            self._done.append(a)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), STOP_GRACE_S)
+        for w in self._workers:
+            w.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers = []
         if self._done or self._unwritten[0]:
             results, breakers = self._outcomes()
             results = self._unwritten[0] + results
             breakers = _merge(self._unwritten[1], breakers)
             n = len(results)
             try:
-                async with self.pool.acquire() as conn:
+                async with self._db() as conn:
                     await deliveries.cycle(
                         conn, results=results, breakers=breakers,
                         threshold=self.settings.forward_breaker_failures,

@@ -7,8 +7,10 @@ duplicates and answered 200) and injects faults: a share of 5xx answers, a share
 answer queue (e.g. 429 with Retry-After) and outages (every request 503 until it ends).
 
 Control endpoints for other processes (loopback only): ``GET /_fake/state`` (``?ids=1``: every
-processed id with the wall time it arrived), ``POST /_fake/config`` (any of ``p_5xx``,
-``p_timeout``, ``timeout_s``, ``latency_ms``, ``outage``), ``DELETE /_fake/state``.
+processed id with the wall time it arrived), ``GET /_fake/wait?processed=N&timeout=S`` (the
+state once N distinct ids were processed, or at the timeout: one request instead of polling),
+``POST /_fake/config`` (any of ``p_5xx``, ``p_timeout``, ``timeout_s``, ``latency_ms``,
+``outage``), ``DELETE /_fake/state``.
 
 As its own process (benchmarks, the load harness)::
 
@@ -76,12 +78,16 @@ class FakeReceiver:
         self.rand = random.Random(seed)
         self.state = ReceiverState()
         self.changed = asyncio.Event()
+        # (count, future) of a /_fake/wait: resolved by _process when that many ids are in,
+        # so waiting costs the receiving path one comparison per event.
+        self._awaited: tuple[int, asyncio.Future[None]] | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=8 * 1024 * 1024)
         app.router.add_get("/_fake/state", self._get_state)
+        app.router.add_get("/_fake/wait", self._wait)
         app.router.add_delete("/_fake/state", self._reset)
         app.router.add_post("/_fake/config", self._config)
         app.router.add_post("/{tail:.*}", self._receive)
@@ -152,6 +158,11 @@ class FakeReceiver:
         st.processed[msg_id] = env
         st.order.append(msg_id)
         st.arrived[msg_id] = time.time()
+        if self._awaited is not None and len(st.processed) >= self._awaited[0]:
+            _, fut = self._awaited
+            self._awaited = None
+            if not fut.done():
+                fut.set_result(None)
 
     # --- control ------------------------------------------------------------------------------
 
@@ -172,6 +183,22 @@ class FakeReceiver:
         if request.query.get("ids"):
             out["ids"] = self.state.arrived  # id -> wall time it was first processed
         return web.json_response(out)
+
+    async def _wait(self, request: web.Request) -> web.Response:
+        """Answer once ``processed`` distinct ids are in (or after ``timeout`` seconds)."""
+        want = int(request.query["processed"])
+        timeout_s = min(float(request.query.get("timeout", "60")), 600.0)
+        if len(self.state.processed) < want:
+            fut = asyncio.get_running_loop().create_future()
+            self._awaited = (want, fut)
+            try:
+                await asyncio.wait_for(fut, timeout_s)
+            except TimeoutError:
+                pass
+            finally:
+                if self._awaited is not None and self._awaited[1] is fut:
+                    self._awaited = None
+        return web.json_response(self.summary())
 
     async def _reset(self, request: web.Request) -> web.Response:
         self.state = ReceiverState()

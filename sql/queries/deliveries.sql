@@ -31,15 +31,20 @@ SELECT g.id, (SELECT count(*) FROM deliveries x WHERE x.destination_id = g.id) A
 FROM gone g;
 
 -- name: deliveries_cycle_begin
--- First statement of a forwarder round. Claims are serialised across forwarders (one short
--- transaction each; the next statement's snapshot is taken after the lock), so per-destination
--- limits and half-open probes are exact however many forwarders run.
+-- Opens a forwarder round (one simple query: BEGIN and the lock in one round trip). Claims
+-- are serialised across forwarders (one short transaction each; the next statement's
+-- snapshot is taken after the lock), so per-destination limits and half-open probes are exact
+-- however many forwarders run. The lock key is 0x666F72776172 64 ("forward").
 -- The round commits without waiting for the WAL flush: a crash of PostgreSQL may forget its
 -- last few ms, i.e. a claim (the rows are due again), an outcome (the lease runs out and the
 -- delivery is sent again with the same webhook-id, which the receiver deduplicates) or a
 -- breaker count. At least once holds; the deliveries themselves are inserted by the
 -- consumers' synchronous commit.
-SELECT set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock($1);
+BEGIN;
+SELECT set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock(28832985044316772);
+
+-- name: deliveries_cycle_end
+COMMIT;
 
 -- name: deliveries_release_expired
 -- Rows of a forwarder that died mid-request: back to pending (at least once, deduplicable).
@@ -53,59 +58,30 @@ UPDATE destinations SET breaker_state = 'half_open', breaker_changed_at = now()
 WHERE breaker_state = 'open' AND breaker_changed_at <= clock_timestamp() - make_interval(secs => $1)
 RETURNING name;
 
--- name: deliveries_claim
--- Due pending deliveries of enabled destinations whose breaker lets them through, at most
--- (max_in_flight - in flight) per destination (1 when half-open), $1 in all; with ordering,
--- only the oldest open delivery of each conversation. Marked delivering with a lease of
--- $2 seconds and returned with what the request needs.
-WITH dest AS (
-    SELECT d.id, d.name, d.url, d.secret, d.ordered,
-           CASE WHEN d.breaker_state = 'half_open' THEN 1 ELSE d.max_in_flight END
-           - (SELECT count(*) FROM deliveries x
-              WHERE x.destination_id = d.id AND x.state = 'delivering')::int AS room
-    FROM destinations d
-    WHERE d.enabled AND d.breaker_state <> 'open'
-), picked AS (
-    SELECT c.id, dest.id AS destination_id
-    FROM dest
-    CROSS JOIN LATERAL (
-        SELECT dl.id, dl.next_attempt_at
-        FROM deliveries dl
-        WHERE dl.destination_id = dest.id
-          AND dl.state = 'pending'
-          AND dl.next_attempt_at <= clock_timestamp()
-          AND (NOT dest.ordered OR dl.conversation = '' OR NOT EXISTS (
-                SELECT 1 FROM deliveries e
-                WHERE e.destination_id = dl.destination_id
-                  AND e.conversation = dl.conversation
-                  AND e.id < dl.id
-                  AND e.state IN ('pending', 'delivering')))
-        ORDER BY dl.next_attempt_at, dl.id
-        LIMIT least(dest.room, $1)
-        FOR UPDATE OF dl SKIP LOCKED
-    ) c
-    WHERE dest.room > 0
-    ORDER BY c.next_attempt_at, c.id
-    LIMIT $1
-)
-UPDATE deliveries dl SET
-    state = 'delivering',
-    attempts = dl.attempts + 1,
-    lease_until = clock_timestamp() + make_interval(secs => $2)
-FROM picked JOIN dest ON dest.id = picked.destination_id
-WHERE dl.id = picked.id
-RETURNING dl.id, dl.webhook_id, dl.envelope::text AS body, dl.attempts, dl.received_at,
-          dl.window_start, dest.id AS destination_id, dest.name AS destination, dest.url, dest.secret;
-
--- name: deliveries_record
--- Outcomes of attempts and the breaker counts they imply, in one statement.
--- $1 ids, $2 new states, $3 seconds to the next attempt (pending only), $4 HTTP statuses
--- (NULL: no answer), $5 errors. A row no longer delivering (its lease ran out and another
--- forwarder took it) is left to that forwarder.
--- $6 destination ids, $7 any success, $8 failures after the last success, $9 the threshold:
--- a success closes the breaker and restarts the count; N consecutive failures (or a failed
--- half-open probe) open it. A destination row is written only when its count or state
--- changes (the common all-2xx batch touches none). Returns the breaker transitions.
+-- name: deliveries_round
+-- One forwarder round in one statement (after deliveries_cycle_begin): write the outcomes of
+-- finished attempts and the breaker counts they imply, then claim due deliveries. Every part
+-- sees the same snapshot, so the claim counts the rows being written here as still
+-- delivering; it adds them back to each destination's room, and it uses the breaker states
+-- this statement decides. (A conversation's next delivery waits for the next round: in this
+-- snapshot its predecessor is still open. The forwarder runs that round at once.)
+-- Housekeeping (deliveries_release_expired, destinations_half_open) runs after this
+-- statement, in the same transaction, so an outcome is written before its lease is judged.
+--
+-- Outcomes: $1 ids, $2 new states, $3 seconds to the next attempt (pending only), $4 HTTP
+-- statuses (NULL: no answer), $5 errors. A row no longer delivering (its lease ran out and
+-- another forwarder took it) is left to that forwarder.
+-- Breakers: $6 destination ids, $7 any success, $8 failures after the last success, $9 the
+-- threshold: a success closes the breaker and restarts the count; N consecutive failures (or
+-- a failed half-open probe) open it. A destination row is written only when its count or
+-- state changes (the common all-2xx round touches none).
+-- Claim: due pending deliveries of enabled destinations whose breaker lets them through, at
+-- most (max_in_flight - in flight) per destination (1 when half-open), $10 in all; with
+-- ordering, only the oldest open delivery of each conversation. Marked delivering with a
+-- lease of $11 seconds.
+-- Rows: each claimed delivery (the columns of gateway.store.deliveries.Claimed, in its
+-- order; times as Unix seconds), then one row per breaker transition (id NULL; destination,
+-- old state, new state in the destination, webhook_id and body columns).
 WITH r AS (
     SELECT * FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::int[], $5::text[])
         AS r(id, state, delay, status, error)
@@ -121,7 +97,9 @@ WITH r AS (
         delivered_at = CASE WHEN r.state = 'delivered' THEN clock_timestamp() ELSE d.delivered_at END
     FROM r
     WHERE d.id = r.id AND d.state = 'delivering'
-    RETURNING d.id
+    RETURNING d.destination_id
+), freed AS (
+    SELECT destination_id, count(*)::int AS n FROM upd GROUP BY destination_id
 ), b AS (
     SELECT * FROM unnest($6::bigint[], $7::bool[], $8::int[]) AS b(id, ok, fails)
 ), n AS (
@@ -142,9 +120,53 @@ WITH r AS (
     FROM s
     WHERE d.id = s.id AND (s.state <> s.old OR s.fails <> s.old_fails)
     RETURNING d.name, s.old, s.state AS new
+), dest AS (
+    SELECT d.id, d.name, d.url, d.secret, d.ordered,
+           CASE WHEN coalesce(s.state, d.breaker_state) = 'half_open' THEN 1 ELSE d.max_in_flight END
+           - (SELECT count(*) FROM deliveries x
+              WHERE x.destination_id = d.id AND x.state = 'delivering')::int
+           + coalesce((SELECT f.n FROM freed f WHERE f.destination_id = d.id), 0) AS room
+    FROM destinations d LEFT JOIN s ON s.id = d.id
+    WHERE d.enabled AND coalesce(s.state, d.breaker_state) <> 'open' AND $10 > 0
+), picked AS (
+    SELECT c.id, dest.id AS destination_id
+    FROM dest
+    CROSS JOIN LATERAL (
+        SELECT dl.id, dl.next_attempt_at
+        FROM deliveries dl
+        WHERE dl.destination_id = dest.id
+          AND dl.state = 'pending'
+          AND dl.next_attempt_at <= clock_timestamp()
+          AND (NOT dest.ordered OR dl.conversation = '' OR NOT EXISTS (
+                SELECT 1 FROM deliveries e
+                WHERE e.destination_id = dl.destination_id
+                  AND e.conversation = dl.conversation
+                  AND e.id < dl.id
+                  AND e.state IN ('pending', 'delivering')))
+        ORDER BY dl.next_attempt_at, dl.id
+        LIMIT least(dest.room, $10)
+        FOR UPDATE OF dl SKIP LOCKED
+    ) c
+    WHERE dest.room > 0
+    ORDER BY c.next_attempt_at, c.id
+    LIMIT $10
+), claimed AS (
+    UPDATE deliveries dl SET
+        state = 'delivering',
+        attempts = dl.attempts + 1,
+        lease_until = clock_timestamp() + make_interval(secs => $11)
+    FROM picked JOIN dest ON dest.id = picked.destination_id
+    WHERE dl.id = picked.id
+    RETURNING dl.id, dl.webhook_id, dl.envelope::text AS body, dl.attempts,
+              extract(epoch FROM dl.received_at)::float8 AS received_at,
+              extract(epoch FROM dl.window_start)::float8 AS window_start,
+              dest.id AS destination_id, dest.name AS destination, dest.url, dest.secret,
+              dest.ordered
 )
--- upd runs to completion unreferenced, as every data-modifying CTE does.
-SELECT name, old, new FROM brk;
+-- upd runs to completion unreferenced but for freed, as every data-modifying CTE does.
+SELECT * FROM claimed
+UNION ALL
+SELECT NULL, old, new, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL FROM brk WHERE old <> new;
 
 -- name: deliveries_gauges
 -- Per destination: open deliveries, age of the oldest due one (receipt time), breaker state.

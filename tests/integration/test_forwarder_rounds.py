@@ -1,0 +1,214 @@
+"""The forwarder's rounds: outcomes and the next claim in one statement on a connection of its
+own, workers fed from a queue. What these must not cost: ordering or a half-open probe waiting
+for the poll, a lost connection stopping forwarding, a stop sending or losing queued work."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from gateway.core.settings import Settings
+from gateway.outbound.forwarder import Forwarder
+from gateway.store import deliveries
+from gateway.testing.fake_receiver import FakeReceiver
+from tests.forward_helpers import (
+    SECRET,
+    add,
+    all_delivered,
+    fast,
+    forwarding,
+    process_messages,
+    states,
+    until,
+)
+
+# Far longer than any wait below: only NOTIFY and the forwarder's own re-rounds can wake it.
+NO_POLL = {"forward_poll_ms": 600_000}
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[FakeReceiver]:
+    r = FakeReceiver(SECRET)
+    await r.start()
+    yield r
+    await r.close()
+
+
+async def test_an_ordered_conversation_flows_without_waiting_for_the_poll(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    # One customer, six messages, one in flight at a time: each next one is claimable only
+    # after its predecessor's outcome is written, which the claim of the same round cannot
+    # see. The forwarder must run the next round itself; a NOTIFY comes only once, up front.
+    await add(pool, "bot", receiver.url, ("message",), ordered=True)
+    await process_messages(pool, settings, 6, customers=1)
+    async with forwarding(pool, fast(settings, **NO_POLL)):
+        await until(lambda: all_delivered(pool), timeout_s=15, what="all six delivered without polling")
+    seq = [
+        int(receiver.state.processed[i]["data"]["wamid"].removeprefix("wamid.F"))
+        for i in receiver.state.order
+    ]
+    assert seq == list(range(6))
+
+
+async def test_ordering_holds_per_customer_across_rounds(pool: asyncpg.Pool, settings: Settings) -> None:
+    r = FakeReceiver(SECRET, latency_ms=5)
+    await r.start()
+    try:
+        await add(pool, "bot", r.url, ("message",), max_in_flight=8, ordered=True)
+        await process_messages(pool, settings, 60, customers=6)
+        async with forwarding(pool, fast(settings, forward_batch=4, forward_concurrency=4, **NO_POLL)):
+            await until(lambda: all_delivered(pool), what="every delivery delivered")
+        per_customer: dict[str, list[int]] = defaultdict(list)
+        for msg_id in r.state.order:
+            env = r.state.processed[msg_id]
+            per_customer[env["data"]["from"]].append(int(env["data"]["wamid"].removeprefix("wamid.F")))
+        assert len(per_customer) == 6
+        assert all(seq == sorted(seq) for seq in per_customer.values())
+        assert len(r.state.attempts) == 60  # no faults: each posted once
+    finally:
+        await r.close()
+
+
+async def test_a_half_open_probe_is_claimed_in_the_round_right_after(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    # Housekeeping runs after the round's claim; the round that turns a breaker half-open
+    # asks for another at once (the loop does not wait for a wake-up or the poll).
+    await add(pool, "crm", receiver.url)
+    await process_messages(pool, settings, 3)
+    await pool.execute(
+        "UPDATE destinations SET breaker_state = 'open', breaker_changed_at = now() - interval '1 minute'"
+    )
+    fw = Forwarder(pool, fast(settings, forward_breaker_cooldown_s=1.0))
+    try:
+        assert await fw.step() == 0  # the breaker was open when the claim ran
+        assert fw.again
+        assert await pool.fetchval("SELECT breaker_state FROM destinations") == "half_open"
+        assert await fw.step() == 1  # one probe
+        assert not fw.again
+        assert await fw.step() == 0  # and only one while it is out
+    finally:
+        await fw.close()
+
+
+async def test_forwarding_goes_on_after_its_database_connections_are_killed(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    await add(pool, "crm", receiver.url)
+    await process_messages(pool, settings, 5, prefix="wamid.A")
+    async with forwarding(pool, fast(settings)):
+        await until(lambda: all_delivered(pool), what="first five delivered")
+        # Every other session of this database: the forwarder's round connection and its
+        # LISTEN connection among them (and the pool's idle ones, which the pool replaces).
+        killed = await pool.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert killed >= 2
+        await process_messages(pool, settings, 5, prefix="wamid.B")
+        await until(lambda: all_delivered(pool), what="the next five delivered after reconnecting")
+    assert len(receiver.state.processed) == 10
+    assert not receiver.state.duplicates
+
+
+async def test_stop_returns_queued_deliveries_at_once_and_lets_requests_in_flight_finish(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    r = FakeReceiver(SECRET, latency_ms=400)
+    await r.start()
+    try:
+        await add(pool, "crm", r.url)
+        await process_messages(pool, settings, 5)
+        fw = Forwarder(pool, fast(settings, forward_concurrency=1, forward_batch=4, forward_timeout_ms=5000))
+        stop = asyncio.Event()
+        task = asyncio.create_task(fw.run(stop))
+        try:
+            # One request in flight (400 ms at the receiver), four claimed ones queued for it.
+            await until(lambda: _is_in_flight(fw, 5), what="five claimed")
+            stop.set()
+            await asyncio.wait_for(task, 10)
+        finally:
+            await fw.close()
+        assert len(r.state.attempts) == 1  # the queued ones were never sent
+        assert await states(pool) == {"delivered": 1, "pending": 4}
+        rows = await pool.fetch(
+            "SELECT last_error, next_attempt_at <= clock_timestamp() AS due FROM deliveries"
+        )
+        assert (
+            sorted((x["last_error"], x["due"]) for x in rows if x["last_error"])
+            == [("forwarder stopped", True)] * 4
+        )
+        # Not the receiver's fault: no breaker count.
+        assert await pool.fetchval("SELECT consecutive_failures FROM destinations") == 0
+    finally:
+        await r.close()
+
+
+async def _is_in_flight(fw: Forwarder, n: int) -> bool:
+    return fw.in_flight == n
+
+
+async def test_one_round_writes_outcomes_frees_room_and_claims_again(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    # The statement's claim sees the rows it writes as still delivering: the room they free
+    # must be added back, or a full destination would claim nothing in the round that freed it.
+    dest = await add(pool, "crm", "http://127.0.0.1:9/x", max_in_flight=2)
+    await process_messages(pool, settings, 4)
+
+    async def cycle(results: list[deliveries.Result], limit: int) -> list[deliveries.Claimed]:
+        async with pool.acquire() as conn:
+            claimed, _, _ = await deliveries.cycle(
+                conn,
+                results=results,
+                breakers=[(dest, True, 0)] if results else [],
+                threshold=5,
+                limit=limit,
+                lease_s=60,
+                cooldown_s=30,
+                housekeeping=False,
+            )
+        return claimed
+
+    first = await cycle([], 10)
+    assert len(first) == 2  # max_in_flight
+    assert await cycle([], 10) == []  # full
+    done = [deliveries.Result(c.id, "delivered", None, 204, None) for c in first]
+    second = await cycle(done, 10)
+    assert len(second) == 2 and {c.id for c in second}.isdisjoint(c.id for c in first)
+    assert await states(pool) == {"delivered": 2, "delivering": 2}
+    assert all(isinstance(c.body, bytes) and c.received_at > 0 and c.window_start > 0 for c in second)
+
+
+async def test_fake_receiver_wait_answers_when_enough_are_processed(receiver: FakeReceiver) -> None:
+    from aiohttp import ClientSession
+
+    from gateway.core import stdwebhooks
+
+    key = stdwebhooks.secret_key(SECRET)
+    base = receiver.url.removesuffix("/hooks")
+    async with ClientSession() as http:
+
+        async def post(i: int) -> None:
+            body = b'{"n": %d}' % i
+            headers = stdwebhooks.headers(key, f"wh_{i}", int(time.time()), body)
+            async with http.post(receiver.url, data=body, headers=headers) as r:
+                assert r.status == 204
+
+        async def wait(n: int, timeout_s: float) -> int:
+            params = {"processed": str(n), "timeout": str(timeout_s)}
+            async with http.get(f"{base}/_fake/wait", params=params) as r:
+                return int((await r.json())["processed"])
+
+        waiting = asyncio.create_task(wait(3, 30))
+        for i in range(3):
+            assert not waiting.done()
+            await post(i)
+        assert await asyncio.wait_for(waiting, 10) == 3
+        assert await wait(5, 0.05) == 3  # the timeout answers with what there is
