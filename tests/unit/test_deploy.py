@@ -66,6 +66,18 @@ def test_compose_services_and_health_checks(compose: dict[str, Any]) -> None:
     assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
 
 
+def test_images_are_pinned_by_digest(compose: dict[str, Any]) -> None:
+    """Third-party images by version tag and digest (a tag alone can move under a deployment);
+    the gateway's own image is built from the Dockerfile, whose base is pinned the same way."""
+    digest = re.compile(r"^[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}$")
+    for name, svc in compose["services"].items():
+        if "build" in svc:
+            continue
+        assert digest.match(svc["image"]), (name, svc["image"])
+    base = re.search(r"^ARG BASE=(\S+)$", (DEPLOY.parent / "Dockerfile").read_text(), re.M)
+    assert base is not None and digest.match(base.group(1)), base
+
+
 def test_prometheus_scrapes_every_process(compose: dict[str, Any]) -> None:
     config = load_yaml("prometheus/prometheus.yml")
     targets = {t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
