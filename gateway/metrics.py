@@ -160,6 +160,11 @@ FORWARD_DELIVERIES = Counter(
     "Delivery attempts by destination and outcome (delivered, retry, failed)",
     ["destination", "outcome"],
 )
+FORWARD_DISABLED = Counter(
+    "gateway_forward_destinations_disabled_total",
+    "Destinations the forwarder disabled, by reason (gone: the endpoint answered 410 Gone)",
+    ["destination", "reason"],
+)
 FORWARD_LATENCY = Histogram(
     "gateway_forward_latency_seconds",
     "Webhook receipt to the destination's 2xx, per delivered event",
@@ -271,6 +276,13 @@ FORWARD_BACKLOG = Gauge(
 FORWARD_OLDEST_DUE = Gauge(
     "gateway_forward_oldest_due_seconds",
     "Age (since receipt) of the oldest due pending delivery, per destination (0: none; database-wide)",
+    ["destination"],
+    registry=DB_REGISTRY,
+    multiprocess_mode="mostrecent",
+)
+FORWARD_ENABLED = Gauge(
+    "gateway_forward_destination_enabled",
+    "1 while a destination is enabled, 0 while disabled (by an operator or a 410 Gone; database-wide)",
     ["destination"],
     registry=DB_REGISTRY,
     multiprocess_mode="mostrecent",

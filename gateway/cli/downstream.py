@@ -73,7 +73,8 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
                 "name\tenabled\tevents\tordered\tmax_in_flight\tbreaker\tfailures\tbacklog\tfailed\tsecret\turl"
             )
             for d in await deliveries.list_destinations(conn):
-                cols = [d.name, d.enabled, ",".join(d.events), d.ordered, d.max_in_flight, d.breaker_state]
+                enabled = "False (410 Gone)" if d.gone else d.enabled
+                cols = [d.name, enabled, ",".join(d.events), d.ordered, d.max_in_flight, d.breaker_state]
                 cols += [
                     d.consecutive_failures,
                     d.backlog,

@@ -236,6 +236,9 @@ class Outcome(StrEnum):
     DELIVERED = "delivered"
     RETRY = "retry"
     FAILED = "failed"
+    # 410 Gone: the endpoint says it is gone for good. The destination is disabled (an
+    # operator re-enables it); the delivery waits, pending, like the rest of its backlog.
+    GONE = "gone"
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,12 +275,16 @@ def decide(
     backoff_s: float,
     retry_window_s: float,
 ) -> Decision:
-    """2xx: delivered. Anything else (another status, a timeout, a refused connection): retry
-    after ``backoff_s`` (or the receiver's Retry-After on 429/503, whichever is later), unless
-    that falls past ``first_attempt_at + retry_window_s``: then failed, kept for replay."""
+    """2xx: delivered. 410: gone (the destination is disabled, the delivery waits for it to be
+    enabled again, due at once). Anything else (another status, a timeout, a refused
+    connection): retry after ``backoff_s`` (or the receiver's Retry-After on 429/503, whichever
+    is later), unless that falls past ``first_attempt_at + retry_window_s``: then failed, kept
+    for replay."""
     if status is not None and 200 <= status < 300:
         return Decision(Outcome.DELIVERED, DeliveryState.DELIVERED, None, None)
     why = error if status is None else f"HTTP {status}" + (f": {error}" if error else "")
+    if status == 410:
+        return Decision(Outcome.GONE, DeliveryState.PENDING, 0.0, why)
     delay = backoff_s
     if status in (429, 503):
         asked = parse_retry_after(retry_after, now)

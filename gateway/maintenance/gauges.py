@@ -68,8 +68,14 @@ async def refresh_forward(conn: Conn) -> None:
         metrics.FORWARD_BACKLOG.labels(g.name).set(g.backlog)
         metrics.FORWARD_OLDEST_DUE.labels(g.name).set(g.oldest_due_s)
         metrics.FORWARD_BREAKER.labels(g.name).set(BREAKER_GAUGE[BreakerState(g.breaker_state)])
+        metrics.FORWARD_ENABLED.labels(g.name).set(1 if g.enabled else 0)
     for gone in _destinations - names:
-        for gauge in (metrics.FORWARD_BACKLOG, metrics.FORWARD_OLDEST_DUE, metrics.FORWARD_BREAKER):
+        for gauge in (
+            metrics.FORWARD_BACKLOG,
+            metrics.FORWARD_OLDEST_DUE,
+            metrics.FORWARD_BREAKER,
+            metrics.FORWARD_ENABLED,
+        ):
             with contextlib.suppress(KeyError):
                 gauge.remove(gone)
     _destinations.clear()

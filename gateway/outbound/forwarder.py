@@ -100,6 +100,10 @@ class Forwarder:
         self._housekept = 0.0
         self._free_before = 0
         self.again = False  # the last round freed work only the next one can claim
+        self._gone: set[int] = set()  # destinations that answered 410, until a round disables them
+        # Destinations that answered 410: what is claimed for them is not sent. True once a
+        # round has disabled it: a later round's claim for it means it was enabled again.
+        self._skip: dict[int, bool] = {}
         self._unwritten: tuple[list[deliveries.Result], list[tuple[int, bool, int]]] = ([], [])
 
     @property
@@ -163,6 +167,8 @@ class Forwarder:
             self._housekept = now
         if not results and limit <= 0 and not housekeeping:
             return 0
+        gone = set(self._gone)
+        disabled = {d for d, written in self._skip.items() if written}
         try:
             async with self._db() as conn:
                 claimed, changes, half_open = await deliveries.cycle(
@@ -174,11 +180,23 @@ class Forwarder:
                     lease_s=s.forward_lease_s,
                     cooldown_s=s.forward_breaker_cooldown_s,
                     housekeeping=housekeeping,
+                    gone=gone,
                 )
         except BaseException:
             self._unwritten = (results, breakers)
             raise
+        self._gone -= gone
+        for dest in gone:
+            self._skip[dest] = True
+        for c in claimed:
+            if c.destination_id in disabled:
+                del self._skip[c.destination_id]  # enabled again since
+                disabled.discard(c.destination_id)
         for name, old, new in changes:
+            if new == "gone":
+                log.warning("destination %s disabled: it answered 410 Gone", name)
+                metrics.FORWARD_DISABLED.labels(name, "gone").inc()
+                continue
             log.warning("destination %s: breaker %s -> %s", name, old, new)
         for name in half_open:
             log.info("destination %s: breaker half-open, probing", name)
@@ -210,6 +228,12 @@ class Forwarder:
 
     async def _attempt(self, c: deliveries.Claimed) -> None:
         a = Attempt(c)
+        if c.destination_id in self._skip:
+            # Claimed before its destination answered 410: back to pending, unsent.
+            a.error, a.finished = "not sent: the destination answered 410 Gone", -1.0
+            self._done.append(a)
+            self.wake.set()
+            return
         try:
             ts = int(self.clock.now())
             headers = stdwebhooks.headers(self._key(c.secret), c.webhook_id, ts, c.body)
@@ -217,6 +241,8 @@ class Forwarder:
             async with self.session.post(c.url, data=c.body, headers=headers, allow_redirects=False) as resp:
                 a.status = resp.status
                 a.retry_after = resp.headers.get("Retry-After")
+                if resp.status == 410:
+                    self._skip.setdefault(c.destination_id, False)
                 if not 200 <= resp.status < 300:
                     text = await resp.content.read(MAX_ERROR_BODY)
                     a.error = " ".join(text.decode("utf-8", "replace").split())[:MAX_ERROR_BODY] or None
@@ -271,8 +297,18 @@ class Forwarder:
                 retry_window_s=s.forward_retry_h * 3600,
             )
             results.append(deliveries.Result(c.id, d.state.value, d.delay_s, status, d.error, c.ordered))
-            per_dest.setdefault(c.destination_id, []).append(d.outcome is Outcome.DELIVERED)
             metrics.FORWARD_DELIVERIES.labels(c.destination, d.outcome.value).inc()
+            if d.outcome is Outcome.GONE:
+                # Not an outage to count towards the breaker: the endpoint says it is gone.
+                if c.destination_id not in self._gone:
+                    self._gone.add(c.destination_id)
+                    log.warning(
+                        "destination %s answered delivery %d (%s) with %s: disabling it; its "
+                        "deliveries wait (gateway destinations enable %s when it is back)",
+                        c.destination, c.id, c.webhook_id, d.error, c.destination,
+                    )  # fmt: skip
+                continue
+            per_dest.setdefault(c.destination_id, []).append(d.outcome is Outcome.DELIVERED)
             if d.outcome is Outcome.FAILED:
                 log.warning(
                     "delivery %d (%s) to %s failed after %d attempts: %s",
@@ -336,7 +372,7 @@ class Forwarder:
             w.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
         self._workers = []
-        if self._done or self._unwritten[0]:
+        if self._done or self._unwritten[0] or self._gone:
             results, breakers = self._outcomes()
             results = self._unwritten[0] + results
             breakers = _merge(self._unwritten[1], breakers)
@@ -346,7 +382,7 @@ class Forwarder:
                     await deliveries.cycle(
                         conn, results=results, breakers=breakers,
                         threshold=self.settings.forward_breaker_failures,
-                        limit=0, lease_s=0, cooldown_s=0, housekeeping=False,
+                        limit=0, lease_s=0, cooldown_s=0, housekeeping=False, gone=self._gone,
                     )  # fmt: skip
             except Exception as exc:  # their leases run out and another forwarder retries them
                 log.warning("could not record %d outcomes at stop: %s", n, exc)

@@ -3,7 +3,7 @@ that knows their SQL (the consumers' batch statement in inbox.sql inserts delive
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -39,6 +39,7 @@ class Destination:
     created_at: datetime
     backlog: int
     failed: int
+    gone: bool  # disabled after answering 410 Gone
 
 
 class Claimed(NamedTuple):
@@ -143,12 +144,15 @@ async def cycle(
     lease_s: float,
     cooldown_s: float,
     housekeeping: bool,
+    gone: Collection[int] = (),
 ) -> tuple[list[Claimed], list[tuple[str, str, str]], list[str]]:
     """One forwarder round in one short transaction, serialised across forwarders: write
     finished attempts and breaker counts and claim up to ``limit`` due deliveries (one
     statement); with ``housekeeping``, then release expired leases and move breakers whose
     cool-down passed to half-open (their deliveries are claimed in the next round).
-    Returns (claimed, breaker transitions as (destination, old, new), names now half-open).
+    ``gone``: destinations that answered 410 Gone, disabled in the same statement.
+    Returns (claimed, breaker transitions as (destination, old, new) and a
+    (destination, "enabled", "gone") per destination disabled, names now half-open).
 
     The transaction is opened by hand so that BEGIN and the lock take one round trip, not two.
     If anything fails (or the caller is cancelled) the connection is terminated, which rolls
@@ -169,6 +173,7 @@ async def cycle(
             threshold,
             limit,
             lease_s,
+            list(gone),
         )
         # After the round: what these two free is claimed in the next one.
         if housekeeping:

@@ -13,7 +13,11 @@ SELECT d.id, d.name, d.url, d.events, d.secret, d.enabled, d.max_in_flight, d.or
        d.breaker_state, d.consecutive_failures, d.breaker_changed_at, d.created_at,
        (SELECT count(*) FROM deliveries x
         WHERE x.destination_id = d.id AND x.state IN ('pending', 'delivering')) AS backlog,
-       (SELECT count(*) FROM deliveries x WHERE x.destination_id = d.id AND x.state = 'failed') AS failed
+       (SELECT count(*) FROM deliveries x WHERE x.destination_id = d.id AND x.state = 'failed') AS failed,
+       -- disabled by a 410 Gone answer: its waiting delivery says so (until it is re-enabled)
+       NOT d.enabled AND EXISTS (SELECT 1 FROM deliveries x
+                                 WHERE x.destination_id = d.id AND x.state = 'pending'
+                                   AND x.last_status = 410) AS gone
 FROM destinations d
 ORDER BY d.name;
 
@@ -74,14 +78,16 @@ RETURNING name;
 -- Breakers: $6 destination ids, $7 any success, $8 failures after the last success, $9 the
 -- threshold: a success closes the breaker and restarts the count; N consecutive failures (or
 -- a failed half-open probe) open it. A destination row is written only when its count or
--- state changes (the common all-2xx round touches none).
+-- state changes (the common all-2xx round touches none). $12: destinations that answered
+-- 410 Gone: disabled (no breaker count); nothing more is claimed for them.
 -- Claim: due pending deliveries of enabled destinations whose breaker lets them through, at
 -- most (max_in_flight - in flight) per destination (1 when half-open), $10 in all; with
 -- ordering, only the oldest open delivery of each conversation. Marked delivering with a
 -- lease of $11 seconds.
 -- Rows: each claimed delivery (the columns of gateway.store.deliveries.Claimed, in its
 -- order; times as Unix seconds), then one row per breaker transition (id NULL; destination,
--- old state, new state in the destination, webhook_id and body columns).
+-- old state, new state in the destination, webhook_id and body columns), and one
+-- (destination, 'enabled', 'gone') per destination this round disabled.
 WITH r AS (
     SELECT * FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::int[], $5::text[])
         AS r(id, state, delay, status, error)
@@ -100,15 +106,22 @@ WITH r AS (
     RETURNING d.destination_id
 ), freed AS (
     SELECT destination_id, count(*)::int AS n FROM upd GROUP BY destination_id
-), b AS (
+), b0 AS (
     SELECT * FROM unnest($6::bigint[], $7::bool[], $8::int[]) AS b(id, ok, fails)
+), b AS (
+    -- with the destinations that answered 410 Gone ($12), which are disabled here
+    SELECT coalesce(b0.id, g.id) AS id, coalesce(b0.ok, false) AS ok, coalesce(b0.fails, 0) AS fails,
+           b0.id IS NOT NULL AS counted, g.id IS NOT NULL AS gone
+    FROM b0 FULL JOIN unnest($12::bigint[]) AS g(id) ON g.id = b0.id
 ), n AS (
-    SELECT d.id, d.breaker_state AS old, d.consecutive_failures AS old_fails, b.ok, b.fails AS new_fails,
+    SELECT d.id, d.breaker_state AS old, d.consecutive_failures AS old_fails, d.enabled AS was_enabled,
+           b.ok, b.fails AS new_fails, b.counted, b.gone,
            CASE WHEN b.ok THEN b.fails ELSE d.consecutive_failures + b.fails END AS fails
     FROM destinations d JOIN b ON b.id = d.id
 ), s AS (
     SELECT n.*,
-           CASE WHEN n.fails >= $9 OR (n.old = 'half_open' AND n.new_fails > 0) THEN 'open'
+           CASE WHEN NOT n.counted THEN n.old
+                WHEN n.fails >= $9 OR (n.old = 'half_open' AND n.new_fails > 0) THEN 'open'
                 WHEN n.ok THEN 'closed'
                 ELSE n.old END AS state
     FROM n
@@ -116,10 +129,12 @@ WITH r AS (
     UPDATE destinations d SET
         consecutive_failures = s.fails,
         breaker_state = s.state,
-        breaker_changed_at = CASE WHEN s.state <> s.old THEN now() ELSE d.breaker_changed_at END
+        breaker_changed_at = CASE WHEN s.state <> s.old THEN now() ELSE d.breaker_changed_at END,
+        enabled = d.enabled AND NOT s.gone,
+        updated_at = CASE WHEN s.gone AND d.enabled THEN now() ELSE d.updated_at END
     FROM s
-    WHERE d.id = s.id AND (s.state <> s.old OR s.fails <> s.old_fails)
-    RETURNING d.name, s.old, s.state AS new
+    WHERE d.id = s.id AND (s.state <> s.old OR s.fails <> s.old_fails OR (s.gone AND s.was_enabled))
+    RETURNING d.name, s.old, s.state AS new, s.gone AND s.was_enabled AS disabled
 ), dest AS (
     SELECT d.id, d.name, d.url, d.secret, d.ordered,
            CASE WHEN coalesce(s.state, d.breaker_state) = 'half_open' THEN 1 ELSE d.max_in_flight END
@@ -127,7 +142,8 @@ WITH r AS (
               WHERE x.destination_id = d.id AND x.state = 'delivering')::int
            + coalesce((SELECT f.n FROM freed f WHERE f.destination_id = d.id), 0) AS room
     FROM destinations d LEFT JOIN s ON s.id = d.id
-    WHERE d.enabled AND coalesce(s.state, d.breaker_state) <> 'open' AND $10 > 0
+    WHERE d.enabled AND NOT coalesce(s.gone, false)
+      AND coalesce(s.state, d.breaker_state) <> 'open' AND $10 > 0
 ), picked AS (
     SELECT c.id, dest.id AS destination_id
     FROM dest
@@ -166,7 +182,9 @@ WITH r AS (
 -- upd runs to completion unreferenced but for freed, as every data-modifying CTE does.
 SELECT * FROM claimed
 UNION ALL
-SELECT NULL, old, new, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL FROM brk WHERE old <> new;
+SELECT NULL, old, new, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL FROM brk WHERE old <> new
+UNION ALL
+SELECT NULL, 'enabled', 'gone', NULL, NULL, NULL, NULL, name, NULL, NULL, NULL FROM brk WHERE disabled;
 
 -- name: deliveries_gauges
 -- Per destination: open deliveries, age of the oldest due one (receipt time), breaker state.

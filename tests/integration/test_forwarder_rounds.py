@@ -15,7 +15,7 @@ import pytest
 from gateway.core.settings import Settings
 from gateway.outbound.forwarder import Forwarder
 from gateway.store import deliveries
-from gateway.testing.fake_receiver import FakeReceiver
+from gateway.testing.fake_receiver import FakeReceiver, Scripted
 from tests.forward_helpers import (
     SECRET,
     add,
@@ -212,3 +212,61 @@ async def test_fake_receiver_wait_answers_when_enough_are_processed(receiver: Fa
             await post(i)
         assert await asyncio.wait_for(waiting, 10) == 3
         assert await wait(5, 0.05) == 3  # the timeout answers with what there is
+
+
+async def test_410_gone_disables_the_destination_and_its_deliveries_wait(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    from prometheus_client import REGISTRY
+
+    from gateway.maintenance import gauges
+
+    other = FakeReceiver(SECRET)
+    await other.start()
+    try:
+        await add(pool, "gone", receiver.url, ("message",))
+        await add(pool, "fine", other.url, ("message",))
+        receiver.script.append(Scripted(410))
+        labels = {"destination": "gone", "reason": "gone"}
+        before = REGISTRY.get_sample_value("gateway_forward_destinations_disabled_total", labels) or 0
+        await process_messages(pool, settings, 4)
+        async with forwarding(pool, fast(settings, forward_concurrency=1, forward_batch=1)):
+            await until(lambda: _delivered_to(pool, "fine", 4), what="the other destination served")
+            await until(lambda: _is_disabled(pool, "gone"), what="disabled by the 410")
+            await asyncio.sleep(0.3)  # a few more rounds: nothing more goes to it
+        assert len(receiver.state.attempts) == 1  # one 410, no retries
+        rows = await pool.fetch(
+            "SELECT dl.state, dl.last_status, dl.attempts FROM deliveries dl"
+            " JOIN destinations d ON d.id = dl.destination_id WHERE d.name = 'gone' ORDER BY dl.id"
+        )
+        assert [r["state"] for r in rows] == ["pending"] * 4  # nothing failed or lost
+        assert sorted(r["last_status"] for r in rows if r["last_status"]) == [410]
+        dest = {d.name: d for d in await deliveries.list_destinations(pool)}
+        assert dest["gone"].gone and not dest["gone"].enabled
+        assert (dest["gone"].breaker_state, dest["gone"].consecutive_failures) == ("closed", 0)
+        assert not dest["fine"].gone
+        assert REGISTRY.get_sample_value("gateway_forward_destinations_disabled_total", labels) == before + 1
+        await gauges.refresh_forward(pool)
+        assert REGISTRY.get_sample_value("gateway_forward_destination_enabled", {"destination": "gone"}) == 0
+        assert REGISTRY.get_sample_value("gateway_forward_destination_enabled", {"destination": "fine"}) == 1
+        # Back: enabled by an operator, the waiting deliveries go out.
+        assert await deliveries.set_enabled(pool, name="gone", enabled=True)
+        async with forwarding(pool, fast(settings)):
+            await until(lambda: _delivered_to(pool, "gone", 4), what="the backlog sent after enable")
+        assert len(receiver.state.processed) == 4
+        assert not (await deliveries.list_destinations(pool))[0].gone
+    finally:
+        await other.close()
+
+
+async def _delivered_to(pool: asyncpg.Pool, name: str, n: int) -> bool:
+    got = await pool.fetchval(
+        "SELECT count(*) FROM deliveries dl JOIN destinations d ON d.id = dl.destination_id"
+        " WHERE d.name = $1 AND dl.state = 'delivered'",
+        name,
+    )
+    return bool(got == n)
+
+
+async def _is_disabled(pool: asyncpg.Pool, name: str) -> bool:
+    return bool(await pool.fetchval("SELECT NOT enabled FROM destinations WHERE name = $1", name))

@@ -192,7 +192,9 @@ def _decide(status: int | None, retry_after: str | None = None, first: float = N
         (299, None, NOW, Outcome.DELIVERED, None),
         (301, None, NOW, Outcome.RETRY, 2.0),  # redirects are not followed
         (400, None, NOW, Outcome.RETRY, 2.0),
-        (410, None, NOW, Outcome.RETRY, 2.0),
+        (410, None, NOW, Outcome.GONE, 0.0),  # disables the destination; the delivery waits
+        (410, None, NOW - 3599, Outcome.GONE, 0.0),  # even at the window's end: nothing was refused
+        (404, None, NOW, Outcome.RETRY, 2.0),  # may be a deployment in progress
         (500, "120", NOW, Outcome.RETRY, 2.0),  # Retry-After only on 429/503
         (429, "120", NOW, Outcome.RETRY, 120.0),
         (503, "120", NOW, Outcome.RETRY, 120.0),
@@ -215,6 +217,7 @@ def test_decide(
             Outcome.DELIVERED: DeliveryState.DELIVERED,
             Outcome.RETRY: DeliveryState.PENDING,
             Outcome.FAILED: DeliveryState.FAILED,
+            Outcome.GONE: DeliveryState.PENDING,
         }[outcome]
     )
     if outcome is not Outcome.DELIVERED:
