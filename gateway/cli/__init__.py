@@ -48,7 +48,7 @@ COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None
     ),
     "forward": ("run the forwarder (deliveries → downstream destinations) alone", cmd_forward, None),
     "destinations": (
-        "downstream destinations: add NAME URL --events … | list | disable | enable | remove NAME",
+        "downstream destinations: add NAME URL --events … | list | rotate-secret | disable | enable | remove",
         cmd_destinations,
         destinations_args,
     ),
@@ -137,6 +137,7 @@ SIGTERM/SIGINT.""",
 Examples:
   gateway destinations add crm https://crm.example/hooks --events message,status
   gateway destinations list
+  gateway destinations rotate-secret crm --grace-h 24   # old secret still signs for 24 h
   gateway destinations disable crm""",
     "deliveries": """Deliveries to destinations: list them, send failed ones again, or create them from events
 processed before the destination existed.

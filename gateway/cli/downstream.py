@@ -29,6 +29,20 @@ def destinations_args(p: argparse.ArgumentParser) -> None:
     add.add_argument("--max-in-flight", type=int, default=16, help="requests in flight at once (default 16)")
     add.add_argument("--ordered", action="store_true", help="one delivery in flight per customer wa_id")
     sub.add_parser("list", help="destinations, breaker state, backlog")
+    rot = sub.add_parser(
+        "rotate-secret",
+        help="sign with a new secret; the current one stays valid (signed with too) for --grace-h hours",
+    )
+    rot.add_argument("name")
+    rot.add_argument(
+        "--secret", help="whsec_<base64 of 24..64 bytes>; omitted: one is generated and printed once"
+    )
+    rot.add_argument(
+        "--grace-h",
+        type=float,
+        default=24.0,
+        help="hours the current secret stays valid (default 24; 0: none)",
+    )
     for name, help_text in (
         ("disable", "stop forwarding to it (new events are not queued for it meanwhile)"),
         ("enable", "resume forwarding to it"),
@@ -39,6 +53,15 @@ def destinations_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
     secret: str | None = None
+    if ns.action == "rotate-secret":
+        try:
+            if not 0 <= ns.grace_h <= 24 * 30:
+                raise ValueError("--grace-h must be 0..720")
+            secret = ns.secret if ns.secret is not None else stdwebhooks.generate_secret()
+            stdwebhooks.secret_key(secret)
+        except ValueError as exc:
+            print(f"gateway destinations rotate-secret: {exc}", file=sys.stderr)
+            return 2
     if ns.action == "add":
         try:
             forwarding.check_name(ns.name)
@@ -68,6 +91,18 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
                 # The only time the generated secret is shown: the receiver needs it to verify.
                 print(f"secret (shown once, give it to the receiver): {secret}")
             return 0
+        if ns.action == "rotate-secret":
+            assert secret is not None
+            until = await deliveries.rotate_secret(
+                conn, name=ns.name, secret=secret, grace_s=ns.grace_h * 3600
+            )
+            if until is None:
+                print(f"gateway: no destination named {ns.name!r}", file=sys.stderr)
+                return 1
+            print(f"rotated the secret of {ns.name}: the previous one stays valid until {until.isoformat()}")
+            if ns.secret is None:
+                print(f"new secret (shown once, give it to the receiver): {secret}")
+            return 0
         if ns.action == "list":
             print(
                 "name\tenabled\tevents\tordered\tmax_in_flight\tbreaker\tfailures\tbacklog\tfailed\tsecret\turl"
@@ -79,7 +114,13 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
                     d.consecutive_failures,
                     d.backlog,
                     d.failed,
-                    stdwebhooks.mask_secret(d.secret),
+                    stdwebhooks.mask_secret(d.secret)
+                    + (
+                        ""
+                        if d.previous_secret is None or d.previous_secret_until is None
+                        else f" (and {stdwebhooks.mask_secret(d.previous_secret)}"
+                        f" until {d.previous_secret_until.isoformat(timespec='seconds')})"
+                    ),
                     d.url,
                 ]
                 print("\t".join(str(c) for c in cols))

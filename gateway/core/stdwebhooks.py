@@ -65,13 +65,16 @@ def signature(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(mac).decode()
 
 
-def headers(key: bytes, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
-    """The three ``webhook-*`` headers of one attempt."""
-    return {
-        "webhook-id": msg_id,
-        "webhook-timestamp": str(timestamp),
-        "webhook-signature": signature(key, msg_id, timestamp, body),
-    }
+def headers(
+    key: bytes, msg_id: str, timestamp: int, body: bytes, previous_key: bytes | None = None
+) -> dict[str, str]:
+    """The three ``webhook-*`` headers of one attempt. With ``previous_key`` (a secret being
+    rotated out) the signature header carries both, space-separated, the new one first: a
+    receiver accepts the request when any of them verifies with the secret it has."""
+    sig = signature(key, msg_id, timestamp, body)
+    if previous_key is not None:
+        sig += " " + signature(previous_key, msg_id, timestamp, body)
+    return {"webhook-id": msg_id, "webhook-timestamp": str(timestamp), "webhook-signature": sig}
 
 
 def verify(key: bytes, header_value: str, msg_id: str, timestamp: int, body: bytes) -> bool:

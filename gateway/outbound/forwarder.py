@@ -236,7 +236,8 @@ class Forwarder:
             return
         try:
             ts = int(self.clock.now())
-            headers = stdwebhooks.headers(self._key(c.secret), c.webhook_id, ts, c.body)
+            previous = None if c.previous_secret is None else self._key(c.previous_secret)
+            headers = stdwebhooks.headers(self._key(c.secret), c.webhook_id, ts, c.body, previous)
             headers["Content-Type"] = "application/json"
             async with self.session.post(c.url, data=c.body, headers=headers, allow_redirects=False) as resp:
                 a.status = resp.status

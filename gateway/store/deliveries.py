@@ -36,6 +36,8 @@ class Destination:
     breaker_state: str
     consecutive_failures: int
     breaker_changed_at: datetime
+    previous_secret: str | None  # still valid (signed with too) until previous_secret_until
+    previous_secret_until: datetime | None
     created_at: datetime
     backlog: int
     failed: int
@@ -57,6 +59,7 @@ class Claimed(NamedTuple):
     url: str
     secret: str
     ordered: bool  # the destination's per-conversation ordering
+    previous_secret: str | None  # during a rotation's grace period: signed with it too
 
 
 class Result(NamedTuple):
@@ -123,6 +126,13 @@ async def set_enabled(conn: Conn, *, name: str, enabled: bool) -> bool:
     if found and enabled:
         await conn.execute(q("deliveries_notify"))
     return found
+
+
+async def rotate_secret(conn: Conn, *, name: str, secret: str, grace_s: float) -> datetime | None:
+    """Make ``secret`` the destination's secret, the current one valid for ``grace_s`` more
+    seconds; until when (None: no such destination)."""
+    until: datetime | None = await conn.fetchval(q("destination_rotate_secret"), name, secret, grace_s)
+    return until
 
 
 async def remove_destination(conn: Conn, *, name: str) -> int | None:

@@ -10,6 +10,9 @@ RETURNING id;
 
 -- name: destination_list
 SELECT d.id, d.name, d.url, d.events, d.secret, d.enabled, d.max_in_flight, d.ordered,
+       CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret END AS previous_secret,
+       CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret_until END
+           AS previous_secret_until,
        d.breaker_state, d.consecutive_failures, d.breaker_changed_at, d.created_at,
        (SELECT count(*) FROM deliveries x
         WHERE x.destination_id = d.id AND x.state IN ('pending', 'delivering')) AS backlog,
@@ -20,6 +23,17 @@ SELECT d.id, d.name, d.url, d.events, d.secret, d.enabled, d.max_in_flight, d.or
                                    AND x.last_status = 410) AS gone
 FROM destinations d
 ORDER BY d.name;
+
+-- name: destination_rotate_secret
+-- $2 becomes the secret; the current one stays valid (signed with too) for $3 seconds.
+-- A rotation during a grace period drops the oldest: two secrets at most.
+UPDATE destinations SET
+    previous_secret = secret,
+    previous_secret_until = clock_timestamp() + make_interval(secs => $3),
+    secret = $2,
+    updated_at = now()
+WHERE name = $1
+RETURNING previous_secret_until;
 
 -- name: destination_get
 SELECT id, name, url, events, secret, enabled, max_in_flight, ordered, breaker_state
@@ -137,6 +151,9 @@ WITH r AS (
     RETURNING d.name, s.old, s.state AS new, s.gone AND s.was_enabled AS disabled
 ), dest AS (
     SELECT d.id, d.name, d.url, d.secret, d.ordered,
+           -- during a rotation's grace period, signed with the previous secret too
+           CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret END
+               AS previous_secret,
            CASE WHEN coalesce(s.state, d.breaker_state) = 'half_open' THEN 1 ELSE d.max_in_flight END
            - (SELECT count(*) FROM deliveries x
               WHERE x.destination_id = d.id AND x.state = 'delivering')::int
@@ -177,14 +194,14 @@ WITH r AS (
               extract(epoch FROM dl.received_at)::float8 AS received_at,
               extract(epoch FROM dl.window_start)::float8 AS window_start,
               dest.id AS destination_id, dest.name AS destination, dest.url, dest.secret,
-              dest.ordered
+              dest.ordered, dest.previous_secret
 )
 -- upd runs to completion unreferenced but for freed, as every data-modifying CTE does.
 SELECT * FROM claimed
 UNION ALL
-SELECT NULL, old, new, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL FROM brk WHERE old <> new
+SELECT NULL, old, new, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL, NULL FROM brk WHERE old <> new
 UNION ALL
-SELECT NULL, 'enabled', 'gone', NULL, NULL, NULL, NULL, name, NULL, NULL, NULL FROM brk WHERE disabled;
+SELECT NULL, 'enabled', 'gone', NULL, NULL, NULL, NULL, name, NULL, NULL, NULL, NULL FROM brk WHERE disabled;
 
 -- name: deliveries_gauges
 -- Per destination: open deliveries, age of the oldest due one (receipt time), breaker state.

@@ -270,3 +270,43 @@ async def _delivered_to(pool: asyncpg.Pool, name: str, n: int) -> bool:
 
 async def _is_disabled(pool: asyncpg.Pool, name: str) -> bool:
     return bool(await pool.fetchval("SELECT NOT enabled FROM destinations WHERE name = $1", name))
+
+
+async def test_a_rotated_secret_keeps_signing_with_the_old_one_until_the_grace_ends(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    from gateway.core import stdwebhooks
+
+    new = stdwebhooks.generate_secret()
+    old_side = FakeReceiver(SECRET)  # a receiver that has not switched yet
+    new_side = FakeReceiver(new)  # one that already has
+    await old_side.start()
+    await new_side.start()
+    try:
+        await add(pool, "old", old_side.url, ("message",))
+        await add(pool, "new", new_side.url, ("message",))
+        for name in ("old", "new"):
+            until_ = await deliveries.rotate_secret(pool, name=name, secret=new, grace_s=3600)
+            assert until_ is not None
+        assert await deliveries.rotate_secret(pool, name="nope", secret=new, grace_s=1) is None
+        await process_messages(pool, settings, 3, prefix="wamid.R")
+        async with forwarding(pool, fast(settings)):
+            await until(lambda: all_delivered(pool), what="both receivers accept during the grace")
+        for r in (old_side, new_side):
+            assert len(r.state.processed) == 3 and not r.state.bad_signatures
+        # The grace is over: only the new secret signs; the receiver that kept the old one refuses.
+        await pool.execute("UPDATE destinations SET previous_secret_until = now() - interval '1 second'")
+        listed = {d.name: d for d in await deliveries.list_destinations(pool)}
+        assert listed["old"].previous_secret is None  # expired: not shown, not used
+        await process_messages(pool, settings, 2, prefix="wamid.S")
+        async with forwarding(pool, fast(settings, forward_breaker_failures=1000)):
+            await until(lambda: _delivered_to(pool, "new", 5), what="the switched receiver served")
+            await until(lambda: _bad_signatures(old_side), what="the old secret refused")
+        assert len(old_side.state.processed) == 3
+    finally:
+        await old_side.close()
+        await new_side.close()
+
+
+async def _bad_signatures(r: FakeReceiver) -> bool:
+    return r.state.bad_signatures > 0

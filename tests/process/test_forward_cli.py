@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import sys
+from datetime import timedelta
 
 import asyncpg
 
@@ -69,6 +70,24 @@ async def test_destinations_cli_validates_generates_and_masks_secrets(
     assert lines[1].startswith("bot\tTrue\tmessage") and lines[2].startswith(
         "crm\tTrue\taccount,status\tTrue\t4"
     )
+
+    # Rotation: a new secret (generated, shown once), the old one valid for the grace period.
+    rc, out, _ = await gateway_cli(db_dsn, "destinations", "rotate-secret", "crm", "--grace-h", "2")
+    assert rc == 0 and "valid until" in out
+    rotated = out.split("receiver): ")[1].strip()
+    stdwebhooks.secret_key(rotated)
+    row = await pool.fetchrow(
+        "SELECT secret, previous_secret, previous_secret_until - clock_timestamp() AS left"
+        " FROM destinations WHERE name = 'crm'"
+    )
+    assert row is not None and (row["secret"], row["previous_secret"]) == (rotated, SECRET)
+    assert timedelta(hours=1, minutes=59) < row["left"] <= timedelta(hours=2)
+    rc, out, _ = await gateway_cli(db_dsn, "destinations", "list")
+    assert rc == 0 and rotated not in out and SECRET not in out
+    assert f"{rotated[-4:]} (and whsec_…{SECRET[-4:]} until " in out
+    assert (await gateway_cli(db_dsn, "destinations", "rotate-secret", "nope"))[0] == 1
+    rc, _, err = await gateway_cli(db_dsn, "destinations", "rotate-secret", "crm", "--secret", "whsec_x")
+    assert rc == 2 and "whsec_x" not in err
 
     assert (await gateway_cli(db_dsn, "destinations", "disable", "crm"))[0] == 0
     assert await pool.fetchval("SELECT enabled FROM destinations WHERE name = 'crm'") is False

@@ -78,6 +78,22 @@ def test_headers_verify_with_the_standardwebhooks_package() -> None:
         Webhook(stdwebhooks.generate_secret()).verify(body, headers)
 
 
+def test_during_a_rotation_either_secret_verifies_with_the_standardwebhooks_package() -> None:
+    new, old = stdwebhooks.generate_secret(), stdwebhooks.generate_secret()
+    body = b'{"n": 1}'
+    ts = int(datetime.now(UTC).timestamp())
+    headers = stdwebhooks.headers(
+        stdwebhooks.secret_key(new), "wh_abc", ts, body, stdwebhooks.secret_key(old)
+    )
+    first, second = headers["webhook-signature"].split(" ")
+    assert first.startswith("v1,") and second.startswith("v1,") and first != second
+    assert Webhook(new).verify(body, headers) == {"n": 1}  # the receiver already switched
+    assert Webhook(old).verify(body, headers) == {"n": 1}  # or not yet
+    with pytest.raises(WebhookVerificationError):
+        Webhook(stdwebhooks.generate_secret()).verify(body, headers)
+    assert stdwebhooks.verify(stdwebhooks.secret_key(old), headers["webhook-signature"], "wh_abc", ts, body)
+
+
 @pytest.mark.parametrize(
     "secret",
     [
