@@ -254,6 +254,7 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
         forward_breaker_failures=5,
         forward_breaker_cooldown_s=1.0,
         consumer_poll_ms=200,
+        forward_allow_private=True,  # the fake receiver listens on 127.0.0.1
     )
     stop = asyncio.Event()
     forwarder = Forwarder(pool, settings)

@@ -87,6 +87,7 @@ def settings(db_dsn: str) -> Settings:
         run_sender=False,
         run_forwarder=False,
         migrate_on_start=False,
+        forward_allow_private=True,  # the fake receivers listen on 127.0.0.1
     )
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
+from urllib.parse import urlsplit
 
 import asyncpg
 
@@ -51,6 +53,26 @@ def destinations_args(p: argparse.ArgumentParser) -> None:
         sub.add_parser(name, help=help_text).add_argument("name")
 
 
+def _refused(url: str) -> str | None:
+    """Why a destination URL reaches into a private network (its host is such an address, or
+    resolves to one now), or None. The forwarder checks again on every connection."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    why = forwarding.host_refused(host)
+    if why is not None:
+        return why
+    try:
+        infos = socket.getaddrinfo(host, parts.port or 443, type=socket.SOCK_STREAM)
+    except OSError as exc:  # not resolvable yet: the connect-time check covers it
+        log.warning("destination host %s does not resolve now (%s); added anyway", host, exc)
+        return None
+    for info in infos:
+        why = forwarding.address_refused(str(info[4][0]))
+        if why is not None:
+            return f"{host} resolves to {why}"
+    return None
+
+
 def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
     secret: str | None = None
     if ns.action == "rotate-secret":
@@ -66,6 +88,8 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
         try:
             forwarding.check_name(ns.name)
             forwarding.check_url(ns.url)
+            if not settings.forward_allow_private and (why := _refused(ns.url)):
+                raise ValueError(f"{why}; set GATEWAY_FORWARD_ALLOW_PRIVATE=1 to allow private destinations")
             events = forwarding.parse_events(ns.events)
             if not 1 <= ns.max_in_flight <= 10000:
                 raise ValueError("--max-in-flight must be 1..10000")

@@ -7,6 +7,7 @@ every destination of one event; only the ``webhook-*`` headers differ.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -215,6 +216,42 @@ def check_url(url: str) -> str:
     except ValueError:
         raise ValueError("a destination URL has an invalid port") from None
     return url
+
+
+def address_refused(address: str) -> str | None:
+    """Why the forwarder must not connect to ``address`` unless private destinations are
+    allowed (None: a global unicast address, fine). Loopback, link-local (cloud metadata
+    endpoints live at 169.254.169.254), private, shared, reserved and multicast ranges, also
+    when written as IPv4-mapped IPv6: a destination URL must not reach into our own network."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])  # an IPv6 zone id names no range
+    except ValueError:
+        return "not an IP address"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    for why, hit in (
+        ("loopback", ip.is_loopback),
+        ("link-local", ip.is_link_local),
+        ("multicast", ip.is_multicast),
+        ("unspecified", ip.is_unspecified),
+        ("private", not ip.is_global),
+    ):
+        if hit:
+            return f"{address} is a {why} address"
+    return None
+
+
+def host_refused(host: str) -> str | None:
+    """Why a URL's host is refused before any lookup (an IP literal outside the global
+    ranges, or a localhost name), or None: a name is judged by what it resolves to."""
+    host = host.strip("[]").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return f"{host} is a loopback name"
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None
+    return address_refused(host)
 
 
 def parse_events(raw: str | Iterable[str]) -> list[str]:

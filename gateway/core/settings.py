@@ -505,6 +505,12 @@ class Settings:
     forward_batch: int = _env(
         "GATEWAY_FORWARD_BATCH", 100, _int(1, 10000), "deliveries one forwarder claim takes"
     )
+    forward_allow_private: bool = _env(
+        "GATEWAY_FORWARD_ALLOW_PRIVATE",
+        False,
+        _bool,
+        "let destinations reach loopback, private and link-local addresses (refused at add and connect)",
+    )
     forward_poll_ms: int = _env(
         "GATEWAY_FORWARD_POLL_MS",
         1000,

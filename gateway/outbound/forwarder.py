@@ -16,22 +16,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable
+from urllib.parse import urlsplit
 
 import aiohttp
 import asyncpg
 from prometheus_client import Counter, Histogram
 
 from gateway import __version__, metrics
-from gateway.core import stdwebhooks
+from gateway.core import forwarding, stdwebhooks
 from gateway.core.aio import setter, sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.forwarding import Outcome, breaker_tally, decide
 from gateway.core.settings import Settings
+from gateway.outbound.egress import GuardedResolver, RefusedAddress
 from gateway.store import deliveries
 from gateway.store.db import connect
 from gateway.store.deliveries import Tx
@@ -92,6 +95,7 @@ class Forwarder:
         self._workers: list[asyncio.Task[None]] = []
         self._done: list[Attempt] = []
         self._keys: dict[str, bytes] = {}
+        self._refused: dict[str, str | None] = {}
         # Per destination: its delivered counter and latency histogram (labels() is a locked
         # dict lookup; once per delivery it shows in a profile).
         self._ok_metrics: dict[str, tuple[Counter, Histogram]] = {}
@@ -110,7 +114,11 @@ class Forwarder:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             s = self.settings
-            connector = aiohttp.TCPConnector(limit=s.forward_concurrency, ttl_dns_cache=300)
+            # Unless allowed, names resolving to loopback / private / link-local are refused.
+            resolver = None if s.forward_allow_private else GuardedResolver()
+            connector = aiohttp.TCPConnector(
+                limit=s.forward_concurrency, ttl_dns_cache=300, resolver=resolver
+            )
             timeout = aiohttp.ClientTimeout(total=s.forward_timeout_ms / 1000)
             self._session = aiohttp.ClientSession(
                 connector=connector, timeout=timeout, headers={"User-Agent": USER_AGENT}
@@ -207,6 +215,13 @@ class Forwarder:
         self.again = bool(half_open) or any(r.ordered for r in results)
         return len(claimed)
 
+    def _host_refused(self, url: str) -> str | None:
+        """An IP literal or localhost name the resolver would never see (cached per URL)."""
+        if url not in self._refused:
+            why = forwarding.host_refused(urlsplit(url).hostname or "")
+            self._refused[url] = None if why is None else f"{why} (GATEWAY_FORWARD_ALLOW_PRIVATE)"
+        return self._refused[url]
+
     def _key(self, secret: str) -> bytes:
         key = self._keys.get(secret)
         if key is None:
@@ -235,6 +250,8 @@ class Forwarder:
             self.wake.set()
             return
         try:
+            if not self.settings.forward_allow_private and (why := self._host_refused(c.url)):
+                raise RefusedAddress(errno.EACCES, why)
             ts = int(self.clock.now())
             previous = None if c.previous_secret is None else self._key(c.previous_secret)
             headers = stdwebhooks.headers(self._key(c.secret), c.webhook_id, ts, c.body, previous)
@@ -249,6 +266,8 @@ class Forwarder:
                     a.error = " ".join(text.decode("utf-8", "replace").split())[:MAX_ERROR_BODY] or None
         except TimeoutError:
             a.error = "timeout"
+        except RefusedAddress as exc:
+            a.error = f"refused: {exc.strerror}"[:MAX_ERROR_BODY]
         except aiohttp.ClientError as exc:
             a.error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_BODY]
         except stdwebhooks.BadSecret as exc:  # a secret edited by hand in the table

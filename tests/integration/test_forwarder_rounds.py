@@ -5,14 +5,18 @@ for the poll, a lost connection stopping forwarding, a stop sending or losing qu
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
+from aiohttp import ClientConnectorError, ClientSession, TCPConnector
+from aiohttp.abc import AbstractResolver, ResolveResult
 
 from gateway.core.settings import Settings
+from gateway.outbound.egress import GuardedResolver, RefusedAddress
 from gateway.outbound.forwarder import Forwarder
 from gateway.store import deliveries
 from gateway.testing.fake_receiver import FakeReceiver, Scripted
@@ -187,8 +191,6 @@ async def test_one_round_writes_outcomes_frees_room_and_claims_again(
 
 
 async def test_fake_receiver_wait_answers_when_enough_are_processed(receiver: FakeReceiver) -> None:
-    from aiohttp import ClientSession
-
     from gateway.core import stdwebhooks
 
     key = stdwebhooks.secret_key(SECRET)
@@ -310,3 +312,57 @@ async def test_a_rotated_secret_keeps_signing_with_the_old_one_until_the_grace_e
 
 async def _bad_signatures(r: FakeReceiver) -> bool:
     return r.state.bad_signatures > 0
+
+
+class _StaticResolver(AbstractResolver):
+    """DNS as a test sets it: name -> addresses (the real lookups stay the default's)."""
+
+    def __init__(self, table: dict[str, list[str]]) -> None:
+        self.table = table
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        return [
+            ResolveResult(hostname=host, host=a, port=port, family=family, proto=0, flags=0)
+            for a in self.table[host]
+        ]
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_the_resolver_refuses_names_that_resolve_inside(receiver: FakeReceiver) -> None:
+    port = int(receiver.url.rsplit(":", 1)[1].split("/")[0])
+    table = {"intranet.example": ["127.0.0.1"], "mixed.example": ["93.184.215.14", "10.0.0.7"]}
+    guarded = GuardedResolver(_StaticResolver(table))
+    async with ClientSession(connector=TCPConnector(resolver=guarded)) as http:
+        with pytest.raises(ClientConnectorError, match="loopback"):
+            await http.post(f"http://intranet.example:{port}/hooks", data=b"{}")
+    assert not receiver.state.attempts  # refused before connecting
+    with pytest.raises(RefusedAddress, match="private"):
+        await guarded.resolve("mixed.example", 443)  # all or nothing
+    assert await GuardedResolver(_StaticResolver({"crm.example": ["93.184.215.14"]})).resolve("crm.example")
+
+
+async def test_the_forwarder_refuses_private_destinations_unless_allowed(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    await add(pool, "inside", receiver.url, ("message",))  # http://127.0.0.1:PORT/hooks
+    await process_messages(pool, settings, 2)
+    guarded = fast(
+        settings, forward_allow_private=False, forward_retry_base_ms=5000, forward_retry_max_ms=5000
+    )
+    async with forwarding(pool, guarded):
+        await until(lambda: _attempted_all(pool, 2), what="both attempted")
+    assert not receiver.state.attempts  # nothing reached the receiver
+    errors = await pool.fetch("SELECT state, last_error FROM deliveries")
+    assert all(r["state"] == "pending" and "loopback" in r["last_error"] for r in errors), errors
+    await pool.execute("UPDATE deliveries SET next_attempt_at = now()")
+    async with forwarding(pool, fast(settings)):  # allowed: delivered
+        await until(lambda: all_delivered(pool), what="delivered once allowed")
+    assert len(receiver.state.processed) == 2
+
+
+async def _attempted_all(pool: asyncpg.Pool, n: int) -> bool:
+    return bool(await pool.fetchval("SELECT count(*) FROM deliveries WHERE last_error IS NOT NULL") == n)

@@ -16,13 +16,16 @@ from gateway.testing.fake_receiver import FakeReceiver
 from tests.forward_helpers import SECRET, process_messages, states, until
 
 
-async def gateway_cli(dsn: str, *args: str) -> tuple[int, str, str]:
+async def gateway_cli(dsn: str, *args: str, allow_private: bool = True) -> tuple[int, str, str]:
+    # The fake receivers listen on 127.0.0.1: private destinations allowed unless asked not to.
+    env = {**os.environ, "DATABASE_URL": dsn, "GATEWAY_LOG_LEVEL": "warning"}
+    env["GATEWAY_FORWARD_ALLOW_PRIVATE"] = "1" if allow_private else "0"
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "gateway",
         *args,
-        env={**os.environ, "DATABASE_URL": dsn, "GATEWAY_LOG_LEVEL": "warning"},
+        env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -71,6 +74,20 @@ async def test_destinations_cli_validates_generates_and_masks_secrets(
         "crm\tTrue\taccount,status\tTrue\t4"
     )
 
+    # Private destinations are refused unless allowed (the forwarder checks again at connect).
+    for url, why in (
+        ("http://127.0.0.1:8080/h", "loopback"),
+        ("http://localhost/h", "loopback"),
+        ("http://169.254.169.254/latest/meta-data/", "link-local"),
+        ("http://10.1.2.3/h", "private"),
+        ("http://[::ffff:192.168.0.1]/h", "private"),
+    ):
+        rc, _, err = await gateway_cli(
+            db_dsn, "destinations", "add", "inside", url, "--events", "message", allow_private=False
+        )
+        assert rc == 2 and why in err and "GATEWAY_FORWARD_ALLOW_PRIVATE" in err, (url, err)
+    assert await pool.fetchval("SELECT count(*) FROM destinations WHERE name = 'inside'") == 0
+
     # Rotation: a new secret (generated, shown once), the old one valid for the grace period.
     rc, out, _ = await gateway_cli(db_dsn, "destinations", "rotate-secret", "crm", "--grace-h", "2")
     assert rc == 0 and "valid until" in out
@@ -112,7 +129,7 @@ async def test_gateway_forward_process_delivers_and_deliveries_cli_replays(
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway", "forward",
             env={**os.environ, "DATABASE_URL": db_dsn, "GATEWAY_LOG_LEVEL": "warning",
-                 "GATEWAY_FORWARD_POLL_MS": "100"},
+                 "GATEWAY_FORWARD_POLL_MS": "100", "GATEWAY_FORWARD_ALLOW_PRIVATE": "1"},
         )  # fmt: skip
         assert await receiver.wait_for(5, 30)
         assert set(receiver.state.processed) == {stdwebhooks.webhook_id("crm", k) for k in keys}

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from gateway.core import stdwebhooks
+from gateway.core import forwarding, stdwebhooks
 from gateway.core.forwarding import (
     MAX_RETRY_AFTER_S,
     DeliveryState,
@@ -299,3 +299,36 @@ def test_names_and_events() -> None:
     for bad in ("", ",", "message,orders"):
         with pytest.raises(ValueError):
             parse_events(bad)
+
+
+@pytest.mark.parametrize(
+    ("host", "refused"),
+    [
+        ("127.0.0.1", "loopback"),
+        ("127.8.9.10", "loopback"),
+        ("::1", "loopback"),
+        ("[::1]", "loopback"),
+        ("localhost", "loopback"),
+        ("api.localhost.", "loopback"),
+        ("169.254.169.254", "link-local"),  # cloud metadata
+        ("fe80::1%eth0", "link-local"),
+        ("10.0.0.1", "private"),
+        ("172.16.5.4", "private"),
+        ("192.168.1.1", "private"),
+        ("100.64.0.1", "private"),  # shared address space
+        ("fd00::1", "private"),
+        ("::ffff:10.0.0.1", "private"),  # IPv4-mapped
+        ("::ffff:127.0.0.1", "loopback"),
+        ("0.0.0.0", "unspecified"),  # noqa: S104 - a string under test, no bind
+        ("224.0.0.1", "multicast"),
+        ("93.184.215.14", None),
+        ("2606:2800:21f:cb07:6820:80da:af6b:8b2c", None),
+        ("crm.example.com", None),  # names: judged by what they resolve to
+    ],
+)
+def test_private_destination_hosts_are_refused(host: str, refused: str | None) -> None:
+    why = forwarding.host_refused(host)
+    if refused is None:
+        assert why is None
+    else:
+        assert why is not None and refused in why
