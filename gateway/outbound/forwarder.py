@@ -46,6 +46,10 @@ MAX_ERROR_BODY = 200
 # Expired leases and cooled-down breakers are looked at this often, not on every claim.
 HOUSEKEEPING_S = 0.5
 STOP_GRACE_S = 5.0
+# A round on the forwarder's own connection gets as long as a pooled statement would
+# (command_timeout): a silent network must not hang the loop. A timed-out round is
+# cancelled, which terminates the connection and so rolls the round back.
+ROUND_TIMEOUT_S = 60.0
 
 
 def _merge(
@@ -178,7 +182,7 @@ class Forwarder:
         gone = set(self._gone)
         disabled = {d for d, written in self._skip.items() if written}
         try:
-            async with self._db() as conn:
+            async with asyncio.timeout(ROUND_TIMEOUT_S), self._db() as conn:
                 claimed, changes, half_open = await deliveries.cycle(
                     conn,
                     results=results,
@@ -398,7 +402,7 @@ class Forwarder:
             breakers = _merge(self._unwritten[1], breakers)
             n = len(results)
             try:
-                async with self._db() as conn:
+                async with asyncio.timeout(ROUND_TIMEOUT_S), self._db() as conn:
                     await deliveries.cycle(
                         conn, results=results, breakers=breakers,
                         threshold=self.settings.forward_breaker_failures,
