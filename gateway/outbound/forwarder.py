@@ -219,6 +219,46 @@ class Forwarder:
         self.again = bool(half_open) or any(r.ordered for r in results)
         return len(claimed)
 
+    async def warn_refused(self, timeout_s: float = 5.0) -> list[str]:
+        """At start: the enabled destinations the private-address guard will refuse, each named in
+        a warning (destinations added before the guard existed would otherwise just fail and be
+        retried). A name that does not resolve now is left to the connect-time check."""
+        if self.settings.forward_allow_private:
+            return []
+        refused: list[str] = []
+        resolver = GuardedResolver()
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self.pool.acquire() as conn:
+                    found = await deliveries.list_destinations(conn)
+                for d in found:
+                    if not d.enabled:
+                        continue
+                    parts = urlsplit(d.url)
+                    host = parts.hostname or ""
+                    why = self._host_refused(d.url)
+                    if why is None:
+                        try:
+                            await resolver.resolve(host, parts.port or 443)
+                        except RefusedAddress as exc:
+                            why = exc.strerror
+                        except OSError:
+                            continue
+                    if why is not None:
+                        refused.append(d.name)
+                        log.warning(
+                            "destination %s is refused by the private-address guard (%s): its deliveries "
+                            "will fail and be retried; give it a public URL, or set "
+                            "GATEWAY_FORWARD_ALLOW_PRIVATE=1 if private destinations are intended",
+                            d.name,
+                            why,
+                        )
+        except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
+            log.debug("private-address check of the destinations skipped: %s", type(exc).__name__)
+        finally:
+            await resolver.close()
+        return refused
+
     def _host_refused(self, url: str) -> str | None:
         """An IP literal or localhost name the resolver would never see (cached per URL)."""
         if url not in self._refused:
@@ -353,6 +393,7 @@ class Forwarder:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Forward until ``stop`` is set; then let requests in flight finish (briefly) and record them."""
+        await self.warn_refused()
         listener = asyncio.create_task(self._listen(stop))
         # A stop wakes the loop, which may be waiting up to a whole poll interval.
         stopped = asyncio.create_task(stop.wait())

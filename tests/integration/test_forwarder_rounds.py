@@ -366,3 +366,18 @@ async def test_the_forwarder_refuses_private_destinations_unless_allowed(
 
 async def _attempted_all(pool: asyncpg.Pool, n: int) -> bool:
     return bool(await pool.fetchval("SELECT count(*) FROM deliveries WHERE last_error IS NOT NULL") == n)
+
+
+async def test_start_up_names_the_destinations_the_guard_will_refuse(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Destinations added before the guard (or with it off) would fail quietly: each is named once."""
+    await add(pool, "inside", receiver.url, ("message",))  # http://127.0.0.1:PORT/hooks
+    await add(pool, "outside", "https://93.184.215.14/hooks", ("message",))
+    await add(pool, "off", "http://10.0.0.7/hooks", ("message",))
+    await deliveries.set_enabled(pool, name="off", enabled=False)
+    guarded = Forwarder(pool, fast(settings, forward_allow_private=False))
+    with caplog.at_level("WARNING", logger="gateway.outbound.forwarder"):
+        assert await guarded.warn_refused() == ["inside"]
+    assert "destination inside is refused" in caplog.text and "loopback" in caplog.text
+    assert await Forwarder(pool, fast(settings)).warn_refused() == []  # allowed: nothing to say
