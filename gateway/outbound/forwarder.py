@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import random
 import time
@@ -29,7 +30,7 @@ from prometheus_client import Counter, Histogram
 
 from gateway import __version__, metrics
 from gateway.core import forwarding, stdwebhooks
-from gateway.core.aio import setter, sleep_unless_stopped
+from gateway.core.aio import sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.forwarding import Outcome, breaker_tally, decide
@@ -38,6 +39,7 @@ from gateway.outbound.egress import GuardedResolver, RefusedAddress
 from gateway.store import deliveries
 from gateway.store.db import connect
 from gateway.store.deliveries import Tx
+from gateway.store.listen import listen, own_connection
 
 log = logging.getLogger(__name__)
 
@@ -453,31 +455,8 @@ class Forwarder:
                 log.warning("could not record %d outcomes at stop: %s", n, exc)
 
     async def _listen(self, stop: asyncio.Event) -> None:
-        """Wake on NOTIFY deliveries; on a lost connection reconnect (polling covers the gap)."""
+        """Wake on NOTIFY deliveries (polling covers the gaps)."""
         dsn = self.settings.database_url
         assert dsn
-        attempt = 0
-        while not stop.is_set():
-            conn: asyncpg.Connection | None = None
-            try:
-                conn = await connect(dsn, timeout=self.settings.db_connect_timeout_s)
-                lost = asyncio.Event()
-                conn.add_termination_listener(setter(lost))
-                await conn.add_listener(deliveries.CHANNEL, lambda *_: self.wake.set())
-                attempt = 0
-                self.wake.set()
-                waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())]
-                try:
-                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for w in waits:
-                        w.cancel()
-            except Exception as exc:
-                attempt += 1
-                log.warning("LISTEN %s failed (%s); polling meanwhile", deliveries.CHANNEL, exc)
-            finally:
-                if conn is not None and not conn.is_closed():
-                    with contextlib.suppress(Exception):
-                        await conn.close(timeout=2)
-            if not stop.is_set():
-                await sleep_unless_stopped(stop, backoff_delay(max(attempt, 1), 0.5, 30))
+        opener = functools.partial(own_connection, dsn, self.settings.db_connect_timeout_s)
+        await listen(opener, deliveries.CHANNEL, self.wake.set, stop)

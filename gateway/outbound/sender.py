@@ -19,15 +19,14 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import asyncpg
 
 from gateway import metrics, tracing
-from gateway.core.aio import setter, sleep_unless_stopped
-from gateway.core.backoff import backoff_delay
+from gateway.core.aio import first_set
 from gateway.core.classify import Classified, Outcome, finalize, retry_delay_s
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.limits import LogThrottle
@@ -36,7 +35,7 @@ from gateway.core.planning import describe
 from gateway.core.settings import Settings
 from gateway.outbound import providers
 from gateway.store import outbox, pacing
-from gateway.store.db import connect
+from gateway.store.listen import listen, own_connection
 
 log = logging.getLogger(__name__)
 # An outage fails every step alike: one line per 10 s, with the count held back.
@@ -263,58 +262,17 @@ class Sender:
             if dealt < self.settings.send_batch:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(poll_s):
-                        await _first(stop, wake)
+                        await first_set(stop, wake)
 
     async def _listen(self, stop: asyncio.Event) -> None:
-        """Wake the loops on NOTIFY; on a lost connection, reconnect (polling covers the gap)."""
-        if not self.listen:
-            return
-        attempt = 0
-        while not stop.is_set():
-            try:
-                async with self._listen_connection() as conn:
-                    lost = asyncio.Event()
-                    on_lost = setter(lost)
-                    conn.add_termination_listener(on_lost)
-                    await conn.add_listener(CHANNEL, self._wake_all)
-                    attempt = 0
-                    self._wake_all()  # rows enqueued while we were not listening
-                    try:
-                        await _first(stop, lost)
-                    finally:
-                        conn.remove_termination_listener(on_lost)
-                        if not conn.is_closed():
-                            with contextlib.suppress(Exception):
-                                await conn.remove_listener(CHANNEL, self._wake_all)
-            except Exception as exc:
-                attempt += 1
-                log.warning("LISTEN %s failed (%s); polling meanwhile", CHANNEL, describe(exc))
-            if not stop.is_set():
-                await sleep_unless_stopped(stop, backoff_delay(max(attempt, 1), 0.5, 30))
+        """Wake the loops on NOTIFY (polling covers the gaps)."""
+        if self.listen:
+            await listen(self._listen_connection, CHANNEL, self._wake_all, stop)
 
-    @contextlib.asynccontextmanager
-    async def _listen_connection(self) -> AsyncIterator[Any]:
+    def _listen_connection(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """A connection of its own when the DSN is known; else one held from the pool (the
         pool resets its LISTENs when it takes it back)."""
         dsn = self.settings.database_url
-        if not dsn:
-            async with self.pool.acquire() as pooled:
-                yield pooled
-            return
-        conn = await connect(dsn, timeout=self.settings.db_connect_timeout_s)
-        try:
-            yield conn
-        finally:
-            if not conn.is_closed():
-                with contextlib.suppress(Exception):
-                    await conn.close(timeout=2)
-
-
-async def _first(*events: asyncio.Event) -> None:
-    """Return when any of ``events`` is set."""
-    waits = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()
+        if dsn:
+            return own_connection(dsn, self.settings.db_connect_timeout_s)
+        return self.pool.acquire()

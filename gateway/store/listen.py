@@ -1,0 +1,69 @@
+"""LISTEN with reconnection: how the consumers, the sender and the forwarder are woken.
+
+NOTIFY only shortens waits: each of those loops also polls, so a lost LISTEN connection costs
+latency, never work. One loop here keeps the listener up for as long as the process runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import asyncpg
+
+from gateway.core.aio import first_set, setter, sleep_unless_stopped
+from gateway.core.backoff import backoff_delay
+from gateway.core.planning import describe
+from gateway.store.db import connect
+
+log = logging.getLogger(__name__)
+
+Opener = Callable[[], AbstractAsyncContextManager[Any]]
+
+
+@contextlib.asynccontextmanager
+async def own_connection(dsn: str, timeout_s: float) -> AsyncIterator[asyncpg.Connection]:
+    """A connection for LISTEN alone (a pooled one would be reset when given back)."""
+    conn = await connect(dsn, timeout=timeout_s)
+    try:
+        yield conn
+    finally:
+        if not conn.is_closed():
+            with contextlib.suppress(Exception):
+                await conn.close(timeout=2)
+
+
+async def listen(open_conn: Opener, channel: str, on_notify: Callable[[], None], stop: asyncio.Event) -> None:
+    """Call ``on_notify`` on every NOTIFY on ``channel``, and once on each (re)connection (rows
+    may have come while nobody listened), until ``stop`` is set. A failed or lost connection is
+    retried with backoff (0.5 s doubling to 30 s), one warning per failure."""
+
+    def callback(*_: object) -> None:
+        on_notify()
+
+    attempt = 0
+    while not stop.is_set():
+        try:
+            async with open_conn() as conn:
+                lost = asyncio.Event()
+                on_lost = setter(lost)
+                conn.add_termination_listener(on_lost)
+                await conn.add_listener(channel, callback)
+                attempt = 0
+                on_notify()
+                try:
+                    await first_set(stop, lost)
+                finally:
+                    conn.remove_termination_listener(on_lost)
+                    if not conn.is_closed():
+                        with contextlib.suppress(Exception):
+                            await conn.remove_listener(channel, callback)
+        except Exception as exc:
+            attempt += 1
+            log.warning("LISTEN %s failed (%s); polling meanwhile", channel, describe(exc))
+        if not stop.is_set():
+            await sleep_unless_stopped(stop, backoff_delay(max(attempt, 1), 0.5, 30))
