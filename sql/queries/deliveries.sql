@@ -90,8 +90,8 @@ RETURNING name;
 -- statuses (NULL: no answer), $5 errors. A row no longer delivering (its lease ran out and
 -- another forwarder took it) is left to that forwarder.
 -- Breakers: $6 destination ids, $7 any success, $8 failures after the last success, $9 the
--- threshold: a success closes the breaker and restarts the count; N consecutive failures (or
--- a failed half-open probe) open it. A destination row is written only when its count or
+-- threshold: a success restarts the count and closes the breaker unless it is open (then only
+-- its half-open probe closes it); N consecutive failures (or a failed half-open probe) open it. A destination row is written only when its count or
 -- state changes (the common all-2xx round touches none). $12: destinations that answered
 -- 410 Gone: disabled (no breaker count); nothing more is claimed for them.
 -- Claim: due pending deliveries of enabled destinations whose breaker lets them through, at
@@ -136,7 +136,9 @@ WITH r AS (
     SELECT n.*,
            CASE WHEN NOT n.counted THEN n.old
                 WHEN n.fails >= $9 OR (n.old = 'half_open' AND n.new_fails > 0) THEN 'open'
-                WHEN n.ok THEN 'closed'
+                -- An open breaker is closed only by its half-open probe: a 2xx now comes from
+                -- a request sent before it opened and says little (else it flaps).
+                WHEN n.ok AND n.old <> 'open' THEN 'closed'
                 ELSE n.old END AS state
     FROM n
 ), brk AS (

@@ -38,6 +38,7 @@ from tests.forward_helpers import (
     forwarding,
     process_messages,
     process_status,
+    started_receiver,
     states,
     until,
 )
@@ -406,3 +407,26 @@ async def test_gauges_per_destination(pool: asyncpg.Pool, settings: Settings, re
     await deliveries.remove_destination(pool, name="gauged")
     await gauges.refresh_forward(pool)
     assert REGISTRY.get_sample_value("gateway_forward_backlog", labels) is None
+
+
+async def test_an_open_breaker_is_not_closed_by_requests_sent_before_it_opened(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    """Successes of requests already in flight when the breaker opened (another forwarder's
+    failures opened it, say) leave it open: only its half-open probe closes it."""
+    slow = await started_receiver(latency_ms=300)
+    try:
+        await add(pool, "crm", slow.url, max_in_flight=4)
+        await process_messages(pool, settings, 4)
+        async with forwarding(pool, fast(settings, forward_breaker_cooldown_s=600)):
+            await until(lambda: _posted(slow, 4), what="four requests in flight")
+            await pool.execute("UPDATE destinations SET breaker_state = 'open', breaker_changed_at = now()")
+            await until(lambda: all_delivered(pool), what="the four answered")
+        assert await pool.fetchval("SELECT breaker_state FROM destinations") == "open"
+        assert len(slow.state.processed) == 4
+    finally:
+        await slow.close()
+
+
+async def _posted(receiver: FakeReceiver, n: int) -> bool:
+    return len(receiver.state.attempts) >= n
