@@ -53,33 +53,22 @@ def unauthorized() -> web.Response:
     return problem(401, "missing or invalid API key", headers={"WWW-Authenticate": 'Bearer realm="gateway"'})
 
 
-def problem_of(exc: web.HTTPException) -> web.Response:
-    """A raised HTTP error (a routing 404/405 included) as a problem document, keeping its
-    status and headers such as ``Allow``."""
-    headers = {k: v for k, v in exc.headers.items() if k.lower() not in _BODY_HEADERS}
-    return problem(exc.status, exc.reason, headers=headers)
-
-
-def crashed(request: web.Request) -> web.Response:
-    """The answer to a crash (500); call it from an ``except`` block: the traceback is logged,
-    the client learns nothing about the internals."""
-    log.exception("unhandled error answering %s %s", request.method, request.rel_url.path)
-    return problem(500, "internal server error")
-
-
 @web.middleware
 async def problem_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Routing errors and raised HTTP errors become problem documents; so does a crash (500).
 
     A handler's own answers pass through untouched: only what it (or the router) raises is
-    rewritten. The gateway's app does the same inside its access middleware (one layer less
-    on every request); this one is for other apps.
+    rewritten, keeping its status and headers such as ``Allow`` on a 405. The gateway's access
+    middleware calls it directly (one middleware layer less on every request).
     """
     try:
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise  # redirects and the like are not errors
-        return problem_of(exc)
+        headers = {k: v for k, v in exc.headers.items() if k.lower() not in _BODY_HEADERS}
+        return problem(exc.status, exc.reason, headers=headers)
     except Exception:
-        return crashed(request)
+        # The traceback stays in the log; the client learns nothing about the internals.
+        log.exception("unhandled error answering %s %s", request.method, request.rel_url.path)
+        return problem(500, "internal server error")

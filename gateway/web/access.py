@@ -24,7 +24,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from gateway import metrics, tracing
-from gateway.httpkit import crashed, problem_of
+from gateway.httpkit import problem_errors
 
 log = logging.getLogger("gateway.access")
 
@@ -112,8 +112,8 @@ def _route(request: web.Request) -> str:
 def middleware(rate: float) -> Middleware:
     """The middleware; ``rate`` is access-log lines a second before sampling (0: no access log).
 
-    It also answers what a handler or the router raises as a problem document (as
-    ``httpkit.problem_errors`` does), so that every request goes through one layer, not two.
+    It also answers what a handler or the router raises as a problem document, calling
+    ``httpkit.problem_errors`` itself, so that every request goes through one layer, not two.
     """
     sampler = Sampler(rate) if rate > 0 else None
 
@@ -123,14 +123,7 @@ def middleware(rate: float) -> Middleware:
         started = time.perf_counter()
         status = 500
         try:
-            try:
-                response = await handler(request)
-            except web.HTTPException as exc:
-                if exc.status < 400:
-                    raise  # redirects and the like are not errors
-                response = problem_of(exc)
-            except Exception:
-                response = crashed(request)
+            response = await problem_errors(request, handler)
             status = response.status
             response.headers["X-Request-Id"] = rid
             return response
