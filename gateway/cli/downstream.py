@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
-import socket
 import sys
 from urllib.parse import urlsplit
 
 import asyncpg
+from aiohttp.resolver import DefaultResolver
 
 from gateway import runtime
 from gateway.cli.common import one_line, when
 from gateway.core import forwarding, stdwebhooks
 from gateway.core.settings import Settings
+from gateway.outbound.egress import url_refused
 from gateway.store import deliveries
 
 log = logging.getLogger("gateway")
@@ -54,23 +56,21 @@ def destinations_args(p: argparse.ArgumentParser) -> None:
 
 
 def _refused(url: str) -> str | None:
-    """Why a destination URL reaches into a private network (its host is such an address, or
-    resolves to one now), or None. The forwarder checks again on every connection."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    why = forwarding.host_refused(host)
-    if why is not None:
-        return why
-    try:
-        infos = socket.getaddrinfo(host, parts.port or 443, type=socket.SOCK_STREAM)
-    except OSError as exc:  # not resolvable yet: the connect-time check covers it
-        log.warning("destination host %s does not resolve now (%s); added anyway", host, exc)
-        return None
-    for info in infos:
-        why = forwarding.address_refused(str(info[4][0]))
-        if why is not None:
-            return f"{host} resolves to {why}"
-    return None
+    """Why a destination URL reaches into a private network now (the forwarder checks again on
+    every connection), or None."""
+
+    async def check() -> str | None:
+        resolver = DefaultResolver()
+        try:
+            return await url_refused(url, resolver)
+        except OSError as exc:  # not resolvable yet: the connect-time check covers it
+            host = urlsplit(url).hostname
+            log.warning("destination host %s does not resolve now (%s); added anyway", host, exc)
+            return None
+        finally:
+            await resolver.close()
+
+    return asyncio.run(check())
 
 
 def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import asyncpg
+from aiohttp.resolver import DefaultResolver
 from prometheus_client import Counter, Histogram
 
 from gateway import __version__, metrics
@@ -35,7 +36,7 @@ from gateway.core.backoff import backoff_delay
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.forwarding import Outcome, breaker_tally, decide
 from gateway.core.settings import Settings
-from gateway.outbound.egress import GuardedResolver, RefusedAddress
+from gateway.outbound.egress import GuardedResolver, RefusedAddress, url_refused
 from gateway.store import deliveries
 from gateway.store.db import connect
 from gateway.store.deliveries import Tx
@@ -228,7 +229,7 @@ class Forwarder:
         if self.settings.forward_allow_private:
             return []
         refused: list[str] = []
-        resolver = GuardedResolver()
+        resolver = DefaultResolver()
         try:
             async with asyncio.timeout(timeout_s):
                 async with self.pool.acquire() as conn:
@@ -236,16 +237,10 @@ class Forwarder:
                 for d in found:
                     if not d.enabled:
                         continue
-                    parts = urlsplit(d.url)
-                    host = parts.hostname or ""
-                    why = self._host_refused(d.url)
-                    if why is None:
-                        try:
-                            await resolver.resolve(host, parts.port or 443)
-                        except RefusedAddress as exc:
-                            why = exc.strerror
-                        except OSError:
-                            continue
+                    try:
+                        why = await url_refused(d.url, resolver)
+                    except OSError:
+                        continue
                     if why is not None:
                         refused.append(d.name)
                         log.warning(
