@@ -250,7 +250,7 @@ class Forwarder:
                             d.name,
                             why,
                         )
-        except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
+        except Exception as exc:  # a warning at best: never worth stopping the forwarder over
             log.debug("private-address check of the destinations skipped: %s", type(exc).__name__)
         finally:
             await resolver.close()
@@ -390,7 +390,8 @@ class Forwarder:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Forward until ``stop`` is set; then let requests in flight finish (briefly) and record them."""
-        await self.warn_refused()
+        # Beside the loop, not before it: looking up every destination may take seconds.
+        check = asyncio.create_task(self.warn_refused())
         listener = asyncio.create_task(self._listen(stop))
         # A stop wakes the loop, which may be waiting up to a whole poll interval.
         stopped = asyncio.create_task(stop.wait())
@@ -416,6 +417,7 @@ class Forwarder:
                     await asyncio.wait_for(self.wake.wait(), poll_s)
         finally:
             stopped.cancel()
+            check.cancel()
             await self._drain()
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
