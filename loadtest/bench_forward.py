@@ -173,6 +173,7 @@ async def _forwarded(
     this did before, added a third to the database work the forwarder itself causes.)"""
     started = time.perf_counter()
     await deliveries.set_enabled(pool, name=DEST, enabled=True)
+    await pool.execute("NOTIFY deliveries")
     deadline = started + timeout_s
     if (await rx.wait(n, timeout_s))["processed"] < n:
         raise TimeoutError(f"forwarder did not deliver {n} in {timeout_s}s")

@@ -101,7 +101,12 @@ async def until(
 
 
 async def states(pool: asyncpg.Pool) -> dict[str, int]:
-    rows = await pool.fetch("SELECT state, count(*) AS n FROM deliveries GROUP BY state")
+    # A pending delivery a forwarder's lease holds counts as delivering (as the CLI shows it).
+    rows = await pool.fetch(
+        "WITH held AS (SELECT unnest(ids) AS id FROM delivery_leases)"
+        " SELECT CASE WHEN state = 'pending' AND id IN (SELECT id FROM held) THEN 'delivering'"
+        " ELSE state END AS state, count(*) AS n FROM deliveries GROUP BY 1"
+    )
     return {r["state"]: r["n"] for r in rows}
 
 

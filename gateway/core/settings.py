@@ -601,10 +601,10 @@ class Settings:
 
     @property
     def forward_lease_s(self) -> float:
-        """A delivery still ``delivering`` after this long belongs to a forwarder that died.
+        """A forwarder lease not renewed for this long belongs to a forwarder that died.
 
-        A claimed delivery may wait for a request slot (at most one request's time) before its
-        own request: twice the request timeout, plus a minute of slack.
+        Every round renews it (a round runs at least once a poll interval, or a round's
+        timeout when the database is slow): twice the request timeout, plus a minute of slack.
         """
         return 2 * self.forward_timeout_ms / 1000 + 60.0
 

@@ -19,7 +19,10 @@ import contextlib
 import errno
 import functools
 import logging
+import os
 import random
+import secrets
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
@@ -94,6 +97,8 @@ class Forwarder:
         self.clock = clock or SystemClock()
         self.rand = rand
         self.wake = asyncio.Event()
+        # Names this forwarder's leases (a restarted one holds nothing of its predecessor's).
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         # Claimed deliveries waiting for a worker, and how many workers are posting one.
         self._queue: asyncio.Queue[deliveries.Claimed] = asyncio.Queue()
         self._busy = 0
@@ -188,6 +193,7 @@ class Forwarder:
             async with asyncio.timeout(ROUND_TIMEOUT_S), self._db() as conn:
                 claimed, changes, half_open = await deliveries.cycle(
                     conn,
+                    forwarder=self.id,
                     results=results,
                     breakers=breakers,
                     threshold=s.forward_breaker_failures,
@@ -444,7 +450,7 @@ class Forwarder:
             try:
                 async with asyncio.timeout(ROUND_TIMEOUT_S), self._db() as conn:
                     await deliveries.cycle(
-                        conn, results=results, breakers=breakers,
+                        conn, forwarder=self.id, results=results, breakers=breakers,
                         threshold=self.settings.forward_breaker_failures,
                         limit=0, lease_s=0, cooldown_s=0, housekeeping=False, gone=self._gone,
                     )  # fmt: skip

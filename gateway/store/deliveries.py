@@ -147,6 +147,7 @@ async def remove_destination(conn: Conn, *, name: str) -> int | None:
 async def cycle(
     conn: Tx,
     *,
+    forwarder: str,
     results: Sequence[Result],
     breakers: Sequence[tuple[int, bool, int]],
     threshold: int,
@@ -156,9 +157,10 @@ async def cycle(
     housekeeping: bool,
     gone: Collection[int] = (),
 ) -> tuple[list[Claimed], list[tuple[str, str, str]], list[str]]:
-    """One forwarder round in one short transaction, serialised across forwarders: write
-    finished attempts and breaker counts and claim up to ``limit`` due deliveries (one
-    statement); with ``housekeeping``, then release expired leases and move breakers whose
+    """One round of ``forwarder`` in one short transaction, serialised across forwarders: write
+    finished attempts and breaker counts, claim up to ``limit`` due deliveries and renew the
+    forwarder's leases on what it holds (one statement); with ``housekeeping``, then release
+    dead forwarders' expired leases and move breakers whose
     cool-down passed to half-open (their deliveries are claimed in the next round).
     ``gone``: destinations that answered 410 Gone, disabled in the same statement.
     Returns (claimed, breaker transitions as (destination, old, new) and a
@@ -184,6 +186,7 @@ async def cycle(
             limit,
             lease_s,
             list(gone),
+            forwarder,
         )
         # After the round: what these two free is claimed in the next one.
         if housekeeping:

@@ -65,10 +65,16 @@ SELECT set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock(2883
 COMMIT;
 
 -- name: deliveries_release_expired
--- Rows of a forwarder that died mid-request: back to pending (at least once, deduplicable).
-UPDATE deliveries SET state = 'pending', lease_until = NULL
-WHERE state = 'delivering' AND lease_until < clock_timestamp()
-RETURNING id;
+-- The leases of a forwarder that died (it stopped renewing them): their deliveries are due
+-- again (at least once, deduplicable). Rows an earlier version marked 'delivering' likewise.
+WITH gone AS (
+    DELETE FROM delivery_leases WHERE lease_until < clock_timestamp() RETURNING cardinality(ids) AS n
+), legacy AS (
+    UPDATE deliveries SET state = 'pending', lease_until = NULL
+    WHERE state = 'delivering' AND lease_until < clock_timestamp()
+    RETURNING id
+)
+SELECT (SELECT coalesce(sum(n), 0) FROM gone)::bigint + (SELECT count(*) FROM legacy) AS released;
 
 -- name: destinations_half_open
 -- An open breaker whose cool-down ($1 seconds) has passed lets one probe through.
@@ -78,26 +84,29 @@ RETURNING name;
 
 -- name: deliveries_round
 -- One forwarder round in one statement (after deliveries_cycle_begin): write the outcomes of
--- finished attempts and the breaker counts they imply, then claim due deliveries. Every part
--- sees the same snapshot, so the claim counts the rows being written here as still
--- delivering; it adds them back to each destination's room, and it uses the breaker states
--- this statement decides. (A conversation's next delivery waits for the next round: in this
--- snapshot its predecessor is still open. The forwarder runs that round at once.)
--- Housekeeping (deliveries_release_expired, destinations_half_open) runs after this
--- statement, in the same transaction, so an outcome is written before its lease is judged.
+-- finished attempts and the breaker counts they imply, claim due deliveries, and record what
+-- the forwarder ($13) now holds in its leases. Every part sees the same snapshot: the claim
+-- counts every lease as it was before this round, gives back each destination the room
+-- this round's outcomes free, and uses the breaker states this statement decides. (A
+-- conversation's next delivery waits for the next round: in this snapshot its predecessor
+-- is still pending. The forwarder runs that round at once.) Housekeeping
+-- (deliveries_release_expired, destinations_half_open) runs after this statement, in the
+-- same transaction, so a lease is renewed before leases are judged.
 --
 -- Outcomes: $1 ids, $2 new states, $3 seconds to the next attempt (pending only), $4 HTTP
--- statuses (NULL: no answer), $5 errors. A row no longer delivering (its lease ran out and
--- another forwarder took it) is left to that forwarder.
+-- statuses (NULL: no answer), $5 errors. Only deliveries this forwarder still holds are
+-- written: a lease that ran out was deleted and its deliveries may be another forwarder's.
 -- Breakers: $6 destination ids, $7 any success, $8 failures after the last success, $9 the
 -- threshold: a success restarts the count and closes the breaker unless it is open (then only
--- its half-open probe closes it); N consecutive failures (or a failed half-open probe) open it. A destination row is written only when its count or
--- state changes (the common all-2xx round touches none). $12: destinations that answered
--- 410 Gone: disabled (no breaker count); nothing more is claimed for them.
--- Claim: due pending deliveries of enabled destinations whose breaker lets them through, at
--- most (max_in_flight - in flight) per destination (1 when half-open), $10 in all; with
--- ordering, only the oldest open delivery of each conversation. Marked delivering with a
--- lease of $11 seconds.
+-- its half-open probe closes it); N consecutive failures (or a failed half-open probe) open
+-- it. A destination row is written only when its count or state changes (the common all-2xx
+-- round touches none). $12: destinations that answered 410 Gone: disabled (no breaker
+-- count); nothing more is claimed for them.
+-- Claim: due pending deliveries of enabled destinations whose breaker lets them through and
+-- that no lease holds, at most (max_in_flight - held) per destination (1 when half-open),
+-- $10 in all; with ordering, only the oldest open delivery of each conversation. A claim
+-- writes no delivery row (its attempt is counted with its outcome); the forwarder's lease
+-- rows get the ids it holds now and a lease of $11 seconds.
 -- Rows: each claimed delivery (the columns of gateway.store.deliveries.Claimed, in its
 -- order; times as Unix seconds), then one row per breaker transition (id NULL; destination,
 -- old state, new state in the destination, webhook_id and body columns), and one
@@ -105,21 +114,32 @@ RETURNING name;
 WITH r AS (
     SELECT * FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::int[], $5::text[])
         AS r(id, state, delay, status, error)
+), leased AS (
+    -- every forwarder's held deliveries, before this round
+    SELECT l.forwarder, l.destination_id, h.id
+    FROM delivery_leases l CROSS JOIN LATERAL unnest(l.ids) AS h(id)
+), ok AS (
+    SELECT r.*, x.destination_id FROM r JOIN leased x ON x.id = r.id AND x.forwarder = $13
 ), upd AS (
     UPDATE deliveries d SET
-        state = r.state,
-        lease_until = NULL,
-        next_attempt_at = CASE WHEN r.state = 'pending'
-                               THEN clock_timestamp() + make_interval(secs => r.delay)
+        state = ok.state,
+        attempts = d.attempts + 1,
+        next_attempt_at = CASE WHEN ok.state = 'pending'
+                               THEN clock_timestamp() + make_interval(secs => ok.delay)
                                ELSE d.next_attempt_at END,
-        last_status = r.status,
-        last_error = r.error,
-        delivered_at = CASE WHEN r.state = 'delivered' THEN clock_timestamp() ELSE d.delivered_at END
-    FROM r
-    WHERE d.id = r.id AND d.state = 'delivering'
-    RETURNING d.destination_id
-), freed AS (
-    SELECT destination_id, count(*)::int AS n FROM upd GROUP BY destination_id
+        last_status = ok.status,
+        last_error = ok.error,
+        delivered_at = CASE WHEN ok.state = 'delivered' THEN clock_timestamp() ELSE d.delivered_at END
+    FROM ok
+    -- "still pending", written so that it implies no partial index's predicate: only the
+    -- primary key can serve this join (with stale statistics, as after a large backlog was
+    -- queued, the planner once chose a skip scan of deliveries_due here, 150 µs a row).
+    WHERE d.id = ok.id AND d.state NOT IN ('delivering', 'delivered', 'failed')
+), held AS (
+    -- per destination: held by any forwarder, and freed by this round's outcomes
+    SELECT x.destination_id, count(*)::int AS n,
+           count(*) FILTER (WHERE x.forwarder = $13 AND x.id IN (SELECT id FROM r))::int AS freed
+    FROM leased x GROUP BY x.destination_id
 ), b0 AS (
     SELECT * FROM unnest($6::bigint[], $7::bool[], $8::int[]) AS b(id, ok, fails)
 ), b AS (
@@ -157,21 +177,23 @@ WITH r AS (
            CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret END
                AS previous_secret,
            CASE WHEN coalesce(s.state, d.breaker_state) = 'half_open' THEN 1 ELSE d.max_in_flight END
-           - (SELECT count(*) FROM deliveries x
-              WHERE x.destination_id = d.id AND x.state = 'delivering')::int
-           + coalesce((SELECT f.n FROM freed f WHERE f.destination_id = d.id), 0) AS room
-    FROM destinations d LEFT JOIN s ON s.id = d.id
+           - coalesce(h.n, 0) + coalesce(h.freed, 0) AS room
+    FROM destinations d LEFT JOIN s ON s.id = d.id LEFT JOIN held h ON h.destination_id = d.id
     WHERE d.enabled AND NOT coalesce(s.gone, false)
       AND coalesce(s.state, d.breaker_state) <> 'open' AND $10 > 0
 ), picked AS (
-    SELECT c.id, dest.id AS destination_id
+    SELECT c.*, dest.id AS destination_id, dest.name AS destination, dest.url, dest.secret,
+           dest.ordered, dest.previous_secret
     FROM dest
     CROSS JOIN LATERAL (
-        SELECT dl.id, dl.next_attempt_at
+        SELECT dl.id, dl.webhook_id, dl.envelope, dl.attempts, dl.received_at, dl.window_start,
+               dl.next_attempt_at
         FROM deliveries dl
         WHERE dl.destination_id = dest.id
           AND dl.state = 'pending'
           AND dl.next_attempt_at <= clock_timestamp()
+          -- held ones: in flight, or finished in this round (not yet visible as such)
+          AND dl.id NOT IN (SELECT id FROM leased)
           AND (NOT dest.ordered OR dl.conversation = '' OR NOT EXISTS (
                 SELECT 1 FROM deliveries e
                 WHERE e.destination_id = dl.destination_id
@@ -185,21 +207,28 @@ WITH r AS (
     WHERE dest.room > 0
     ORDER BY c.next_attempt_at, c.id
     LIMIT $10
-), claimed AS (
-    UPDATE deliveries dl SET
-        state = 'delivering',
-        attempts = dl.attempts + 1,
-        lease_until = clock_timestamp() + make_interval(secs => $11)
-    FROM picked JOIN dest ON dest.id = picked.destination_id
-    WHERE dl.id = picked.id
-    RETURNING dl.id, dl.webhook_id, dl.envelope::text AS body, dl.attempts,
-              extract(epoch FROM dl.received_at)::float8 AS received_at,
-              extract(epoch FROM dl.window_start)::float8 AS window_start,
-              dest.id AS destination_id, dest.name AS destination, dest.url, dest.secret,
-              dest.ordered, dest.previous_secret
+), lease AS (
+    INSERT INTO delivery_leases AS l (forwarder, destination_id, ids, lease_until)
+    SELECT $13, k.destination_id, coalesce(array_agg(k.id) FILTER (WHERE k.id IS NOT NULL), '{}'),
+           clock_timestamp() + make_interval(secs => $11)
+    FROM (
+        SELECT x.destination_id, x.id FROM leased x
+        WHERE x.forwarder = $13 AND x.id NOT IN (SELECT id FROM r)
+        UNION ALL
+        SELECT p.destination_id, p.id FROM picked p
+        UNION ALL  -- every lease of this forwarder is renewed, an empty one too
+        SELECT l0.destination_id, NULL FROM delivery_leases l0 WHERE l0.forwarder = $13
+    ) k
+    GROUP BY k.destination_id
+    ON CONFLICT (forwarder, destination_id)
+        DO UPDATE SET ids = excluded.ids, lease_until = excluded.lease_until
 )
--- upd runs to completion unreferenced but for freed, as every data-modifying CTE does.
-SELECT * FROM claimed
+-- upd and lease run to completion unreferenced, as every data-modifying CTE does.
+SELECT p.id, p.webhook_id, p.envelope::text AS body, p.attempts + 1,
+       extract(epoch FROM p.received_at)::float8 AS received_at,
+       extract(epoch FROM p.window_start)::float8 AS window_start,
+       p.destination_id, p.destination, p.url, p.secret, p.ordered, p.previous_secret
+FROM picked p
 UNION ALL
 SELECT NULL, old, new, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL, NULL FROM brk WHERE old <> new
 UNION ALL
@@ -219,23 +248,32 @@ ORDER BY d.name;
 
 -- name: deliveries_list
 -- $1 destination name, $2/$3 receipt time range [since, until), $4 state (each NULL: any), $5 limit.
-SELECT dl.id, d.name AS destination, dl.webhook_id, dl.event_key, dl.kind, dl.state, dl.attempts,
-       dl.received_at, dl.next_attempt_at, dl.last_status, dl.last_error, dl.delivered_at
-FROM deliveries dl JOIN destinations d ON d.id = dl.destination_id
-WHERE ($1::text IS NULL OR d.name = $1)
-  AND ($2::timestamptz IS NULL OR dl.received_at >= $2)
-  AND ($3::timestamptz IS NULL OR dl.received_at < $3)
-  AND ($4::text IS NULL OR dl.state = $4)
-ORDER BY dl.id
+-- A pending delivery a forwarder holds (delivery_leases) is shown as delivering.
+WITH held AS (SELECT unnest(ids) AS id FROM delivery_leases)
+SELECT * FROM (
+    SELECT dl.id, d.name AS destination, dl.webhook_id, dl.event_key, dl.kind,
+           CASE WHEN dl.state = 'pending' AND dl.id IN (SELECT id FROM held) THEN 'delivering'
+                ELSE dl.state END AS state,
+           dl.attempts, dl.received_at, dl.next_attempt_at, dl.last_status, dl.last_error, dl.delivered_at
+    FROM deliveries dl JOIN destinations d ON d.id = dl.destination_id
+    WHERE ($1::text IS NULL OR d.name = $1)
+      AND ($2::timestamptz IS NULL OR dl.received_at >= $2)
+      AND ($3::timestamptz IS NULL OR dl.received_at < $3)
+) x
+WHERE ($4::text IS NULL OR x.state = $4)
+ORDER BY x.id
 LIMIT $5;
 
 -- name: deliveries_count
-SELECT dl.state, count(*) AS n
+WITH held AS (SELECT unnest(ids) AS id FROM delivery_leases)
+SELECT CASE WHEN dl.state = 'pending' AND dl.id IN (SELECT id FROM held) THEN 'delivering'
+            ELSE dl.state END AS state,
+       count(*) AS n
 FROM deliveries dl JOIN destinations d ON d.id = dl.destination_id
 WHERE ($1::text IS NULL OR d.name = $1)
   AND ($2::timestamptz IS NULL OR dl.received_at >= $2)
   AND ($3::timestamptz IS NULL OR dl.received_at < $3)
-GROUP BY dl.state;
+GROUP BY 1;
 
 -- name: deliveries_replay
 -- Finished deliveries ($4: failed or delivered) in a receipt time range back to pending now,

@@ -170,6 +170,7 @@ async def test_one_round_writes_outcomes_frees_room_and_claims_again(
         async with pool.acquire() as conn:
             claimed, _, _ = await deliveries.cycle(
                 conn,
+                forwarder="test",
                 results=results,
                 breakers=[(dest, True, 0)] if results else [],
                 threshold=5,
