@@ -51,6 +51,8 @@ USER_AGENT = f"whatsapp-webhook-gateway/{__version__} (+standard-webhooks)"
 MAX_ERROR_BODY = 200
 # Expired leases and cooled-down breakers are looked at this often, not on every claim.
 HOUSEKEEPING_S = 0.5
+# Outcomes waiting to be written are written within this long, however few.
+FLUSH_S = 0.05
 STOP_GRACE_S = 5.0
 # A round on the forwarder's own connection gets as long as a pooled statement would
 # (command_timeout): a silent network must not hang the loop. A timed-out round is
@@ -106,6 +108,10 @@ class Forwarder:
         self._idle.set()
         self._workers: list[asyncio.Task[None]] = []
         self._done: list[Attempt] = []
+        # Ids claimed and not yet recorded: its leases hold these (the rounds say so).
+        self._held: set[int] = set()
+        # A round refills the queue when it is down to this; written outcomes wait for this many.
+        self._refill_at = self._flush_at = max(1, settings.forward_batch // 2)
         self._keys: dict[str, bytes] = {}
         self._refused: dict[str, str | None] = {}
         # Per destination: its delivered counter and latency histogram (labels() is a locked
@@ -189,11 +195,13 @@ class Forwarder:
             return 0
         gone = set(self._gone)
         disabled = {d for d, written in self._skip.items() if written}
+        held = self._held.difference(r.id for r in results)
         try:
             async with asyncio.timeout(ROUND_TIMEOUT_S), self._db() as conn:
                 claimed, changes, half_open = await deliveries.cycle(
                     conn,
                     forwarder=self.id,
+                    held=held,
                     results=results,
                     breakers=breakers,
                     threshold=s.forward_breaker_failures,
@@ -206,6 +214,7 @@ class Forwarder:
         except BaseException:
             self._unwritten = (results, breakers)
             raise
+        self._held = held.union(c.id for c in claimed)
         self._gone -= gone
         for dest in gone:
             self._skip[dest] = True
@@ -293,8 +302,7 @@ class Forwarder:
         if c.destination_id in self._skip:
             # Claimed before its destination answered 410: back to pending, unsent.
             a.error, a.finished = "not sent: the destination answered 410 Gone", -1.0
-            self._done.append(a)
-            self.wake.set()
+            self._finished(a)
             return
         try:
             if not self.settings.forward_allow_private and (why := self._host_refused(c.url)):
@@ -325,8 +333,16 @@ class Forwarder:
             self._done.append(a)
             raise
         a.finished = self.clock.now()
+        self._finished(a)
+
+    def _finished(self, a: Attempt) -> None:
+        """Keep an outcome for the next round, and wake the loop when a round is worth it: the
+        queue needs refilling, enough outcomes wait, or a conversation's next delivery waits
+        on this one. Otherwise a round per finished request would cost the database (and
+        this process) a round's fixed work for one or two outcomes; FLUSH_S bounds the wait."""
         self._done.append(a)
-        self.wake.set()
+        if self._queue.qsize() <= self._refill_at or len(self._done) >= self._flush_at or a.claimed.ordered:
+            self.wake.set()
 
     def _outcomes(self) -> tuple[list[deliveries.Result], list[tuple[int, bool, int]]]:
         """Finished attempts as rows to write, and per destination (any success, failures after
@@ -415,12 +431,13 @@ class Forwarder:
                     claimed = 0
                     await sleep_unless_stopped(stop, poll_s)
                     continue
-                if claimed and claimed == min(self.settings.forward_batch, self._free_before):
-                    continue  # a full claim: more may be due right now
+                full = claimed and claimed == min(self.settings.forward_batch, self._free_before)
+                if full and self._queue.qsize() <= self._refill_at:
+                    continue  # a full claim and room for more: more may be due right now
                 if self.again:
                     continue
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), poll_s)
+                    await asyncio.wait_for(self.wake.wait(), min(poll_s, FLUSH_S) if self._done else poll_s)
         finally:
             stopped.cancel()
             check.cancel()
@@ -450,7 +467,8 @@ class Forwarder:
             try:
                 async with asyncio.timeout(ROUND_TIMEOUT_S), self._db() as conn:
                     await deliveries.cycle(
-                        conn, forwarder=self.id, results=results, breakers=breakers,
+                        conn, forwarder=self.id, held=self._held.difference(r.id for r in results),
+                        results=results, breakers=breakers,
                         threshold=self.settings.forward_breaker_failures,
                         limit=0, lease_s=0, cooldown_s=0, housekeeping=False, gone=self._gone,
                     )  # fmt: skip

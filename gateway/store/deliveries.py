@@ -145,7 +145,7 @@ async def remove_destination(conn: Conn, *, name: str) -> int | None:
 
 
 async def cycle(
-    conn: Tx,
+    conn: Conn,
     *,
     forwarder: str,
     results: Sequence[Result],
@@ -155,25 +155,26 @@ async def cycle(
     lease_s: float,
     cooldown_s: float,
     housekeeping: bool,
+    held: Collection[int] = (),
     gone: Collection[int] = (),
 ) -> tuple[list[Claimed], list[tuple[str, str, str]], list[str]]:
-    """One round of ``forwarder`` in one short transaction, serialised across forwarders: write
-    finished attempts and breaker counts, claim up to ``limit`` due deliveries and renew the
-    forwarder's leases on what it holds (one statement); with ``housekeeping``, then release
-    dead forwarders' expired leases and move breakers whose
-    cool-down passed to half-open (their deliveries are claimed in the next round).
-    ``gone``: destinations that answered 410 Gone, disabled in the same statement.
-    Returns (claimed, breaker transitions as (destination, old, new) and a
-    (destination, "enabled", "gone") per destination disabled, names now half-open).
+    """One round of ``forwarder``, one statement and round trip, serialised across forwarders:
+    write finished attempts and breaker counts, claim up to ``limit`` due deliveries and renew
+    the forwarder's leases on what it holds; with ``housekeeping``, then delete dead
+    forwarders' expired leases and move breakers whose cool-down passed to half-open (their
+    deliveries are claimed in the next round). ``gone``: destinations that answered 410 Gone,
+    disabled in the same statement. ``held``: the ids the forwarder still holds besides
+    ``results`` (its leases keep only those, so a claim whose answer never reached it is
+    due again). Returns (claimed, breaker transitions as (destination,
+    old, new) and a (destination, "enabled", "gone") per destination disabled, names now
+    half-open).
 
-    The transaction is opened by hand so that BEGIN and the lock take one round trip, not two.
-    If anything fails (or the caller is cancelled) the connection is terminated, which rolls
-    the round back: a pool replaces it, a forwarder's own connection is reopened."""
-    half: list[str] = []
-    await conn.execute(q("deliveries_cycle_begin"))
+    One transaction. If the call fails or is cancelled, the connection is terminated (a pool
+    replaces it, a forwarder's own connection is reopened): a cancel must not wait on a
+    silent network."""
     try:
         rows = await conn.fetch(
-            q("deliveries_round"),
+            q("forward_round"),
             [r.id for r in results],
             [r.state for r in results],
             [r.delay_s for r in results],
@@ -187,19 +188,19 @@ async def cycle(
             lease_s,
             list(gone),
             forwarder,
+            housekeeping,
+            cooldown_s,
+            list(held),
         )
-        # After the round: what these two free is claimed in the next one.
-        if housekeeping:
-            await conn.execute(q("deliveries_release_expired"))
-            half = [r["name"] for r in await conn.fetch(q("destinations_half_open"), cooldown_s)]
-        await conn.execute(q("deliveries_cycle_end"))
     except BaseException:
         conn.terminate()
         raise
     # Claimed rows carry Claimed's columns in its order (the body goes out as bytes); a
-    # breaker transition has no id and (destination, old, new) in columns 7, 1, 2.
+    # breaker transition has no id and (destination, old, new) in columns 7, 1, 2; a
+    # breaker now half-open is (None, "half_open", ..., destination).
     claimed = [Claimed(r[0], r[1], r[2].encode(), *r[3:]) for r in rows if r[0] is not None]
-    changes = [(r[7], r[1], r[2]) for r in rows if r[0] is None]
+    changes = [(r[7], r[1], r[2]) for r in rows if r[0] is None and r[1] != "half_open"]
+    half = [r[7] for r in rows if r[0] is None and r[1] == "half_open"]
     return claimed, changes, half
 
 

@@ -166,11 +166,15 @@ async def test_one_round_writes_outcomes_frees_room_and_claims_again(
     dest = await add(pool, "crm", "http://127.0.0.1:9/x", max_in_flight=2)
     await process_messages(pool, settings, 4)
 
+    held: set[int] = set()  # what the forwarder holds, as a Forwarder keeps it
+
     async def cycle(results: list[deliveries.Result], limit: int) -> list[deliveries.Claimed]:
+        nonlocal held
         async with pool.acquire() as conn:
             claimed, _, _ = await deliveries.cycle(
                 conn,
                 forwarder="test",
+                held=held.difference(r.id for r in results),
                 results=results,
                 breakers=[(dest, True, 0)] if results else [],
                 threshold=5,
@@ -179,6 +183,7 @@ async def test_one_round_writes_outcomes_frees_room_and_claims_again(
                 cooldown_s=30,
                 housekeeping=False,
             )
+        held = held.difference(r.id for r in results).union(c.id for c in claimed)
         return claimed
 
     first = await cycle([], 10)
@@ -189,6 +194,38 @@ async def test_one_round_writes_outcomes_frees_room_and_claims_again(
     assert len(second) == 2 and {c.id for c in second}.isdisjoint(c.id for c in first)
     assert await states(pool) == {"delivered": 2, "delivering": 2}
     assert all(isinstance(c.body, bytes) and c.received_at > 0 and c.window_start > 0 for c in second)
+
+
+async def _round(
+    pool: asyncpg.Pool, forwarder: str, held: set[int], results: list[deliveries.Result] | None = None
+) -> list[int]:
+    async with pool.acquire() as conn:
+        claimed, _, _ = await deliveries.cycle(
+            conn, forwarder=forwarder, held=held, results=results or [], breakers=[], threshold=5,
+            limit=10, lease_s=60, cooldown_s=30, housekeeping=False,
+        )  # fmt: skip
+    return sorted(c.id for c in claimed)
+
+
+async def test_a_claim_whose_answer_never_arrived_is_due_again_and_never_claimed_twice(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    # A round that committed but whose answer was lost (a cancelled or timed-out call): the
+    # forwarder does not know it holds those deliveries. Its next round names what it holds;
+    # the lease keeps only that, so they are due again, not held (renewed) forever.
+    await add(pool, "crm", "http://127.0.0.1:9/x", max_in_flight=10)
+    await process_messages(pool, settings, 3)
+    lost = await _round(pool, "a", set())
+    assert len(lost) == 3
+    # Meanwhile no other forwarder may claim them, nor write an outcome for one.
+    stale = [deliveries.Result(lost[0], "delivered", None, 200, None)]
+    assert await _round(pool, "b", set(), stale) == []
+    assert await states(pool) == {"delivering": 3}
+    # The next round of "a" names nothing it holds.
+    assert await _round(pool, "a", set()) == []
+    assert await states(pool) == {"pending": 3}
+    assert await _round(pool, "b", set()) == lost  # due again, each claimed once
+    assert await pool.fetchval("SELECT sum(attempts) FROM deliveries") == 0
 
 
 async def test_fake_receiver_wait_answers_when_enough_are_processed(receiver: FakeReceiver) -> None:
