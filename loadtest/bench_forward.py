@@ -192,24 +192,27 @@ async def _forwarded(
 
 
 async def _pipeline(pool: asyncpg.Pool, prefix: str, rate: float, seconds: float) -> dict[str, float]:
-    """Stage one message per webhook at ``rate``/s for ``seconds``; receipt time per webhook id."""
+    """Stage one message per webhook at ``rate``/s for ``seconds``; receipt time per webhook id.
+    The bodies and their webhook ids are made beforehand: the load generator shares the event
+    loop with the consumers and the forwarder, and must not take it from them meanwhile."""
+    total = int(rate * seconds) + 1
+    bodies = [
+        payloads.meta_bytes(payloads.messages_payload(payloads.message_obj(f"wamid.{prefix}{i}")))
+        for i in range(total)
+    ]
+    ids = [stdwebhooks.webhook_id(DEST, f"msg:wamid.{prefix}{i}") for i in range(total)]
     receipts: dict[str, float] = {}
     tick = 0.01
     started = time.perf_counter()
     sent = 0
     while (elapsed := time.perf_counter() - started) < seconds:
-        due = int(elapsed * rate) - sent
+        due = min(int(elapsed * rate), total) - sent
         if due > 0:
-            bodies = [
-                payloads.meta_bytes(
-                    payloads.messages_payload(payloads.message_obj(f"wamid.{prefix}{sent + i}"))
-                )
-                for i in range(due)
-            ]
             now = time.time()
-            await inbox.insert_batch(pool, sources=["meta"] * due, bodies=bodies, delivery_ids=[None] * due)
-            for i in range(due):
-                receipts[stdwebhooks.webhook_id(DEST, f"msg:wamid.{prefix}{sent + i}")] = now
+            await inbox.insert_batch(
+                pool, sources=["meta"] * due, bodies=bodies[sent : sent + due], delivery_ids=[None] * due
+            )
+            receipts.update(dict.fromkeys(ids[sent : sent + due], now))
             sent += due
         await asyncio.sleep(tick)
     return receipts

@@ -112,6 +112,7 @@ class Forwarder:
         self._held: set[int] = set()
         # A round refills the queue when it is down to this; written outcomes wait for this many.
         self._refill_at = self._flush_at = max(1, settings.forward_batch // 2)
+        self._backlog = False  # the last claim was as large as allowed: more is likely due
         self._keys: dict[str, bytes] = {}
         self._refused: dict[str, str | None] = {}
         # Per destination: its delivered counter and latency histogram (labels() is a locked
@@ -215,6 +216,7 @@ class Forwarder:
             self._unwritten = (results, breakers)
             raise
         self._held = held.union(c.id for c in claimed)
+        self._backlog = 0 < limit == len(claimed)
         self._gone -= gone
         for dest in gone:
             self._skip[dest] = True
@@ -337,11 +339,13 @@ class Forwarder:
 
     def _finished(self, a: Attempt) -> None:
         """Keep an outcome for the next round, and wake the loop when a round is worth it: the
-        queue needs refilling, enough outcomes wait, or a conversation's next delivery waits
-        on this one. Otherwise a round per finished request would cost the database (and
-        this process) a round's fixed work for one or two outcomes; FLUSH_S bounds the wait."""
+        queue needs refilling while a backlog is due, enough outcomes wait, or a conversation's
+        next delivery waits on this one. Otherwise a round per finished request would cost the
+        database (and this process) a round's fixed work for one or two outcomes, and keep the
+        loop too busy to claim at once what a NOTIFY announces; FLUSH_S bounds the wait."""
         self._done.append(a)
-        if self._queue.qsize() <= self._refill_at or len(self._done) >= self._flush_at or a.claimed.ordered:
+        refill = self._backlog and self._queue.qsize() <= self._refill_at
+        if refill or len(self._done) >= self._flush_at or a.claimed.ordered:
             self.wake.set()
 
     def _outcomes(self) -> tuple[list[deliveries.Result], list[tuple[int, bool, int]]]:

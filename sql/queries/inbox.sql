@@ -159,7 +159,12 @@ WITH ev AS (
         (destination_id, event_key, webhook_id, kind, conversation, envelope, received_at, subject)
     SELECT d.id, f.key,
            'wh_' || left(encode(sha256(convert_to(d.name || '/' || f.key, 'UTF8')), 'hex'), 32),
-           f.kind, f.conversation, f.envelope, coalesce(w.received_at, now()), fresh.subject
+           f.kind, f.conversation, f.envelope,
+           -- A lookup by id per delivery (an index probe per partition), not a join: with
+           -- stale statistics (a new day partition, a burst) the planner hashed the whole
+           -- webhook_inbox for every batch, a cost that grew with the table.
+           coalesce((SELECT w.received_at FROM webhook_inbox w WHERE w.id = f.inbox_id), now()),
+           fresh.subject
     -- $10 is text, parsed only when some destination is enabled: without destinations the
     -- consumers pay nothing here but sending the text.
     FROM ROWS FROM (jsonb_to_recordset(
@@ -169,7 +174,6 @@ WITH ev AS (
         WITH ORDINALITY AS f(key, kind, conversation, envelope, inbox_id, n)
     JOIN fresh ON fresh.event_key = f.key
     JOIN destinations d ON d.enabled AND f.kind = ANY (d.events)
-    LEFT JOIN webhook_inbox w ON w.id = f.inbox_id
     -- Ids in the batch's arrival order: per-conversation ordering follows them.
     ORDER BY d.id, f.n
     ON CONFLICT (destination_id, event_key, subject) DO NOTHING
