@@ -339,13 +339,15 @@ class Forwarder:
 
     def _finished(self, a: Attempt) -> None:
         """Keep an outcome for the next round, and wake the loop when a round is worth it: the
-        queue needs refilling while a backlog is due, enough outcomes wait, or a conversation's
-        next delivery waits on this one. Otherwise a round per finished request would cost the
-        database (and this process) a round's fixed work for one or two outcomes, and keep the
-        loop too busy to claim at once what a NOTIFY announces; FLUSH_S bounds the wait."""
+        queue needs refilling while a backlog is due, the forwarder falls idle, enough outcomes
+        wait, or a conversation's next delivery waits on this one. Otherwise a round per
+        finished request would cost the database (and this process) a round's fixed work for
+        one or two outcomes, and keep the loop too busy to claim at once what a NOTIFY
+        announces; FLUSH_S bounds the wait."""
         self._done.append(a)
         refill = self._backlog and self._queue.qsize() <= self._refill_at
-        if refill or len(self._done) >= self._flush_at or a.claimed.ordered:
+        idle = self._busy <= 1 and self._queue.empty()  # the last request in flight: nothing to wait for
+        if refill or idle or len(self._done) >= self._flush_at or a.claimed.ordered:
             self.wake.set()
 
     def _outcomes(self) -> tuple[list[deliveries.Result], list[tuple[int, bool, int]]]:
