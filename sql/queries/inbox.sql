@@ -74,9 +74,11 @@ WITH ev AS (
     FROM msg
     -- wamid cannot be UNIQUE across day partitions: skip one recorded in the last 8 days
     -- (Meta's redelivery window); the dedup key is what makes each event count once.
-    WHERE NOT EXISTS (
-        SELECT 1 FROM inbound_messages i
-        WHERE i.wamid = msg.wamid AND i.received_at > now() - interval '8 days')
+    -- A probe of the wamid index per message (LIMIT keeps the planner from turning it into
+    -- an anti-join: with stale statistics it hashed 8 days of inbound_messages per batch).
+    WHERE (SELECT 1 FROM inbound_messages i
+           WHERE i.wamid = msg.wamid AND i.received_at > now() - interval '8 days'
+           LIMIT 1) IS NULL
     ORDER BY wamid
     RETURNING 1
 ), st AS (
