@@ -157,6 +157,21 @@ async def test_two_forwarders_never_post_one_delivery_concurrently(
     assert not receiver.state.duplicates
 
 
+async def test_max_in_flight_holds_across_two_forwarders(pool: asyncpg.Pool, settings: Settings) -> None:
+    # The destination's limit counts every forwarder's leases, not each forwarder's own.
+    r = FakeReceiver(SECRET, latency_ms=20)
+    url = await r.start()
+    try:
+        await add(pool, "crm", url, max_in_flight=3)
+        await process_messages(pool, settings, 40)
+        async with forwarding(pool, fast(settings, forward_concurrency=8, forward_batch=8), n=2):
+            await until(lambda: all_delivered(pool), what="every delivery delivered")
+        assert r.state.max_in_flight == 3  # reached, never passed
+        assert len(r.state.processed) == 40 and not r.state.duplicates
+    finally:
+        await r.close()
+
+
 async def test_max_in_flight_and_per_conversation_order(pool: asyncpg.Pool, settings: Settings) -> None:
     r = FakeReceiver(SECRET, latency_ms=15, p_5xx=0.2, seed=3)
     url = await r.start()
