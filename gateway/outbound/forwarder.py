@@ -1,15 +1,16 @@
 """The forwarder: POSTs each delivery's envelope to its destination, signed per Standard Webhooks.
 
 Deliveries are inserted by the consumers in the same transaction as their event's key (see
-``inbox_apply_batch``). A forwarder claims due ones in a short transaction (``FOR UPDATE SKIP
-LOCKED``, serialised across forwarders so per-destination limits hold), woken by ``LISTEN
-deliveries`` with polling as a fallback, and writes the outcomes of finished attempts in the
-same transaction as the next claim, on a connection of its own (no pool reset per round).
-``forward_concurrency`` workers take claimed deliveries from a queue (up to as many again
-wait there, so a finished request's slot is refilled without a database round trip) and
-POST them. What an answer means is ``gateway.core.forwarding.decide``; signing is
-``gateway.core.stdwebhooks``; both pure. The circuit breaker lives in the ``destinations``
-row, so every forwarder sees the same state.
+``inbox_apply_batch``). A forwarder works in rounds, one statement each (``forward_round()``,
+serialised across forwarders so per-destination limits hold), on a connection of its own:
+write the outcomes of finished attempts, claim due deliveries (``FOR UPDATE SKIP LOCKED``)
+and record what it holds in its leases (``delivery_leases``; a claim writes no delivery row).
+It is woken by ``LISTEN deliveries``, by its workers when the queue needs refilling or enough
+outcomes wait, with polling as a fallback. ``forward_concurrency`` workers take claimed
+deliveries from a queue (up to a batch waits there, so a finished request's slot is refilled
+without a database round trip) and POST them. What an answer means is
+``gateway.core.forwarding.decide``; signing is ``gateway.core.stdwebhooks``; both pure. The
+circuit breaker lives in the ``destinations`` row, so every forwarder sees the same state.
 """
 
 from __future__ import annotations
