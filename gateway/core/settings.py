@@ -517,6 +517,13 @@ class Settings:
         _int(10, 600000),
         "the forwarder polls this often when no NOTIFY wakes it",
     )
+    forward_lease_set_s: float = _env(
+        "GATEWAY_FORWARD_LEASE_S",
+        0.0,
+        _float(0, 86400),
+        "seconds a dead forwarder's claims stay held (a live one renews every round); "
+        "0: twice GATEWAY_FORWARD_TIMEOUT_MS + 60",
+    )
     forward_breaker_failures: int = _env(
         "GATEWAY_FORWARD_BREAKER_FAILURES",
         5,
@@ -604,8 +611,11 @@ class Settings:
         """A forwarder lease not renewed for this long belongs to a forwarder that died.
 
         Every round renews it (a round runs at least once a poll interval, or a round's
-        timeout when the database is slow): twice the request timeout, plus a minute of slack.
+        timeout when the database is slow): unless GATEWAY_FORWARD_LEASE_S sets it, twice the
+        request timeout, plus a minute of slack.
         """
+        if self.forward_lease_set_s > 0:
+            return self.forward_lease_set_s
         return 2 * self.forward_timeout_ms / 1000 + 60.0
 
     def redacted(self) -> dict[str, Any]:

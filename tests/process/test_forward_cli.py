@@ -168,3 +168,57 @@ async def _delivered(pool: asyncpg.Pool, n: int) -> bool:
 
 async def _attempts(receiver: FakeReceiver, n: int) -> bool:
     return len(receiver.state.attempts) >= n
+
+
+def _forward_proc_env(dsn: str) -> dict[str, str]:
+    return {
+        **os.environ, "DATABASE_URL": dsn, "GATEWAY_LOG_LEVEL": "warning",
+        "GATEWAY_FORWARD_POLL_MS": "100", "GATEWAY_FORWARD_ALLOW_PRIVATE": "1",
+        "GATEWAY_FORWARD_CONCURRENCY": "4", "GATEWAY_FORWARD_BATCH": "8", "GATEWAY_FORWARD_LEASE_S": "2",
+    }  # fmt: skip
+
+
+async def _held(pool: asyncpg.Pool) -> int:
+    n: int = await pool.fetchval("SELECT coalesce(sum(cardinality(ids)), 0) FROM delivery_leases")
+    return n
+
+
+async def test_a_forwarder_killed_mid_batch_loses_nothing_and_its_claims_are_sent_once_more(
+    db_dsn: str, pool: asyncpg.Pool, settings: Settings
+) -> None:
+    # Slow answers, so that the forwarder holds requests in flight and a queue when it dies.
+    receiver = FakeReceiver(SECRET, latency_ms=300)
+    url = await receiver.start()
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        rc, _, err = await gateway_cli(
+            db_dsn, "destinations", "add", "crm", url, "--events", "message", "--secret", SECRET,
+            "--max-in-flight", "12",
+        )  # fmt: skip
+        assert rc == 0, err
+        keys = await process_messages(pool, settings, 30)
+        env = _forward_proc_env(db_dsn)
+        procs.append(
+            await asyncio.create_subprocess_exec(sys.executable, "-m", "gateway", "forward", env=env)
+        )
+        await until(lambda: _attempts(receiver, 4), what="the first requests in flight")
+        procs[0].send_signal(signal.SIGKILL)
+        assert await asyncio.wait_for(procs[0].wait(), 10) == -signal.SIGKILL
+        # Its claims are still held (nobody else may send them), then its lease runs out.
+        assert await _held(pool) > 0
+        procs.append(
+            await asyncio.create_subprocess_exec(sys.executable, "-m", "gateway", "forward", env=env)
+        )
+        await until(lambda: _delivered(pool, 30), timeout_s=60, what="everything delivered after the kill")
+        expected = {stdwebhooks.webhook_id("crm", k) for k in keys}
+        assert set(receiver.state.processed) == expected  # nothing lost, nothing unexpected
+        # Each event is processed once; what the dead one had sent arrived again, deduplicated.
+        assert sum(receiver.state.duplicates.values()) == len(receiver.state.attempts) - 30
+        assert len(receiver.state.attempts) <= 30 + 12  # at most what it held, sent twice
+        assert await pool.fetchval("SELECT count(*) FROM delivery_leases WHERE cardinality(ids) > 0") == 0
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.send_signal(signal.SIGTERM)
+                assert await asyncio.wait_for(p.wait(), 20) == 0
+        await receiver.close()
