@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
@@ -101,13 +102,17 @@ async def until(
 
 
 async def states(pool: asyncpg.Pool) -> dict[str, int]:
-    # A pending delivery a forwarder's lease holds counts as delivering (as the CLI shows it).
-    rows = await pool.fetch(
-        "WITH held AS (SELECT unnest(ids) AS id FROM delivery_leases)"
-        " SELECT CASE WHEN state = 'pending' AND id IN (SELECT id FROM held) THEN 'delivering'"
-        " ELSE state END AS state, count(*) AS n FROM deliveries GROUP BY 1"
-    )
-    return {r["state"]: r["n"] for r in rows}
+    """Deliveries per state as `gateway deliveries list` counts them (a held one is delivering)."""
+    return await deliveries.count_deliveries(pool, destination=None, since=None, until=None)
+
+
+def order_per_customer(receiver: FakeReceiver) -> dict[str, list[int]]:
+    """Per customer, the numbers of its messages (wamid.F<n>) in the order the receiver got them."""
+    out: dict[str, list[int]] = defaultdict(list)
+    for msg_id in receiver.state.order:
+        data = receiver.state.processed[msg_id]["data"]
+        out[data["from"]].append(int(data["wamid"].removeprefix("wamid.F")))
+    return out
 
 
 async def all_delivered(pool: asyncpg.Pool) -> bool:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections import defaultdict
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -26,6 +25,7 @@ from tests.forward_helpers import (
     all_delivered,
     fast,
     forwarding,
+    order_per_customer,
     process_messages,
     states,
     until,
@@ -68,10 +68,7 @@ async def test_ordering_holds_per_customer_across_rounds(pool: asyncpg.Pool, set
         await process_messages(pool, settings, 60, customers=6)
         async with forwarding(pool, fast(settings, forward_batch=4, forward_concurrency=4, **NO_POLL)):
             await until(lambda: all_delivered(pool), what="every delivery delivered")
-        per_customer: dict[str, list[int]] = defaultdict(list)
-        for msg_id in r.state.order:
-            env = r.state.processed[msg_id]
-            per_customer[env["data"]["from"]].append(int(env["data"]["wamid"].removeprefix("wamid.F")))
+        per_customer = order_per_customer(r)
         assert len(per_customer) == 6
         assert all(seq == sorted(seq) for seq in per_customer.values())
         assert len(r.state.attempts) == 60  # no faults: each posted once
@@ -158,6 +155,26 @@ async def _is_in_flight(fw: Forwarder, n: int) -> bool:
     return fw.in_flight == n
 
 
+async def _round(
+    pool: asyncpg.Pool,
+    forwarder: str,
+    held: set[int],
+    results: list[deliveries.Result] | None = None,
+    breakers: list[tuple[int, bool, int]] | None = None,
+) -> list[deliveries.Claimed]:
+    """One round of ``forwarder`` holding ``held`` besides ``results``, as a Forwarder runs it."""
+    async with pool.acquire() as conn:
+        claimed, _, _ = await deliveries.cycle(
+            conn, forwarder=forwarder, held=held, results=results or [], breakers=breakers or [],
+            threshold=5, limit=10, lease_s=60, cooldown_s=30, housekeeping=False,
+        )  # fmt: skip
+    return claimed
+
+
+def _ids(claimed: list[deliveries.Claimed]) -> list[int]:
+    return sorted(c.id for c in claimed)
+
+
 async def test_one_round_writes_outcomes_frees_room_and_claims_again(
     pool: asyncpg.Pool, settings: Settings
 ) -> None:
@@ -168,43 +185,22 @@ async def test_one_round_writes_outcomes_frees_room_and_claims_again(
 
     held: set[int] = set()  # what the forwarder holds, as a Forwarder keeps it
 
-    async def cycle(results: list[deliveries.Result], limit: int) -> list[deliveries.Claimed]:
+    async def cycle(results: list[deliveries.Result]) -> list[deliveries.Claimed]:
         nonlocal held
-        async with pool.acquire() as conn:
-            claimed, _, _ = await deliveries.cycle(
-                conn,
-                forwarder="test",
-                held=held.difference(r.id for r in results),
-                results=results,
-                breakers=[(dest, True, 0)] if results else [],
-                threshold=5,
-                limit=limit,
-                lease_s=60,
-                cooldown_s=30,
-                housekeeping=False,
-            )
-        held = held.difference(r.id for r in results).union(c.id for c in claimed)
+        held = held.difference(r.id for r in results)
+        breakers = [(dest, True, 0)] if results else []
+        claimed = await _round(pool, "test", held, results, breakers=breakers)
+        held = held.union(c.id for c in claimed)
         return claimed
 
-    first = await cycle([], 10)
+    first = await cycle([])
     assert len(first) == 2  # max_in_flight
-    assert await cycle([], 10) == []  # full
+    assert await cycle([]) == []  # full
     done = [deliveries.Result(c.id, "delivered", None, 204, None) for c in first]
-    second = await cycle(done, 10)
+    second = await cycle(done)
     assert len(second) == 2 and {c.id for c in second}.isdisjoint(c.id for c in first)
     assert await states(pool) == {"delivered": 2, "delivering": 2}
     assert all(isinstance(c.body, bytes) and c.received_at > 0 and c.window_start > 0 for c in second)
-
-
-async def _round(
-    pool: asyncpg.Pool, forwarder: str, held: set[int], results: list[deliveries.Result] | None = None
-) -> list[int]:
-    async with pool.acquire() as conn:
-        claimed, _, _ = await deliveries.cycle(
-            conn, forwarder=forwarder, held=held, results=results or [], breakers=[], threshold=5,
-            limit=10, lease_s=60, cooldown_s=30, housekeeping=False,
-        )  # fmt: skip
-    return sorted(c.id for c in claimed)
 
 
 async def test_a_claim_whose_answer_never_arrived_is_due_again_and_never_claimed_twice(
@@ -215,16 +211,16 @@ async def test_a_claim_whose_answer_never_arrived_is_due_again_and_never_claimed
     # the lease keeps only that, so they are due again, not held (renewed) forever.
     await add(pool, "crm", "http://127.0.0.1:9/x", max_in_flight=10)
     await process_messages(pool, settings, 3)
-    lost = await _round(pool, "a", set())
+    lost = _ids(await _round(pool, "a", set()))
     assert len(lost) == 3
     # Meanwhile no other forwarder may claim them, nor write an outcome for one.
     stale = [deliveries.Result(lost[0], "delivered", None, 200, None)]
-    assert await _round(pool, "b", set(), stale) == []
+    assert _ids(await _round(pool, "b", set(), stale)) == []
     assert await states(pool) == {"delivering": 3}
     # The next round of "a" names nothing it holds.
-    assert await _round(pool, "a", set()) == []
+    assert _ids(await _round(pool, "a", set())) == []
     assert await states(pool) == {"pending": 3}
-    assert await _round(pool, "b", set()) == lost  # due again, each claimed once
+    assert _ids(await _round(pool, "b", set())) == lost  # due again, each claimed once
     assert await pool.fetchval("SELECT sum(attempts) FROM deliveries") == 0
 
 

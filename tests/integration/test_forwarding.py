@@ -36,6 +36,7 @@ from tests.forward_helpers import (
     all_delivered,
     fast,
     forwarding,
+    order_per_customer,
     process_messages,
     process_status,
     started_receiver,
@@ -182,10 +183,7 @@ async def test_max_in_flight_and_per_conversation_order(pool: asyncpg.Pool, sett
             await until(lambda: all_delivered(pool), what="every delivery delivered")
         assert r.state.max_in_flight <= 3
         assert r.state.max_in_flight > 1  # customers do not wait for each other
-        per_customer: dict[str, list[int]] = defaultdict(list)
-        for msg_id in r.state.order:
-            env = r.state.processed[msg_id]
-            per_customer[env["data"]["from"]].append(int(env["data"]["wamid"].removeprefix("wamid.F")))
+        per_customer = order_per_customer(r)
         assert len(per_customer) == 4
         for seq in per_customer.values():
             assert seq == sorted(seq)  # each customer's messages in order, despite 5xx retries
