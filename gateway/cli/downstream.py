@@ -73,14 +73,20 @@ def _refused(url: str) -> str | None:
     return asyncio.run(check())
 
 
+def _secret(given: str | None) -> str:
+    """The --secret given (ValueError unless it is a valid whsec_ secret), or a new one."""
+    secret = given if given is not None else stdwebhooks.generate_secret()
+    stdwebhooks.secret_key(secret)
+    return secret
+
+
 def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
     secret: str | None = None
     if ns.action == "rotate-secret":
         try:
             if not 0 <= ns.grace_h <= 24 * 30:
                 raise ValueError("--grace-h must be 0..720")
-            secret = ns.secret if ns.secret is not None else stdwebhooks.generate_secret()
-            stdwebhooks.secret_key(secret)
+            secret = _secret(ns.secret)
         except ValueError as exc:
             print(f"gateway destinations rotate-secret: {exc}", file=sys.stderr)
             return 2
@@ -93,8 +99,7 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
             events = forwarding.parse_events(ns.events)
             if not 1 <= ns.max_in_flight <= 10000:
                 raise ValueError("--max-in-flight must be 1..10000")
-            secret = ns.secret if ns.secret is not None else stdwebhooks.generate_secret()
-            stdwebhooks.secret_key(secret)
+            secret = _secret(ns.secret)
         except ValueError as exc:
             print(f"gateway destinations add: {exc}", file=sys.stderr)
             return 2
