@@ -39,6 +39,16 @@ FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid
 WHERE c.relispartition AND c.relkind IN ('r', 'p') AND c.oid NOT IN (SELECT oid FROM day_partition)
 UNION ALL
 SELECT 'function ' || p.proname FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace
+UNION ALL
+SELECT 'options ' || c.oid::regclass || ' ' || array_to_string(c.reloptions, ',') FROM pg_class c
+WHERE c.relnamespace = 'public'::regnamespace AND c.reloptions IS NOT NULL
+  AND c.oid NOT IN (SELECT oid FROM day_partition)
+UNION ALL
+-- storage other than the type's default (e.g. a column kept out of line, uncompressed)
+SELECT 'storage ' || a.attrelid::regclass || '.' || a.attname || ' ' || a.attstorage::text
+FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_type t ON t.oid = a.atttypid
+WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p') AND a.attnum > 0
+  AND NOT a.attisdropped AND a.attstorage <> t.typstorage AND c.oid NOT IN (SELECT oid FROM day_partition)
 ORDER BY 1
 """
 

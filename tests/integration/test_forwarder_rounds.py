@@ -8,6 +8,7 @@ import asyncio
 import socket
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
@@ -415,3 +416,30 @@ async def test_start_up_names_the_destinations_the_guard_will_refuse(
         assert await guarded.warn_refused() == ["inside"]
     assert "destination inside is refused" in caplog.text and "loopback" in caplog.text
     assert await Forwarder(pool, fast(settings)).warn_refused() == []  # allowed: nothing to say
+
+
+async def test_a_large_lease_stays_on_one_page_round_after_round(pool: asyncpg.Pool) -> None:
+    # A lease row holds up to forward_concurrency + forward_batch ids and every round rewrites
+    # it. Inline, a row of 600 ids (4.8 KB) left no room on its page for its next version:
+    # the table grew a page per round until autovacuum, and every round's scans read them all.
+    dest = await add(pool, "crm", "http://127.0.0.1:9/x", max_in_flight=1000)
+    rows = [
+        {"key": f"msg:wamid.L{i}", "kind": "message", "conversation": "", "envelope": {"n": i},
+         "received_at": datetime.now(UTC)}
+        for i in range(1300)
+    ]  # fmt: skip
+    await deliveries.insert_rebuilt(pool, destination_id=dest, rows=rows)
+    held: set[int] = set()
+    for _ in range(30):  # each round: 20 outcomes, 20 new claims, about 600 held
+        done = sorted(held)[:20]
+        held.difference_update(done)
+        results = [deliveries.Result(i, "delivered", None, 200, None) for i in done]
+        async with pool.acquire() as conn:
+            claimed, _, _ = await deliveries.cycle(
+                conn, forwarder="big", held=held, results=results, breakers=[], threshold=5,
+                limit=600 - len(held), lease_s=60, cooldown_s=30, housekeeping=False,
+            )  # fmt: skip
+        held.update(c.id for c in claimed)
+    assert len(held) == 600
+    assert await pool.fetchval("SELECT cardinality(ids) FROM delivery_leases") == 600
+    assert await pool.fetchval("SELECT pg_relation_size('delivery_leases') / 8192") <= 2
