@@ -289,8 +289,13 @@ class Forwarder:
 
     async def _worker(self) -> None:
         """Post claimed deliveries one after another until cancelled."""
+        queue = self._queue
         while True:
-            c = await self._queue.get()
+            # get_nowait first: a worker almost always finds one waiting (no coroutine to make)
+            try:
+                c = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                c = await queue.get()
             self._busy += 1
             self._idle.clear()
             try:
@@ -316,10 +321,10 @@ class Forwarder:
             headers["Content-Type"] = "application/json"
             async with self.session.post(c.url, data=c.body, headers=headers, allow_redirects=False) as resp:
                 a.status = resp.status
-                a.retry_after = resp.headers.get("Retry-After")
-                if resp.status == 410:
-                    self._skip.setdefault(c.destination_id, False)
                 if not 200 <= resp.status < 300:
+                    a.retry_after = resp.headers.get("Retry-After")
+                    if resp.status == 410:
+                        self._skip.setdefault(c.destination_id, False)
                     text = await resp.content.read(MAX_ERROR_BODY)
                     a.error = " ".join(text.decode("utf-8", "replace").split())[:MAX_ERROR_BODY] or None
         except TimeoutError:
@@ -360,6 +365,7 @@ class Forwarder:
         s = self.settings
         results: list[deliveries.Result] = []
         per_dest: dict[int, list[bool]] = {}
+        delivered: dict[str, int] = {}  # per destination, counted once a round
         now = self.clock.now()
         for a in done:
             c = a.claimed
@@ -371,9 +377,8 @@ class Forwarder:
                 # The common case, without decide()'s retry arithmetic (what it would say).
                 results.append(deliveries.Result(c.id, "delivered", None, status, None, c.ordered))
                 per_dest.setdefault(c.destination_id, []).append(True)
-                count, latency = self._delivered_metrics(c.destination)
-                count.inc()
-                latency.observe(max(0.0, a.finished - c.received_at))
+                delivered[c.destination] = delivered.get(c.destination, 0) + 1
+                self._delivered_metrics(c.destination)[1].observe(max(0.0, a.finished - c.received_at))
                 continue
             d = decide(
                 status=status,
@@ -404,6 +409,8 @@ class Forwarder:
                     "delivery %d (%s) to %s failed after %d attempts: %s",
                     c.id, c.webhook_id, c.destination, c.attempts, d.error,
                 )  # fmt: skip
+        for name, n in delivered.items():
+            self._delivered_metrics(name)[0].inc(n)
         return results, [(dest, *breaker_tally(oks)) for dest, oks in per_dest.items()]
 
     def _delivered_metrics(self, destination: str) -> tuple[Counter, Histogram]:
