@@ -393,7 +393,7 @@ async def _run_scratch(admin_dsn: str, args: argparse.Namespace) -> int:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--deliveries", type=int, default=4000, help="per saturation round")
+    p.add_argument("--deliveries", type=int, default=12000, help="per saturation round")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--seconds", type=float, default=8.0, help="latency phase length")
