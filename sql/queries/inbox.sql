@@ -148,9 +148,11 @@ WITH ev AS (
     WHERE id = ANY($7::bigint[])
     RETURNING 1
 ), parked AS (
-    UPDATE webhook_inbox w SET state = 'dead', attempts = w.attempts + 1, last_error = d.why
-    FROM unnest($8::bigint[], $9::text[]) AS d(id, why)
-    WHERE w.id = d.id
+    -- By id, as `done` (a join with the unnested ids hashed every partition of the inbox when
+    -- the planner's estimates were stale); the reason is looked up per parked row, a rare one.
+    UPDATE webhook_inbox w SET state = 'dead', attempts = w.attempts + 1,
+        last_error = (SELECT d.why FROM unnest($8::bigint[], $9::text[]) AS d(id, why) WHERE d.id = w.id LIMIT 1)
+    WHERE w.id = ANY($8::bigint[])
     RETURNING 1
 ), fwd AS (
     -- The transactional outbox towards downstream: one delivery per fresh event and enabled
