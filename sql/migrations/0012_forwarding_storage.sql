@@ -1,5 +1,6 @@
--- Leases that stay one page, and a round that no longer compares every held id with every
--- id the forwarder names.
+-- Forwarding storage whose cost stays flat: leases that stay one page, deliveries vacuumed
+-- before their dead due entries pile up, and a round that no longer compares every held id
+-- with every id the forwarder names.
 --
 -- A lease row holds up to forward_concurrency + forward_batch ids (8 bytes each), and every
 -- round rewrites it. Kept inline (0011), a row of more than about 4 KB leaves no room on its
@@ -12,6 +13,15 @@
 -- on its page (HOT); the ids go to TOAST chunks, which are read by their index, never scanned.
 ALTER TABLE delivery_leases RESET (toast_tuple_target);
 ALTER TABLE delivery_leases ALTER COLUMN ids SET STORAGE EXTERNAL;
+
+-- A delivered (or failed) delivery leaves its pending version's entry dead in deliveries_due,
+-- to the left of every due one: each claim's index scan walks all of them until a vacuum
+-- removes them (measured without autovacuum: +0.5 us of PostgreSQL per delivery per 20 000
+-- delivered since the last vacuum, at 200 deliveries a round). With the default scale factor
+-- (0.2) a table holding a week of deliveries is vacuumed once a fifth of it is dead: with
+-- millions of rows, each claim would walk a million dead entries. 2 % keeps the walk short
+-- and still spaces the vacuums (each reads every index once) far apart.
+ALTER TABLE deliveries SET (autovacuum_vacuum_scale_factor = 0.02);
 
 -- forward_round() as in 0011 (see there), but for the lease's "still held" test.
 CREATE OR REPLACE FUNCTION forward_round(
