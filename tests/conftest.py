@@ -15,6 +15,7 @@ from aiohttp import ClientSession
 
 from gateway.core.settings import Settings
 from gateway.store.db import connect, create_pool, migrate, with_database
+from gateway.testing.fake_receiver import FakeReceiver
 from gateway.testing.scratch import scratch_database
 from gateway.web.app import build_app
 from gateway.web.server import Listening, listen
@@ -110,6 +111,19 @@ async def start_gateway() -> AsyncIterator[object]:
 @pytest.fixture
 async def gateway(start_gateway: object, settings: Settings) -> Listening:
     return await start_gateway(settings)  # type: ignore[operator, no-any-return]
+
+
+# The forwarding tests' destination secret (a fixed, valid whsec_ secret: 32 bytes).
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[FakeReceiver]:
+    """The fake downstream receiver, verifying signatures with the forwarding tests' secret."""
+    r = FakeReceiver(SECRET)
+    await r.start()
+    yield r
+    await r.close()
 
 
 @pytest.fixture

@@ -16,10 +16,8 @@ from gateway.outbound.forwarder import Forwarder
 from gateway.store import deliveries
 from gateway.testing.fake_receiver import FakeReceiver
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
-from tests.conftest import replace
+from tests.conftest import SECRET, replace
 from tests.consume_helpers import drain, stage
-
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
 def fast(settings: Settings, **changes: object) -> Settings:

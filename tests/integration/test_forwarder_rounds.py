@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import asyncpg
@@ -34,14 +33,6 @@ from tests.forward_helpers import (
 
 # Far longer than any wait below: only NOTIFY and the forwarder's own re-rounds can wake it.
 NO_POLL = {"forward_poll_ms": 600_000}
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[FakeReceiver]:
-    r = FakeReceiver(SECRET)
-    await r.start()
-    yield r
-    await r.close()
 
 
 async def test_an_ordered_conversation_flows_without_waiting_for_the_poll(

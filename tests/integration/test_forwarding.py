@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import asyncpg
@@ -43,14 +42,6 @@ from tests.forward_helpers import (
     states,
     until,
 )
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[FakeReceiver]:
-    r = FakeReceiver(SECRET)
-    await r.start()
-    yield r
-    await r.close()
 
 
 async def test_fresh_events_get_one_delivery_per_matching_enabled_destination(
