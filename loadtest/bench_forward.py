@@ -304,6 +304,7 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
             # 2. latency at half saturation, Meta webhook receipt -> receiver, with consumers
             await deliveries.set_enabled(pool, name=DEST, enabled=True)
             group = ConsumerGroup(pool, settings)
+            group.on_deliveries(forwarder.wake.set)  # as gateway serve wires them
             await group.start()
             rate = best_fw / 2
             receipts = await _pipeline(pool, "lat", rate, args.seconds)

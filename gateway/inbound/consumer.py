@@ -57,6 +57,8 @@ from gateway.inbound.dead_items import Failure, bad_item, error_text, failed_ite
 from gateway.store import dead_events, inbox
 
 log = logging.getLogger(__name__)
+# The fast path's savepoint (one per transaction: a batch is one transaction).
+_SAVEPOINT = "consumer_batch"
 # A database outage fails every batch alike: at most one line per kind per 10 s.
 _WARN = LogThrottle(10.0)
 
@@ -120,6 +122,10 @@ class Consumer:
         self._handlers = handlers if handlers else None
         self._items_at = -ITEMS_EVERY_S
         self.wake = asyncio.Event()
+        # Called after a batch that may have inserted deliveries has committed: a forwarder in
+        # the same process starts its round at once instead of waiting for the NOTIFY to come
+        # round through PostgreSQL and its LISTEN connection (which still wakes the others).
+        self.on_deliveries: Callable[[], None] | None = None
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -155,6 +161,7 @@ class Consumer:
     async def process_batch(self) -> int:
         """Claim one batch of due rows and handle it; returns the rows claimed (0: none due)."""
         started = time.perf_counter()
+        forwards = False
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await inbox.claim_batch(
                 conn, limit=self._s.consumer_batch, max_bytes=self._s.consumer_batch_bytes
@@ -163,16 +170,23 @@ class Consumer:
                 return 0
             plan = plan_batch(rows, window_days=self._s.dedup_retention_days)
             try:
-                async with conn.transaction():
-                    with tracing.span("consumer.batch", rows=len(rows)):
-                        result = await self._fast(conn, plan)
+                # A savepoint of our own, not a nested transaction(): COMMIT releases it, one
+                # round trip (RELEASE SAVEPOINT) fewer per batch.
+                await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+                with tracing.span("consumer.batch", rows=len(rows)):
+                    result = await self._fast(conn, plan)
             except Exception as exc:
                 if conn.is_closed():
                     raise
+                await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
                 await self._slow(conn, plan, exc)
+                forwards = bool(plan.forwards)
             else:
                 _observe(plan, result)
                 self._health.succeeded({kind_of(ev.key) for ev, _, _ in plan.events})
+                forwards = result.deliveries > 0
+        if forwards and self.on_deliveries is not None:
+            self.on_deliveries()
         metrics.CONSUMER_BATCH_ROWS.observe(len(rows))
         metrics.CONSUMER_BATCH_SECONDS.observe(time.perf_counter() - started)
         return len(rows)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -32,6 +33,12 @@ class ConsumerGroup:
         ]
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+
+    def on_deliveries(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` after each committed batch that inserted deliveries (an in-process
+        forwarder's wake-up; other processes' forwarders are woken by NOTIFY)."""
+        for c in self.consumers:
+            c.on_deliveries = wake
 
     def _wake_all(self, *_: Any) -> None:
         for c in self.consumers:

@@ -108,6 +108,8 @@ async def _forwarder(app: web.Application) -> AsyncIterator[None]:
     """The forwarder (deliveries → downstream destinations) runs beside the HTTP server."""
     forwarder = Forwarder(app[POOL], app[SETTINGS])
     app[FORWARDER] = forwarder
+    if CONSUMERS in app:  # in-process consumers wake it directly after their commits
+        app[CONSUMERS].on_deliveries(forwarder.wake.set)
     stop = asyncio.Event()
     task = asyncio.create_task(forwarder.run(stop))
     yield

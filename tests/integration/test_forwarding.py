@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestServer
 from gateway.core import stdwebhooks
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
+from gateway.inbound.consumer import Consumer
 from gateway.outbound.backfill import backfill
 from gateway.store import deliveries
 from gateway.testing.fake_receiver import FakeReceiver, Scripted
@@ -436,3 +437,28 @@ async def test_an_open_breaker_is_not_closed_by_requests_sent_before_it_opened(
 
 async def _posted(receiver: FakeReceiver, n: int) -> bool:
     return len(receiver.state.attempts) >= n
+
+
+async def test_a_consumer_wakes_an_in_process_forwarder_after_committing_deliveries(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    # gateway serve wires this to its forwarder's wake-up: no wait for the NOTIFY to come back
+    # through PostgreSQL. Only a batch that inserted deliveries calls it, after its COMMIT.
+    await add(pool, "bot", "http://127.0.0.1:9/b", ("message",))
+    consumer = Consumer(pool, settings)
+    calls: list[int] = []
+
+    def woken() -> None:
+        calls.append(1)
+
+    consumer.on_deliveries = woken
+    message = to_bytes(messages_payload(message_obj("wamid.W1")))
+    await stage(pool, message)
+    assert await consumer.process_batch() == 1
+    assert calls == [1]
+    assert await pool.fetchval("SELECT count(*) FROM deliveries") == 1  # committed
+    await stage(pool, message)  # a redelivery: nothing fresh, no delivery
+    statuses = meta_payload(("messages", meta_value(statuses=[status_obj("wamid.W0", "read")])))
+    await stage(pool, to_bytes(statuses))  # a status: no destination wants it
+    assert await consumer.process_batch() == 2
+    assert calls == [1]
