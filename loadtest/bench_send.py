@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -87,15 +89,27 @@ async def _received(fake_url: str) -> int:
         return len(await r.json(content_type=None))
 
 
-async def _run(dsn: str, args: argparse.Namespace) -> dict[str, float]:
+@contextlib.asynccontextmanager
+async def _environment(dsn: str) -> AsyncIterator[tuple[asyncpg.Pool, str]]:
+    """A migrated database's pool and the fake provider's URL (the provider in a subprocess)."""
     port = _free_port()
     fake = await _start_fake(port)
-    fake_url = f"http://127.0.0.1:{port}"
     try:
         conn = await connect(dsn)
         await migrate(conn)
         await conn.close()
         pool = await create_pool(dsn, 2, 10)
+        try:
+            yield pool, f"http://127.0.0.1:{port}"
+        finally:
+            await pool.close()
+    finally:
+        fake.terminate()
+        await fake.wait()
+
+
+async def _run(dsn: str, args: argparse.Namespace) -> dict[str, float]:
+    async with _environment(dsn) as (pool, fake_url):
         settings = Settings(
             database_url=dsn,
             graph_url=f"{fake_url}/v21.0",
@@ -132,7 +146,6 @@ async def _run(dsn: str, args: argparse.Namespace) -> dict[str, float]:
         await sender.close()
         accepted = await pool.fetchval("SELECT count(*) FROM outbox WHERE state = 'accepted'")
         received = await _received(fake_url) - args.messages  # minus the baseline's
-        await pool.close()
         return {
             "messages": args.messages,
             "recipients": args.recipients,
@@ -142,9 +155,6 @@ async def _run(dsn: str, args: argparse.Namespace) -> dict[str, float]:
             "sends_per_s": args.messages / elapsed,
             "baseline_per_s": base_rate,
         }
-    finally:
-        fake.terminate()
-        await fake.wait()
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -198,28 +208,15 @@ async def _latency_mode(
 
 
 async def _latency(dsn: str, args: argparse.Namespace) -> dict[str, float]:
-    port = _free_port()
-    fake = await _start_fake(port)
-    fake_url = f"http://127.0.0.1:{port}"
-    try:
-        conn = await connect(dsn)
-        await migrate(conn)
-        await conn.close()
-        pool = await create_pool(dsn, 2, 10)
-        try:
-            poll = await _latency_mode(pool, dsn, fake_url, args, notify=False)
-            woken = await _latency_mode(pool, dsn, fake_url, args, notify=True)
-        finally:
-            await pool.close()
-        return {
-            "poll_p50": _pct(poll, 50),
-            "poll_p99": _pct(poll, 99),
-            "notify_p50": _pct(woken, 50),
-            "notify_p99": _pct(woken, 99),
-        }
-    finally:
-        fake.terminate()
-        await fake.wait()
+    async with _environment(dsn) as (pool, fake_url):
+        poll = await _latency_mode(pool, dsn, fake_url, args, notify=False)
+        woken = await _latency_mode(pool, dsn, fake_url, args, notify=True)
+    return {
+        "poll_p50": _pct(poll, 50),
+        "poll_p99": _pct(poll, 99),
+        "notify_p50": _pct(woken, 50),
+        "notify_p99": _pct(woken, 99),
+    }
 
 
 async def _run_scratch(admin_dsn: str, args: argparse.Namespace) -> dict[str, float]:
