@@ -58,7 +58,7 @@ from gateway.store import dead_events, inbox
 
 log = logging.getLogger(__name__)
 # The fast path's savepoint (one per transaction: a batch is one transaction).
-_SAVEPOINT = "consumer_batch"
+_SAVEPOINT = "gateway_consumer_batch"
 # A database outage fails every batch alike: at most one line per kind per 10 s.
 _WARN = LogThrottle(10.0)
 
