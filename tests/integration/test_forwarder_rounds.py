@@ -434,3 +434,39 @@ async def test_a_large_lease_stays_on_one_page_round_after_round(pool: asyncpg.P
     assert len(held) == 600
     assert await pool.fetchval("SELECT cardinality(ids) FROM delivery_leases") == 600
     assert await pool.fetchval("SELECT pg_relation_size('delivery_leases') / 8192") <= 2
+
+
+async def test_claims_start_at_due_from_and_housekeeping_lowers_it_for_a_late_commit(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    # A claim starts at its destination's due_from (past the dead index entries delivered rows
+    # leave); housekeeping keeps it at most 10 s back and below every pending delivery.
+    dest = await add(pool, "crm", "http://127.0.0.1:9/x", max_in_flight=10)
+    first = [
+        {"key": f"msg:wamid.DF{i}", "kind": "message", "conversation": "", "envelope": {"n": i},
+         "received_at": datetime.now(UTC)}
+        for i in range(2)
+    ]  # fmt: skip
+    await deliveries.insert_rebuilt(pool, destination_id=dest, rows=first)
+
+    async def housekeeping(held: set[int]) -> list[deliveries.Claimed]:
+        async with pool.acquire() as conn:
+            claimed, _, _ = await deliveries.cycle(
+                conn, forwarder="hk", held=held, results=[], breakers=[], threshold=5,
+                limit=0, lease_s=60, cooldown_s=30, housekeeping=True,
+            )  # fmt: skip
+        return claimed
+
+    assert await housekeeping(set()) == []
+    lag = await pool.fetchval("SELECT extract(epoch FROM clock_timestamp() - due_from) FROM destinations")
+    assert 9 < lag < 12  # the newest pending delivery is younger than 10 s: 10 s back
+    # A delivery whose transaction committed long after it was written: below due_from.
+    await deliveries.insert_rebuilt(pool, destination_id=dest, rows=[{**first[0], "key": "msg:wamid.LATE"}])
+    late = await pool.fetchval(
+        "UPDATE deliveries SET next_attempt_at = now() - interval '1 minute'"
+        " WHERE event_key = 'msg:wamid.LATE' RETURNING id"
+    )
+    held = set(_ids(await _round(pool, "a", set())))
+    assert len(held) == 2 and late not in held  # not seen by the claim
+    await housekeeping(set())  # lowers due_from to it
+    assert _ids(await _round(pool, "a", held)) == [late]
