@@ -23,15 +23,6 @@ ALTER TABLE delivery_leases ALTER COLUMN ids SET STORAGE EXTERNAL;
 -- and still spaces the vacuums (each reads every index once) far apart.
 ALTER TABLE deliveries SET (autovacuum_vacuum_scale_factor = 0.02);
 
--- And a claim no longer walks them at all: it starts at its destination's due_from, a lower
--- bound of the next_attempt_at of every pending delivery that housekeeping recomputes (twice a
--- second): the oldest pending one's, but at most 10 s ago. A row is written with a
--- next_attempt_at of its write time or later (insert, retry, replay), so only a row whose
--- transaction took longer than those 10 s to commit can fall below the bound; the next
--- recomputation sees it (a delay of at most half a second, never a loss). Held (leased)
--- deliveries are pending, so the bound stays below them and below a dead forwarder's.
-ALTER TABLE destinations ADD COLUMN due_from timestamptz NOT NULL DEFAULT '-infinity';
-
 -- forward_round() as in 0011 (see there), but for the lease's "still held" test.
 CREATE OR REPLACE FUNCTION forward_round(
     bigint[], text[], float8[], int[], text[], bigint[], bool[], int[], int, int, float8,
@@ -110,8 +101,7 @@ BEGIN
                CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret END
                    AS previous_secret,
                CASE WHEN coalesce(s.state, d.breaker_state) = 'half_open' THEN 1 ELSE d.max_in_flight END
-               - coalesce(h.n, 0) + coalesce(h.freed, 0) AS room,
-               d.due_from
+               - coalesce(h.n, 0) + coalesce(h.freed, 0) AS room
         FROM destinations d LEFT JOIN s ON s.id = d.id LEFT JOIN held h ON h.destination_id = d.id
         WHERE d.enabled AND NOT coalesce(s.gone, false)
           AND coalesce(s.state, d.breaker_state) <> 'open' AND $10 > 0
@@ -125,7 +115,6 @@ BEGIN
             FROM deliveries dl
             WHERE dl.destination_id = dest.id
               AND dl.state = 'pending'
-              AND dl.next_attempt_at >= dest.due_from  -- past the dead entries (see above)
               AND dl.next_attempt_at <= clock_timestamp()
               -- held ones: in flight, or finished in this round (not yet visible as such)
               AND dl.id NOT IN (SELECT id FROM leased)
@@ -177,18 +166,6 @@ BEGIN
         DELETE FROM delivery_leases WHERE lease_until < clock_timestamp();
         UPDATE deliveries SET state = 'pending', lease_until = NULL
         WHERE state = 'delivering' AND lease_until < clock_timestamp();
-        -- Lowered whenever it must be; raised only by more than a second (not a write of
-        -- every destination row twice a second for nothing).
-        UPDATE destinations d SET due_from = b.due_from
-        FROM (
-            SELECT x.id, least(
-                       (SELECT min(dl.next_attempt_at) FROM deliveries dl
-                        WHERE dl.destination_id = x.id AND dl.state = 'pending'),
-                       clock_timestamp() - interval '10 seconds') AS due_from
-            FROM destinations x WHERE x.enabled
-        ) b
-        WHERE d.id = b.id
-          AND (b.due_from < d.due_from OR b.due_from > d.due_from + interval '1 second');
         RETURN QUERY
         UPDATE destinations SET breaker_state = 'half_open', breaker_changed_at = now()
         WHERE breaker_state = 'open'

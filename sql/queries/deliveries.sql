@@ -50,7 +50,7 @@ FROM gone g;
 
 -- name: forward_round
 -- One forwarder round: see forward_round() in sql/migrations/0011_delivery_leases.sql (its
--- latest version is in 0012_forwarding_storage.sql).
+-- latest version is in 0013_claims_due_from.sql).
 SELECT * FROM forward_round($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16);
 
 -- name: deliveries_gauges
