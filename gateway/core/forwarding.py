@@ -344,3 +344,17 @@ def breaker_tally(successes: Sequence[bool]) -> tuple[bool, int]:
         else:
             failures += 1
     return saw_success, failures
+
+
+def merge_tallies(
+    earlier: Sequence[tuple[int, bool, int]], later: Sequence[tuple[int, bool, int]]
+) -> list[tuple[int, bool, int]]:
+    """Breaker tallies (destination, any success, failures after the last success) of two
+    rounds, as if their outcomes had been counted in one (a failed round's are written with
+    the next)."""
+    out = {dest: (ok, fails) for dest, ok, fails in earlier}
+    for dest, ok, fails in later:
+        if dest in out and not ok:
+            ok, fails = out[dest][0], out[dest][1] + fails
+        out[dest] = (ok, fails)
+    return [(dest, ok, fails) for dest, (ok, fails) in out.items()]

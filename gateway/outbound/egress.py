@@ -4,19 +4,27 @@ private or link-local addresses (unless ``GATEWAY_FORWARD_ALLOW_PRIVATE``).
 The check is made on the very addresses the connection then uses (aiohttp connects to what
 the resolver returns), so a name that resolved to a public address when the destination was
 added and to 127.0.0.1 now (DNS rebinding) is refused at connect time. IP literals never reach
-a resolver: ``gateway.core.forwarding.host_refused`` judges those before the request.
+a resolver: ``gateway.core.forwarding.host_refused`` judges those before the request. At
+start, ``warn_refused`` names the enabled destinations the guard will refuse.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import logging
 import socket
 from urllib.parse import urlsplit
 
+import asyncpg
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
 from gateway.core.forwarding import address_refused, host_refused
+from gateway.core.settings import Settings
+from gateway.store import deliveries
+
+log = logging.getLogger(__name__)
 
 
 class RefusedAddress(OSError):
@@ -62,3 +70,38 @@ async def url_refused(url: str, resolver: AbstractResolver) -> str | None:
     if why is not None:
         return why
     return refused_among(host, await resolver.resolve(host, parts.port or 443, socket.AF_UNSPEC))
+
+
+async def warn_refused(pool: asyncpg.Pool, settings: Settings, timeout_s: float = 5.0) -> list[str]:
+    """At start: the enabled destinations the private-address guard will refuse, each named in
+    a warning (destinations added before the guard existed would otherwise just fail and be
+    retried). A name that does not resolve now is left to the connect-time check."""
+    if settings.forward_allow_private:
+        return []
+    refused: list[str] = []
+    resolver = DefaultResolver()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with pool.acquire() as conn:
+                found = await deliveries.list_destinations(conn)
+            for d in found:
+                if not d.enabled:
+                    continue
+                try:
+                    why = await url_refused(d.url, resolver)
+                except OSError:
+                    continue
+                if why is not None:
+                    refused.append(d.name)
+                    log.warning(
+                        "destination %s is refused by the private-address guard (%s): its deliveries "
+                        "will fail and be retried; give it a public URL, or set "
+                        "GATEWAY_FORWARD_ALLOW_PRIVATE=1 if private destinations are intended",
+                        d.name,
+                        why,
+                    )
+    except Exception as exc:  # a warning at best: never worth stopping the forwarder over
+        log.debug("private-address check of the destinations skipped: %s", type(exc).__name__)
+    finally:
+        await resolver.close()
+    return refused

@@ -30,7 +30,6 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import asyncpg
-from aiohttp.resolver import DefaultResolver
 from prometheus_client import Counter, Histogram
 
 from gateway import __version__, metrics
@@ -38,9 +37,9 @@ from gateway.core import forwarding, stdwebhooks
 from gateway.core.aio import sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.clock import Clock, SystemClock
-from gateway.core.forwarding import Outcome, breaker_tally, decide
+from gateway.core.forwarding import Outcome, breaker_tally, decide, merge_tallies
 from gateway.core.settings import Settings
-from gateway.outbound.egress import GuardedResolver, RefusedAddress, url_refused
+from gateway.outbound.egress import GuardedResolver, RefusedAddress, warn_refused
 from gateway.store import deliveries
 from gateway.store.db import connect
 from gateway.store.deliveries import Tx
@@ -59,18 +58,6 @@ STOP_GRACE_S = 5.0
 # (command_timeout): a silent network must not hang the loop. A timed-out round is
 # cancelled, which terminates the connection and so rolls the round back.
 ROUND_TIMEOUT_S = 60.0
-
-
-def _merge(
-    earlier: list[tuple[int, bool, int]], later: list[tuple[int, bool, int]]
-) -> list[tuple[int, bool, int]]:
-    """Breaker tallies of two rounds, one per destination, as if counted in one."""
-    out = {dest: (ok, fails) for dest, ok, fails in earlier}
-    for dest, ok, fails in later:
-        if dest in out and not ok:
-            ok, fails = out[dest][0], out[dest][1] + fails
-        out[dest] = (ok, fails)
-    return [(dest, ok, fails) for dest, (ok, fails) in out.items()]
 
 
 class Attempt:
@@ -180,7 +167,7 @@ class Forwarder:
         results, breakers = self._outcomes()
         if self._unwritten[0]:  # outcomes a failed round could not write: try them again
             results = self._unwritten[0] + results
-            breakers = _merge(self._unwritten[1], breakers)
+            breakers = merge_tallies(self._unwritten[1], breakers)
             self._unwritten = ([], [])
         # Claimed deliveries queue for a worker, up to one claim (forward_batch) beyond what
         # the workers hold: a finished request's worker takes the next one at once, and a
@@ -239,40 +226,6 @@ class Forwarder:
         # predecessor was still open in the statement's snapshot) and a half-open probe.
         self.again = bool(half_open) or any(r.ordered for r in results)
         return len(claimed)
-
-    async def warn_refused(self, timeout_s: float = 5.0) -> list[str]:
-        """At start: the enabled destinations the private-address guard will refuse, each named in
-        a warning (destinations added before the guard existed would otherwise just fail and be
-        retried). A name that does not resolve now is left to the connect-time check."""
-        if self.settings.forward_allow_private:
-            return []
-        refused: list[str] = []
-        resolver = DefaultResolver()
-        try:
-            async with asyncio.timeout(timeout_s):
-                async with self.pool.acquire() as conn:
-                    found = await deliveries.list_destinations(conn)
-                for d in found:
-                    if not d.enabled:
-                        continue
-                    try:
-                        why = await url_refused(d.url, resolver)
-                    except OSError:
-                        continue
-                    if why is not None:
-                        refused.append(d.name)
-                        log.warning(
-                            "destination %s is refused by the private-address guard (%s): its deliveries "
-                            "will fail and be retried; give it a public URL, or set "
-                            "GATEWAY_FORWARD_ALLOW_PRIVATE=1 if private destinations are intended",
-                            d.name,
-                            why,
-                        )
-        except Exception as exc:  # a warning at best: never worth stopping the forwarder over
-            log.debug("private-address check of the destinations skipped: %s", type(exc).__name__)
-        finally:
-            await resolver.close()
-        return refused
 
     def _host_refused(self, url: str) -> str | None:
         """An IP literal or localhost name the resolver would never see (cached per URL)."""
@@ -427,7 +380,7 @@ class Forwarder:
     async def run(self, stop: asyncio.Event) -> None:
         """Forward until ``stop`` is set; then let requests in flight finish (briefly) and record them."""
         # Beside the loop, not before it: looking up every destination may take seconds.
-        check = asyncio.create_task(self.warn_refused())
+        check = asyncio.create_task(warn_refused(self.pool, self.settings))
         listener = asyncio.create_task(self._listen(stop))
         # A stop wakes the loop, which may be waiting up to a whole poll interval.
         stopped = asyncio.create_task(stop.wait())
@@ -476,7 +429,7 @@ class Forwarder:
         if self._done or self._unwritten[0] or self._gone:
             results, breakers = self._outcomes()
             results = self._unwritten[0] + results
-            breakers = _merge(self._unwritten[1], breakers)
+            breakers = merge_tallies(self._unwritten[1], breakers)
             n = len(results)
             try:
                 async with asyncio.timeout(ROUND_TIMEOUT_S), self._db() as conn:

@@ -15,7 +15,7 @@ from aiohttp import ClientConnectorError, ClientSession, TCPConnector
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from gateway.core.settings import Settings
-from gateway.outbound.egress import GuardedResolver, RefusedAddress
+from gateway.outbound.egress import GuardedResolver, RefusedAddress, warn_refused
 from gateway.outbound.forwarder import Forwarder
 from gateway.store import deliveries
 from gateway.testing.fake_receiver import FakeReceiver, Scripted
@@ -402,11 +402,10 @@ async def test_start_up_names_the_destinations_the_guard_will_refuse(
     await add(pool, "outside", "https://93.184.215.14/hooks", ("message",))
     await add(pool, "off", "http://10.0.0.7/hooks", ("message",))
     await deliveries.set_enabled(pool, name="off", enabled=False)
-    guarded = Forwarder(pool, fast(settings, forward_allow_private=False))
-    with caplog.at_level("WARNING", logger="gateway.outbound.forwarder"):
-        assert await guarded.warn_refused() == ["inside"]
+    with caplog.at_level("WARNING", logger="gateway.outbound.egress"):
+        assert await warn_refused(pool, fast(settings, forward_allow_private=False)) == ["inside"]
     assert "destination inside is refused" in caplog.text and "loopback" in caplog.text
-    assert await Forwarder(pool, fast(settings)).warn_refused() == []  # allowed: nothing to say
+    assert await warn_refused(pool, fast(settings)) == []  # allowed: nothing to say
 
 
 async def test_a_large_lease_stays_on_one_page_round_after_round(pool: asyncpg.Pool) -> None:

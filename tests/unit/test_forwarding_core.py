@@ -22,6 +22,7 @@ from gateway.core.forwarding import (
     decide,
     envelope,
     kind_of,
+    merge_tallies,
     parse_events,
     parse_retry_after,
 )
@@ -332,3 +333,24 @@ def test_private_destination_hosts_are_refused(host: str, refused: str | None) -
         assert why is None
     else:
         assert why is not None and refused in why
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        ([True], [False, False]),
+        ([False, False, False], [True, False]),
+        ([False, False, False], [False, False]),
+        ([True, False], [True]),
+        ([], [False]),
+        ([False], []),
+    ],
+)
+def test_merged_tallies_are_the_tally_of_both_rounds(first: list[bool], then: list[bool]) -> None:
+    earlier = [(1, *breaker_tally(first))] if first else []
+    later = [(1, *breaker_tally(then))] if then else []
+    assert merge_tallies(earlier, later) == [(1, *breaker_tally(first + then))]
+
+
+def test_merged_tallies_keep_each_destination() -> None:
+    assert merge_tallies([(1, True, 0)], [(2, False, 1)]) == [(1, True, 0), (2, False, 1)]
