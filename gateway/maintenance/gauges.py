@@ -63,7 +63,7 @@ async def refresh_forward(conn: Conn) -> None:
     """Backlog, oldest due delivery and breaker state per destination; a removed destination's
     series go away."""
     names = set()
-    for g in await deliveries.gauges(conn):
+    for g in await deliveries.gauges(conn, cap=GAUGE_CAP):
         names.add(g.name)
         metrics.FORWARD_BACKLOG.labels(g.name).set(g.backlog)
         metrics.FORWARD_OLDEST_DUE.labels(g.name).set(g.oldest_due_s)

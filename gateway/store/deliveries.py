@@ -204,8 +204,9 @@ async def cycle(
     return claimed, changes, half
 
 
-async def gauges(conn: Conn) -> list[Gauge]:
-    return [Gauge(**dict(r)) for r in await conn.fetch(q("deliveries_gauges"))]
+async def gauges(conn: Conn, *, cap: int) -> list[Gauge]:
+    """Per destination: backlog (counted up to ``cap``), oldest due age, breaker, enabled."""
+    return [Gauge(**dict(r)) for r in await conn.fetch(q("deliveries_gauges"), cap)]
 
 
 # --- operators ------------------------------------------------------------------------------

@@ -55,13 +55,21 @@ SELECT * FROM forward_round($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $
 
 -- name: deliveries_gauges
 -- Per destination: open deliveries, age of the oldest due one (receipt time), breaker state.
+-- Bounded work every refresh, whatever the backlog (a day-long outage queues millions): the
+-- pending deliveries are read on the claim's index from due_from (past the dead entries, see
+-- migration 0013) and only up to $1 of them, so a backlog at the cap reads "at least this
+-- many" and the age is the oldest among the first $1 due (exact below the cap).
 SELECT d.name, d.breaker_state, d.enabled,
-       (SELECT count(*) FROM deliveries x
-        WHERE x.destination_id = d.id AND x.state IN ('pending', 'delivering')) AS backlog,
-       coalesce((SELECT extract(epoch FROM clock_timestamp() - min(x.received_at))
-                 FROM deliveries x
-                 WHERE x.destination_id = d.id AND x.state = 'pending'
-                   AND x.next_attempt_at <= clock_timestamp()), 0)::float8 AS oldest_due_s
+       (SELECT count(*) FROM (
+            SELECT FROM deliveries x
+            WHERE x.destination_id = d.id AND x.state = 'pending' AND x.next_attempt_at >= d.due_from
+            LIMIT $1) c) AS backlog,
+       coalesce((SELECT extract(epoch FROM clock_timestamp() - min(c.received_at)) FROM (
+                     SELECT x.received_at FROM deliveries x
+                     WHERE x.destination_id = d.id AND x.state = 'pending'
+                       AND x.next_attempt_at >= d.due_from AND x.next_attempt_at <= clock_timestamp()
+                     ORDER BY x.next_attempt_at, x.id
+                     LIMIT $1) c), 0)::float8 AS oldest_due_s
 FROM destinations d
 ORDER BY d.name;
 

@@ -411,6 +411,9 @@ async def test_gauges_per_destination(pool: asyncpg.Pool, settings: Settings, re
     assert REGISTRY.get_sample_value("gateway_forward_backlog", labels) == 4
     assert REGISTRY.get_sample_value("gateway_forward_oldest_due_seconds", labels) >= 90
     assert REGISTRY.get_sample_value("gateway_forward_breaker_state", labels) == 2
+    # Bounded work whatever the backlog: counted up to the cap, a backlog at it reads "at least".
+    (capped,) = await deliveries.gauges(pool, cap=3)
+    assert (capped.backlog, capped.oldest_due_s >= 90) == (3, True)
     await deliveries.remove_destination(pool, name="gauged")
     await gauges.refresh_forward(pool)
     assert REGISTRY.get_sample_value("gateway_forward_backlog", labels) is None
