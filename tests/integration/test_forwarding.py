@@ -28,6 +28,7 @@ from gateway.testing.payloads import (
     tenashi_event,
     to_bytes,
 )
+from gateway.web.app import CONSUMERS, FORWARDER
 from tests.conftest import META_SECRET, replace
 from tests.consume_helpers import drain, stage
 from tests.forward_helpers import (
@@ -288,6 +289,10 @@ async def test_gateway_serve_forwards_a_meta_webhook_end_to_end(
     await add(pool, "bot", receiver.url, ("message",))
     live = fast(settings, run_consumers=True, run_forwarder=True, consumer_poll_ms=50)
     server: TestServer = await start_gateway(live)  # type: ignore[operator]
+    # Its consumers wake its forwarder after their commits (NOTIFY wakes other processes').
+    app = server.app
+    assert app is not None
+    assert all(c.on_deliveries == app[FORWARDER].wake.set for c in app[CONSUMERS].consumers)
     body = to_bytes(messages_payload(message_obj("wamid.E2E", "hello")))
     headers = {"Content-Type": "application/json", "X-Hub-Signature-256": sign_meta(body, META_SECRET)}
     for _ in range(2):  # Meta redelivers: still one delivery
