@@ -122,6 +122,10 @@ class Consumer:
         self._handlers = handlers if handlers else None
         self._items_at = -ITEMS_EVERY_S
         self.wake = asyncio.Event()
+        # The last step may have left work due right now: a full batch (or one the byte budget
+        # cut short), or dead items claimed. Otherwise the loop waits for a wake-up: a NOTIFY
+        # that came during the step sets it, and claiming again at once would find nothing.
+        self._again = False
         # Called after a batch that may have inserted deliveries has committed: a forwarder in
         # the same process starts its round at once instead of waiting for the NOTIFY to come
         # round through PostgreSQL and its LISTEN connection (which still wakes the others).
@@ -131,11 +135,14 @@ class Consumer:
 
     async def step(self) -> int:
         """One batch of staged rows, then due dead items when idle or once a second; work done."""
+        self._again = False
         n = await self.process_batch()
         now = time.monotonic()
         if n == 0 or now - self._items_at >= ITEMS_EVERY_S:
             self._items_at = now
-            n += await self.process_items()
+            items = await self.process_items()
+            self._again = self._again or items > 0
+            n += items
         return n
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -151,7 +158,7 @@ class Consumer:
                 delay = self._fault(exc)
                 await sleep_unless_stopped(stop, delay)
                 continue
-            if claimed:
+            if claimed and self._again:
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), poll_s)
@@ -163,11 +170,12 @@ class Consumer:
         started = time.perf_counter()
         forwards = False
         async with self._pool.acquire() as conn, conn.transaction():
-            rows = await inbox.claim_batch(
+            rows, more = await inbox.claim(
                 conn, limit=self._s.consumer_batch, max_bytes=self._s.consumer_batch_bytes
             )
             if not rows:
                 return 0
+            self._again = more
             plan = plan_batch(rows, window_days=self._s.dedup_retention_days)
             try:
                 # A savepoint of our own, not a nested transaction(): COMMIT releases it, one

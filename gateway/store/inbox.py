@@ -59,7 +59,15 @@ async def insert_batch(
 
 async def claim_batch(conn: Conn, *, limit: int, max_bytes: int) -> list[StagedRow]:
     """Due pending rows, locked for the caller's transaction (SKIP LOCKED)."""
-    return [_staged(r) for r in await conn.fetch(q("inbox_claim_batch"), limit, max_bytes)]
+    return (await claim(conn, limit=limit, max_bytes=max_bytes))[0]
+
+
+async def claim(conn: Conn, *, limit: int, max_bytes: int) -> tuple[list[StagedRow], bool]:
+    """``claim_batch``, and whether more rows may be due right now: the claim was full, or
+    the byte budget left some of the rows it locked."""
+    recs = await conn.fetch(q("inbox_claim_batch"), limit, max_bytes)
+    more = len(recs) >= limit or (bool(recs) and recs[0]["locked"] > len(recs))
+    return [_staged(r) for r in recs], more
 
 
 async def claim_row(conn: Conn, *, inbox_id: int) -> StagedRow | None:

@@ -13,6 +13,8 @@ ORDER BY n;
 -- read only up to a byte budget ($2; the first row always), so a backlog of 3 MB payloads
 -- cannot make one batch huge: rows past the budget stay pending and are unlocked at COMMIT.
 -- The join carries received_at (the partition key) so each row is read from its partition.
+-- Each row also says how many rows the claim locked: more than it returned means the budget
+-- left some (more are due at once).
 WITH claimed AS (
     SELECT id, received_at, next_attempt_at, octet_length(body) AS size
     FROM webhook_inbox
@@ -24,7 +26,7 @@ WITH claimed AS (
     SELECT id, received_at, next_attempt_at, sum(size) OVER (ORDER BY next_attempt_at, id) - size AS before
     FROM claimed
 )
-SELECT w.id, w.source, w.body, w.delivery_id, w.attempts
+SELECT w.id, w.source, w.body, w.delivery_id, w.attempts, (SELECT count(*) FROM claimed) AS locked
 FROM budget b JOIN webhook_inbox w ON w.id = b.id AND w.received_at = b.received_at
 WHERE b.before = 0 OR b.before + octet_length(w.body) <= $2
 ORDER BY b.next_attempt_at, b.id;

@@ -441,6 +441,25 @@ async def test_batch_reads_bodies_up_to_a_byte_budget(pool: asyncpg.Pool, settin
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 6
 
 
+@pytest.mark.parametrize(
+    ("limit", "budget_rows", "claimed", "more"),
+    [
+        (10, 10, 5, False),  # everything due fits: wait for the next wake-up
+        (5, 10, 5, True),  # a full batch: more may be due
+        (10, 2, 2, True),  # the byte budget left some of the locked rows
+    ],
+)
+async def test_a_claim_says_whether_more_rows_are_due(
+    pool: asyncpg.Pool, limit: int, budget_rows: int, claimed: int, more: bool
+) -> None:
+    bodies = [to_bytes(messages_payload(message_obj(f"wamid.M{i}", text="x" * 800))) for i in range(5)]
+    for b in bodies:
+        await stage(pool, b)
+    async with pool.acquire() as conn, conn.transaction():
+        rows, again = await inbox.claim(conn, limit=limit, max_bytes=budget_rows * len(bodies[0]) + 10)
+    assert (len(rows), again) == (claimed, more)
+
+
 async def test_a_batch_costs_a_constant_number_of_statements(db_dsn: str, settings: Settings) -> None:
     from gateway.store.db import create_pool
 
@@ -472,4 +491,41 @@ async def test_a_batch_costs_a_constant_number_of_statements(db_dsn: str, settin
             if not warm_up:
                 assert len(statements) == 6, [s[:60] for s in statements]
     finally:
+        await pool.close()
+
+
+async def test_after_a_batch_that_left_nothing_due_the_loop_waits(db_dsn: str, settings: Settings) -> None:
+    # It used to claim again at once, find nothing, and look at dead items: eight round trips
+    # per batch for nothing (half the batches under load). A NOTIFY during the batch, or the
+    # poll, wakes it instead.
+    from gateway.store.db import create_pool
+
+    pool = await create_pool(db_dsn, 1, 1)
+    stop = asyncio.Event()
+    try:
+        claims: list[str] = []
+        async with pool.acquire() as conn:
+            conn.add_query_logger(
+                lambda rec: claims.append(rec.query) if "FROM claimed) AS locked" in rec.query else None
+            )
+        await stage(pool, to_bytes(messages_payload(message_obj("wamid.W1"))))
+        consumer = Consumer(pool, replace(settings, consumer_poll_ms=60_000))
+        task = asyncio.create_task(consumer.run(stop))
+        for _ in range(200):
+            if await inbox_states(pool) == {"done": 1}:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        assert len(claims) == 1
+        await stage(pool, to_bytes(messages_payload(message_obj("wamid.W2"))))
+        consumer.wake.set()  # as a NOTIFY does
+        for _ in range(200):
+            if await inbox_states(pool) == {"done": 2}:
+                break
+            await asyncio.sleep(0.01)
+        assert await inbox_states(pool) == {"done": 2} and len(claims) == 2
+    finally:
+        stop.set()
+        consumer.wake.set()
+        await task
         await pool.close()
