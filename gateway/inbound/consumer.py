@@ -126,6 +126,11 @@ class Consumer:
         # cut short), or dead items claimed. Otherwise the loop waits for a wake-up: a NOTIFY
         # that came during the step sets it, and claiming again at once would find nothing.
         self._again = False
+        # True while the loop waits for a wake-up (a group wakes one idle consumer per NOTIFY).
+        self.idle = False
+        # Called when a batch left more due (a group wakes an idle sibling: a backlog is
+        # drained in parallel).
+        self.on_more: Callable[[], None] | None = None
         # Called after a batch that may have inserted deliveries has committed: a forwarder in
         # the same process starts its round at once instead of waiting for the NOTIFY to come
         # round through PostgreSQL and its LISTEN connection (which still wakes the others).
@@ -159,9 +164,15 @@ class Consumer:
                 await sleep_unless_stopped(stop, delay)
                 continue
             if claimed and self._again:
+                if self.on_more is not None:
+                    self.on_more()
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), poll_s)
+            self.idle = True
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), poll_s)
+            finally:
+                self.idle = False
 
     # -- staged rows ----------------------------------------------------------------------
 

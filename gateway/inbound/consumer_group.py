@@ -1,4 +1,5 @@
-"""A process's consumers: ``consumer_concurrency`` loops sharing one LISTEN connection."""
+"""A process's consumers: ``consumer_concurrency`` loops sharing one LISTEN connection, which
+wakes one idle consumer per NOTIFY."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ class ConsumerGroup:
         self.consumers = [
             Consumer(pool, settings, handlers=handlers) for _ in range(settings.consumer_concurrency)
         ]
+        for c in self.consumers:
+            c.on_more = self._wake_one
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -43,6 +46,18 @@ class ConsumerGroup:
     def _wake_all(self, *_: Any) -> None:
         for c in self.consumers:
             c.wake.set()
+
+    def _wake_one(self, *_: Any) -> None:
+        """A NOTIFY (or a batch that left more due): one idle consumer claims. Waking them all
+        had every consumer but one claim nothing, half the batches under load, each a
+        transaction and a look at the dead items for nothing. When none is idle, each looks
+        again after its batch."""
+        for c in self.consumers:
+            if c.idle:
+                c.idle = False  # taken: the next NOTIFY wakes another
+                c.wake.set()
+                return
+        self._wake_all()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -61,4 +76,4 @@ class ConsumerGroup:
         """Wake the consumers on NOTIFY (polling covers the gaps)."""
         assert self._s.database_url
         opener = functools.partial(own_connection, self._s.database_url, self._s.db_connect_timeout_s)
-        await listen(opener, inbox.CHANNEL, self._wake_all, self._stop)
+        await listen(opener, inbox.CHANNEL, self._wake_one, self._stop)

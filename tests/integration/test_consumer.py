@@ -6,6 +6,7 @@ import asyncio
 import os
 import sys
 import time
+from typing import Any
 
 import asyncpg
 import orjson
@@ -17,6 +18,7 @@ from gateway.core.faults import Health
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta, sign_tenashi
 from gateway.inbound.consumer import Consumer
+from gateway.inbound.consumer_group import ConsumerGroup
 from gateway.store import inbox
 from gateway.testing.payloads import (
     message_obj,
@@ -529,3 +531,57 @@ async def test_after_a_batch_that_left_nothing_due_the_loop_waits(db_dsn: str, s
         consumer.wake.set()
         await task
         await pool.close()
+
+
+async def _counting(group: ConsumerGroup) -> list[list[int]]:
+    """Each consumer's batches (rows claimed), as they happen."""
+    seen: list[list[int]] = []
+    for c in group.consumers:
+        batches: list[int] = []
+        seen.append(batches)
+
+        async def counted(orig: Any = c.process_batch, batches: list[int] = batches) -> int:
+            n: int = await orig()
+            batches.append(n)
+            return n
+
+        c.process_batch = counted  # type: ignore[method-assign]
+    await group.start()
+    for _ in range(300):
+        if all(c.idle for c in group.consumers):
+            break
+        await asyncio.sleep(0.01)
+    for batches in seen:
+        batches.clear()  # the first look, at start
+    return seen
+
+
+async def test_a_notify_wakes_one_idle_consumer_and_a_backlog_wakes_more(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    group = ConsumerGroup(
+        pool, replace(settings, consumer_concurrency=3, consumer_batch=10, consumer_poll_ms=60_000)
+    )
+    try:
+        seen = await _counting(group)
+        await stage(pool, to_bytes(messages_payload(message_obj("wamid.N1"))))  # one NOTIFY
+        for _ in range(300):
+            if await inbox_states(pool) == {"done": 1}:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        # One consumer claimed it; the others were not woken to claim nothing.
+        assert sorted(b for batches in seen for b in batches) == [1]
+        # 40 rows in one statement (one NOTIFY): each full batch wakes an idle sibling.
+        bodies = [to_bytes(messages_payload(message_obj(f"wamid.N{i}"))) for i in range(2, 42)]
+        await pool.execute(
+            "INSERT INTO webhook_inbox (source, body) SELECT 'meta', b FROM unnest($1::bytea[]) b", bodies
+        )
+        for _ in range(500):
+            if await inbox_states(pool) == {"done": 41}:
+                break
+            await asyncio.sleep(0.01)
+        assert await inbox_states(pool) == {"done": 41}
+        assert sum(1 for batches in seen if any(batches)) >= 2
+    finally:
+        await group.stop()
