@@ -408,17 +408,22 @@ async def test_start_up_names_the_destinations_the_guard_will_refuse(
     assert await warn_refused(pool, fast(settings)) == []  # allowed: nothing to say
 
 
+async def _queue(pool: asyncpg.Pool, dest: int, prefix: str, n: int) -> None:
+    """n pending deliveries of small envelopes (msg:wamid.<prefix><i>), inserted directly."""
+    rows = [
+        {"key": f"msg:wamid.{prefix}{i}", "kind": "message", "conversation": "", "envelope": {"n": i},
+         "received_at": datetime.now(UTC)}
+        for i in range(n)
+    ]  # fmt: skip
+    await deliveries.insert_rebuilt(pool, destination_id=dest, rows=rows)
+
+
 async def test_a_large_lease_stays_on_one_page_round_after_round(pool: asyncpg.Pool) -> None:
     # A lease row holds up to forward_concurrency + forward_batch ids and every round rewrites
     # it. Inline, a row of 600 ids (4.8 KB) left no room on its page for its next version:
     # the table grew a page per round until autovacuum, and every round's scans read them all.
     dest = await add(pool, "crm", "http://127.0.0.1:9/x", max_in_flight=1000)
-    rows = [
-        {"key": f"msg:wamid.L{i}", "kind": "message", "conversation": "", "envelope": {"n": i},
-         "received_at": datetime.now(UTC)}
-        for i in range(1300)
-    ]  # fmt: skip
-    await deliveries.insert_rebuilt(pool, destination_id=dest, rows=rows)
+    await _queue(pool, dest, "L", 1300)
     held: set[int] = set()
     for _ in range(30):  # each round: 20 outcomes, 20 new claims, about 600 held
         done = sorted(held)[:20]
@@ -441,12 +446,7 @@ async def test_claims_start_at_due_from_and_housekeeping_lowers_it_for_a_late_co
     # A claim starts at its destination's due_from (past the dead index entries delivered rows
     # leave); housekeeping keeps it at most 10 s back and below every pending delivery.
     dest = await add(pool, "crm", "http://127.0.0.1:9/x", max_in_flight=10)
-    first = [
-        {"key": f"msg:wamid.DF{i}", "kind": "message", "conversation": "", "envelope": {"n": i},
-         "received_at": datetime.now(UTC)}
-        for i in range(2)
-    ]  # fmt: skip
-    await deliveries.insert_rebuilt(pool, destination_id=dest, rows=first)
+    await _queue(pool, dest, "DF", 2)
 
     async def housekeeping(held: set[int]) -> list[deliveries.Claimed]:
         async with pool.acquire() as conn:
@@ -460,10 +460,10 @@ async def test_claims_start_at_due_from_and_housekeeping_lowers_it_for_a_late_co
     lag = await pool.fetchval("SELECT extract(epoch FROM clock_timestamp() - due_from) FROM destinations")
     assert 9 < lag < 12  # the newest pending delivery is younger than 10 s: 10 s back
     # A delivery whose transaction committed long after it was written: below due_from.
-    await deliveries.insert_rebuilt(pool, destination_id=dest, rows=[{**first[0], "key": "msg:wamid.LATE"}])
+    await _queue(pool, dest, "LATE", 1)
     late = await pool.fetchval(
         "UPDATE deliveries SET next_attempt_at = now() - interval '1 minute'"
-        " WHERE event_key = 'msg:wamid.LATE' RETURNING id"
+        " WHERE event_key = 'msg:wamid.LATE0' RETURNING id"
     )
     held = set(_ids(await _round(pool, "a", set())))
     assert len(held) == 2 and late not in held  # not seen by the claim
