@@ -181,7 +181,7 @@ class Consumer:
         started = time.perf_counter()
         forwards = False
         async with self._pool.acquire() as conn, conn.transaction():
-            rows, more = await inbox.claim(
+            rows, more = await inbox.claim_batch(
                 conn, limit=self._s.consumer_batch, max_bytes=self._s.consumer_batch_bytes
             )
             if not rows:

@@ -57,14 +57,10 @@ async def insert_batch(
     await conn.execute(q("inbox_insert_batch"), sources, bodies, delivery_ids)
 
 
-async def claim_batch(conn: Conn, *, limit: int, max_bytes: int) -> list[StagedRow]:
-    """Due pending rows, locked for the caller's transaction (SKIP LOCKED)."""
-    return (await claim(conn, limit=limit, max_bytes=max_bytes))[0]
-
-
-async def claim(conn: Conn, *, limit: int, max_bytes: int) -> tuple[list[StagedRow], bool]:
-    """``claim_batch``, and whether more rows may be due right now: the claim was full, or
-    the byte budget left some of the rows it locked."""
+async def claim_batch(conn: Conn, *, limit: int, max_bytes: int) -> tuple[list[StagedRow], bool]:
+    """Due pending rows, locked for the caller's transaction (SKIP LOCKED), and whether more
+    may be due right now: the claim was full, or the byte budget left some of the rows it
+    locked."""
     recs = await conn.fetch(q("inbox_claim_batch"), limit, max_bytes)
     more = len(recs) >= limit or (bool(recs) and recs[0]["locked"] > len(recs))
     return [_staged(r) for r in recs], more

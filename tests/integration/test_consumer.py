@@ -417,7 +417,7 @@ async def test_crash_mid_batch_rolls_back_keys_and_effects(
     await init_connection(conn)
     tr = conn.transaction()
     await tr.start()
-    rows = await inbox.claim_batch(conn, limit=10, max_bytes=1 << 20)
+    rows, _ = await inbox.claim_batch(conn, limit=10, max_bytes=1 << 20)
     await inbox.apply_plan(conn, plan_batch(rows))
     pid = conn.get_server_pid()
     conn.terminate()
@@ -458,7 +458,7 @@ async def test_a_claim_says_whether_more_rows_are_due(
     for b in bodies:
         await stage(pool, b)
     async with pool.acquire() as conn, conn.transaction():
-        rows, again = await inbox.claim(conn, limit=limit, max_bytes=budget_rows * len(bodies[0]) + 10)
+        rows, again = await inbox.claim_batch(conn, limit=limit, max_bytes=budget_rows * len(bodies[0]) + 10)
     assert (len(rows), again) == (claimed, more)
 
 

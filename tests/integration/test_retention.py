@@ -56,7 +56,7 @@ async def redeliver(pool: asyncpg.Pool, body: bytes, *, today: date, window_days
     """Stage ``body`` again and process it as a consumer would on ``today``."""
     await stage(pool, body)
     async with pool.acquire() as conn, conn.transaction():
-        rows = await inbox.claim_batch(conn, limit=100, max_bytes=1 << 20)
+        rows, _ = await inbox.claim_batch(conn, limit=100, max_bytes=1 << 20)
         return await inbox.apply_plan(conn, plan_batch(rows, today=today, window_days=window_days))
 
 
