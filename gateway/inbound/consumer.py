@@ -122,9 +122,11 @@ class Consumer:
         self._handlers = handlers if handlers else None
         self._items_at = -ITEMS_EVERY_S
         self.wake = asyncio.Event()
-        # The last step may have left work due right now: a full batch (or one the byte budget
-        # cut short), or dead items claimed. Otherwise the loop waits for a wake-up: a NOTIFY
-        # that came during the step sets it, and claiming again at once would find nothing.
+        # The last step may have left work due right now: staged rows (its batch was full, or the
+        # byte budget cut it short), or dead items (it claimed some). Otherwise the loop waits for
+        # a wake-up: a NOTIFY that came during the step sets it, and claiming again at once would
+        # find nothing.
+        self._more = False
         self._again = False
         # True while the loop waits for a wake-up (a group wakes one idle consumer per NOTIFY).
         self.idle = False
@@ -140,14 +142,15 @@ class Consumer:
 
     async def step(self) -> int:
         """One batch of staged rows, then due dead items when idle or once a second; work done."""
-        self._again = False
+        self._more = False
         n = await self.process_batch()
+        items = 0
         now = time.monotonic()
         if n == 0 or now - self._items_at >= ITEMS_EVERY_S:
             self._items_at = now
             items = await self.process_items()
-            self._again = self._again or items > 0
             n += items
+        self._again = self._more or items > 0
         return n
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -155,7 +158,7 @@ class Consumer:
         while not stop.is_set():
             self.wake.clear()
             try:
-                claimed = await self.step()
+                await self.step()
             except Exception as exc:
                 # Nothing could be recorded (the connection or the transaction is gone):
                 # the rows are unlocked and due, so this consumer itself waits before trying
@@ -163,8 +166,8 @@ class Consumer:
                 delay = self._fault(exc)
                 await sleep_unless_stopped(stop, delay)
                 continue
-            if claimed and self._again:
-                if self.on_more is not None:
+            if self._again:
+                if self._more and self.on_more is not None:  # staged rows: a sibling helps
                     self.on_more()
                 continue
             self.idle = True
@@ -186,7 +189,7 @@ class Consumer:
             )
             if not rows:
                 return 0
-            self._again = more
+            self._more = more
             plan = plan_batch(rows, window_days=self._s.dedup_retention_days)
             try:
                 # A savepoint of our own, not a nested transaction(): COMMIT releases it, one
