@@ -141,6 +141,11 @@ CONSUMER_FAULTS = Counter(
     "Batches put off because the database was failing (retried with capped backoff, no attempt counted)",
 )
 HANDLER_CALLS = Counter("gateway_handler_calls_total", "Handler calls that returned, by outcome", ["outcome"])
+REPLIES_REFUSED = Counter(
+    "gateway_replies_refused_total",
+    "Replies refused by the reply guard (the message was already answered), by who asked: api, handler",
+    ["via"],
+)
 CONSUMER_FALLBACKS = Counter(
     "gateway_consumer_fallbacks_total", "Batches that failed and were retried one row at a time"
 )

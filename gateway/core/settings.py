@@ -479,6 +479,13 @@ class Settings:
         _pairs,
         "tenant:phone_number_id,...: the numbers each tenant may send from; unset: any (warned)",
     )
+    reply_per_bot_tenants: tuple[str, ...] = _env(
+        "GATEWAY_REPLY_PER_BOT_TENANTS",
+        (),
+        _csv,
+        "tenants whose bots may each answer one inbound message once (default: one reply per "
+        "message, whatever the bot); handler replies are tenant 'handlers'",
+    )
 
     # Forwarding to downstream destinations (gateway destinations / gateway forward)
     forward_retry_h: float = _env(
@@ -597,6 +604,10 @@ class Settings:
         if not self.tenant_numbers:
             return True
         return (tenant, phone_number_id) in self.tenant_numbers
+
+    def reply_per_bot(self, tenant: str) -> bool:
+        """Whether ``tenant``'s bots may each answer a message (else one reply per message)."""
+        return tenant in self.reply_per_bot_tenants
 
     @property
     def send_lease_s(self) -> float:

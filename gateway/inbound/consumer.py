@@ -51,7 +51,7 @@ from gateway.core.jsonspan import pointer
 from gateway.core.limits import LogThrottle
 from gateway.core.planning import Plan, StagedRow, describe, plan_batch, plan_event
 from gateway.core.settings import Settings
-from gateway.handlers import Registry
+from gateway.handlers import Registry, set_reply_per_bot
 from gateway.handlers import load as load_handlers
 from gateway.inbound.dead_items import Failure, bad_item, error_text, failed_item, raw_fragment, rebuild
 from gateway.store import dead_events, inbox
@@ -119,6 +119,7 @@ class Consumer:
         self._health = HEALTH if health is None else health
         if handlers is None and settings.handlers:
             handlers = load_handlers(settings.handlers)
+        set_reply_per_bot(settings.reply_per_bot_tenants)
         self._handlers = handlers if handlers else None
         self._items_at = -ITEMS_EVERY_S
         self.wake = asyncio.Event()

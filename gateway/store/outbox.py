@@ -27,6 +27,7 @@ class NewMessage:
     recipient: str
     payload: dict[str, Any]
     unknown_policy: UnknownPolicy | str = UnknownPolicy.REVIEW
+    fingerprint: str | None = None  # the send API's body fingerprint (None: not from the API)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,23 +52,38 @@ class Reconciled:
     state: OutboxState
 
 
-async def enqueue(conn: Conn, m: NewMessage) -> tuple[bool, OutboxRow]:
-    """Insert the row unless (tenant, key) exists; returns (created, row)."""
+def _columns(m: NewMessage, generation: int) -> tuple[Any, ...]:
+    """$1-$9 of outbox_enqueue and outbox_renew."""
     policy = UnknownPolicy(m.unknown_policy)  # ValueError on anything else
-    created = await conn.fetchrow(
-        q("outbox_enqueue"),
+    return (
         m.tenant,
         m.key,
-        callback_data(m.tenant, m.key),
+        callback_data(m.tenant, m.key, generation),
         str(Provider(m.provider)),
         m.phone_number_id,
         m.recipient,
         m.payload,
         str(policy),
+        m.fingerprint,
     )
+
+
+async def enqueue(conn: Conn, m: NewMessage) -> tuple[bool, OutboxRow]:
+    """Insert the row unless (tenant, key) exists; returns (created, row)."""
+    created = await conn.fetchrow(q("outbox_enqueue"), *_columns(m, 0))
     row = await get(conn, tenant=m.tenant, key=m.key)
     assert row is not None
     return created is not None, row
+
+
+async def renew(conn: Conn, m: NewMessage, *, generation: int) -> OutboxRow | None:
+    """Make the failed row of (tenant, key) at ``generation`` a new send of ``m`` (the next
+    generation); the row, or None if it is no longer that failed row."""
+    done = await conn.fetchrow(q("outbox_renew"), *_columns(m, generation + 1), generation)
+    if done is None:
+        return None
+    await conn.execute(q("outbox_notify"))
+    return await get(conn, tenant=m.tenant, key=m.key)
 
 
 async def get(conn: Conn, *, tenant: str, key: str) -> OutboxRow | None:

@@ -4,15 +4,33 @@
 
 -- name: outbox_enqueue
 INSERT INTO outbox (tenant, idem_key, callback_data, provider, phone_number_id, recipient,
-                    payload, unknown_policy)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                    payload, unknown_policy, fingerprint)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (tenant, idem_key) DO NOTHING
 RETURNING id, state;
+
+-- name: outbox_renew
+-- A failed row (the provider refused it for good: nothing was sent) made into a new send for
+-- the same key: a new body, a new generation with its own callback data, a fresh history.
+-- $10 is the generation it replaces (a concurrent renewal of the same row makes this a no-op).
+UPDATE outbox
+SET callback_data = $3, provider = $4, phone_number_id = $5, recipient = $6, payload = $7,
+    unknown_policy = $8, fingerprint = $9, generation = generation + 1,
+    state = 'pending', resent = false, attempts = 0, next_attempt_at = clock_timestamp(),
+    last_error = NULL, last_error_code = NULL, wamid = NULL, delivery_status = NULL,
+    delivery_errors = NULL, sending_at = NULL, unknown_at = NULL, accepted_at = NULL,
+    ambiguous_at = NULL, created_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE tenant = $1 AND idem_key = $2 AND state = 'failed' AND generation = $10
+RETURNING id, state;
+
+-- name: outbox_notify
+SELECT pg_notify('outbox', '');
 
 -- name: outbox_get
 SELECT id, tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload, state,
        unknown_policy, resent, attempts, next_attempt_at, last_error, last_error_code, wamid,
-       delivery_status, delivery_errors, created_at, updated_at, sending_at, unknown_at, accepted_at
+       delivery_status, delivery_errors, created_at, updated_at, sending_at, unknown_at, accepted_at,
+       fingerprint, generation, ambiguous_at
 FROM outbox
 WHERE tenant = $1 AND idem_key = $2;
 
