@@ -44,3 +44,9 @@ CREATE OR REPLACE FUNCTION claim_reply(p_inbound_wamid text, p_claimed_by text) 
 LANGUAGE sql AS $$
     SELECT NOT EXISTS (SELECT 1 FROM reply_claim(p_inbound_wamid, p_claimed_by, NULL, NULL, false));
 $$;
+
+-- A dead item is unique per (row, fragment, key) on a hash of the key: the key itself may be
+-- too large for an index row (a 3 200-character message id, SQLSTATE 54000), and such an event
+-- must still be recorded as the dead item it is.
+DROP INDEX dead_events_item;
+CREATE UNIQUE INDEX dead_events_item ON dead_events (inbox_id, path, md5(coalesce(event_key, '')));
