@@ -120,7 +120,7 @@ CONSUMER_DUPLICATES = Counter(
 )
 DEAD_LETTERS = Counter(
     "gateway_dead_letters_total",
-    "Rows and events parked as dead, by reason (unparseable, bad_fragment, max_attempts)",
+    "Rows and events parked as dead, by reason (unparseable, bad_fragment, max_attempts, stalled)",
     ["reason"],
 )
 CONSUMER_FAILURES = Counter(
@@ -323,7 +323,7 @@ def _init_series() -> None:
     for kind in EVENT_KINDS:
         for outcome in ("processed", "duplicate"):
             CONSUMER_EVENTS.labels(kind, outcome)
-    for reason in ("unparseable", "bad_fragment", "max_attempts"):
+    for reason in ("unparseable", "bad_fragment", "max_attempts", "stalled"):
         DEAD_LETTERS.labels(reason)
     for table in RETENTION_TABLES:
         RETENTION_PURGED.labels(table)
