@@ -133,7 +133,8 @@ async def test_resume_a_breaker_that_is_not_open_is_refused(pool: asyncpg.Pool) 
         with pytest.raises(actions.Refused, match="not open"):
             await actions.resume_breaker(conn, ALICE, "number", "1111")
         await conn.execute(
-            "INSERT INTO send_breakers (scope, provider, key, state, failures) VALUES ('number', 'meta', '1111', 'open', 3)"
+            "INSERT INTO send_breakers (scope, provider, key, state, failures)"
+            " VALUES ('number', 'meta', '1111', 'open', 3)"
         )
         assert "closed" in await actions.resume_breaker(conn, ALICE, "number", "1111")
     assert [(e.action, e.target, e.rows) for e in await entries(pool)] == [
