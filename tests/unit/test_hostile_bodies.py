@@ -47,7 +47,12 @@ def status_at(wamid: str, timestamp: str) -> bytes:
     return body(meta_payload(("messages", meta_value(statuses=[st]))))
 
 
-TENASHI_STATUS = {"id": "evt_1", "type": "message.status", "created": "³", "data": {"message_id": "m", "status": "read"}}
+TENASHI_STATUS = {
+    "id": "evt_1",
+    "type": "message.status",
+    "created": "³",
+    "data": {"message_id": "m", "status": "read"},
+}
 
 # The issue's bodies: each stopped every consumer (an exception outside the savepoint).
 ISSUE_BODIES = [
