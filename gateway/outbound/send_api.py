@@ -32,6 +32,7 @@ import orjson
 from aiohttp import web
 
 from gateway import metrics
+from gateway.core.enums import Provider
 from gateway.core.messages import Invalid, SendRequest, fingerprint
 from gateway.core.settings import Settings
 from gateway.httpkit import bearer_tenant, problem, unauthorized
@@ -161,7 +162,11 @@ class SendApi:
             return problem(400, "invalid message", "; ".join(exc.errors), errors=exc.errors)
         if not self.settings.may_send_from(tenant, message.phone_number_id):
             return problem(403, "phone_number_id not allowed", "This tenant may not send from this number.")
-        req = SendRequest(tenant, key, fingerprint(body), self.settings.provider_for(tenant), message)
+        provider = self.settings.provider_for(tenant)
+        if provider is Provider.TENASHI and message.message.get("type") != "text":
+            # Tenashi's documented API takes {"to", "text"}: nothing else could be sent as asked.
+            return problem(400, "invalid message", "type: Tenashi sends text messages only")
+        req = SendRequest(tenant, key, fingerprint(body), provider, message)
         try:
             return await self._claim_and_answer(req)
         except DB_ERRORS as exc:

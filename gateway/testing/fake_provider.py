@@ -358,12 +358,16 @@ class FakeProvider:
             return web.json_response({"error": {"code": "idempotency_key_required"}}, status=400)
         raw = await request.read()
         try:
+            # The documented body: {"to": "+<E.164>", "text": "..."} (the number is the token's).
             msg = orjson.loads(raw)
-            to, number, message = msg["to"], msg["phone_number_id"], msg["message"]
-            if not isinstance(to, str) or not isinstance(message, dict):
+            to, text = msg["to"], msg["text"]
+            if set(msg) != {"to", "text"} or not isinstance(to, str) or not to.startswith("+"):
+                raise ValueError
+            if not isinstance(text, str) or not text:
                 raise ValueError
         except (ValueError, KeyError, TypeError):
             return web.json_response({"error": {"code": "invalid_request"}}, status=400)
+        to, number, message = to[1:], "", {"type": "text", "text": {"body": text}}
         fp = hashlib.sha256(raw).hexdigest()
         now = time.monotonic()
         held = self._tenashi.get(key)
@@ -384,7 +388,8 @@ class FakeProvider:
             if fault.action == "latency":
                 await asyncio.sleep(fault.latency_ms / 1000)
             elif fault.action in ("http", "error", "drop"):
-                # Not stored: Tenashi says to retry server errors with the same key.
+                # Not stored: Tenashi says to retry server errors with the same key (and, as
+                # Stripe's keys, a request refused before it ran stores no result).
                 del self._tenashi[key]
                 if fault.action == "drop":
                     return self._drop(request)

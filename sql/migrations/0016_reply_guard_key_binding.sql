@@ -10,9 +10,12 @@ ALTER TABLE outbox ADD COLUMN fingerprint text;
 -- answers the new send with the old one's refusal.
 ALTER TABLE outbox ADD COLUMN generation integer NOT NULL DEFAULT 0;
 -- The first attempt whose outcome left open whether the provider acted on it (a timeout, a
--- lost connection, a 5xx, Tenashi's 409 in progress, a sender that died mid-request). Tenashi
--- honours an Idempotency-Key for 24 hours from then: past that a retry would send again.
+-- lost connection, a 5xx, Tenashi's 409 in progress, a sender that died mid-request), and, for
+-- Tenashi, the last moment a retry may still go: Tenashi honours an Idempotency-Key for 24 hours,
+-- past that a retry would send again (GATEWAY_TENASHI_KEY_WINDOW_H after the first such attempt;
+-- set by the sender and the reconciler, checked by every claim and every release).
 ALTER TABLE outbox ADD COLUMN ambiguous_at timestamptz;
+ALTER TABLE outbox ADD COLUMN retry_until timestamptz;
 
 -- The reply guard: by default one reply per inbound message, whoever answers and under
 -- whichever bot name. A tenant allowed several bots (GATEWAY_REPLY_PER_BOT_TENANTS) may answer
