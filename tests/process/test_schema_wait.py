@@ -102,9 +102,13 @@ async def test_a_schema_that_does_not_come_ends_in_one_line(empty_dsn: str) -> N
     done = run_cli("consume", env=env)
     assert done.returncode == 3, done.stderr
     want = latest_version()
-    assert done.stderr.strip().splitlines()[-1].endswith(
-        f"schema at version 0, this gateway needs {want} after waiting 1s (GATEWAY_DB_WAIT_S); "
-        "run `gateway migrate`, or set GATEWAY_MIGRATE_ON_START=true"
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"schema at version 0, this gateway needs {want} after waiting 1s (GATEWAY_DB_WAIT_S); "
+            "run `gateway migrate`, or set GATEWAY_MIGRATE_ON_START=true"
+        )
     )
     assert "Traceback" not in done.stderr
     # Half migrated (an older release's schema): the same, with its version.
