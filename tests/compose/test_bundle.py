@@ -326,9 +326,14 @@ def test_the_dockerfile_health_check_passes(bundle: Bundle) -> None:
             bundle.image,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
-        eventually(
-            "the image's health check", lambda: bundle.healthy(bundle.name(name)), timeout=60, interval=1
-        )
+
+        def passes() -> bool:
+            state = bundle.inspect(bundle.name(name))["State"]
+            logs = bundle.podman("logs", bundle.name(name), check=False)
+            assert state["Running"], f"exited with {state['ExitCode']}: {(logs.stdout + logs.stderr)[-1500:]}"
+            return bundle.healthy(bundle.name(name))
+
+        eventually("the image's health check", passes, timeout=60, interval=1)
     finally:
         bundle.remove(name)
 
