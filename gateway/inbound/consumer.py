@@ -191,7 +191,7 @@ class Consumer:
     async def _handle(self, conn: Conn, rows: list[StagedRow]) -> bool:
         """The claimed rows, in the claim's transaction; whether deliveries may be new."""
         self._claimed = [r.id for r in rows]
-        plan = plan_batch(rows, window_days=self._s.dedup_retention_days)  # never raises
+        plan = plan_batch(rows)  # never raises
         try:
             # A savepoint of our own, not a nested transaction(): COMMIT releases it, one
             # round trip (RELEASE SAVEPOINT) fewer per batch.
@@ -290,7 +290,7 @@ class Consumer:
                         async with conn.transaction():
                             result = await inbox.apply_plan(
                                 conn,
-                                plan_event(ev, row.id, row.source, window_days=self._s.dedup_retention_days),
+                                plan_event(ev, row.id, row.source),
                             )
                             if item.scrubbed:
                                 await self._fragments(conn, [(ev, row, item)])
@@ -399,7 +399,7 @@ class Consumer:
                     for ev in rebuild(it):
                         result = await inbox.apply_plan(
                             conn,
-                            plan_event(ev, it.inbox_id, it.source, window_days=self._s.dedup_retention_days),
+                            plan_event(ev, it.inbox_id, it.source),
                         )
                         if result.fresh_keys and b"\\u" in it.fragment:
                             await dead_events.record_fragments(
