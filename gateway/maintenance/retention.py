@@ -60,7 +60,7 @@ def partitioned(s: Settings) -> list[Partitioned]:
 # A DDL that writers would queue behind is not tried while a transaction has held its table
 # this long (seconds): a forgotten session would otherwise stall them for the lock_timeout
 # of every pass.
-BLOCKER_S = 30.0
+BLOCKER_S = 10.0
 
 
 class PassFailed(Exception):
