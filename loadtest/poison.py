@@ -33,8 +33,9 @@ TABLES = (
     "account_errors",
     "account_updates",
 )
-# Old days, far behind every horizon: one per round is made just before the session opens.
-OLD_DAYS_BACK = 60
+# Old days, far behind every horizon (statuses and account records are kept 90 days by
+# default): one per round is made just before the session opens.
+OLD_DAYS_BACK = 1000
 
 
 @dataclass
