@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gateway.runtime import pgwatch
-from tests.procs import free_port, spawn, wait_healthy
+from tests.support.procs import free_port, spawn, wait_healthy
 
 pytestmark = pytest.mark.slow
 
