@@ -14,9 +14,9 @@ from gateway.core.settings import Settings
 from gateway.handlers import Registry
 from gateway.inbound.consumer import Consumer
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
-from tests.support import handlers
 from tests.support.config import replace
 from tests.support.consume import add_outbox, inbox_states, stage
+from tests.support.handlers import RECORD, TABLE, register
 from tests.support.procs import gateway_ok
 
 
@@ -40,8 +40,8 @@ async def handled(pool: asyncpg.Pool) -> dict[str, int]:
 
 @pytest.fixture
 async def sample(pool: asyncpg.Pool) -> Registry:
-    await pool.execute(handlers.TABLE)
-    return handlers.register(Registry())
+    await pool.execute(TABLE)
+    return register(Registry())
 
 
 async def test_handlers_run_once_per_event_across_redeliveries(
@@ -90,7 +90,7 @@ async def test_a_raising_handler_fails_only_its_event_then_replay_runs_it_once(
     assert await handled(pool) == {"msg:wamid.A": 1, "msg:wamid.B": 1, "status:wamid.OUT:sent:": 1}
     # Fixed (here: the handler no longer raises for it), replayed: handled exactly once.
     fixed = Registry()
-    fixed.message()(lambda ev, conn: conn.execute(handlers.RECORD, ev.key, "fixed"))
+    fixed.message()(lambda ev, conn: conn.execute(RECORD, ev.key, "fixed"))
     out = await gateway_ok(db_dsn, "dead", "replay", f"E{item['id']}")
     assert f"replayed 1 event(s): [{item['id']}]" in out
     await drain(pool, s, fixed, health)

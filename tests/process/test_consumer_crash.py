@@ -20,6 +20,7 @@ from gateway.core.events import InboundMessage, Status
 from gateway.core.parsing import parse
 from gateway.testing.payloads import message_obj, meta_payload, meta_value, status_obj, to_bytes
 from tests.support.consume import add_outbox, inbox_states
+from tests.support.handlers import TABLE
 
 pytestmark = pytest.mark.slow
 
@@ -101,7 +102,7 @@ async def test_sigkill_mid_batch_every_event_exactly_once(
 ) -> None:
     # With handlers, each call is recorded in the consumer's transaction (tests/support/handlers.py):
     # a call whose transaction a SIGKILL cut short leaves nothing, so each event shows once.
-    await pool.execute(handlers.TABLE)
+    await pool.execute(TABLE)
     rng = random.Random(7)
     for n in range(OUTBOX_ROWS):
         await add_outbox(pool, f"cb-{n}")
