@@ -52,6 +52,19 @@ def pg_admin_dsn() -> Iterator[str]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.fixture
+def pg_dir() -> Iterator[Path]:
+    """A directory for an embedded PostgreSQL a test starts itself: outside pytest's basetemp
+    (see pg_admin_dsn; a concurrent session also makes that root 0700, which the postgres user
+    cannot traverse), and open to that user."""
+    base = Path(tempfile.mkdtemp(prefix="gateway-test-pg-"))
+    os.chmod(base, 0o755)  # noqa: S103 - the postgres user must traverse it
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def template_db(pg_admin_dsn: str) -> str:
     name = f"gw_tpl_{uuid.uuid4().hex[:8]}"
