@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from gateway.core.pacing import Breaker, BreakerId
 from gateway.store.db import Conn
@@ -82,7 +83,7 @@ async def wake_rows(conn: Conn, b: BreakerId, *, now: float) -> int:
     return int(status.split()[-1])
 
 
-async def resume(conn: asyncpg.Connection, b: BreakerId, *, now: float) -> bool:
+async def resume(conn: asyncpg.Connection | PoolConnectionProxy, b: BreakerId, *, now: float) -> bool:
     """An operator closes a breaker: its rows are due now. False: it was not open."""
     async with conn.transaction():
         await lock(conn, [b.lock_key])
