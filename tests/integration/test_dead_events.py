@@ -133,8 +133,7 @@ async def test_a_data_rule_that_rejects_every_message_is_each_events_own(
     assert orjson.loads(bytes(items[0]["fragment"]))["id"] == "wamid.F0"
     assert health.fault_streak == 0
     await pool.execute(remove)
-    env = {**os.environ, "DATABASE_URL": db_dsn}
-    assert f"replayed {n} event(s)" in await cli(env, "dead", "replay", "--all")
+    assert f"replayed {n} event(s)" in await gateway_ok(db_dsn, "dead", "replay", "--all")
     await drain_with(pool, s, health)
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == n
     assert await pool.fetchval("SELECT count(DISTINCT wamid) FROM inbound_messages") == n
