@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from datetime import UTC, date, datetime, timedelta, tzinfo
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -22,6 +22,7 @@ from gateway.maintenance import retention
 from gateway.store import retention as store
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
 from gateway.web.server import Listening
+from tests.support.clock import MovedClock
 
 TODAY = datetime.now(UTC).date()
 TIME_TABLES = ("webhook_inbox", "inbound_messages", "message_statuses", "account_errors", "account_updates")
@@ -133,17 +134,6 @@ async def test_a_forgotten_session_delays_neither_the_coming_partitions_nor_the_
     assert sample("gateway_maintenance_last_ok_timestamp_seconds") > ok_before
 
 
-class _MovedClock(datetime):
-    """``datetime`` whose now() is ``shift`` ahead (the consumer's clock, a day later)."""
-
-    shift = timedelta(0)
-
-    @classmethod
-    def now(cls, tz: tzinfo | None = None) -> _MovedClock:  # type: ignore[override]
-        t = datetime.now(tz) + cls.shift
-        return cls.fromtimestamp(t.timestamp(), tz)
-
-
 @pytest.mark.parametrize(("hours_ahead", "days_later"), [(36, 1), (36, 2), (24 * 6, 3)])
 async def test_a_redelivery_after_midnight_meets_its_key(
     monkeypatch: pytest.MonkeyPatch,
@@ -154,13 +144,13 @@ async def test_a_redelivery_after_midnight_meets_its_key(
 ) -> None:
     """A status stamped ahead of our clock, then its redelivery consumed days later (after the
     job made more days): one history row, one key."""
-    monkeypatch.setattr(planning, "datetime", _MovedClock, raising=False)
+    monkeypatch.setattr(planning, "datetime", MovedClock, raising=False)
     stamp = datetime.now(UTC) + timedelta(hours=hours_ahead)
     at = str(int(stamp.timestamp()))
     body = to_bytes(statuses_payload(status_obj("wamid.AHEAD", "delivered", timestamp=at)))
     await pool.execute("INSERT INTO webhook_inbox (source, body) VALUES ('meta', $1)", body)
     await drain(pool, settings)
-    _MovedClock.shift = timedelta(days=days_later)
+    MovedClock.shift = timedelta(days=days_later)
     await retention.run_once(pool, settings, today=TODAY + timedelta(days=days_later))
     await pool.execute("INSERT INTO webhook_inbox (source, body) VALUES ('meta', $1)", body)
     await drain(pool, settings)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, timedelta, tzinfo
+from datetime import UTC, date, datetime, timedelta
 
 import orjson
 import pytest
@@ -11,6 +11,7 @@ from gateway.core import planning
 from gateway.core.events import UNTIMED_DAY, event_day
 from gateway.core.parsing import parse
 from gateway.core.planning import StagedRow, plan_batch
+from tests.support.clock import MovedClock
 
 TODAY = date(2026, 11, 30)
 
@@ -90,29 +91,18 @@ def test_event_day(source: str, body: bytes, want: date) -> None:
     assert event_day(ev, source) == want
 
 
-class _MovedClock(datetime):
-    """``datetime`` whose now() is ``shift`` ahead."""
-
-    shift = timedelta(0)
-
-    @classmethod
-    def now(cls, tz: tzinfo | None = None) -> _MovedClock:  # type: ignore[override]
-        t = datetime.now(tz) + cls.shift
-        return cls.fromtimestamp(t.timestamp(), tz)
-
-
 @pytest.mark.parametrize("hours_ahead", [0, 20, 36, 60, 24 * 9])
 def test_a_redelivery_plans_the_same_day_whatever_the_clock_did(
     monkeypatch: pytest.MonkeyPatch, hours_ahead: int
 ) -> None:
     """A status stamped ahead of our clock (36 h is the issue's case), and its redelivery a
     day, two, eight later: the same key on the same day each time."""
-    monkeypatch.setattr(planning, "datetime", _MovedClock, raising=False)
+    monkeypatch.setattr(planning, "datetime", MovedClock, raising=False)
     stamp = datetime.now(UTC) + timedelta(hours=hours_ahead)
     body = meta([msg(str(int(stamp.timestamp())))], [status(str(int(stamp.timestamp())))])
     days = []
     for later in range(0, 9):
-        _MovedClock.shift = timedelta(days=later)
+        MovedClock.shift = timedelta(days=later)
         days.append(plan_batch([StagedRow(1, "meta", body, None)]).key_days)
     assert days == [[stamp.date()] * 2] * 9
 
