@@ -339,6 +339,18 @@ class Settings:
         _int(0, 256),
         "gateway serve processes sharing the port (SO_REUSEPORT); 0: one per core",
     )
+    worker_unresponsive_s: float = _env(
+        "GATEWAY_WORKER_UNRESPONSIVE_S",
+        20.0,
+        _float(1, 3600),
+        "the serve parent replaces a worker whose /healthz has not answered 200 for this long",
+    )
+    liveness_s: float = _env(
+        "GATEWAY_LIVENESS_S",
+        120.0,
+        _float(1, 86400),
+        "a long-running loop silent this long (beyond its own wait) makes /healthz answer 503",
+    )
     # Which background workers `gateway serve` runs in-process.
     run_consumers: bool = _env("GATEWAY_RUN_CONSUMERS", True, _bool, "run the consumers inside gateway serve")
     run_sender: bool = _env(

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -21,7 +22,7 @@ from gateway.core.aio import sleep_unless_stopped
 from gateway.core.limits import LogThrottle
 from gateway.core.settings import Settings
 from gateway.maintenance import jobs
-from gateway.runtime import logs
+from gateway.runtime import logs, workers
 from gateway.runtime.startup import (
     LISTEN_ERRNOS,
     StartupError,
@@ -31,7 +32,7 @@ from gateway.runtime.startup import (
 )
 from gateway.store.db import connect, create_pool, migrate_dsn
 from gateway.web import server
-from gateway.web.health import ListenError, metrics_listener
+from gateway.web.health import ListenError, health_socket, metrics_listener
 
 log = logging.getLogger("gateway")
 
@@ -167,8 +168,11 @@ def serve_http(
             raise
         log.info("listening on http://%s:%d", settings.host, listening.port)
         watch = asyncio.create_task(supervise_embedded(embedded, stop))
+        # A worker of `serve --workers N` answers its parent's health checks on its own socket.
+        sock = os.environ.get(workers.HEALTH_SOCKET_ENV) if reuse_port else None
         try:
-            await stop.wait()
+            async with health_socket(sock) if sock else contextlib.nullcontext():
+                await stop.wait()
         finally:
             log.info("shutting down")
             await listening.close()
@@ -190,8 +194,6 @@ async def wait_for(settings: Settings, *, schema: bool = False) -> None:
 def serve_workers(settings: Settings, n: int, *, embedded: Any = None) -> int:
     """The parent of ``gateway serve --workers N``: migrate once, then run and supervise N
     worker processes on one port (gateway.runtime.workers) until SIGTERM/SIGINT."""
-    from gateway.runtime import workers
-
     async def go() -> int:
         assert settings.database_url
         await wait_for(settings, schema=True)
@@ -204,7 +206,8 @@ def serve_workers(settings: Settings, n: int, *, embedded: Any = None) -> int:
         try:
             stop = asyncio.Event()
             _stop_on_signals(stop)
-            supervisor = workers.Supervisor(n, workers.child_env(settings, metrics_dir), metrics_dir)
+            env = workers.child_env(settings, metrics_dir)
+            supervisor = workers.Supervisor(n, env, metrics_dir, settings.worker_unresponsive_s)
             watch = asyncio.create_task(supervise_embedded(embedded, stop))
             log.info("serving http://%s:%d with %d worker processes", settings.host, settings.port, n)
             await supervisor.run(stop)
