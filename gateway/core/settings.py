@@ -351,7 +351,7 @@ class Settings:
         _float(1, 86400),
         "a long-running loop silent this long (beyond its own wait) makes /healthz answer 503",
     )
-    # Which background workers `gateway serve` runs in-process.
+    # Which background services `gateway serve` runs in-process.
     run_consumers: bool = _env("GATEWAY_RUN_CONSUMERS", True, _bool, "run the consumers inside gateway serve")
     run_sender: bool = _env(
         "GATEWAY_RUN_SENDER", True, _bool, "run the sender and reconciler inside gateway serve"
