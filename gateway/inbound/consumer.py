@@ -52,6 +52,7 @@ from gateway.core.faults import (
     missing_partition,
     verdict,
 )
+from gateway.core.heartbeat import HEARTBEATS
 from gateway.core.jsonspan import pointer
 from gateway.core.limits import LogThrottle
 from gateway.core.planning import Plan, StagedRow, describe, plan_batch, plan_event
@@ -142,30 +143,39 @@ class Consumer:
         return n
 
     async def run(self, stop: asyncio.Event) -> None:
-        poll_s = self._s.consumer_poll_ms / 1000
-        while not stop.is_set():
-            self.wake.clear()
-            try:
-                await self.step()
-            except Exception as exc:
-                # Nothing could be recorded (the connection or the transaction is gone):
-                # the rows are unlocked and due, so this consumer itself waits before trying
-                # again, with the same capped backoff, and counts no attempt anywhere; the
-                # row that headed the claim is remembered (a stall is taken alone).
-                self._uncommitted()
-                delay = self._fault(exc)
-                await sleep_unless_stopped(stop, delay)
-                continue
-            if self._again:
-                if self._more and self.on_more is not None:  # staged rows: a sibling helps
-                    self.on_more()
-                continue
-            self.idle = True
-            try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), poll_s)
-            finally:
-                self.idle = False
+        s = self._s
+        poll_s = s.consumer_poll_ms / 1000
+        # A turn is one batch (bounded by the driver's command timeout), then at most a fault
+        # backoff or a poll interval: silent longer than that and GATEWAY_LIVENESS_S, it is stuck.
+        beat = HEARTBEATS.loop("consumer", s.liveness_s + s.fault_backoff_max_ms / 1000 + poll_s)
+        try:
+            while not stop.is_set():
+                beat()
+                self.wake.clear()
+                try:
+                    await self.step()
+                except Exception as exc:
+                    # Nothing could be recorded (the connection or the transaction is gone):
+                    # the rows are unlocked and due, so this consumer itself waits before
+                    # trying again, with the same capped backoff, and counts no attempt
+                    # anywhere; the row that headed the claim is remembered (a stall is
+                    # taken alone).
+                    self._uncommitted()
+                    delay = self._fault(exc)
+                    await sleep_unless_stopped(stop, delay)
+                    continue
+                if self._again:
+                    if self._more and self.on_more is not None:  # staged rows: a sibling helps
+                        self.on_more()
+                    continue
+                self.idle = True
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.wake.wait(), poll_s)
+                finally:
+                    self.idle = False
+        finally:
+            beat.done()
 
     # -- staged rows ----------------------------------------------------------------------
 

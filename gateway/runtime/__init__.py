@@ -21,6 +21,7 @@ import asyncpg
 from aiohttp import web
 
 from gateway.core.aio import sleep_unless_stopped
+from gateway.core.heartbeat import HEARTBEATS, Beat
 from gateway.core.limits import LogThrottle
 from gateway.core.settings import Settings
 from gateway.runtime import logs, workers
@@ -117,11 +118,20 @@ async def supervise_embedded(pg: Any, stop: asyncio.Event) -> bool:
     """
     if pg is None:
         return False
+    pgdata = Path(pg.pgdata)
+    beat = HEARTBEATS.loop("embedded PostgreSQL watch", 60.0)
+    try:
+        return await _watch_embedded(pgdata, stop, beat)
+    finally:
+        beat.done()
+
+
+async def _watch_embedded(pgdata: Path, stop: asyncio.Event, beat: Beat) -> bool:
     from gateway.runtime import embedded
 
-    pgdata = Path(pg.pgdata)
     down_since: float | None = None
     while not stop.is_set():
+        beat()
         now = time.monotonic()
         if embedded.running(pgdata):
             if down_since is not None:
