@@ -230,7 +230,9 @@ def serve_workers(settings: Settings, n: int, *, embedded: Any = None) -> int:
             stop = asyncio.Event()
             _stop_on_signals(stop)
             env = workers.child_env(settings, metrics_dir)
-            supervisor = workers.Supervisor(n, env, metrics_dir, settings.worker_unresponsive_s)
+            supervisor = workers.Supervisor(
+                n, env, metrics_dir, settings.worker_unresponsive_s, startup_s=settings.db_wait_s
+            )
             watch = asyncio.create_task(supervise_embedded(embedded, stop))
             log.info("serving http://%s:%d with %d worker processes", settings.host, settings.port, n)
             await supervisor.run(stop)

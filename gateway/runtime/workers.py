@@ -105,12 +105,19 @@ class Supervisor:
     answering."""
 
     def __init__(
-        self, n: int, env: dict[str, str], metrics_dir: str, unresponsive_s: float = UNRESPONSIVE_S
+        self,
+        n: int,
+        env: dict[str, str],
+        metrics_dir: str,
+        unresponsive_s: float = UNRESPONSIVE_S,
+        startup_s: float = 0.0,
     ) -> None:
         self.n = n
         self.env = env
         self.metrics_dir = metrics_dir
         self.unresponsive_s = unresponsive_s
+        # A worker first waits for the database (GATEWAY_DB_WAIT_S) and only then answers.
+        self.startup_s = startup_s
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.fatal: int | None = None  # the exit code of a worker that could not start
         self.replaced = 0  # workers killed because their health stopped answering
@@ -130,9 +137,10 @@ class Supervisor:
 
     async def _watch(self, slot: int, proc: asyncio.subprocess.Process) -> None:
         """Ask the worker's health every few seconds; kill it when it has not answered 200 for
-        ``unresponsive_s`` (counted from its start: it must come up within that too)."""
+        ``unresponsive_s`` (before its first answer: ``startup_s`` more, its wait for the
+        database)."""
         every = min(HEALTH_EVERY_S, self.unresponsive_s / 3)
-        last_ok = time.monotonic()
+        last_ok = time.monotonic() + self.startup_s
         connector = aiohttp.UnixConnector(path=self.health_socket(slot))
         async with aiohttp.ClientSession(connector=connector) as http:
             while proc.returncode is None:

@@ -101,6 +101,7 @@ async def test_a_stopped_worker_is_replaced_and_webhooks_keep_being_taken(db_dsn
         "GATEWAY_RUN_SENDER": "false",
         "GATEWAY_RUN_FORWARDER": "false",
         "GATEWAY_WORKER_UNRESPONSIVE_S": "3",
+        "GATEWAY_DB_WAIT_S": "1",  # a new worker's grace before its first answer, beyond that
     }
     proc = spawn(["serve", "--workers", "2"], env)
     stopped: psutil.Process | None = None
