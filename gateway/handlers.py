@@ -117,9 +117,11 @@ async def reply(
     Two guards, both in this transaction: the reply claim of (wamid, bot) in ``reply_claims``
     (the same guard as the send API's ``in_reply_to``: one reply per inbound message per bot)
     and the outbox key ``reply:<bot>:<wamid>`` (unique per tenant). The reply threads under
-    the message (Meta's ``context.message_id``).
+    the message (Meta's ``context.message_id``) and goes to the sender's phone number, or to
+    their BSUID when Meta did not share the number (a user with a username).
     """
-    if not event.sender:
+    to = event.who.address
+    if not to:
         raise ValueError(f"message {event.wamid} has no sender to reply to")
     key = f"reply:{bot}:{event.wamid}"
     if not await replies.claim(conn, inbound_wamid=event.wamid, bot=bot, tenant=tenant, key=key):
@@ -134,7 +136,7 @@ async def reply(
             key=key,
             provider=provider,
             phone_number_id=event.phone_number_id or "",
-            recipient=event.sender,
+            recipient=to,
             payload=payload,
         ),
     )

@@ -57,14 +57,15 @@ def kind_of(ev: Event) -> str:
 
 
 def conversation_of(ev: Event) -> str:
-    """The customer's wa_id (messages: the sender; statuses: the recipient); '' when none.
+    """The customer (messages: the sender; statuses: the recipient): the phone number, else the
+    BSUID, else the parent BSUID; '' when none.
 
     Destinations with ordering keep one delivery in flight per conversation.
     """
     if isinstance(ev, InboundMessage):
-        return ev.sender or ""
+        return ev.sender or ev.user_id or ev.parent_user_id or ""
     if isinstance(ev, Status):
-        return ev.recipient or ""
+        return ev.recipient or ev.recipient_user_id or ev.recipient_parent_user_id or ""
     return ""
 
 
@@ -84,9 +85,15 @@ def envelope(ev: Event, source: str) -> dict[str, Any]:
         data = {
             "wamid": ev.wamid,
             "phone_number_id": ev.phone_number_id,
+            "display_phone_number": ev.display_phone_number,
+            "waba_id": ev.waba_id,
             "from": ev.sender,
+            "from_user_id": ev.user_id,
+            "from_parent_user_id": ev.parent_user_id,
+            "username": ev.username,
             "type": ev.type,
             "contact_name": ev.contact_name,
+            "contact": ev.contact,
         }
         raw = ev.message
     elif isinstance(ev, Status):
@@ -95,10 +102,18 @@ def envelope(ev: Event, source: str) -> dict[str, Any]:
         data = {
             "wamid": ev.wamid,
             "status": ev.status,
+            "phone_number_id": ev.phone_number_id,
+            "display_phone_number": ev.display_phone_number,
+            "waba_id": ev.waba_id,
             "recipient_id": ev.recipient,
+            "recipient_user_id": ev.recipient_user_id,
+            "recipient_parent_user_id": ev.recipient_parent_user_id,
+            "recipient_username": ev.recipient_username,
             "participant": ev.participant or None,
             "callback_data": ev.callback_data,
+            "biz_opaque_callback_data": ev.biz_opaque_callback_data,
             "errors": ev.errors,
+            "contact": ev.contact,
         }
         raw = ev.raw
     elif isinstance(ev, AccountError):
@@ -134,6 +149,7 @@ def forward_row(ev: Event, source: str, inbox_id: int) -> dict[str, Any]:
         "conversation": conversation_of(ev),
         "envelope": envelope(ev, source),
         "inbox_id": inbox_id,
+        "callback": ev.callback_data if isinstance(ev, Status) else None,
     }
 
 
@@ -155,6 +171,12 @@ def message_from_row(row: dict[str, Any], key: str) -> InboundMessage:
         timestamp=_unix(row["timestamp"]),
         contact_name=row["contact_name"],
         message=row["message"],
+        user_id=row["user_id"],
+        parent_user_id=row["parent_user_id"],
+        username=row["username"],
+        waba_id=row["waba_id"],
+        display_phone_number=row["display_phone_number"],
+        contact=row["contact"],
     )
 
 
@@ -169,6 +191,14 @@ def status_from_row(row: dict[str, Any]) -> Status:
         callback_data=row["callback_data"],
         errors=row["errors"],
         raw=row["raw"],
+        recipient_user_id=row["recipient_user_id"],
+        recipient_parent_user_id=row["recipient_parent_user_id"],
+        recipient_username=row["recipient_username"],
+        phone_number_id=row["phone_number_id"],
+        waba_id=row["waba_id"],
+        display_phone_number=row["display_phone_number"],
+        contact=row["contact"],
+        biz_opaque_callback_data=row["biz_opaque_callback_data"],
     )
 
 

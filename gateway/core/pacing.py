@@ -65,10 +65,14 @@ class Candidate:
     number: str
     recipient: str
     tenant: str
+    # Whom ``recipient`` names (the BSUID its phone number was last seen with): one pace for the
+    # phone number and the BSUID of one customer. Empty: the recipient itself.
+    person: str = ""
 
     @property
     def keys(self) -> tuple[str, str]:
-        return number_key(self.provider, self.number), pair_key(self.provider, self.number, self.recipient)
+        who = self.person or self.recipient
+        return number_key(self.provider, self.number), pair_key(self.provider, self.number, who)
 
     @property
     def breakers(self) -> tuple[BreakerId, BreakerId]:

@@ -101,7 +101,9 @@ class Sender:
             if not found:
                 return [], 0
             cands = [
-                Candidate(r["id"], r["provider"], r["phone_number_id"], r["recipient"], r["tenant"])
+                Candidate(
+                    r["id"], r["provider"], r["phone_number_id"], r["recipient"], r["tenant"], r["person"]
+                )
                 for r in found
             ]
             ids = {b for c in cands for b in c.breakers}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import itertools
 import random
 import secrets
@@ -26,11 +27,43 @@ class Received:
 
     provider: str
     phone_number_id: str
-    to: str
+    to: str  # the address the send named: a phone number, a BSUID or a parent BSUID
     message: dict[str, Any]
     id: str
     callback_data: str | None
     at: float
+    addressed_by: str = "to"  # the request field that named it: "to" or "recipient"
+
+
+@dataclass
+class Customer:
+    """A WhatsApp user as the fake's Graph API knows them (Meta's 2026 identities)."""
+
+    user_id: str  # BSUID
+    wa_id: str | None = None
+    parent_user_id: str | None = None
+    username: str | None = None
+    name: str = "Customer"
+    share_phone: bool = True  # whether Meta may share the phone number with the business
+
+    def contact(self, *, with_username: bool) -> dict[str, Any]:
+        """The customer's ``contacts[]`` object as Meta puts it in a webhook."""
+        profile: dict[str, Any] = {"name": self.name}
+        if with_username and self.username:
+            profile["username"] = self.username
+        out: dict[str, Any] = {"profile": profile}
+        if self.wa_id and self.share_phone:
+            out["wa_id"] = self.wa_id
+        out["user_id"] = self.user_id
+        if self.parent_user_id:
+            out["parent_user_id"] = self.parent_user_id
+        return out
+
+
+def bsuid_for(phone: str) -> str:
+    """The BSUID the fake gives a phone number it was not told about (stable per number)."""
+    digest = int.from_bytes(hashlib.sha256(phone.encode()).digest()[:8], "big")
+    return f"US.{digest:020d}"
 
 
 @dataclass
@@ -61,6 +94,21 @@ class Hub:
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
+        self.customers: list[Customer] = []
+
+    def add_customer(self, customer: Customer) -> Customer:
+        self.customers.append(customer)
+        return customer
+
+    def customer(self, address: str) -> Customer:
+        """Whom an address names: a known customer by phone number, BSUID or parent BSUID; else
+        a phone number's own customer (with a BSUID of its own), or a BSUID's (no phone)."""
+        for c in self.customers:
+            if address in (c.wa_id, c.user_id, c.parent_user_id):
+                return c
+        if address.isdigit():
+            return self.add_customer(Customer(bsuid_for(address), wa_id=address))
+        return self.add_customer(Customer(address))
 
     def take_fault(self, to: str) -> Fault | None:
         return fake_faults.take(self.faults, to)

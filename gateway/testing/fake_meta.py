@@ -7,6 +7,7 @@ import asyncio
 import hmac
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -60,6 +61,30 @@ def meta_error(code: int, subcode: int | None = None) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json")
 
 
+# Request fields that address the message rather than make it.
+_ENVELOPE = ("to", "recipient", "messaging_product", "recipient_type")
+
+
+def _address(msg: dict[str, Any]) -> tuple[str, str]:
+    """The address of a send and the field that named it; with both, ``to`` wins (as at Meta)."""
+    for field in ("to", "recipient"):
+        value = msg.get(field)
+        if isinstance(value, str) and value:
+            return value, field
+    raise ValueError("neither to nor recipient")
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """One accepted send, as its status webhooks need it."""
+
+    number: str
+    to: str
+    field: str
+    wamid: str
+    callback: str | None
+
+
 class MetaGraph:
     """The Graph API part of the fake."""
 
@@ -83,10 +108,10 @@ class MetaGraph:
             return meta_error(190)
         try:
             msg = orjson.loads(await request.read())
-            to = msg["to"]
-            if msg.get("messaging_product") != "whatsapp" or not isinstance(to, str) or "type" not in msg:
+            to, field = _address(msg)
+            if msg.get("messaging_product") != "whatsapp" or "type" not in msg:
                 raise ValueError
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             return meta_error(100)
         number = request.match_info["phone_number_id"]
         fault = hub.take_fault(to)
@@ -101,42 +126,52 @@ class MetaGraph:
                 return drop(request)
         wamid = hub.next_id(to)
         callback = msg.get("biz_opaque_callback_data")
-        message = {k: v for k, v in msg.items() if k not in ("to", "messaging_product", "recipient_type")}
-        hub.received.append(Received("meta", number, to, message, wamid, callback, time.time()))
-        hub.post(self._statuses(number, to, wamid, callback, None if fault is None else fault.failed_code))
+        message = {k: v for k, v in msg.items() if k not in _ENVELOPE}
+        hub.received.append(Received("meta", number, to, message, wamid, callback, time.time(), field))
+        sent = Sent(number, to, field, wamid, callback)
+        hub.post(self._statuses(sent, None if fault is None else fault.failed_code))
         if fault is not None and fault.action == "hang":
             await hub.hang(fault)
+        customer = hub.customer(to)
+        # Meta answers with whom it resolved the address to: the phone number, or the BSUID.
+        contact = {"input": to, "wa_id": to} if field == "to" else {"input": to, "user_id": customer.user_id}
         body = orjson.dumps(
-            {
-                "messaging_product": "whatsapp",
-                "contacts": [{"input": to, "wa_id": to}],
-                "messages": [{"id": wamid}],
-            }
+            {"messaging_product": "whatsapp", "contacts": [contact], "messages": [{"id": wamid}]}
         )
         return web.Response(body=body, content_type="application/json")
 
-    def _statuses(
-        self, number: str, to: str, wamid: str, callback: str | None, failed_code: int | None
-    ) -> list[Webhook]:
+    def _statuses(self, sent: Sent, failed_code: int | None) -> list[Webhook]:
+        """Meta's status webhooks of one send, with the 2026 identity fields: the recipient's
+        BSUID always, its phone number when the send named one or Meta may share it, the
+        username on delivered and read; no contacts on ``failed`` (nor the BSUID, when the send
+        named a phone number)."""
+        customer = self.hub.customer(sent.to)
         events = []
         for status in self.hub.status_list(failed_code):
-            st: dict[str, Any] = {
-                "id": wamid,
-                "status": status,
-                "timestamp": str(int(time.time())),
-                "recipient_id": to,
-            }
-            if callback is not None:
-                st["biz_opaque_callback_data"] = callback
-            if status == "failed" and failed_code is not None:
+            failed = status == "failed"
+            st: dict[str, Any] = {"id": sent.wamid, "status": status, "timestamp": str(int(time.time()))}
+            if sent.field == "to":
+                st["recipient_id"] = sent.to
+            elif customer.wa_id and customer.share_phone:
+                st["recipient_id"] = customer.wa_id
+            if not (failed and sent.field == "to"):
+                st["recipient_user_id"] = customer.user_id
+                if customer.parent_user_id:
+                    st["recipient_parent_user_id"] = customer.parent_user_id
+            if sent.callback is not None:
+                st["biz_opaque_callback_data"] = sent.callback
+            if failed and failed_code is not None:
                 _s, _t, title = META_ERRORS.get(failed_code, (400, "", "Error"))
                 st["errors"] = [
                     {"code": failed_code, "title": title, "message": title, "error_data": {"details": title}}
                 ]
-            elif status != "failed":
+            elif not failed:
                 st["conversation"] = {"id": secrets.token_hex(16), "origin": {"type": "utility"}}
                 st["pricing"] = {"billable": True, "pricing_model": "PMP", "category": "utility"}
-            value = payloads.meta_value(statuses=[st], phone_number_id=number, display="15550000000")
+            contacts = None if failed else [customer.contact(with_username=status in ("delivered", "read"))]
+            value = payloads.meta_value(
+                statuses=[st], contacts=contacts, phone_number_id=sent.number, display="15550000000"
+            )
             events.append(self.webhook(payloads.meta_envelope([("fake-waba", [("messages", value)])])))
         return events
 

@@ -144,7 +144,8 @@ SELECT count(*) FROM ins;
 -- (evt:<id>) is found beside it in processed_webhook_events (same transaction, same inbox
 -- row); NULL once retention purged it.
 SELECT m.id, m.wamid, m.source, m.phone_number_id, m.sender, m.type, m.timestamp,
-       m.contact_name, m.message, m.received_at,
+       m.contact_name, m.message, m.received_at, m.user_id, m.parent_user_id, m.username,
+       m.waba_id, m.display_phone_number, m.contact,
        CASE WHEN m.source = 'meta' THEN 'msg:' || m.wamid
             ELSE (SELECT p.event_key FROM processed_webhook_events p
                   -- evt: keys are untimed: one partition, with a processed_at index.
@@ -160,7 +161,9 @@ LIMIT $4;
 
 -- name: backfill_statuses
 SELECT id, event_key, source, wamid, status, participant, recipient, timestamp, callback_data,
-       errors, raw, recorded_at AS received_at
+       errors, raw, recorded_at AS received_at, recipient_user_id, recipient_parent_user_id,
+       recipient_username, phone_number_id, waba_id, display_phone_number, contact,
+       biz_opaque_callback_data
 FROM message_statuses
 WHERE recorded_at >= $1 AND recorded_at < $2 AND id > $3
 ORDER BY id

@@ -19,7 +19,20 @@ WHERE tenant = $1 AND idem_key = $2;
 -- name: outbox_claim_candidates
 -- Due pending rows, locked for this claim's transaction; concurrent senders skip each other's.
 -- Pacing and breakers then decide which of them go (outbox_mark_sending) and which wait.
-SELECT id, tenant, provider, phone_number_id, recipient
+-- person: whom the recipient names on the sending number, so the phone number and the BSUID of
+-- one customer are paced as one pair: the BSUID last seen with that phone number or parent
+-- BSUID (customer_ids), else the recipient itself.
+SELECT id, tenant, provider, phone_number_id, recipient,
+       coalesce(CASE WHEN recipient ~ '^[0-9]+$' THEN
+                         (SELECT c.user_id FROM customer_ids c
+                          WHERE c.phone_number_id = outbox.phone_number_id AND c.wa_id = outbox.recipient
+                          ORDER BY c.seen_at DESC LIMIT 1)
+                     WHEN recipient ~ '^[A-Z]{2}\.ENT\.' THEN
+                         (SELECT c.user_id FROM customer_ids c
+                          WHERE c.phone_number_id = outbox.phone_number_id
+                            AND c.parent_user_id = outbox.recipient
+                          ORDER BY c.seen_at DESC LIMIT 1)
+                END, recipient) AS person
 FROM outbox
 WHERE state = 'pending' AND next_attempt_at <= to_timestamp($1::float8)
 ORDER BY next_attempt_at, id
