@@ -68,6 +68,8 @@ class Candidate:
     # Whom ``recipient`` names (the BSUID its phone number was last seen with): one pace for the
     # phone number and the BSUID of one customer. Empty: the recipient itself.
     person: str = ""
+    # Which access token the send uses (its token breaker's key); empty: the tenant's.
+    token: str = ""
 
     @property
     def keys(self) -> tuple[str, str]:
@@ -76,14 +78,15 @@ class Candidate:
 
     @property
     def breakers(self) -> tuple[BreakerId, BreakerId]:
-        return BreakerId("number", self.provider, self.number), BreakerId("token", self.provider, self.tenant)
+        token = BreakerId("token", self.provider, self.token or self.tenant)
+        return BreakerId("number", self.provider, self.number), token
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class BreakerId:
     scope: str  # number | token
     provider: str
-    key: str  # phone_number_id | tenant
+    key: str  # phone_number_id | the token's key (Settings.token_key)
 
     @property
     def lock_key(self) -> str:

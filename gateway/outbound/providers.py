@@ -38,7 +38,8 @@ def build_request(settings: Settings, row: Any) -> tuple[str, dict[str, str], by
         **payload,
         "biz_opaque_callback_data": row["callback_data"],
     }
-    headers = {"Authorization": f"Bearer {settings.graph_token}", "Content-Type": "application/json"}
+    token = settings.graph_token_for(row["phone_number_id"])
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     return f"{settings.graph_url}/{row['phone_number_id']}/messages", headers, orjson.dumps(body)
 
 

@@ -102,7 +102,13 @@ class Sender:
                 return [], 0
             cands = [
                 Candidate(
-                    r["id"], r["provider"], r["phone_number_id"], r["recipient"], r["tenant"], r["person"]
+                    r["id"],
+                    r["provider"],
+                    r["phone_number_id"],
+                    r["recipient"],
+                    r["tenant"],
+                    r["person"],
+                    s.token_key(r["provider"], r["phone_number_id"]),
                 )
                 for r in found
             ]
@@ -155,7 +161,7 @@ class Sender:
         probes: dict[BreakerId, tuple[int, bool]] = {}
         for r, (raw_c, _sent_at) in zip(rows, results, strict=True):
             if raw_c.breaker is not None:
-                key = r["phone_number_id"] if raw_c.breaker == "number" else r["tenant"]
+                key = self._breaker_key(raw_c.breaker, r)
                 tripped[BreakerId(raw_c.breaker, r["provider"], key)] = raw_c
             for b_id in self._probes.pop(r["id"], []):
                 probes[b_id] = (r["id"], raw_c.reached)
@@ -165,7 +171,7 @@ class Sender:
             c = finalize(raw_c, attempt, s.send_max_attempts)
             next_at: float | None = None
             if c.breaker is not None:
-                key = r["phone_number_id"] if c.breaker == "number" else r["tenant"]
+                key = self._breaker_key(c.breaker, r)
                 b = opened.get(BreakerId(c.breaker, r["provider"], key))
                 next_at = b.retry_at if b is not None else now + s.breaker_backoff_s
             elif c.outcome is Outcome.RETRY:
@@ -182,6 +188,11 @@ class Sender:
             if c.outcome is not Outcome.ACCEPTED:
                 log.info("send %s attempt %d: %s (%s)", r["callback_data"][:80], attempt, c.state, c.error)
         await outbox.record_results(self.pool, out, now=now)
+
+    def _breaker_key(self, scope: str, row: Any) -> str:
+        if scope == "number":
+            return str(row["phone_number_id"])
+        return self.settings.token_key(row["provider"], row["phone_number_id"])
 
     async def _update_breakers(
         self, tripped: dict[BreakerId, Classified], probes: dict[BreakerId, tuple[int, bool]], now: float
@@ -215,7 +226,7 @@ class Sender:
                     changes[b_id] = after
                     self._log_breaker(b_id, before, after)
                 if after.state == "closed" and before.state != "closed":
-                    await pacing.wake_rows(conn, b_id, now=now)
+                    await pacing.wake_rows(conn, b_id, s, now=now)
                 current[b_id] = after
             await pacing.put_breakers(conn, changes)
         return {b_id: b for b_id, b in current.items() if b.state == "open"}

@@ -9,7 +9,7 @@ import hashlib
 import itertools
 import random
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -33,6 +33,7 @@ class Received:
     callback_data: str | None
     at: float
     addressed_by: str = "to"  # the request field that named it: "to" or "recipient"
+    token: str = ""  # the bearer token the request came with
 
 
 @dataclass
@@ -72,6 +73,7 @@ class FakeConfig:
     app_secret: str = ""
     tenashi_secret: str = ""
     graph_token: str = ""  # empty: any bearer token is accepted
+    number_tokens: dict[str, str] = field(default_factory=dict)  # a number's own token (190 otherwise)
     tenashi_token: str = ""
     statuses: tuple[str, ...] = ("sent", "delivered", "read")
     duplicates: int = 0  # extra copies of each status webhook

@@ -94,9 +94,11 @@ class MetaGraph:
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/{version}/{phone_number_id}/messages", self.send)]
 
-    def authorized(self, request: web.Request) -> bool:
+    def authorized(self, request: web.Request, number: str | None = None) -> bool:
+        """The bearer token is the number's own (``number_tokens``), else the configured one (any,
+        when none is configured)."""
         token = request.headers.get("Authorization", "")
-        want = self.hub.config.graph_token
+        want = self.hub.config.number_tokens.get(number or "") or self.hub.config.graph_token
         return token.startswith("Bearer ") and (
             not want or hmac.compare_digest(token[7:].encode(), want.encode())
         )
@@ -104,7 +106,7 @@ class MetaGraph:
     async def send(self, request: web.Request) -> web.Response:
         hub = self.hub
         hub.requests += 1
-        if not self.authorized(request):
+        if not self.authorized(request, request.match_info["phone_number_id"]):
             return meta_error(190)
         try:
             msg = orjson.loads(await request.read())
@@ -127,7 +129,8 @@ class MetaGraph:
         wamid = hub.next_id(to)
         callback = msg.get("biz_opaque_callback_data")
         message = {k: v for k, v in msg.items() if k not in _ENVELOPE}
-        hub.received.append(Received("meta", number, to, message, wamid, callback, time.time(), field))
+        token = request.headers["Authorization"][7:]
+        hub.received.append(Received("meta", number, to, message, wamid, callback, time.time(), field, token))
         sent = Sent(number, to, field, wamid, callback)
         hub.post(self._statuses(sent, None if fault is None else fault.failed_code))
         if fault is not None and fault.action == "hang":

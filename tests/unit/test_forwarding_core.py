@@ -166,7 +166,8 @@ def test_message_envelope_has_normalised_fields_and_the_raw_fragment() -> None:
 def test_a_username_user_without_a_phone_number_is_named_by_bsuid() -> None:
     contact = contact_obj(None, "US.1349", username="ana.b", parent_user_id="US.ENT.118")
     msg = message_obj("wamid.U1", "hi", sender=None, user_id="US.1349")
-    (ev,) = parse("meta", to_bytes(meta_payload(("messages", meta_value(messages=[msg], contacts=[contact])))))
+    value = meta_value(messages=[msg], contacts=[contact])
+    (ev,) = parse("meta", to_bytes(meta_payload(("messages", value))))
     data = envelope(ev, "meta")["data"]
     assert data["from"] is None and data["from_user_id"] == "US.1349"
     assert data["from_parent_user_id"] == "US.ENT.118" and data["username"] == "ana.b"
