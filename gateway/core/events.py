@@ -37,6 +37,10 @@ from typing import Any, ClassVar
 from gateway.core.enums import Source
 from gateway.core.identity import Who
 
+# Message types whose object names a media file by id (GET /v1/media/{id} downloads it).
+MEDIA_TYPES = frozenset({"image", "audio", "video", "document", "sticker"})
+MAX_MEDIA_ID = 128
+
 # Meta may batch up to 1000 updates per POST; more than this is not a Meta payload.
 MAX_EVENTS_PER_PAYLOAD = 10_000
 
@@ -85,6 +89,16 @@ class InboundMessage:
     def who(self) -> Who:
         return Who(self.sender, self.user_id, self.parent_user_id, self.username)
 
+    @property
+    def media(self) -> tuple[str, str | None] | None:
+        """The media id (and MIME type) of an image, audio, video, document or sticker message."""
+        obj = self.message.get(self.type) if self.type in MEDIA_TYPES else None
+        media_id = obj.get("id") if isinstance(obj, dict) else None
+        if not isinstance(media_id, str) or not 0 < len(media_id) <= MAX_MEDIA_ID:
+            return None
+        mime = obj.get("mime_type") if isinstance(obj, dict) else None
+        return media_id, mime if isinstance(mime, str) and len(mime) <= 255 else None
+
     def to_row(self, inbox_id: int, source: str) -> dict[str, Any]:
         """The ``inbound_messages`` row (as the consumer's batch statement reads it)."""
         return {
@@ -104,6 +118,8 @@ class InboundMessage:
             "waba_id": self.waba_id,
             "display_phone_number": self.display_phone_number,
             "contact": self.contact,
+            "media_id": media[0] if (media := self.media) else None,
+            "mime_type": media[1] if media else None,
         }
 
 

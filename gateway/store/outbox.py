@@ -27,6 +27,7 @@ class NewMessage:
     recipient: str
     payload: dict[str, Any]
     unknown_policy: UnknownPolicy | str = UnknownPolicy.REVIEW
+    biz_opaque_callback_data: str | None = None  # the caller's own, returned with its statuses
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,7 @@ async def enqueue(conn: Conn, m: NewMessage) -> tuple[bool, OutboxRow]:
         m.recipient,
         m.payload,
         str(policy),
+        m.biz_opaque_callback_data,
     )
     row = await get(conn, tenant=m.tenant, key=m.key)
     assert row is not None
@@ -73,6 +75,13 @@ async def enqueue(conn: Conn, m: NewMessage) -> tuple[bool, OutboxRow]:
 async def get(conn: Conn, *, tenant: str, key: str) -> OutboxRow | None:
     row: OutboxRow | None = await conn.fetchrow(q("outbox_get"), tenant, key)
     return row
+
+
+async def cancel_pending(conn: Conn, *, tenant: str, key: str) -> tuple[OutboxState, bool] | None:
+    """Cancel the row if it is still pending: (its state now, whether this cancelled it); None
+    when there is no such row."""
+    r = await conn.fetchrow(q("outbox_cancel_pending"), tenant, key)
+    return None if r is None else (OutboxState(r["state"]), bool(r["cancelled"]))
 
 
 async def claim_candidates(conn: Conn, *, now: float, limit: int) -> list[asyncpg.Record]:

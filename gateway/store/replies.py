@@ -28,3 +28,16 @@ async def get(conn: Conn, *, inbound_wamid: str, bot: str) -> Claim | None:
     if r is None:
         return None
     return Claim(r["inbound_wamid"], r["claimed_by"], r["tenant"], r["idem_key"])
+
+
+async def recipient_matches(conn: Conn, *, inbound_wamid: str, recipient: str) -> bool | None:
+    """Whether ``recipient`` (a phone number, BSUID or parent BSUID) is the customer who wrote
+    ``inbound_wamid``; None when the gateway does not know that message."""
+    r = await conn.fetchrow(q("reply_recipient_matches"), inbound_wamid, recipient)
+    return None if r is None else bool(r["matches"])
+
+
+async def inbound_number(conn: Conn, *, inbound_wamid: str) -> str | None:
+    """The business number an inbound message came to; None when the gateway does not know it."""
+    number: str | None = await conn.fetchval(q("inbound_number"), inbound_wamid)
+    return number

@@ -61,6 +61,25 @@ class Customer:
         return out
 
 
+@dataclass
+class StoredMedia:
+    """A media file the fake's Graph API holds (uploaded, or put there by a test)."""
+
+    phone_number_id: str
+    mime_type: str
+    data: bytes
+    # Download behaviour, for tests of slow or lying media hosts.
+    chunk_delay_ms: float = 0.0
+    declared_size: int | None = None  # Content-Length / file_size to announce (default: the real size)
+
+
+@dataclass
+class ReadReceipt:
+    phone_number_id: str
+    message_id: str
+    typing: bool
+
+
 def bsuid_for(phone: str) -> str:
     """The BSUID the fake gives a phone number it was not told about (stable per number)."""
     digest = int.from_bytes(hashlib.sha256(phone.encode()).digest()[:8], "big")
@@ -97,6 +116,14 @@ class Hub:
         self._tasks: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
         self.customers: list[Customer] = []
+        self.media: dict[str, StoredMedia] = {}
+        self.read_receipts: list[ReadReceipt] = []
+
+    def add_media(self, data: bytes, mime_type: str, phone_number_id: str = "1111", **kw: Any) -> str:
+        """Store a file as Meta would; its media id."""
+        media_id = str(10**15 + next(self._seq))
+        self.media[media_id] = StoredMedia(phone_number_id, mime_type, data, **kw)
+        return media_id
 
     def add_customer(self, customer: Customer) -> Customer:
         self.customers.append(customer)

@@ -4,6 +4,7 @@ the signed status webhooks Meta posts back."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import secrets
 import time
@@ -11,12 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
+from gateway.core.messages import MESSAGE_TYPES
 from gateway.core.signature import sign_meta
 from gateway.testing import payloads
 from gateway.testing.fake_faults import drop
-from gateway.testing.fake_hub import Hub, Received, Webhook
+from gateway.testing.fake_hub import Hub, ReadReceipt, Received, Webhook
 
 # HTTP status Meta answers with per error code (our reading of the docs; the gateway
 # classifies by code, never by status).
@@ -61,6 +63,8 @@ def meta_error(code: int, subcode: int | None = None) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json")
 
 
+# The Graph API's version segment (v21.0, v23.0, ...).
+_VERSION = "{version:v[0-9]+[.][0-9]+}"
 # Request fields that address the message rather than make it.
 _ENVELOPE = ("to", "recipient", "messaging_product", "recipient_type")
 
@@ -92,7 +96,67 @@ class MetaGraph:
         self.hub = hub
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/{version}/{phone_number_id}/messages", self.send)]
+        return [
+            web.post(f"/{_VERSION}/{{phone_number_id}}/messages", self.send),
+            web.post(f"/{_VERSION}/{{phone_number_id}}/media", self.upload),
+            web.get(f"/{_VERSION}/{{media_id}}", self.media_url),
+            web.get("/_fake/media/{media_id}", self.download),
+        ]
+
+    # -- media (Meta's "Media" reference: upload, URL lookup, download) ----------------------
+
+    async def upload(self, request: web.Request) -> web.Response:
+        number = request.match_info["phone_number_id"]
+        if not self.authorized(request, number):
+            return meta_error(190)
+        fields: dict[str, Any] = {}
+        async for part in await request.multipart():
+            if isinstance(part, BodyPartReader) and part.name:
+                data = await part.read()
+                fields[part.name] = (data, part.headers.get("Content-Type", ""))
+        if "file" not in fields or fields.get("messaging_product", (b"",))[0] != b"whatsapp":
+            return meta_error(100)
+        data, mime = fields["file"]
+        return web.json_response({"id": self.hub.add_media(bytes(data), mime, number)})
+
+    async def media_url(self, request: web.Request) -> web.Response:
+        media_id = request.match_info["media_id"]
+        stored = self.hub.media.get(media_id)
+        if stored is None:
+            return meta_error(100)
+        if not self.authorized(request, stored.phone_number_id):
+            return meta_error(190)
+        base = f"{request.scheme}://{request.host}"
+        return web.json_response(
+            {
+                "messaging_product": "whatsapp",
+                "url": f"{base}/_fake/media/{media_id}",
+                "mime_type": stored.mime_type,
+                "sha256": hashlib.sha256(stored.data).hexdigest(),
+                "file_size": stored.declared_size if stored.declared_size is not None else len(stored.data),
+                "id": media_id,
+            }
+        )
+
+    async def download(self, request: web.Request) -> web.StreamResponse:
+        stored = self.hub.media.get(request.match_info["media_id"])
+        if stored is None:
+            return web.Response(status=404)
+        if not self.authorized(request, stored.phone_number_id):
+            return web.Response(status=401)
+        out = web.StreamResponse(headers={"Content-Type": stored.mime_type})
+        out.content_length = stored.declared_size if stored.declared_size is not None else len(stored.data)
+        await out.prepare(request)
+        for i in range(0, len(stored.data), 16 * 1024):
+            if stored.chunk_delay_ms:
+                await asyncio.sleep(stored.chunk_delay_ms / 1000)
+            await out.write(stored.data[i : i + 16 * 1024])
+        if stored.declared_size is not None and stored.declared_size != len(stored.data):
+            if request.transport is not None:
+                request.transport.abort()  # the announced size never comes
+            return out
+        await out.write_eof()
+        return out
 
     def authorized(self, request: web.Request, number: str | None = None) -> bool:
         """The bearer token is the number's own (``number_tokens``), else the configured one (any,
@@ -108,14 +172,20 @@ class MetaGraph:
         hub.requests += 1
         if not self.authorized(request, request.match_info["phone_number_id"]):
             return meta_error(190)
+        number = request.match_info["phone_number_id"]
         try:
             msg = orjson.loads(await request.read())
+            if msg.get("messaging_product") != "whatsapp":
+                raise ValueError
+            if msg.get("status") == "read":
+                return self._read(number, msg)
             to, field = _address(msg)
-            if msg.get("messaging_product") != "whatsapp" or "type" not in msg:
+            kind = msg.get("type")
+            # Meta refuses a type it does not know, or one whose object is missing.
+            if kind not in MESSAGE_TYPES or not isinstance(msg.get(kind), dict | list):
                 raise ValueError
         except (ValueError, KeyError, TypeError, AttributeError):
             return meta_error(100)
-        number = request.match_info["phone_number_id"]
         fault = hub.take_fault(to)
         if fault is not None:
             if fault.action == "latency":
@@ -142,6 +212,15 @@ class MetaGraph:
             {"messaging_product": "whatsapp", "contacts": [contact], "messages": [{"id": wamid}]}
         )
         return web.Response(body=body, content_type="application/json")
+
+    def _read(self, number: str, msg: dict[str, Any]) -> web.Response:
+        """Mark as read (with the typing indicator when asked): Meta answers success."""
+        message_id = msg.get("message_id")
+        typing = msg.get("typing_indicator")
+        if not isinstance(message_id, str) or (typing is not None and typing != {"type": "text"}):
+            return meta_error(100)
+        self.hub.read_receipts.append(ReadReceipt(number, message_id, typing is not None))
+        return web.json_response({"success": True})
 
     def _statuses(self, sent: Sent, failed_code: int | None) -> list[Webhook]:
         """Meta's status webhooks of one send, with the 2026 identity fields: the recipient's

@@ -57,6 +57,7 @@ class FakeProvider(Hub):
         self.received.clear()
         self.faults.clear()
         self.webhooks.clear()
+        self.read_receipts.clear()
         self.tenashi.reset()
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:

@@ -16,6 +16,7 @@ from gateway.inbound.groupcommit import GroupCommitter
 from gateway.inbound.webhooks import Webhooks
 from gateway.maintenance import jobs
 from gateway.outbound.forwarder import Forwarder
+from gateway.outbound.media_api import MediaApi
 from gateway.outbound.send_api import SendApi
 from gateway.outbound.sender import Sender
 from gateway.store.db import connect, create_pool, migrate_dsn
@@ -32,6 +33,7 @@ SENDER = web.AppKey("sender", Sender)
 FORWARDER = web.AppKey("forwarder", Forwarder)
 WEBHOOKS = web.AppKey("webhooks", Webhooks)
 SEND_API = web.AppKey("send_api", SendApi)
+MEDIA_API = web.AppKey("media_api", MediaApi)
 HEALTH = web.AppKey("health", Health)
 
 
@@ -43,6 +45,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     pool = await create_pool(s.database_url, s.db_pool_min, s.db_pool_max, timeout=s.db_connect_timeout_s)
     app[POOL] = pool
     app[SEND_API].pool = pool
+    app[MEDIA_API].pool = pool
     app[HEALTH].pool = pool
     # /readyz answers from a probe run once a second, not per request.
     async with app[HEALTH].probing():
@@ -143,10 +146,13 @@ def build_app(settings: Settings, *, workers: bool = True) -> web.Application:
     app[SETTINGS] = settings
     app[WEBHOOKS] = Webhooks(settings)
     app[SEND_API] = SendApi(settings)
+    app[MEDIA_API] = MediaApi(settings)
     app[HEALTH] = Health()
     app.router.add_routes(app[WEBHOOKS].routes())
     app.router.add_routes(app[HEALTH].routes(metrics=not settings.metrics_port))
     app.router.add_routes(app[SEND_API].routes())
+    app.router.add_routes(app[MEDIA_API].routes())
+    app.on_cleanup.append(app[MEDIA_API].close)
     if settings.metrics_port:
         app.cleanup_ctx.append(_metrics_listener)
     app.cleanup_ctx.append(_database)

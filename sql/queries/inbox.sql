@@ -67,7 +67,8 @@ WITH ev AS (
     FROM jsonb_to_recordset($3::jsonb) AS m(
         key text, source text, wamid text, phone_number_id text, sender text, type text,
         ts bigint, contact_name text, message jsonb, inbox_id bigint, user_id text,
-        parent_user_id text, username text, waba_id text, display_phone_number text, contact jsonb)
+        parent_user_id text, username text, waba_id text, display_phone_number text, contact jsonb,
+        media_id text, mime_type text)
     JOIN fresh ON fresh.event_key = m.key
 ), ins_msg AS (
     INSERT INTO inbound_messages
@@ -85,6 +86,15 @@ WITH ev AS (
            WHERE i.wamid = msg.wamid AND i.received_at > now() - interval '8 days'
            LIMIT 1) IS NULL
     ORDER BY wamid
+    RETURNING 1
+), ins_media AS (
+    -- The media of inbound messages and the number they came to (GET /v1/media/{id}).
+    INSERT INTO media (media_id, phone_number_id, origin, mime_type, wamid)
+    SELECT DISTINCT ON (media_id) media_id, phone_number_id, 'inbound', mime_type, wamid
+    FROM msg
+    WHERE media_id IS NOT NULL AND phone_number_id IS NOT NULL
+    ORDER BY media_id
+    ON CONFLICT (media_id) DO NOTHING
     RETURNING 1
 ), st AS (
     -- caller: the send API caller's biz_opaque_callback_data of the outbox row the status names.

@@ -4,17 +4,32 @@
 
 -- name: outbox_enqueue
 INSERT INTO outbox (tenant, idem_key, callback_data, provider, phone_number_id, recipient,
-                    payload, unknown_policy)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                    payload, unknown_policy, biz_opaque_callback_data)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (tenant, idem_key) DO NOTHING
 RETURNING id, state;
 
 -- name: outbox_get
 SELECT id, tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload, state,
        unknown_policy, resent, attempts, next_attempt_at, last_error, last_error_code, wamid,
-       delivery_status, delivery_errors, created_at, updated_at, sending_at, unknown_at, accepted_at
+       delivery_status, delivery_errors, created_at, updated_at, sending_at, unknown_at, accepted_at,
+       biz_opaque_callback_data
 FROM outbox
 WHERE tenant = $1 AND idem_key = $2;
+
+-- name: outbox_cancel_pending
+-- DELETE /v1/messages/{key}: a row still pending is cancelled; any other is left as it is.
+-- Returns the row's state (after the change) and whether this call cancelled it; no row: no
+-- such key. A row a sender has claimed is locked: this waits for the claim, then finds it
+-- no longer pending.
+WITH c AS (
+    UPDATE outbox SET state = 'cancelled', updated_at = clock_timestamp()
+    WHERE tenant = $1 AND idem_key = $2 AND state = 'pending'
+    RETURNING state
+)
+SELECT coalesce((SELECT state FROM c), o.state) AS state, EXISTS (SELECT 1 FROM c) AS cancelled
+FROM outbox o
+WHERE o.tenant = $1 AND o.idem_key = $2;
 
 -- name: outbox_claim_candidates
 -- Due pending rows, locked for this claim's transaction; concurrent senders skip each other's.
