@@ -21,6 +21,34 @@ META_MEDIA_DOMAINS = ("fbsbx.com", "facebook.com", "fbcdn.net", "whatsapp.net")
 MEDIA_FIELDS = ("image", "audio", "video", "document", "sticker")
 
 
+# The file types WhatsApp takes, each with its largest size (Meta's "Supported media types").
+_MB = 1024 * 1024
+SUPPORTED: dict[str, int] = {
+    **dict.fromkeys(("audio/aac", "audio/amr", "audio/mpeg", "audio/mp4", "audio/ogg"), 16 * _MB),
+    **dict.fromkeys(("image/jpeg", "image/png"), 5 * _MB),
+    "image/webp": 500 * 1024,  # stickers (animated; a static one is at most 100 KB)
+    **dict.fromkeys(("video/3gpp", "video/mp4"), 16 * _MB),
+    **dict.fromkeys(
+        (
+            "text/plain",
+            "application/pdf",
+            "application/vnd.ms-powerpoint",
+            "application/msword",
+            "application/vnd.ms-excel",
+            "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+            "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+            "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+        ),
+        100 * _MB,
+    ),
+}
+
+
+def upload_limit(mime_type: str) -> int | None:
+    """The largest file of this type WhatsApp takes; None: not a type it takes."""
+    return SUPPORTED.get(mime_type.split(";", 1)[0].strip().lower())
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """A download URL that may be fetched; ``trusted``: it is on the configured Graph host (the

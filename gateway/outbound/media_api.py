@@ -20,6 +20,7 @@ import asyncpg
 import orjson
 from aiohttp import BodyPartReader, web
 
+from gateway.core.media import upload_limit
 from gateway.core.settings import Settings
 from gateway.httpkit import bearer_tenant, problem, unauthorized
 from gateway.outbound.graph import Graph, GraphError
@@ -201,6 +202,10 @@ class MediaApi:
             if not self.settings.may_send_from(tenant, number):
                 return problem(403, "phone_number_id not allowed", "This tenant may not use this number.")
             file, filename, mime = upload
+            size = file.tell()
+            type_limit = upload_limit(mime) or 0
+            if size > type_limit:
+                return _too_large(type_limit, f"WhatsApp takes {mime} files up to {type_limit} bytes.")
             file.seek(0)
             try:
                 media_id = await self.graph.upload(number, file=file, filename=filename, mime_type=mime)
@@ -222,8 +227,8 @@ class _Cut(Exception):
     pass
 
 
-def _too_large(limit: int) -> web.Response:
-    return problem(413, "media too large", f"At most {limit} bytes (GATEWAY_MEDIA_MAX_BYTES).")
+def _too_large(limit: int, detail: str | None = None) -> web.Response:
+    return problem(413, "media too large", detail or f"At most {limit} bytes (GATEWAY_MEDIA_MAX_BYTES).")
 
 
 async def _small(part: BodyPartReader, limit: int) -> str:
@@ -255,6 +260,8 @@ def _upload_problems(number: str | None, upload: tuple[Any, str, str] | None) ->
         _file, filename, mime = upload
         if _MIME.fullmatch(mime) is None:
             out.append("file: needs its Content-Type (e.g. image/jpeg)")
+        elif upload_limit(mime) is None:
+            out.append(f"file: WhatsApp does not take {mime} files")
         if len(filename) > _FILENAME_MAX or any(ord(c) < 0x20 for c in filename):
             out.append(f"file: a filename of at most {_FILENAME_MAX} printable characters")
     return out

@@ -93,6 +93,7 @@ class FakeConfig:
     tenashi_secret: str = ""
     graph_token: str = ""  # empty: any bearer token is accepted
     number_tokens: dict[str, str] = field(default_factory=dict)  # a number's own token (190 otherwise)
+    media_url: str = ""  # the download URL media lookups answer (empty: the fake's own)
     tenashi_token: str = ""
     statuses: tuple[str, ...] = ("sent", "delivered", "read")
     duplicates: int = 0  # extra copies of each status webhook

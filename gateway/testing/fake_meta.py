@@ -130,7 +130,7 @@ class MetaGraph:
         return web.json_response(
             {
                 "messaging_product": "whatsapp",
-                "url": f"{base}/_fake/media/{media_id}",
+                "url": self.hub.config.media_url or f"{base}/_fake/media/{media_id}",
                 "mime_type": stored.mime_type,
                 "sha256": hashlib.sha256(stored.data).hexdigest(),
                 "file_size": stored.declared_size if stored.declared_size is not None else len(stored.data),
