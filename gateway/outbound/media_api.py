@@ -19,6 +19,7 @@ from typing import Any
 import asyncpg
 import orjson
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway.core.media import upload_limit
 from gateway.core.settings import Settings
@@ -193,7 +194,7 @@ class MediaApi:
                         upload = (spool, part.filename or "file", mime)
                     else:
                         await part.release()
-            except ValueError:
+            except (ValueError, HttpProcessingError):
                 return problem(400, "invalid upload", "The multipart body is malformed.")
             problems = _upload_problems(number, upload)
             if problems:

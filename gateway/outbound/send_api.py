@@ -38,6 +38,7 @@ from gateway.store.db import DB_ERRORS
 log = logging.getLogger(__name__)
 
 MAX_KEY = 255
+RESERVED_KEY = "read"  # /v1/messages/read is the read-receipt endpoint, not a message
 MAX_BODY = 64 * 1024
 # A claim still in_progress after this long belongs to a request that died.
 CLAIM_LEASE_S = 30.0
@@ -53,6 +54,8 @@ def _key_problem(key: str | None) -> web.Response | None:
         return problem(400, "Idempotency-Key too long", f"At most {MAX_KEY} characters.")
     if not _KEY_CHARS.fullmatch(key):
         return problem(400, "Idempotency-Key invalid", "Visible ASCII characters only, no spaces.")
+    if key == RESERVED_KEY:
+        return problem(400, "Idempotency-Key invalid", f"{key!r} is reserved (POST /v1/messages/read).")
     return None
 
 
@@ -121,8 +124,9 @@ class SendApi:
     def routes(self) -> list[web.RouteDef]:
         return [
             web.post("/v1/messages", self.post_message),
-            web.get("/v1/messages/{key:.+}", self.get_message),
-            web.delete("/v1/messages/{key:.+}", self.delete_message),
+            # "read" is POST /v1/messages/read (a read receipt), never a key.
+            web.get("/v1/messages/{key:(?!read$).+}", self.get_message),
+            web.delete("/v1/messages/{key:(?!read$).+}", self.delete_message),
             web.get("/v1/openapi.json", self.get_openapi),
         ]
 
