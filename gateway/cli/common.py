@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from gateway.core.settings import Settings
+from gateway.operator.actions import Actor
 
 Command = Callable[[Settings, argparse.Namespace], int]
 
@@ -38,3 +40,30 @@ def dead_id(raw: str) -> tuple[str, int]:
 def epoch(raw: str) -> float:
     """An ISO 8601 time (UTC when no offset is given) as epoch seconds."""
     return when(raw).timestamp()
+
+
+def actor_args(p: argparse.ArgumentParser) -> None:
+    """``--actor``: who acts, for the audit log (default: the user running the command)."""
+    p.add_argument(
+        "--actor",
+        type=_actor_name,
+        default=None,
+        help="who acts, as the audit log records it (default: the current user)",
+    )
+
+
+def _actor_name(raw: str) -> str:
+    try:
+        return Actor(raw, "cli").name
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def actor(ns: argparse.Namespace) -> Actor:
+    name = getattr(ns, "actor", None)
+    if not name:
+        try:
+            name = getpass.getuser()
+        except (KeyError, OSError):  # no user name for this uid (a container's)
+            name = "unknown"
+    return Actor(name, "cli")

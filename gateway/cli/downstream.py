@@ -12,9 +12,10 @@ import asyncpg
 from aiohttp.resolver import DefaultResolver
 
 from gateway import runtime
-from gateway.cli.common import one_line, when
+from gateway.cli.common import actor, actor_args, one_line, when
 from gateway.core import forwarding, stdwebhooks
 from gateway.core.settings import Settings
+from gateway.operator import actions
 from gateway.outbound.egress import url_refused
 from gateway.store import deliveries
 
@@ -32,6 +33,7 @@ def destinations_args(p: argparse.ArgumentParser) -> None:
     )
     add.add_argument("--max-in-flight", type=int, default=16, help="requests in flight at once (default 16)")
     add.add_argument("--ordered", action="store_true", help="one delivery in flight per customer wa_id")
+    actor_args(add)
     sub.add_parser("list", help="destinations, breaker state, backlog")
     rot = sub.add_parser(
         "rotate-secret",
@@ -47,12 +49,15 @@ def destinations_args(p: argparse.ArgumentParser) -> None:
         default=24.0,
         help="hours the current secret stays valid (default 24; 0: none)",
     )
+    actor_args(rot)
     for name, help_text in (
         ("disable", "stop forwarding to it (new events are not queued for it meanwhile)"),
         ("enable", "resume forwarding to it"),
         ("remove", "delete it and its deliveries"),
     ):
-        sub.add_parser(name, help=help_text).add_argument("name")
+        a = sub.add_parser(name, help=help_text)
+        a.add_argument("name")
+        actor_args(a)
 
 
 def _refused(url: str) -> str | None:
@@ -80,12 +85,53 @@ def _secret(given: str | None) -> str:
     return secret
 
 
+async def _change(
+    conn: asyncpg.Connection, who: actions.Actor, ns: argparse.Namespace, secret: str | None
+) -> int:
+    """add, rotate-secret, enable, disable, remove: through the operators' actions (audited)."""
+    if ns.action == "add":
+        assert secret is not None
+        events = forwarding.parse_events(ns.events)
+        print(
+            await actions.add_destination(
+                conn,
+                who,
+                name=ns.name,
+                url=ns.url,
+                events=events,
+                secret=secret,
+                max_in_flight=ns.max_in_flight,
+                ordered=ns.ordered,
+            )
+        )
+        if ns.secret is None:
+            # The only time the generated secret is shown: the receiver needs it to verify.
+            print(f"secret (shown once, give it to the receiver): {secret}")
+        return 0
+    if ns.action == "rotate-secret":
+        assert secret is not None
+        rotated = await actions.rotate_secret(conn, who, ns.name, secret=secret, grace_h=ns.grace_h)
+        print(
+            f"rotated the secret of {ns.name}: the previous one stays valid until "
+            f"{rotated.previous_until.isoformat()}"
+        )
+        if ns.secret is None:
+            print(f"new secret (shown once, give it to the receiver): {rotated.secret}")
+        return 0
+    if ns.action == "remove":
+        n = await actions.remove_destination(conn, who, ns.name)
+        print(f"removed {ns.name} and its {n} deliveries")
+        return 0
+    print(await actions.set_enabled(conn, who, ns.name, enabled=ns.action == "enable"))
+    return 0
+
+
 def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
     secret: str | None = None
     if ns.action == "rotate-secret":
         try:
-            if not 0 <= ns.grace_h <= 24 * 30:
-                raise ValueError("--grace-h must be 0..720")
+            if not 0 <= ns.grace_h <= actions.MAX_GRACE_H:
+                raise ValueError(f"--grace-h must be 0..{actions.MAX_GRACE_H}")
             secret = _secret(ns.secret)
         except ValueError as exc:
             print(f"gateway destinations rotate-secret: {exc}", file=sys.stderr)
@@ -96,7 +142,7 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
             forwarding.check_url(ns.url)
             if not settings.forward_allow_private and (why := _refused(ns.url)):
                 raise ValueError(f"{why}; set GATEWAY_FORWARD_ALLOW_PRIVATE=1 to allow private destinations")
-            events = forwarding.parse_events(ns.events)
+            forwarding.parse_events(ns.events)
             if not 1 <= ns.max_in_flight <= 10000:
                 raise ValueError("--max-in-flight must be 1..10000")
             secret = _secret(ns.secret)
@@ -105,66 +151,32 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
             return 2
 
     async def work(conn: asyncpg.Connection) -> int:
-        if ns.action == "add":
-            assert secret is not None
+        if ns.action != "list":
             try:
-                await deliveries.add_destination(
-                    conn, name=ns.name, url=ns.url, events=events, secret=secret,
-                    max_in_flight=ns.max_in_flight, ordered=ns.ordered,
-                )  # fmt: skip
-            except deliveries.DestinationExists:
-                print(f"gateway: destination {ns.name!r} exists (remove it first)", file=sys.stderr)
+                return await _change(conn, actor(ns), ns, secret)
+            except actions.Refused as exc:
+                print(f"gateway: {exc}", file=sys.stderr)
                 return 1
-            print(f"added {ns.name} -> {ns.url} events={','.join(events)}")
-            if ns.secret is None:
-                # The only time the generated secret is shown: the receiver needs it to verify.
-                print(f"secret (shown once, give it to the receiver): {secret}")
-            return 0
-        if ns.action == "rotate-secret":
-            assert secret is not None
-            until = await deliveries.rotate_secret(
-                conn, name=ns.name, secret=secret, grace_s=ns.grace_h * 3600
-            )
-            if until is None:
-                print(f"gateway: no destination named {ns.name!r}", file=sys.stderr)
-                return 1
-            print(f"rotated the secret of {ns.name}: the previous one stays valid until {until.isoformat()}")
-            if ns.secret is None:
-                print(f"new secret (shown once, give it to the receiver): {secret}")
-            return 0
-        if ns.action == "list":
-            print(
-                "name\tenabled\tevents\tordered\tmax_in_flight\tbreaker\tfailures\tbacklog\tfailed\tsecret\turl"
-            )
-            for d in await deliveries.list_destinations(conn):
-                enabled = "False (410 Gone)" if d.gone else d.enabled
-                cols = [d.name, enabled, ",".join(d.events), d.ordered, d.max_in_flight, d.breaker_state]
-                cols += [
-                    d.consecutive_failures,
-                    d.backlog,
-                    d.failed,
-                    stdwebhooks.mask_secret(d.secret)
-                    + (
-                        ""
-                        if d.previous_secret is None or d.previous_secret_until is None
-                        else f" (and {stdwebhooks.mask_secret(d.previous_secret)}"
-                        f" until {d.previous_secret_until.isoformat(timespec='seconds')})"
-                    ),
-                    d.url,
-                ]
-                print("\t".join(str(c) for c in cols))
-            return 0
-        if ns.action == "remove":
-            n = await deliveries.remove_destination(conn, name=ns.name)
-            if n is None:
-                print(f"gateway: no destination named {ns.name!r}", file=sys.stderr)
-                return 1
-            print(f"removed {ns.name} and its {n} deliveries")
-            return 0
-        if not await deliveries.set_enabled(conn, name=ns.name, enabled=ns.action == "enable"):
-            print(f"gateway: no destination named {ns.name!r}", file=sys.stderr)
-            return 1
-        print(f"{ns.action}d {ns.name}")
+        print(
+            "name\tenabled\tevents\tordered\tmax_in_flight\tbreaker\tfailures\tbacklog\tfailed\tsecret\turl"
+        )
+        for d in await deliveries.list_destinations(conn):
+            enabled = "False (410 Gone)" if d.gone else d.enabled
+            cols = [d.name, enabled, ",".join(d.events), d.ordered, d.max_in_flight, d.breaker_state]
+            cols += [
+                d.consecutive_failures,
+                d.backlog,
+                d.failed,
+                stdwebhooks.mask_secret(d.secret)
+                + (
+                    ""
+                    if d.previous_secret is None or d.previous_secret_until is None
+                    else f" (and {stdwebhooks.mask_secret(d.previous_secret)}"
+                    f" until {d.previous_secret_until.isoformat(timespec='seconds')})"
+                ),
+                d.url,
+            ]
+            print("\t".join(str(c) for c in cols))
         return 0
 
     return runtime.with_connection(settings, work)
@@ -187,6 +199,8 @@ def deliveries_args(p: argparse.ArgumentParser) -> None:
             a.add_argument("--limit", type=int, default=100)
         elif name == "replay":
             a.add_argument("--state", choices=("failed", "delivered"), default="failed")
+        if name != "list":
+            actor_args(a)
 
 
 def cmd_deliveries(settings: Settings, ns: argparse.Namespace) -> int:
@@ -213,15 +227,15 @@ def cmd_deliveries(settings: Settings, ns: argparse.Namespace) -> int:
             print("totals: " + (", ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "none"))
             return 0
         if ns.action == "replay":
-            n = await deliveries.replay(
-                conn, destination=ns.destination, since=ns.since, until=ns.until, state=ns.state
+            n = await actions.replay_deliveries(
+                conn, actor(ns), destination=ns.destination, since=ns.since, until=ns.until, state=ns.state
             )
             print(f"replayed {n} {ns.state} deliveries" if n else "nothing to replay")
             return 0
-        from gateway.outbound.backfill import backfill
-
         try:
-            b = await backfill(conn, destination=ns.destination, since=ns.since, until=ns.until)
+            b = await actions.backfill_deliveries(
+                conn, actor(ns), destination=ns.destination, since=ns.since, until=ns.until
+            )
         except LookupError as exc:
             print(f"gateway: {exc}", file=sys.stderr)
             return 1

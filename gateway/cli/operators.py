@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from datetime import UTC, datetime
 
 import asyncpg
 
 from gateway import runtime
-from gateway.cli.common import dead_id, epoch, one_line, when
+from gateway.cli.common import actor, actor_args, dead_id, epoch, one_line, when
 from gateway.core.enums import OutboxState
 from gateway.core.settings import Settings
+from gateway.operator import actions
 from gateway.store import dead_events, inbox, outbox, pacing
 
 log = logging.getLogger("gateway")
@@ -30,6 +30,7 @@ def dead_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retrying", action="store_true", help="list: also events waiting for a retry")
     p.add_argument("--limit", type=int, default=100, help="entries to list (default 100)")
     p.add_argument("--raw", action="store_true", help="show: only the raw bytes, nothing else")
+    actor_args(p)
 
 
 def cmd_dead(settings: Settings, ns: argparse.Namespace) -> int:
@@ -109,29 +110,18 @@ async def _dead_show(conn: asyncpg.Connection, kind: str, ident: int, *, raw: bo
 
 
 async def _dead_replay(conn: asyncpg.Connection, ns: argparse.Namespace) -> int:
-    row_ids = [i for k, i in ns.ids if k == "R"]
-    item_ids = [i for k, i in ns.ids if k == "E"]
-    every = not ns.ids
-    async with conn.transaction():
-        rows: list[int] = []
-        items: list[int] = []
-        if every or row_ids:
-            rows = await inbox.dead_replay(
-                conn, ids=None if every else row_ids, since=ns.since, until=ns.until
-            )
-        if every or item_ids:
-            items = await dead_events.replay(
-                conn, ids=None if every else item_ids, since=ns.since, until=ns.until
-            )
-        if rows or items:
-            await inbox.notify(conn)
-    print(f"replayed {len(rows)} row(s): {rows}" if rows else "no row to replay")
-    print(f"replayed {len(items)} event(s): {items}" if items else "no event to replay")
-    missing = [f"R{i}" for i in sorted(set(row_ids) - set(rows))]
-    missing += [f"E{i}" for i in sorted(set(item_ids) - set(items))]
-    if missing:
-        print(f"not dead (or unknown): {', '.join(missing)}")
-    return 0 if not missing else 1
+    done = await actions.dead_replay(
+        conn,
+        actor(ns),
+        rows=[i for k, i in ns.ids if k == "R"],
+        items=[i for k, i in ns.ids if k == "E"],
+        every=not ns.ids,
+        since=ns.since,
+        until=ns.until,
+    )
+    for line in done.lines():
+        print(line)
+    return 0 if not done.missing else 1
 
 
 def outbox_args(p: argparse.ArgumentParser) -> None:
@@ -152,6 +142,7 @@ def outbox_args(p: argparse.ArgumentParser) -> None:
         )
         a.add_argument("--since", type=epoch, default=None, help="bulk: last changed at or after (ISO-8601)")
         a.add_argument("--until", type=epoch, default=None, help="bulk: last changed before (ISO-8601)")
+        actor_args(a)
 
 
 def cmd_outbox(settings: Settings, ns: argparse.Namespace) -> int:
@@ -174,29 +165,21 @@ def cmd_outbox(settings: Settings, ns: argparse.Namespace) -> int:
                 cols += [r["last_error_code"] or "", r["last_error"] or "", r["updated_at"].isoformat()]
                 print("\t".join(str(c) for c in cols))
             return 0
+        who = actor(ns)
         if bulk:
-            many = outbox.release_bulk if ns.action == "release" else outbox.cancel_bulk
             try:
-                done = await many(conn, state=ns.state, since=ns.since, until=ns.until, tenant=ns.tenant)
+                done = await actions.outbox_bulk(
+                    conn, who, ns.action, state=ns.state, since=ns.since, until=ns.until, tenant=ns.tenant
+                )
             except ValueError as exc:
                 print(f"gateway: {exc}", file=sys.stderr)
                 return 1
-            verb = "released" if ns.action == "release" else "cancelled"
-            print(f"{done.done} row(s) {verb}")
-            if done.refused:
-                print(
-                    f"{done.refused} row(s) not released: they have a wamid or a delivery status "
-                    "(the provider accepted them; releasing would send them twice)"
-                )
-            if done.waiting:
-                print(
-                    f"{done.waiting} row(s) not released yet: webhooks received since they were created "
-                    "are unprocessed (pending or dead) and may hold their status"
-                )
+            for line in actions.bulk_lines("released" if ns.action == "release" else "cancelled", done):
+                print(line)
             return 0
-        fn = outbox.release if ns.action == "release" else outbox.cancel
+        fn = actions.release if ns.action == "release" else actions.cancel
         try:
-            print(await fn(conn, ns.key, ns.tenant))
+            print(await fn(conn, who, ns.key, ns.tenant))
         except outbox.AmbiguousKey as exc:
             print(f"gateway: key {ns.key!r} is used by tenants {exc}: pass --tenant", file=sys.stderr)
             return 2
@@ -219,11 +202,10 @@ def senders_args(p: argparse.ArgumentParser) -> None:
         "GATEWAY_GRAPH_TOKENS lists with that token",
     )
     r.add_argument("--provider", default="meta", choices=("meta", "tenashi"))
+    actor_args(r)
 
 
 def cmd_senders(settings: Settings, ns: argparse.Namespace) -> int:
-    from gateway.core.pacing import BreakerId
-
     async def work(conn: asyncpg.Connection) -> int:
         if ns.action == "list":
             rows = await pacing.list_breakers(conn)
@@ -237,11 +219,11 @@ def cmd_senders(settings: Settings, ns: argparse.Namespace) -> int:
                 cols += [probe_at, opened, one_line(b["error"])]
                 print("\t".join(str(c) for c in cols))
             return 0
-        b_id = BreakerId(ns.scope, ns.provider, ns.key)
-        if await pacing.resume(conn, b_id, settings, now=time.time()):
-            print(f"breaker {ns.scope}/{ns.provider}/{ns.key} closed; its rows are due now")
-            return 0
-        print(f"gateway: breaker {ns.scope}/{ns.provider}/{ns.key} is not open", file=sys.stderr)
-        return 1
+        try:
+            print(await actions.resume_breaker(conn, actor(ns), ns.scope, ns.key, provider=ns.provider))
+        except actions.Refused as exc:
+            print(f"gateway: {exc}", file=sys.stderr)
+            return 1
+        return 0
 
     return runtime.with_connection(settings, work)

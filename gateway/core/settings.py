@@ -639,14 +639,6 @@ class Settings:
             return DEFAULT_TOKEN
         return next(n for n, t in self.graph_tokens if t == token)
 
-    def token_numbers(self, key: str) -> tuple[bool, list[str]]:
-        """The numbers a token breaker holds: (False, the numbers sharing token ``key``), or, for
-        the default token, (True, the numbers that have a token of their own: all others)."""
-        if key == DEFAULT_TOKEN:
-            return True, [n for n, _ in self.graph_tokens]
-        token = dict(self.graph_tokens).get(key)
-        return False, [n for n, t in self.graph_tokens if token is not None and t == token]
-
     def numbers_of(self, tenant: str) -> frozenset[str] | None:
         """The numbers bound to ``tenant`` (GATEWAY_TENANT_NUMBERS); None when no binding is set
         (every tenant may use every number)."""

@@ -7,6 +7,7 @@ interval, never stopping the others.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from gateway.core.aio import sleep_unless_stopped
 from gateway.core.settings import Settings
 from gateway.maintenance import gauges, retention
 from gateway.maintenance.reconciler import Reconciler
+from gateway.store import audit
+from gateway.store.db import DB_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +49,26 @@ def jobs_for(
     if inbound or outbound or forward:
         # Partitions ahead, retention behind: one job for every table, one replica at a time.
         jobs.append(
-            Job("retention", settings.purge_interval_s, lambda stop: retention.run_once(pool, settings, stop))
+            Job("retention", settings.purge_interval_s, lambda stop: _retention(pool, settings, stop))
         )
     if outbound:
         reconciler = Reconciler(pool, settings)
         jobs.append(Job("reconciler", RECONCILE_INTERVAL_S, lambda _stop: reconciler.run_once()))
     return jobs
+
+
+async def _retention(pool: asyncpg.Pool, settings: Settings, stop: asyncio.Event) -> None:
+    """A maintenance pass, and its outcome where operators look (the console's overview): a
+    pass another replica ran is that replica's to record."""
+    try:
+        report = await retention.run_once(pool, settings, stop)
+    except Exception as exc:
+        # When the database is what failed, the failure's log line is all there is.
+        with contextlib.suppress(*DB_ERRORS):
+            await audit.record_pass(pool, job="retention", error=f"{type(exc).__name__}: {exc}"[:500])
+        raise
+    if report.ran:
+        await audit.record_pass(pool, job="retention", error=None)
 
 
 async def _loop(job: Job, stop: asyncio.Event) -> None:

@@ -226,7 +226,7 @@ class Sender:
                     changes[b_id] = after
                     self._log_breaker(b_id, before, after)
                 if after.state == "closed" and before.state != "closed":
-                    await pacing.wake_rows(conn, b_id, s, now=now)
+                    await pacing.wake_rows(conn, b_id, now=now)
                 current[b_id] = after
             await pacing.put_breakers(conn, changes)
         return {b_id: b for b_id, b in current.items() if b.state == "open"}

@@ -9,6 +9,7 @@ from datetime import datetime
 
 import asyncpg
 import orjson
+from asyncpg.pool import PoolConnectionProxy
 
 from gateway.core.planning import Plan, StagedRow
 from gateway.store.db import Conn
@@ -124,7 +125,7 @@ async def get(conn: Conn, *, inbox_id: int) -> asyncpg.Record | None:
 
 
 async def dead_replay(
-    conn: asyncpg.Connection,
+    conn: asyncpg.Connection | PoolConnectionProxy,
     *,
     ids: Sequence[int] | None,
     since: datetime | None = None,

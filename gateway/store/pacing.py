@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
-from gateway.core.enums import Provider
 from gateway.core.pacing import Breaker, BreakerId
-from gateway.core.settings import Settings
 from gateway.store.db import Conn
 from gateway.store.sqlfiles import q
 
@@ -78,20 +77,16 @@ async def list_breakers(conn: Conn) -> list[asyncpg.Record]:
     return list(await conn.fetch(q("breakers_list")))
 
 
-async def wake_rows(conn: Conn, b: BreakerId, settings: Settings, *, now: float) -> int:
-    """The rows a closed breaker held back are due at ``now``; returns how many. A token
-    breaker holds the rows of every number that uses its token (``Settings.token_numbers``)."""
-    default, numbers = False, list[str]()
-    if b.scope == "token":
-        # Tenashi has one token: its breaker holds every Tenashi row.
-        default, numbers = (True, []) if b.provider == Provider.TENASHI else settings.token_numbers(b.key)
-    status: str = await conn.execute(
-        q("breakers_wake_rows"), b.scope, b.provider, b.key, now, default, numbers
-    )
+async def wake_rows(conn: Conn, b: BreakerId, *, now: float) -> int:
+    """The rows a closed breaker held back are due at ``now``; returns how many. A token's
+    breaker may hold rows of several numbers (those that share the token): every put-off row
+    of the provider is due again, and the next claim puts off again what pacing or another
+    breaker still holds."""
+    status: str = await conn.execute(q("breakers_wake_rows"), b.scope, b.provider, b.key, now)
     return int(status.split()[-1])
 
 
-async def resume(conn: asyncpg.Connection, b: BreakerId, settings: Settings, *, now: float) -> bool:
+async def resume(conn: asyncpg.Connection | PoolConnectionProxy, b: BreakerId, *, now: float) -> bool:
     """An operator closes a breaker: its rows are due now. False: it was not open."""
     async with conn.transaction():
         await lock(conn, [b.lock_key])
@@ -99,5 +94,5 @@ async def resume(conn: asyncpg.Connection, b: BreakerId, settings: Settings, *, 
         if b not in current:
             return False
         await put_breakers(conn, {b: Breaker("closed")})
-        await wake_rows(conn, b, settings, now=now)
+        await wake_rows(conn, b, now=now)
     return True
