@@ -9,7 +9,7 @@ register functions with the decorators of ``on``::
     async def echo(event, conn):
         await reply(conn, event, bot="echo", text=event.message["text"]["body"])
 
-    @on.status("failed")
+    @on.status("failed", numbers=["1111"])  # only messages sent from number 1111
     async def failed(event, conn):
         await conn.execute("UPDATE orders SET state = 'failed' WHERE wamid = $1", event.wamid)
 
@@ -27,7 +27,7 @@ the database (HTTP calls) are not rolled back and may repeat on a retry.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -59,19 +59,31 @@ class Registry:
         self.handlers.append(Registered(name, fn, match))
         return fn
 
-    def message(self, *, type: str | None = None) -> Callable[[F], F]:
-        """Inbound messages, optionally of one ``type`` (text, image, interactive, ...)."""
+    def message(self, *, type: str | None = None, numbers: Iterable[str] | None = None) -> Callable[[F], F]:
+        """Inbound messages, optionally of one ``type`` (text, image, interactive, ...) and only to
+        some business ``numbers`` (phone_number_ids)."""
+        only = None if numbers is None else frozenset(numbers)
 
         def match(ev: Event) -> bool:
-            return isinstance(ev, InboundMessage) and (type is None or ev.type == type)
+            return (
+                isinstance(ev, InboundMessage)
+                and (type is None or ev.type == type)
+                and (only is None or ev.phone_number_id in only)
+            )
 
         return lambda fn: self._add(fn, match)
 
-    def status(self, *statuses: str) -> Callable[[F], F]:
-        """Status updates, optionally only these (sent, delivered, read, failed, ...)."""
+    def status(self, *statuses: str, numbers: Iterable[str] | None = None) -> Callable[[F], F]:
+        """Status updates, optionally only these (sent, delivered, read, failed, ...) and only of
+        messages sent from some business ``numbers``."""
+        only = None if numbers is None else frozenset(numbers)
 
         def match(ev: Event) -> bool:
-            return isinstance(ev, Status) and (not statuses or ev.status in statuses)
+            return (
+                isinstance(ev, Status)
+                and (not statuses or ev.status in statuses)
+                and (only is None or ev.phone_number_id in only)
+            )
 
         return lambda fn: self._add(fn, match)
 

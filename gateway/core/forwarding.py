@@ -23,6 +23,7 @@ ENVELOPE_VERSION = 1
 EVENT_KINDS = ("message", "status", "account")
 MAX_NAME = 63
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_NUMBER = re.compile(r"[0-9A-Za-z_-]{1,64}")
 MAX_URL = 2000
 # Retry-After larger than this is clamped: a receiver must not park deliveries for days.
 MAX_RETRY_AFTER_S = 3600.0
@@ -150,7 +151,30 @@ def forward_row(ev: Event, source: str, inbox_id: int) -> dict[str, Any]:
         "envelope": envelope(ev, source),
         "inbox_id": inbox_id,
         "callback": ev.callback_data if isinstance(ev, Status) else None,
+        "number": number_of(ev),
     }
+
+
+def number_of(ev: Event) -> str | None:
+    """The business number an event came to or went from (destinations limited to numbers get
+    only their numbers' events); None when it names none (most account-level changes)."""
+    if isinstance(ev, InboundMessage | Status | AccountError):
+        return ev.phone_number_id
+    value = ev.value
+    metadata = value.get("metadata") if isinstance(value, dict) else None
+    number = metadata.get("phone_number_id") if isinstance(metadata, dict) else None
+    return number if isinstance(number, str) else None
+
+
+def parse_numbers(raw: str) -> list[str]:
+    """``--numbers 1111,2222``: phone_number_ids, each once."""
+    numbers = [n.strip() for n in raw.split(",") if n.strip()]
+    if not numbers:
+        raise ValueError("--numbers needs at least one phone_number_id")
+    for n in numbers:
+        if not _NUMBER.fullmatch(n):
+            raise ValueError(f"--numbers: {n[:40]!r} is not a phone_number_id")
+    return sorted(set(numbers))
 
 
 # --- rebuilding events from the side-effect tables (backfill) ---------------------------------

@@ -25,9 +25,3 @@ async def record_upload(
     conn: Conn, *, media_id: str, phone_number_id: str, tenant: str, mime_type: str | None
 ) -> None:
     await conn.execute(q("media_record_upload"), media_id, phone_number_id, tenant, mime_type)
-
-
-async def purge(conn: Conn, *, before: float, limit: int) -> int:
-    """Forget media ids recorded before ``before`` (epoch seconds); returns how many."""
-    status: str = await conn.execute(q("media_purge"), before, limit)
-    return int(status.split()[-1])

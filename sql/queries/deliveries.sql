@@ -3,13 +3,13 @@
 -- A webhook id is 'wh_' + 32 hex of sha256('<destination name>/<event key>') everywhere.
 
 -- name: destination_add
-INSERT INTO destinations (name, url, events, secret, max_in_flight, ordered)
-VALUES ($1, $2, $3::text[], $4, $5, $6)
+INSERT INTO destinations (name, url, events, secret, max_in_flight, ordered, numbers, tenant)
+VALUES ($1, $2, $3::text[], $4, $5, $6, $7::text[], $8)
 ON CONFLICT (name) DO NOTHING
 RETURNING id;
 
 -- name: destination_list
-SELECT d.id, d.name, d.url, d.events, d.secret, d.enabled, d.max_in_flight, d.ordered,
+SELECT d.id, d.name, d.url, d.events, d.secret, d.enabled, d.max_in_flight, d.ordered, d.numbers, d.tenant,
        CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret END AS previous_secret,
        CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret_until END
            AS previous_secret_until,
@@ -123,7 +123,8 @@ SELECT pg_notify('deliveries', '');
 
 -- name: deliveries_insert
 -- Backfill: deliveries for one destination ($1) from rebuilt events ($2: jsonb array of key,
--- kind, conversation, envelope, received_at); events it already has are skipped.
+-- kind, conversation, envelope, received_at, number); events it already has are skipped, and
+-- so are other numbers' events when the destination is limited to numbers.
 WITH ins AS (
     INSERT INTO deliveries
         (destination_id, event_key, webhook_id, kind, conversation, envelope, received_at, subject)
@@ -131,8 +132,8 @@ WITH ins AS (
            'wh_' || left(encode(sha256(convert_to(d.name || '/' || f.key, 'UTF8')), 'hex'), 32),
            f.kind, f.conversation, f.envelope, f.received_at, event_subject(f.key)
     FROM jsonb_to_recordset($2::jsonb) AS f(
-        key text, kind text, conversation text, envelope jsonb, received_at timestamptz)
-    JOIN destinations d ON d.id = $1
+        key text, kind text, conversation text, envelope jsonb, received_at timestamptz, number text)
+    JOIN destinations d ON d.id = $1 AND (d.numbers IS NULL OR f.number = ANY (d.numbers))
     ORDER BY f.received_at, f.key
     ON CONFLICT (destination_id, event_key, subject) DO NOTHING
     RETURNING 1

@@ -225,10 +225,13 @@ WITH ev AS (
     FROM ROWS FROM (jsonb_to_recordset(
             CASE WHEN EXISTS (SELECT 1 FROM destinations WHERE enabled) THEN $10::text::jsonb
                  ELSE '[]'::jsonb END) AS (
-        key text, kind text, conversation text, envelope jsonb, inbox_id bigint, callback text))
-        WITH ORDINALITY AS f(key, kind, conversation, envelope, inbox_id, callback, n)
+        key text, kind text, conversation text, envelope jsonb, inbox_id bigint, callback text,
+        number text))
+        WITH ORDINALITY AS f(key, kind, conversation, envelope, inbox_id, callback, number, n)
     JOIN fresh ON fresh.event_key = f.key
+    -- A destination limited to numbers gets only events of those numbers.
     JOIN destinations d ON d.enabled AND f.kind = ANY (d.events)
+                       AND (d.numbers IS NULL OR f.number = ANY (d.numbers))
     -- Ids in the batch's arrival order: per-conversation ordering follows them.
     ORDER BY d.id, f.n
     ON CONFLICT (destination_id, event_key, subject) DO NOTHING

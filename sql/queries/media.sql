@@ -13,9 +13,3 @@ SELECT media_id, phone_number_id FROM media WHERE media_id = ANY($1::text[]);
 INSERT INTO media (media_id, phone_number_id, origin, tenant, mime_type)
 VALUES ($1, $2, 'upload', $3, $4)
 ON CONFLICT (media_id) DO NOTHING;
-
--- name: media_purge
--- Meta keeps media 30 days: rows older than $1 go, $2 at most per call.
-DELETE FROM media WHERE media_id IN (
-    SELECT media_id FROM media WHERE created_at < to_timestamp($1::float8) ORDER BY created_at LIMIT $2
-);
