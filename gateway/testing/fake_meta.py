@@ -101,7 +101,12 @@ class MetaGraph:
             web.post(f"/{_VERSION}/{{phone_number_id}}/media", self.upload),
             web.get(f"/{_VERSION}/{{media_id}}", self.media_url),
             web.get("/_fake/media/{media_id}", self.download),
+            # A media host that redirects elsewhere (the gateway must not follow it).
+            web.get("/_fake/redirect", self.redirect),
         ]
+
+    async def redirect(self, request: web.Request) -> web.Response:
+        raise web.HTTPFound(request.query.get("to", "http://169.254.169.254/latest/meta-data/"))
 
     # -- media (Meta's "Media" reference: upload, URL lookup, download) ----------------------
 

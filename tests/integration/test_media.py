@@ -206,3 +206,15 @@ async def test_a_download_url_off_meta_is_not_fetched(
     async with http.get(f"{base}/v1/media/{media_id}", headers=ACME) as r:
         assert r.status == 502
         assert "not one of Meta's media hosts" in (await r.json())["detail"]
+
+
+async def test_a_redirecting_media_host_is_not_followed(
+    http: ClientSession, pool: asyncpg.Pool, fake: FakeProvider, served: tuple[str, Settings]
+) -> None:
+    base, s = served
+    media_id = fake.add_media(b"secret", "image/png", "1111")
+    await receive_image(pool, s, media_id)
+    # On the Graph host, redirecting to a download that would work: not followed all the same.
+    fake.config.media_url = f"{fake.url}/_fake/redirect?to={fake.url}/_fake/media/{media_id}"
+    async with http.get(f"{base}/v1/media/{media_id}", headers=ACME) as r:
+        assert r.status == 502

@@ -281,3 +281,15 @@ async def test_mark_read_maps_graph_failures(
     async with http.post(f"{base}/v1/messages/read", json={"message_id": "wamid.R2"}, headers=ACME) as r:
         assert r.status == 502 and (await r.json())["code"] == 190
     await asyncio.sleep(0)
+
+
+async def test_tenashi_sends_take_a_phone_number(
+    http: ClientSession, start_gateway: Any, settings: Settings, pool: asyncpg.Pool
+) -> None:
+    gw = await start_gateway(dataclasses.replace(settings, tenant_providers=(("acme", "tenashi"),)))
+    base = str(gw.make_url("")).rstrip("/")
+    status, answer = await post(
+        http, base, {"recipient": BSUID, "phone_number_id": "1111", **EXAMPLES["text"]}, "t1"
+    )
+    assert status == 400 and answer["errors"] == ["recipient: Tenashi sends go to a phone number (to)"]
+    assert await pool.fetchval("SELECT count(*) FROM outbox") == 0
