@@ -117,6 +117,7 @@ class Hub:
         self._tasks: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
         self.customers: list[Customer] = []
+        self._by_address: dict[str, Customer] = {}
         self.media: dict[str, StoredMedia] = {}
         self.read_receipts: list[ReadReceipt] = []
 
@@ -128,14 +129,17 @@ class Hub:
 
     def add_customer(self, customer: Customer) -> Customer:
         self.customers.append(customer)
+        for address in (customer.wa_id, customer.user_id, customer.parent_user_id):
+            if address:
+                self._by_address.setdefault(address, customer)
         return customer
 
     def customer(self, address: str) -> Customer:
         """Whom an address names: a known customer by phone number, BSUID or parent BSUID; else
         a phone number's own customer (with a BSUID of its own), or a BSUID's (no phone)."""
-        for c in self.customers:
-            if address in (c.wa_id, c.user_id, c.parent_user_id):
-                return c
+        known = self._by_address.get(address)
+        if known is not None:
+            return known
         if address.isdigit():
             return self.add_customer(Customer(bsuid_for(address), wa_id=address))
         return self.add_customer(Customer(address))
