@@ -93,12 +93,12 @@ class MediaApi:
         wamid = body["message_id"]
         try:
             async with self._pool().acquire() as conn:
-                number = await replies.inbound_number(conn, inbound_wamid=wamid)
+                numbers = await replies.received_on(conn, inbound_wamid=wamid)
         except DB_ERRORS:
             return problem(503, "database unavailable, retry later", headers={"Retry-After": "5"})
-        if not self._allowed(tenant, number):
+        number = min((n for n in numbers if n is not None and self._allowed(tenant, n)), default=None)
+        if number is None:
             return problem(404, "no inbound message with this id on your numbers")
-        assert number is not None
         try:
             await self.graph.mark_read(number, wamid, typing="typing_indicator" in body)
         except GraphError as exc:
