@@ -16,9 +16,9 @@ from gateway.testing.fake_hub import Customer
 from gateway.testing.fake_provider import FakeProvider
 from gateway.testing.fake_receiver import FakeReceiver
 from gateway.testing.payloads import contact_obj, message_obj, meta_payload, meta_value, to_bytes
-from tests.consume_helpers import drain, stage
-from tests.forward_helpers import add, fast, forwarding, until
-from tests.sendkit import FakeClock, enqueue, fake_provider, row, send_settings  # noqa: F401 - `fake`
+from tests.support.consume import drain, stage
+from tests.support.forward import add, fast, forwarding, until
+from tests.support.send import FakeClock, enqueue, row, send_settings
 
 PHONE = "4915112345678"
 BSUID = "US.13491208655302741918"

@@ -17,8 +17,8 @@ from gateway.inbound.consumer import Consumer
 from gateway.outbound.sender import Sender
 from gateway.testing.fake_provider import FakeProvider
 from gateway.testing.payloads import meta_payload, meta_value, to_bytes
-from tests.consume_helpers import stage
-from tests.sendkit import FakeClock, fake_provider, send_settings  # noqa: F401 - the `fake` fixture
+from tests.support.consume import stage
+from tests.support.send import FakeClock, send_settings
 
 ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
 GLOBEX = {"Authorization": "Bearer globex-api-key-0123456789"}

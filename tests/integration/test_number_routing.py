@@ -18,8 +18,8 @@ from gateway.inbound.consumer import Consumer
 from gateway.outbound.backfill import backfill
 from gateway.store import deliveries
 from gateway.testing.payloads import message_obj, meta_payload, meta_value, status_obj, to_bytes
-from tests.consume_helpers import drain, stage
-from tests.forward_helpers import SECRET
+from tests.support.config import DESTINATION_SECRET as SECRET
+from tests.support.consume import drain, stage
 
 BOUND = (("acme", "1111"), ("acme", "3333"), ("globex", "2222"))
 

@@ -24,9 +24,9 @@ from gateway.testing.fake_provider import FakeProvider
 from gateway.testing.fake_receiver import FakeReceiver
 from gateway.testing.messages import EXAMPLES
 from gateway.testing.payloads import contact_obj, message_obj, meta_payload, meta_value, to_bytes
-from tests.consume_helpers import stage
-from tests.forward_helpers import add, fast, forwarding, until
-from tests.sendkit import FakeClock, fake_provider, send_settings  # noqa: F401 - the `fake` fixture
+from tests.support.consume import stage
+from tests.support.forward import add, fast, forwarding, until
+from tests.support.send import FakeClock, send_settings
 
 ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
 GLOBEX = {"Authorization": "Bearer globex-api-key-0123456789"}
