@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from loadtest import poison
 from loadtest.chaos import TENANT, outage_figures, send_checks
+from loadtest.harness import poison
 
 
 def rec(cb: str, to: str, at: float) -> dict[str, object]:

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from loadtest import verify
-from loadtest.httpclient import Pool
-from loadtest.payloads import PayloadFactory
-from loadtest.sql import q
-from loadtest.stats import Ledger
+from loadtest.harness import verify
+from loadtest.harness.httpclient import Pool
+from loadtest.harness.payloads import PayloadFactory
+from loadtest.harness.sql import q
+from loadtest.harness.stats import Ledger
 
 # The partitioned tables a forgotten session holds (a SELECT on each, then nothing).
 TABLES = (
