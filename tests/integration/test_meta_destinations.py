@@ -27,6 +27,7 @@ from tests.support.forward import fast, forwarding, states, until
 PAYLOADS: dict[str, Any] = json.loads((Path(__file__).parents[1] / "data" / "meta_webhooks.json").read_text())
 APP_SECRET = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
 ACTOR = actions.Actor("test", "cli")
+CUSTOMER = "4915100000001"
 
 
 async def add_meta(pool: asyncpg.Pool, name: str, url: str, events: tuple[str, ...], **kw: Any) -> int:
@@ -124,7 +125,9 @@ async def test_statuses_carry_the_tracker_the_caller_set(pool: asyncpg.Pool, set
     assert got["wamid.T3"]["biz_opaque_callback_data"] == "theirs"  # not a send of ours: as Meta sent it
 
 
-async def test_tenashi_events_go_to_standard_destinations_only(pool: asyncpg.Pool, settings: Settings) -> None:
+async def test_tenashi_events_go_to_standard_destinations_only(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
     await add_meta(pool, "bot", "http://127.0.0.1:9/hooks", ("message",))
     await deliveries.add_destination(
         pool, name="std", url="http://127.0.0.1:9/std", events=["message"], secret=DESTINATION_SECRET,
@@ -146,7 +149,7 @@ async def test_delivery_is_signed_retried_with_the_same_bytes_and_stops_on_410(
     try:
         await add_meta(pool, "bot", url, ("message",))
         receiver.script = [Scripted(500), Scripted(403)]
-        await stage(pool, to_bytes(messages_payload(message_obj("wamid.R1", "hello", sender="4915100000001"))))
+        await stage(pool, to_bytes(messages_payload(message_obj("wamid.R1", "hello", sender=CUSTOMER))))
         await drain(pool, settings)
         s = fast(settings)
         async with forwarding(pool, s):
@@ -163,7 +166,7 @@ async def test_delivery_is_signed_retried_with_the_same_bytes_and_stops_on_410(
         receiver.state.processed.clear()
         receiver.secret = "not-the-secret"
         receiver.script = []
-        await stage(pool, to_bytes(messages_payload(message_obj("wamid.R2", "again", sender="4915100000001"))))
+        await stage(pool, to_bytes(messages_payload(message_obj("wamid.R2", "again", sender=CUSTOMER))))
         await drain(pool, settings)
         async with forwarding(pool, s):
             await until(lambda: _bad(receiver), what="a refused signature")
@@ -198,7 +201,8 @@ async def test_backfill_gives_the_body_a_live_delivery_has(pool: asyncpg.Pool, s
     await drain(pool, settings)
     await add_meta(pool, "late", "http://127.0.0.1:9/late", ("message", "status", "account"))
     now = datetime.now(UTC)
-    b = await backfill(pool, destination="late", since=now - timedelta(hours=1), until=now + timedelta(hours=1))
+    hour = timedelta(hours=1)
+    b = await backfill(pool, destination="late", since=now - hour, until=now + hour)
     assert b.inserted == len(await bodies(pool, "live"))
     assert await bodies(pool, "late") == await bodies(pool, "live")
 

@@ -34,13 +34,13 @@ async def test_meta_format_destinations_from_the_command_line(db_dsn: str, pool:
     row = await pool.fetchrow("SELECT format, secret FROM destinations WHERE name = 'pywa'")
     assert row is not None and (row["format"], row["secret"]) == ("meta", app_secret)
     rc, out, _ = await gateway_cli(db_dsn, "destinations", "list")
-    assert rc == 0 and app_secret not in out and f"…{app_secret[-4:]}" in out and out.rstrip().endswith("meta")
+    assert rc == 0 and app_secret not in out and f"…{app_secret[-4:]}" in out
+    assert out.rstrip().endswith("meta")
     # One signature: a grace period cannot be honoured, so the rotation is a switch.
-    rc, _, err = await gateway_cli(db_dsn, "destinations", "rotate-secret", "pywa", "--secret", "next-secret-1")
+    rotate = ("destinations", "rotate-secret", "pywa", "--secret", "next-secret-1")
+    rc, _, err = await gateway_cli(db_dsn, *rotate)
     assert rc == 2 and "--grace-h 0" in err and "next-secret-1" not in err
-    rc, out, _ = await gateway_cli(
-        db_dsn, "destinations", "rotate-secret", "pywa", "--secret", "next-secret-1", "--grace-h", "0"
-    )
+    rc, out, _ = await gateway_cli(db_dsn, *rotate, "--grace-h", "0")
     assert rc == 0 and "next-secret-1" not in out
     assert await pool.fetchval("SELECT secret FROM destinations WHERE name = 'pywa'") == "next-secret-1"
     # A secret with spaces around it is refused (it would never verify), without being echoed.
