@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench-growth", help="throughput as the dedup table grows; DROP vs DELETE retention")
     bench_growth.add_args(p)
     p.set_defaults(func=bench_growth.main)
+    from loadtest import bench_console
+
+    p = sub.add_parser("bench-console", help="every console page's time with 1 M dead items, 10 M sends")
+    bench_console.add_args(p)
+    p.set_defaults(func=bench_console.main)
     for name, what in (
         ("bench-consumers", "the consumer benchmark"),
         ("bench-send", "the send benchmark"),
