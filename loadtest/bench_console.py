@@ -129,7 +129,7 @@ async def pages(dsn: str) -> list[Page]:
         Page("outbox by recipient", f"/outbox?recipient={send['recipient']}"),
         Page("outbox by key", f"/outbox?key={send['idem_key']}"),
         Page("outbox by wamid", f"/outbox?wamid={send['wamid']}"),
-        Page("a send's story", f"/outbox/{send['tenant']}/{send['idem_key']}"),
+        Page("a send's story", f"/outbox/send?tenant={send['tenant']}&key={send['idem_key']}"),
         Page("destinations", "/destinations"),
         Page("deliveries", f"/destinations/{d}"),
         Page("deliveries, deep page", f"/destinations/{d}?after={deep_dl}"),
@@ -141,7 +141,7 @@ async def pages(dsn: str) -> list[Page]:
         Page("inbound, deep page", f"/inbound?after={msg['id']}"),
         Page("inbound by customer (scan)", f"/inbound?customer={msg['sender']}"),
         Page("inbound by wamid", f"/inbound?wamid={msg['wamid']}"),
-        Page("an inbound message", f"/inbound/{msg['wamid']}"),
+        Page("an inbound message", f"/inbound/message?wamid={msg['wamid']}"),
         Page("audit log", "/audit"),
         Page("confirm: replay dead, 1 day", "/dead/replay", {"range": "yes", "since": "2d", "until": "1d"}),
         Page(

@@ -127,6 +127,11 @@ async def outbox_row(conn: Conn, *, tenant: str, key: str) -> Row | None:
     return r
 
 
+async def attempts(conn: Conn, *, outbox_id: int, tenant: str, key: str) -> list[Row]:
+    """A send's attempts and the operators' actions on it, in order."""
+    return list(await conn.fetch(q("console_attempts"), outbox_id, f"{tenant}/{key}", key))
+
+
 async def statuses(conn: Conn, *, wamid: str) -> list[Row]:
     return list(await conn.fetch(q("console_statuses"), wamid))
 

@@ -130,6 +130,16 @@ FROM message_statuses WHERE wamid = $1
 ORDER BY timestamp NULLS LAST, recorded_at, id
 LIMIT 200;
 
+-- name: console_attempts
+-- A send's attempts in order, and what operators did to it.
+SELECT 'attempt' AS what, a.at, a.sent_at, a.outcome AS detail, a.code, a.error, a.wamid
+FROM outbox_attempts a WHERE a.outbox_id = $1
+UNION ALL
+SELECT 'operator', x.at, NULL, x.actor || ' (' || x.via || '): ' || x.action, NULL, x.outcome, NULL
+FROM operator_actions x WHERE x.target IN ($2, $3)
+ORDER BY 2
+LIMIT 200;
+
 -- name: console_destinations
 -- Every destination with its breaker, backlog and failures, each counted up to $1 on its
 -- index (deliveries_due from due_from, deliveries_failed).

@@ -204,7 +204,7 @@ def test_a_dead_event_is_found_read_and_replayed(served: dict[str, str], browser
     assert db(dsn, "SELECT count(*) AS n FROM inbound_messages WHERE wamid = 'wamid.BROKEN1'")[0]["n"] == 1
     browser.get(f"{console}/dead/E{item['id']}")
     assert text_of(browser, "state") == "done"
-    browser.get(f"{console}/inbound/wamid.BROKEN1")
+    browser.get(f"{console}/inbound/message?wamid=wamid.BROKEN1")
     assert "msg:wamid.BROKEN1" in text_of(browser, "story")
     shot(browser, "inbound-message")
     browser.get(f"{console}/inbound")
@@ -274,20 +274,21 @@ def test_forged_and_read_only_requests_are_refused_and_change_nothing(
         " VALUES ('acme', 'order-7', 'cb-7', '4915100000001', '{}', 'review')",
     )
     # Unauthenticated: every page leads to the login page, and shows nothing else.
-    for path in ("/", "/outbox?state=review", "/outbox/acme/order-7", "/dead/E1/raw", "/audit", "/nope"):
+    send = "/outbox/send?tenant=acme&key=order-7"
+    for path in ("/", "/outbox?state=review", send, "/dead/E1/raw", "/audit", "/nope"):
         browser.get(f"{console}{path}")
         assert "/login" in browser.current_url, path
         main = browser.find_element(By.TAG_NAME, "main").text
         assert main.startswith("Log in") and "4915100000001" not in browser.page_source, path
 
-    log_in(browser, console, OPS, "/outbox/acme/order-7")
+    log_in(browser, console, OPS, "/outbox/send?tenant=acme&key=order-7")
     # The form without its CSRF token (removed through the driver, past the page's CSP).
     browser.execute_script("document.querySelector('form[action=\"/outbox/release\"] [name=_csrf]').remove()")
     browser.find_element(By.ID, "release").click()
     assert "stale or forged" in text_of(browser, "why")
     browser.delete_all_cookies()
 
-    log_in(browser, console, VIEWER, "/outbox/acme/order-7")
+    log_in(browser, console, VIEWER, "/outbox/send?tenant=acme&key=order-7")
     assert absent(browser, By.ID, "release")  # a read-only login sees no action
     # The same form, forged with the viewer's own valid CSRF token: refused too.
     csrf = browser.find_element(By.CSS_SELECTOR, "form[action='/logout'] [name=_csrf]").get_attribute("value")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp_jinja2
 from aiohttp import web
@@ -149,7 +150,7 @@ async def outbox_one(request: web.Request) -> web.StreamResponse:
     fn = actions.release if request.path.endswith("/release") else actions.cancel
     async with request.app[POOL].acquire() as conn:
         line = await fn(conn, actor(request), key, tenant)
-    back = f"/outbox/{tenant}/{key}" if tenant else f"/outbox?key={key}"
+    back = "/outbox?" + urlencode({"key": key} if tenant is None else {"key": key, "tenant": tenant})
     return done(request, "Done", [line], back)
 
 

@@ -29,12 +29,12 @@ def routes() -> list[web.RouteDef]:
         web.get(r"/dead/{ident:[RE]\d{1,19}}", dead_show),
         web.get(r"/dead/{ident:[RE]\d{1,19}}/raw", dead_raw),
         web.get("/outbox", outbox_list),
-        web.get("/outbox/{tenant}/{key}", outbox_show),
+        web.get("/outbox/send", outbox_show),
         web.get("/destinations", destinations),
         web.get("/destinations/{name}", deliveries_list),
         web.get("/senders", senders),
         web.get("/inbound", inbound_list),
-        web.get("/inbound/{wamid}", inbound_show),
+        web.get("/inbound/message", inbound_show),
         web.get("/audit", audit_list),
     ]
 
@@ -77,9 +77,12 @@ def integer(raw: str | None) -> int | None:
     if raw is None or raw == "-":
         return None
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise BadFilter("a page cursor is malformed") from None
+    if not 0 < value < 2**63:
+        raise BadFilter("a page cursor is out of range")
+    return value
 
 
 def query(request: web.Request, **changes: object) -> str:
@@ -273,10 +276,13 @@ async def outbox_list(request: web.Request) -> web.StreamResponse:
     return aiohttp_jinja2.render_template("outbox.html", request, context)
 
 
+@filters
 async def outbox_show(request: web.Request) -> web.StreamResponse:
     """One send's whole story: the request, its attempts and the provider's last answer, and
     the statuses that came back, in order."""
-    tenant, key = request.match_info["tenant"], request.match_info["key"]
+    tenant, key = text(request, "tenant"), text(request, "key")
+    if tenant is None or key is None:
+        raise BadFilter("a send is named by its tenant and key")
     pool = request.app[POOL]
     r = await reads.outbox_row(pool, tenant=tenant, key=key)
     if r is None:
@@ -284,6 +290,7 @@ async def outbox_show(request: web.Request) -> web.StreamResponse:
     statuses = await reads.statuses(pool, wamid=r["wamid"]) if r["wamid"] else []
     context = {
         "r": r,
+        "attempts": await reads.attempts(pool, outbox_id=r["id"], tenant=tenant, key=key),
         "payload": pure.pretty_json(_json_bytes(r["payload"])) or "",
         "statuses": statuses,
         "releasable": r["state"] in ("review", "unknown", "failed"),
@@ -372,9 +379,12 @@ async def inbound_list(request: web.Request) -> web.StreamResponse:
     return aiohttp_jinja2.render_template("inbound.html", request, context)
 
 
+@filters
 async def inbound_show(request: web.Request) -> web.StreamResponse:
     """What the gateway did with one inbound message: its key, handlers, deliveries, reply."""
-    wamid = request.match_info["wamid"]
+    wamid = text(request, "wamid")
+    if wamid is None:
+        raise BadFilter("a message is named by its wamid")
     pool = request.app[POOL]
     found = await reads.inbound_by_wamid(pool, wamid=wamid)
     if not found:
