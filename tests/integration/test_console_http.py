@@ -220,3 +220,13 @@ async def test_keys_and_wamids_with_any_visible_character_have_working_links(
     for bad in ("/outbox?after=99999999999999999999", "/outbox?after=-1", "/outbox/send?tenant=acme"):
         async with ops.get(f"{console}{bad}") as r:
             assert r.status == 400, bad
+
+
+async def test_a_failing_database_is_a_503_page_without_details(
+    pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
+) -> None:
+    await pool.execute("ALTER TABLE outbox RENAME TO outbox_away")
+    async with ops.get(f"{console}/outbox?state=review") as r:
+        page = await r.text()
+    assert r.status == 503 and r.headers["Retry-After"] == "5"
+    assert "Database unavailable" in page and "outbox" not in page.split("<main>")[1].split("</main>")[0]

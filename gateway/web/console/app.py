@@ -23,7 +23,7 @@ import jinja2
 from aiohttp import web
 
 from gateway.core.settings import Settings
-from gateway.store.db import create_pool
+from gateway.store.db import DB_ERRORS, create_pool
 from gateway.web import server
 from gateway.web.console import acts, auth, pages
 from gateway.web.health import ListenError
@@ -62,6 +62,23 @@ async def security_headers(request: web.Request, handler: auth.Handler) -> web.S
     return response
 
 
+@web.middleware
+async def database_down(request: web.Request, handler: auth.Handler) -> web.StreamResponse:
+    """The database failing or a page over its statement timeout: a 503 page that says so."""
+    try:
+        return await handler(request)
+    except DB_ERRORS as exc:
+        log.warning(
+            "console: %s %s: database unavailable: %s", request.method, request.path, type(exc).__name__
+        )
+        context: dict[str, Any] = {"title": "Database unavailable", "why": "the database did not answer"}
+        context |= {"login": request.get(auth.LOGIN), "csrf": request.get(auth.CSRF), "path": request.path}
+        response = aiohttp_jinja2.render_template("error.html", request, context)
+        response.set_status(503)
+        response.headers["Retry-After"] = "5"
+        return response
+
+
 def _apply(request: web.Request, response: web.StreamResponse) -> None:
     response.headers.update(HEADERS)
     if not request.path.startswith("/static/"):
@@ -85,7 +102,9 @@ def _number(value: Any) -> str:
 
 
 def build_console_app(settings: Settings) -> web.Application:
-    app = web.Application(middlewares=[security_headers, auth.middleware], client_max_size=256 * 1024)
+    app = web.Application(
+        middlewares=[security_headers, database_down, auth.middleware], client_max_size=256 * 1024
+    )
     app[SETTINGS] = settings
     app[auth.SESSIONS] = auth.Sessions(settings)
     app[pages.HANDLERS] = settings.handlers
