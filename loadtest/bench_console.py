@@ -234,6 +234,18 @@ async def bench(admin_dsn: str, ns: argparse.Namespace) -> int:
     return 1 if missed else 0
 
 
+async def _configure(admin_dsn: str) -> None:
+    """Our own embedded server only: checkpoints far enough apart for a fill of tens of GB
+    (the default max_wal_size would checkpoint every few seconds of it)."""
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        await conn.execute("ALTER SYSTEM SET max_wal_size = '8GB'")
+        await conn.execute("ALTER SYSTEM SET checkpoint_timeout = '15min'")
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dead", type=int, default=1_000_000, help="dead events (and as many inbound messages)")
     p.add_argument("--outbox", type=int, default=10_000_000, help="outbox rows")
@@ -250,6 +262,7 @@ def main(ns: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-console-") as tmp:
         server, _ = embedded.start(Path(tmp), cleanup="delete")
         try:
+            asyncio.run(_configure(server.get_uri()))
             return asyncio.run(bench(server.get_uri(), ns))
         finally:
             server.cleanup()
