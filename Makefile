@@ -2,8 +2,10 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# podman-compose 1.6 runs the bundle on Debian 12's podman 4.3 (make compose-test).
+PODMAN_COMPOSE ?= podman-compose==1.6.0
 
-.PHONY: run test lint typecheck unit bench-ingest clean
+.PHONY: run test lint typecheck unit compose-test bench-ingest clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 required"'
@@ -32,6 +34,11 @@ typecheck: $(VENV)/.installed
 ## Pure tests: no database, no processes (seconds).
 unit: $(VENV)/.installed
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
+
+## Build the image and run deploy/compose.yaml end to end with podman (root; .ci/compose-test).
+compose-test: $(VENV)/.installed
+	$(BIN)/pip install --quiet '$(PODMAN_COMPOSE)'
+	.ci/compose-test
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

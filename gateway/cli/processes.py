@@ -47,7 +47,7 @@ def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
         log.info("settings: %s", settings.redacted())
         return runtime.serve_workers(settings, n, embedded=server)
     runtime.install_uvloop()
-    asyncio.run(runtime.wait_for(settings))
+    asyncio.run(runtime.wait_for(settings, schema=True))
     app = build_app(settings)
     if not ns.worker:
         log.info("settings: %s", settings.redacted())

@@ -209,13 +209,13 @@ class Settings:
         "GATEWAY_MIGRATE_ON_START",
         True,
         _bool,
-        "apply pending migrations when a process starts (false: run gateway migrate)",
+        "apply pending migrations when a process starts (false: wait for gateway migrate to apply them)",
     )
     db_wait_s: float = _env(
         "GATEWAY_DB_WAIT_S",
         30.0,
         _float(0, 3600),
-        "at start-up, keep retrying an unreachable database this many seconds",
+        "at start-up, wait this many seconds for the database (and for its schema, when not migrating)",
     )
     embedded: bool = _env(
         "GATEWAY_EMBEDDED",

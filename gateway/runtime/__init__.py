@@ -22,7 +22,13 @@ from gateway.core.limits import LogThrottle
 from gateway.core.settings import Settings
 from gateway.maintenance import jobs
 from gateway.runtime import logs
-from gateway.runtime.startup import LISTEN_ERRNOS, StartupError, listen_error, wait_for_database
+from gateway.runtime.startup import (
+    LISTEN_ERRNOS,
+    StartupError,
+    listen_error,
+    wait_for_database,
+    wait_for_schema,
+)
 from gateway.store.db import connect, create_pool, migrate_dsn
 from gateway.web import server
 from gateway.web.console.app import console_listener
@@ -192,7 +198,7 @@ def serve_console(settings: Settings, *, embedded: Any = None) -> int:
 
     async def go() -> int:
         assert settings.database_url
-        await wait_for(settings)
+        await wait_for(settings, schema=True)
         if settings.migrate_on_start:
             await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
         stop = asyncio.Event()
@@ -205,12 +211,14 @@ def serve_console(settings: Settings, *, embedded: Any = None) -> int:
     return run(go())
 
 
-async def wait_for(settings: Settings) -> None:
-    """Wait (GATEWAY_DB_WAIT_S) for the database the settings name."""
+async def wait_for(settings: Settings, *, schema: bool = False) -> None:
+    """Wait (GATEWAY_DB_WAIT_S) for the database the settings name and, with ``schema`` where
+    this process does not migrate itself (GATEWAY_MIGRATE_ON_START=false), for its schema."""
     assert settings.database_url
-    await wait_for_database(
-        settings.database_url, wait_s=settings.db_wait_s, connect_timeout_s=settings.db_connect_timeout_s
-    )
+    dsn, timeout_s = settings.database_url, settings.db_connect_timeout_s
+    await wait_for_database(dsn, wait_s=settings.db_wait_s, connect_timeout_s=timeout_s)
+    if schema and not settings.migrate_on_start:
+        await wait_for_schema(dsn, wait_s=settings.db_wait_s, connect_timeout_s=timeout_s)
 
 
 def serve_workers(settings: Settings, n: int, *, embedded: Any = None) -> int:
@@ -220,7 +228,7 @@ def serve_workers(settings: Settings, n: int, *, embedded: Any = None) -> int:
 
     async def go() -> int:
         assert settings.database_url
-        await wait_for(settings)
+        await wait_for(settings, schema=True)
         if settings.migrate_on_start:
             await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
         workers.check_free(settings.host, settings.port, "GATEWAY_PORT")
@@ -286,7 +294,7 @@ def run_worker(
 
     async def go() -> int:
         assert settings.database_url
-        await wait_for(settings)
+        await wait_for(settings, schema=True)
         async with contextlib.AsyncExitStack() as stack:
             if settings.metrics_port:
                 try:

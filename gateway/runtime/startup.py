@@ -1,8 +1,11 @@
-"""Start-up that waits: the database may come up after the gateway (compose, a restart).
+"""Start-up that waits: the database may come up after the gateway (compose, a restart), and
+its schema after it too when another process applies the migrations (``gateway migrate`` as a
+one-shot beside the workers, GATEWAY_MIGRATE_ON_START=false).
 
-An unreachable database is retried with backoff for ``GATEWAY_DB_WAIT_S``, one log line per
-try; then, like a wrong password, a malformed DSN or a busy port, the command ends with one
-clear line (``StartupError``) and a non-zero exit code instead of a traceback.
+An unreachable database, or a schema older than this code's, is retried with backoff for
+``GATEWAY_DB_WAIT_S``, one log line per try; then, like a wrong password, a malformed DSN or a
+busy port, the command ends with one clear line (``StartupError``) and a non-zero exit code
+instead of a traceback.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import urllib.parse
 import asyncpg
 
 from gateway.core.backoff import backoff_delay
-from gateway.store.db import connect
+from gateway.store.db import connect, latest_version, schema_version
 
 log = logging.getLogger("gateway")
 
@@ -89,6 +92,53 @@ async def wait_for_database(dsn: str, *, wait_s: float, connect_timeout_s: float
                 log.info("database at %s reachable after %d tries", where(dsn), attempt)
             return
 
+
+
+async def _version(dsn: str, connect_timeout_s: float) -> int:
+    conn = await connect(dsn, timeout=connect_timeout_s)
+    try:
+        return await schema_version(conn)
+    except asyncpg.UndefinedTableError:
+        return 0  # nothing migrated yet
+    finally:
+        await conn.close()
+
+
+async def wait_for_schema(dsn: str, *, wait_s: float, connect_timeout_s: float) -> None:
+    """Return once the schema is at this code's version or later (a newer one is another
+    replica's rolling upgrade); raise ``StartupError`` when it is not within ``wait_s``.
+
+    A database that goes away meanwhile is waited for within the same time."""
+    want = latest_version()
+    deadline = time.monotonic() + wait_s
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            have: int | None = await _version(dsn, connect_timeout_s)
+            why = f"schema at version {have}, this gateway needs {want}"
+        except RETRYABLE as exc:
+            have, why = None, f"database not reachable ({describe(exc)})"
+        if have is not None and have >= want:
+            if attempt > 1:
+                log.info("schema at %s is at version %d: starting", where(dsn), have)
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise StartupError(
+                f"database at {where(dsn)}: {why} after waiting {wait_s:g}s (GATEWAY_DB_WAIT_S); "
+                "run `gateway migrate`, or set GATEWAY_MIGRATE_ON_START=true"
+            )
+        delay = min(backoff_delay(attempt, 0.25, 2.0), left)
+        log.warning(
+            "database at %s: %s; waiting for `gateway migrate` (GATEWAY_MIGRATE_ON_START=false), "
+            "retrying in %.1fs, giving up in %.0fs",
+            where(dsn),
+            why,
+            delay,
+            left,
+        )
+        await asyncio.sleep(delay)
 
 LISTEN_ERRNOS = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
 

@@ -1,6 +1,7 @@
-"""The deployment bundle under deploy/, checked with real parsers (CI has no Docker engine):
-compose.yaml against the Compose Specification's JSON schema, the Prometheus config and alert
-rules with promtool, the Grafana dashboard against the metrics the gateway really exports."""
+"""The deployment bundle under deploy/, checked with real parsers: compose.yaml against the
+Compose Specification's JSON schema, the Prometheus config and alert rules with promtool, the
+Grafana dashboard against the metrics the gateway really exports. `make compose-test` builds the
+image and runs the bundle itself (tests/compose/)."""
 
 from __future__ import annotations
 
@@ -53,17 +54,41 @@ def test_compose_services_and_health_checks(compose: dict[str, Any]) -> None:
         assert command[:2] == ["gateway", name], name
         assert name in COMMANDS, name
         assert svc["environment"]["DATABASE_URL"].startswith("postgresql://gateway:${POSTGRES_PASSWORD")
-    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert services["migrate"]["restart"] == "no"
+    for name in GATEWAY_SERVICES:
+        svc = services[name]
+        assert svc["depends_on"] == {"postgres": {"condition": "service_healthy"}}, name
+        # No process migrates but `migrate`: the others wait for its schema (GATEWAY_DB_WAIT_S).
+        assert svc["environment"]["GATEWAY_MIGRATE_ON_START"] == "false"
+        assert float(svc["environment"]["GATEWAY_DB_WAIT_S"]) >= 30
     for name in ("serve", "consume", "send", "forward"):
         svc = services[name]
-        assert svc["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
-        assert svc["environment"]["GATEWAY_MIGRATE_ON_START"] == "false"
         probe = " ".join(svc["healthcheck"]["test"])
         assert ("/readyz" in probe and ":8080" in probe) if name == "serve" else ":9100/healthz" in probe
     for switch in ("GATEWAY_RUN_CONSUMERS", "GATEWAY_RUN_SENDER", "GATEWAY_RUN_FORWARDER"):
         assert services["serve"]["environment"][switch] == "false"
     assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
+
+
+def test_no_dependency_chains(compose: dict[str, Any]) -> None:
+    """Every service depends only on services that depend on nothing, and never on the one-shot
+    `migrate`: podman (4.3) cannot start a chain such as serve -> migrate -> postgres, nor
+    restart a container that requires an exited one."""
+    services = compose["services"]
+    for name, svc in services.items():
+        for dep in svc.get("depends_on", {}):
+            assert dep != "migrate", name
+            assert not services[dep].get("depends_on"), (name, dep)
+
+
+def test_published_ports_are_settable(compose: dict[str, Any]) -> None:
+    """Host ports (and the address they bind to) come from deploy/.env, default the usual ones."""
+    ports = {name: svc["ports"] for name, svc in compose["services"].items() if "ports" in svc}
+    assert ports == {
+        "serve": ["${PUBLISH_HTTP:-8080}:8080"],
+        "prometheus": ["${PUBLISH_PROMETHEUS:-9090}:9090"],
+        "grafana": ["${PUBLISH_GRAFANA:-3000}:3000"],
+    }
 
 
 def test_images_are_pinned_by_digest(compose: dict[str, Any]) -> None:
