@@ -27,16 +27,22 @@ the database (HTTP calls) are not rolled back and may repeat on a retry.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from gateway import metrics
 from gateway.core.enums import Provider
 from gateway.core.events import AccountError, AccountUpdate, Event, InboundMessage, Status
 from gateway.store import outbox, replies
 from gateway.store.db import Conn
 
+log = logging.getLogger(__name__)
+
 E = TypeVar("E", bound=Event)
+# The tenant handler replies are enqueued for (unless a handler names another).
+HANDLER_TENANT = "handlers"
 Handler = Callable[[Any, Any], Awaitable[None]]
 F = TypeVar("F", bound=Handler)
 
@@ -94,6 +100,9 @@ class Registry:
 
 
 on = Registry()
+# Tenants whose bots may each answer one message (GATEWAY_REPLY_PER_BOT_TENANTS): the
+# consumers set it from their settings, so reply() follows the send API's rule.
+_per_bot_tenants: frozenset[str] = frozenset()
 
 
 def load(modules: Sequence[str], registry: Registry | None = None) -> Registry:
@@ -103,26 +112,45 @@ def load(modules: Sequence[str], registry: Registry | None = None) -> Registry:
     return on if registry is None else registry
 
 
+def set_reply_per_bot(tenants: Iterable[str]) -> None:
+    """The tenants whose bots may each answer a message (the others: one reply per message)."""
+    global _per_bot_tenants
+    _per_bot_tenants = frozenset(tenants)
+
+
 async def reply(
     conn: Conn,
     event: InboundMessage,
     *,
     text: str,
     bot: str = "echo",
-    tenant: str = "handlers",
+    tenant: str = HANDLER_TENANT,
     provider: Provider | str = Provider.META,
 ) -> bool:
-    """Enqueue a text reply to ``event`` in the handler's transaction; False if already answered.
+    """Enqueue a text reply to ``event`` in the handler's transaction; False if the message was
+    already answered (logged and counted in ``gateway_replies_refused_total{via="handler"}``).
 
-    Two guards, both in this transaction: the reply claim of (wamid, bot) in ``reply_claims``
-    (the same guard as the send API's ``in_reply_to``: one reply per inbound message per bot)
-    and the outbox key ``reply:<bot>:<wamid>`` (unique per tenant). The reply threads under
-    the message (Meta's ``context.message_id``).
+    The send API's rule, in this transaction: one reply per inbound message whoever answers
+    (several, one per bot, for tenants in GATEWAY_REPLY_PER_BOT_TENANTS), claimed in
+    ``reply_claims``; and the outbox key ``reply:<bot>:<wamid>`` (unique per tenant). The reply
+    threads under the message (Meta's ``context.message_id``).
     """
     if not event.sender:
         raise ValueError(f"message {event.wamid} has no sender to reply to")
     key = f"reply:{bot}:{event.wamid}"
-    if not await replies.claim(conn, inbound_wamid=event.wamid, bot=bot, tenant=tenant, key=key):
+    first = await replies.claim(
+        conn, inbound_wamid=event.wamid, bot=bot, tenant=tenant, key=key, per_bot=tenant in _per_bot_tenants
+    )
+    if first is not None:
+        metrics.REPLIES_REFUSED.labels("handler").inc()
+        log.warning(
+            "reply by %s/%s to %s refused: already answered by %s/%s",
+            tenant,
+            bot,
+            event.wamid,
+            first.tenant or "(sql)",
+            first.bot,
+        )
         return False
     payload: dict[str, Any] = {"type": "text", "text": {"body": text}}
     if str(provider) == Provider.META:

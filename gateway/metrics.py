@@ -120,7 +120,7 @@ CONSUMER_DUPLICATES = Counter(
 )
 DEAD_LETTERS = Counter(
     "gateway_dead_letters_total",
-    "Rows and events parked as dead, by reason (unparseable, bad_fragment, max_attempts)",
+    "Rows and events parked as dead, by reason (unparseable, bad_fragment, max_attempts, stalled)",
     ["reason"],
 )
 CONSUMER_FAILURES = Counter(
@@ -141,6 +141,11 @@ CONSUMER_FAULTS = Counter(
     "Batches put off because the database was failing (retried with capped backoff, no attempt counted)",
 )
 HANDLER_CALLS = Counter("gateway_handler_calls_total", "Handler calls that returned, by outcome", ["outcome"])
+REPLIES_REFUSED = Counter(
+    "gateway_replies_refused_total",
+    "Replies refused by the reply guard (the message was already answered), by who asked: api, handler",
+    ["via"],
+)
 CONSUMER_FALLBACKS = Counter(
     "gateway_consumer_fallbacks_total", "Batches that failed and were retried one row at a time"
 )
@@ -318,7 +323,7 @@ def _init_series() -> None:
     for kind in EVENT_KINDS:
         for outcome in ("processed", "duplicate"):
             CONSUMER_EVENTS.labels(kind, outcome)
-    for reason in ("unparseable", "bad_fragment", "max_attempts"):
+    for reason in ("unparseable", "bad_fragment", "max_attempts", "stalled"):
         DEAD_LETTERS.labels(reason)
     for table in RETENTION_TABLES:
         RETENTION_PURGED.labels(table)

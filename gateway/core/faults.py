@@ -1,21 +1,22 @@
 """Is the system failing, or is this event bad? Pure: no I/O, no driver imports.
 
-A consumer failure is one of three things, and the difference decides whether an
-acknowledged webhook can ever end up dead:
+The consumer triages a failure by *where* it came from first: anything raised while parsing,
+planning or applying one event is that event's, whatever its type (a ``ValueError`` from a
+parser, a serializer's recursion limit, a constraint or trigger that rejects a value, a
+handler that raises or times out). Only errors the database itself reports as systemic can
+pause the pipeline, and only once a probe (the same statement for a harmless event of the
+same kind, rolled back) fails too. So:
 
-- ``SYSTEM``: the database (or the link to it) is failing: lost connection, disk full,
-  statement timeout, serialization failure or deadlock, too many connections, read-only,
-  missing privileges or schema objects. Such an error hits every event alike, so it says
-  nothing about the event: retry indefinitely with capped backoff, count no attempt, and
-  let the lag show it.
-- ``BAD``: the event itself cannot be processed and never will (a fragment we cannot
-  parse): park it dead at once, bytes intact.
-- ``SUSPECT``: anything else (a constraint or trigger that rejects a value, a data error,
-  a handler that raises or times out). It may be this event, or it may be a fault that
-  hits every event of its kind (a CHECK added by a newer replica, a trigger raising for a
-  while). It counts as an attempt only when the same kind of event was processed
-  successfully since the last such failure (``Health``): then the event is the odd one out.
-  Otherwise it is treated as the system failing.
+- ``SYSTEM``: the database, or the link to it, reports a systemic failure: lost connection,
+  disk full, out of memory, shutdown, statement or lock timeout, serialization failure or
+  deadlock, read-only, missing privileges or schema objects, a day without its partition.
+  The consumer probes; if the probe fails too, the rows are put off with capped backoff, no
+  attempt counted, and the lag shows it. If the probe succeeds, it is the event's.
+- ``EVENT``: everything else, including the data errors the database reports (SQLSTATE
+  classes 22 data exception, 23 integrity constraint violation other than a dedup key race,
+  54 program limit exceeded such as an index row too large, 2F/38/39/P0 raised by functions
+  and triggers): an attempt is counted; dead, with its bytes, after ``max_attempts``.
+- ``BAD``: the event can never be processed (a fragment we cannot parse): dead at once.
 
 PostgreSQL's SQLSTATE classes are listed in its manual, appendix A "PostgreSQL Error Codes".
 """
@@ -23,8 +24,7 @@ PostgreSQL's SQLSTATE classes are listed in its manual, appendix A "PostgreSQL E
 from __future__ import annotations
 
 import enum
-import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from gateway.core.backoff import backoff_delay
@@ -32,7 +32,7 @@ from gateway.core.backoff import backoff_delay
 
 class Fault(enum.Enum):
     SYSTEM = "system"
-    SUSPECT = "suspect"
+    EVENT = "event"
     BAD = "bad"
 
 
@@ -42,7 +42,7 @@ class Verdict(enum.Enum):
     DEAD = "dead"  # park now
 
 
-# SQLSTATE classes (first two characters) whose errors hit every row alike.
+# SQLSTATE classes (first two characters) the database uses for systemic failures.
 SYSTEM_CLASSES: dict[str, str] = {
     "08": "connection exception",
     "25": "invalid transaction state (e.g. 25006 read-only transaction)",
@@ -50,7 +50,6 @@ SYSTEM_CLASSES: dict[str, str] = {
     "3D": "invalid catalog name",
     "40": "transaction rollback (serialization failure, deadlock)",
     "53": "insufficient resources (disk full, out of memory, too many connections)",
-    "54": "program limit exceeded",
     "55": "object not in prerequisite state (lock not available)",
     "57": "operator intervention (statement timeout, admin shutdown, cannot connect now)",
     "58": "system error (I/O error)",
@@ -58,7 +57,7 @@ SYSTEM_CLASSES: dict[str, str] = {
     "HV": "foreign data wrapper error",
     "XX": "internal error (data corrupted, index corrupted)",
 }
-# Single codes of other classes that are the system's fault, not the event's.
+# Single codes of other classes that are the system's, not the event's.
 SYSTEM_CODES: dict[str, str] = {
     "42501": "insufficient privilege (a revoked grant)",
     "42P01": "undefined table (schema older or newer than the code)",
@@ -68,6 +67,12 @@ SYSTEM_CODES: dict[str, str] = {
 }
 # Exceptions raised below SQL: the link to the database, not the event.
 SYSTEM_EXCEPTIONS = ("ConnectionError", "OSError", "InterfaceError", "ConnectionDoesNotExistError")
+# A row routed to a day that has no partition (23514, like a CHECK): the schema's, fixed by
+# creating the partition, never the event's.
+NO_PARTITION = "no partition of relation"
+# The dedup key's own unique index: a conflict on it is a race between two consumers (the
+# insert is ON CONFLICT DO NOTHING), not the event's fault.
+DEDUP_TABLE = "processed_webhook_events"
 
 
 class BadEvent(Exception):
@@ -89,80 +94,93 @@ def last_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+def missing_partition(exc: BaseException) -> str | None:
+    """The table a row found no partition in (from the error), or None."""
+    if getattr(exc, "sqlstate", None) != "23514" or not str(exc).startswith(NO_PARTITION):
+        return None
+    table = getattr(exc, "table_name", None)
+    if isinstance(table, str) and table:
+        return table
+    rest = str(exc)[len(NO_PARTITION) :].strip()
+    return rest.split('"')[1] if rest.count('"') >= 2 else None
+
+
 def classify(exc: BaseException) -> Fault:
-    """Which kind of failure ``exc`` is (by SQLSTATE when it has one, else by type)."""
+    """Which kind of failure ``exc``, raised while one event was applied, is."""
     if isinstance(exc, BadEvent):
         return Fault.BAD
     if isinstance(exc, HandlerError):
-        # A handler's own bug or slowness is its event's problem; the database failing
-        # under it (a lost connection, a statement timeout) is still the system's.
+        # A handler's own bug or slowness is its event's; the database failing under it (a
+        # lost connection, a statement timeout) is classified like any database error.
         if isinstance(exc.cause, TimeoutError | HandlerError):
-            return Fault.SUSPECT
+            return Fault.EVENT
         return classify(exc.cause)
     sqlstate = getattr(exc, "sqlstate", None)
     if isinstance(sqlstate, str) and len(sqlstate) == 5:
-        if sqlstate in SYSTEM_CODES or sqlstate[:2] in SYSTEM_CLASSES:
+        if sqlstate in SYSTEM_CODES or sqlstate[:2] in SYSTEM_CLASSES or missing_partition(exc):
             return Fault.SYSTEM
-        return Fault.SUSPECT
+        constraint = getattr(exc, "constraint_name", None) or ""
+        if sqlstate == "23505" and isinstance(constraint, str) and constraint.startswith(DEDUP_TABLE):
+            return Fault.SYSTEM
+        return Fault.EVENT
+    if isinstance(exc, ValueError):
+        return Fault.EVENT  # the driver refused a value of this event's (e.g. out of range)
     names = {t.__name__ for t in type(exc).__mro__}
     if names & set(SYSTEM_EXCEPTIONS):
         return Fault.SYSTEM
-    if type(exc).__module__.startswith("asyncpg") and not isinstance(exc, UnicodeError):
-        return Fault.SYSTEM  # a driver error without a SQLSTATE is about the connection
-    return Fault.SUSPECT
+    return Fault.EVENT
 
 
-def verdict(fault: Fault, *, isolated: bool) -> Verdict:
-    """What to do with a failed event; ``isolated``: others of its kind succeed meanwhile."""
+def verdict(fault: Fault, *, probe_failed: bool) -> Verdict:
+    """What to do with a failed event; ``probe_failed``: a harmless event failed too."""
     if fault is Fault.BAD:
         return Verdict.DEAD
-    if fault is Fault.SUSPECT and isolated:
-        return Verdict.ATTEMPT
-    return Verdict.DEFER
+    if fault is Fault.SYSTEM and probe_failed:
+        return Verdict.DEFER
+    return Verdict.ATTEMPT
 
 
 def kind_of(key: str | None) -> str:
-    """The family an event key belongs to for ``Health`` (its prefix: msg, status, evt...)."""
+    """The family an event key belongs to (its prefix: msg, status, evt...)."""
     return (key or "").partition(":")[0]
+
+
+# A row first in this many claims in a row that committed nothing is taken alone.
+STALL_CLAIMS = 3
 
 
 @dataclass
 class Health:
-    """What this process has seen lately: when each kind of event last committed and last
-    failed, and how many system faults in a row (for the consumers' own backoff).
+    """What this process's consumers have seen lately: system faults in a row (for their
+    backoff), and claims that committed nothing, by the row that headed them.
 
-    One per process, shared by its consumers. Evidence is local on purpose: it needs no
-    extra statement, and a fault that hits every event of a kind shows as no success of
-    that kind since its previous failure.
+    A row that heads claim after claim without any of them committing (its batch kills the
+    connection, or fails where nothing can be recorded) is *stalled*: the consumers then take
+    it alone, and count its attempts where they can (``gateway.inbound.consumer``). One per
+    process, shared by its consumers: evidence stays local, and costs no statement.
     """
 
     clock: Callable[[], float]
-    last_ok: dict[str, float] = field(default_factory=dict)
-    last_fail: dict[str, float] = field(default_factory=dict)
     fault_streak: int = 0
+    heads: dict[int, int] = field(default_factory=dict)  # head row id -> uncommitted claims
 
-    def succeeded(self, kinds: set[str]) -> None:
-        now = self.clock()
-        for k in kinds:
-            self.last_ok[k] = now
-        if kinds:
-            self.fault_streak = 0
-
-    def isolated(self, kind: str, *, in_batch: bool) -> bool:
-        """True if ``kind`` committed in this batch, or since its last suspect failure here."""
-        if in_batch:
-            return True
-        return self.last_ok.get(kind, -math.inf) > self.last_fail.get(kind, -math.inf)
-
-    def failed(self, kind: str) -> None:
-        self.last_fail[kind] = self.clock()
+    def succeeded(self, rows: Iterable[int] = ()) -> None:
+        self.fault_streak = 0
+        for r in rows:
+            self.heads.pop(r, None)
 
     def system_fault(self) -> int:
         self.fault_streak += 1
         return self.fault_streak
 
-    def system_ok(self) -> None:
-        self.fault_streak = 0
+    def uncommitted(self, head: int) -> None:
+        """A claim headed by ``head`` committed nothing (the others' counts are forgotten)."""
+        n = self.heads.get(head, 0) + 1
+        self.heads = {head: n}
+
+    def stalled(self) -> int | None:
+        """A row that headed ``STALL_CLAIMS`` claims in a row that committed nothing."""
+        return next((r for r, n in self.heads.items() if n >= STALL_CLAIMS), None)
 
 
 def fault_delay(streak: int, base_s: float, cap_s: float, rand: Callable[[], float]) -> float:

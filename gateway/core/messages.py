@@ -54,16 +54,19 @@ class SendRequest:
     body: Message
 
 
-def callback_data(tenant: str, key: str) -> str:
+def callback_data(tenant: str, key: str, generation: int = 0) -> str:
     """Globally unique and opaque: ``<tenant>:<key>``, or a hash of both when that is too long.
 
     Tenants never contain ':' (GATEWAY_API_KEYS splits on the first one), so the plain form
-    cannot collide across tenants.
+    cannot collide across tenants. A key used again after its send was refused for good
+    (``generation`` > 0) gets a hash of tenant, key and generation: keys never contain NUL, so
+    no other tenant, key or generation hashes the same input.
     """
     plain = f"{tenant}:{key}"
-    if len(plain) <= MAX_CALLBACK_DATA:
+    if generation == 0 and len(plain) <= MAX_CALLBACK_DATA:
         return plain
-    digest = hashlib.sha256(tenant.encode() + b"\0" + key.encode()).hexdigest()
+    parts = [tenant.encode(), key.encode()] + ([str(generation).encode()] if generation else [])
+    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()
     return f"sha256:{digest}"
 
 

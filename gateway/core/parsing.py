@@ -155,13 +155,18 @@ def _req_str(obj: dict[str, Any], name: str, what: str) -> str:
     return value
 
 
+_UNIX = re.compile(r"[0-9]{1,11}")
+
+
 def _unix(value: Any) -> int | None:
-    """Meta sends Unix seconds as a string; anything else is kept in the raw JSON only."""
+    """Meta sends Unix seconds as a string; anything else is kept in the raw JSON only.
+
+    ASCII digits only: ``str.isdigit`` also accepts ``"²"`` and ``"①"``, which ``int`` refuses."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value if 0 <= value < 2**37 else None
-    if isinstance(value, str) and value.isdigit() and len(value) <= 11:
+    if isinstance(value, str) and _UNIX.fullmatch(value):
         return int(value)
     return None
 
@@ -199,7 +204,7 @@ def _meta_items(doc: Any, dirty: bool) -> list[Item]:
     items: list[Item] = []
 
     def bad(path: tuple[str | int, ...], unit: str, exc: Exception) -> None:
-        items.append(Item(len(items), path, unit, error=f"{type(exc).__name__}: {exc}"))
+        items.append(Item(len(items), path, unit, error=_error(exc)))
 
     for e, entry in enumerate(_list(doc["entry"], "entry")):
         try:
@@ -213,11 +218,17 @@ def _meta_items(doc: Any, dirty: bool) -> list[Item]:
             waba_id = scrub(waba_id)[0]
         for c, change in enumerate(changes):
             path: tuple[str | int, ...] = ("entry", e, "changes", c)
+            before = len(items)
             try:
                 _meta_change(items, path, waba_id, _dict(change, "change"), dirty)
-            except UnknownShape as exc:
+            except Exception as exc:  # whatever this change's values make us raise is its own
+                del items[before:]
                 bad(path, "change", exc)
     return items
+
+
+def _error(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"[:2000]
 
 
 def _change_event(waba_id: str | None, change: dict[str, Any]) -> Event:
@@ -260,8 +271,8 @@ def _meta_change(
         sub = (*path, "value", "messages", k)
         try:
             m = _meta_message(_dict(msg, "message"), phone_number_id, contacts)
-        except UnknownShape as exc:
-            items.append(Item(len(items), sub, "message", error=f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:
+            items.append(Item(len(items), sub, "message", error=_error(exc)))
             continue
         mctx = {"phone_number_id": phone_number_id, "contact_name": m.contact_name}
         dirty_msg = changed and scrub(raw_value["messages"][k])[1]
@@ -270,8 +281,8 @@ def _meta_change(
         sub = (*path, "value", "statuses", k)
         try:
             sts = tuple(_meta_statuses(_dict(st, "status")))
-        except UnknownShape as exc:
-            items.append(Item(len(items), sub, "status", error=f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:
+            items.append(Item(len(items), sub, "status", error=_error(exc)))
             continue
         dirty_st = changed and scrub(raw_value["statuses"][k])[1]
         items.append(Item(len(items), sub, "status", {}, sts, None, dirty_st))

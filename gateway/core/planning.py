@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from typing import Any
 
 from gateway.core.events import (
+    UNTIMED_DAY,
     AccountError,
     AccountUpdate,
     Event,
     InboundMessage,
     Item,
-    PayloadError,
     Status,
     event_day,
     subject_of,
@@ -83,13 +83,17 @@ class Plan:
         return self.rows[AccountUpdate.kind]
 
     def add(self, ev: Event, inbox_id: int, source: str, day: date) -> None:
+        """Plan ``ev``; all or nothing (whatever raises leaves the plan as it was)."""
+        subject = subject_of(ev.key)
+        row = ev.to_row(inbox_id, source)
+        forward = forward_row(ev, source, inbox_id)
         self.keys.append(ev.key)
         self.key_inbox.append(inbox_id)
         self.key_days.append(day)
-        self.key_subjects.append(subject_of(ev.key))
+        self.key_subjects.append(subject)
         self.kinds[ev.kind] += 1
-        self.rows[ev.kind].append(ev.to_row(inbox_id, source))
-        self.forwards.append(forward_row(ev, source, inbox_id))
+        self.rows[ev.kind].append(row)
+        self.forwards.append(forward)
 
 
 def describe(exc: BaseException) -> str:
@@ -100,12 +104,14 @@ def describe(exc: BaseException) -> str:
 def plan_batch(
     rows: Iterable[StagedRow], *, today: date | None = None, window_days: int = MIN_DEDUP_RETENTION_DAYS
 ) -> Plan:
-    """Parse every row; park the unparseable; keep the first occurrence of each key.
+    """Parse every row; park the unparseable; keep the first occurrence of each key. Never
+    raises: whatever a row's bytes make the parser or the planner raise is that row's or that
+    event's fault, recorded in the plan, never the batch's.
 
-    A malformed fragment inside a valid body is listed in ``bad`` (the consumer records it
-    as a dead item) and the rest of the body is planned as usual. ``today`` (UTC, default:
-    now) and ``window_days`` (the dedup retention) fix each key's event day
-    (``events.event_day``)."""
+    A malformed fragment inside a valid body (or an event that cannot be planned) is listed in
+    ``bad`` (the consumer records it as a dead item) and the rest of the body is planned as
+    usual. ``today`` (UTC, default: now) and ``window_days`` (the dedup retention) fix each
+    key's event day (``events.event_day``)."""
     today = datetime.now(UTC).date() if today is None else today
     plan = Plan()
     seen: set[str] = set()
@@ -113,12 +119,12 @@ def plan_batch(
         inbox_id = row.id
         try:
             items = parse_items(row.source, row.body, row.delivery_id)
-        except PayloadError as exc:
+        except Exception as exc:  # PayloadError, or anything the bytes made the parser raise
             plan.parked.append(inbox_id)
             plan.parked_why.append(describe(exc))
             continue
         plan.done.append(inbox_id)
-        plan.parsed.append((row, items))
+        kept: list[Item] = []
         for item in items:
             if item.error is not None:
                 plan.bad.append((row, item))
@@ -126,11 +132,17 @@ def plan_batch(
                 if ev.key in seen:
                     plan.duplicates_in_batch += 1
                     continue
+                try:
+                    day = event_day(ev, row.source, today=today, window_days=window_days)
+                    plan.add(ev, inbox_id, row.source, day)
+                except Exception as exc:
+                    item = replace(item, events=(), error=f"cannot plan {ev.key[:200]}: {describe(exc)}")
+                    plan.bad.append((row, item))
+                    break
                 seen.add(ev.key)
-                plan.add(
-                    ev, inbox_id, row.source, event_day(ev, row.source, today=today, window_days=window_days)
-                )
                 plan.events.append((ev, row, item))
+            kept.append(item)
+        plan.parsed.append((row, kept))
     return plan
 
 
@@ -152,3 +164,29 @@ def plan_event(
 def plan_rows(done: list[int]) -> Plan:
     """A plan that only marks rows done (after their events went one by one)."""
     return Plan(done=list(done))
+
+
+# Harmless events, one per kind: what the consumer applies (and rolls back) to learn whether
+# the database fails any event of that kind, or only the one that failed.
+PROBE_PREFIX = "probe:"
+
+
+def probe_event(kind: str, tag: str) -> Event:
+    """A harmless event of ``kind`` (its key and ids start with ``probe:``, ``tag`` makes
+    them unique; it names no outbox row and carries no timestamp)."""
+    key = f"{PROBE_PREFIX}{kind}:{tag}"
+    if kind == Status.kind:
+        return Status(key, key, "sent", "", None, None, None, None, {})
+    if kind == AccountError.kind:
+        return AccountError(key, None, None, "messages", [{"code": 0}], {})
+    if kind == AccountUpdate.kind:
+        return AccountUpdate(key, None, "probe", {})
+    return InboundMessage(key, key, None, None, "text", None, None, {"id": key})
+
+
+def probe_plan(kinds: Iterable[str], source: str, tag: str) -> Plan:
+    """One harmless event per kind, planned like any other."""
+    plan = Plan()
+    for kind in sorted(set(kinds)):
+        plan.add(probe_event(kind, tag), 0, source, UNTIMED_DAY)
+    return plan

@@ -481,6 +481,13 @@ class Settings:
     number_rate_per_s: float = _env(
         "GATEWAY_NUMBER_RATE_PER_S", 80.0, _float(0.1), "sends per second per sending number"
     )
+    tenashi_key_window_h: float = _env(
+        "GATEWAY_TENASHI_KEY_WINDOW_H",
+        23.0,
+        _float(0.01, 24),
+        "Tenashi honours an Idempotency-Key for 24 h: a send is not retried later than this after "
+        "its first attempt that may have reached Tenashi (it goes to review)",
+    )
     tenashi_number_interval_s: float = _env(
         "GATEWAY_TENASHI_NUMBER_INTERVAL_S",
         12.0,
@@ -517,6 +524,13 @@ class Settings:
         (),
         _pairs,
         "tenant:phone_number_id,...: the numbers each tenant may send from; unset: any (warned)",
+    )
+    reply_per_bot_tenants: tuple[str, ...] = _env(
+        "GATEWAY_REPLY_PER_BOT_TENANTS",
+        (),
+        _csv,
+        "tenants whose bots may each answer one inbound message once (default: one reply per "
+        "message, whatever the bot); handler replies are tenant 'handlers'",
     )
 
     # Forwarding to downstream destinations (gateway destinations / gateway forward)
@@ -646,6 +660,14 @@ class Settings:
         if not self.tenant_numbers:
             return True
         return (tenant, phone_number_id) in self.tenant_numbers
+
+    @property
+    def tenashi_key_window_s(self) -> float:
+        return self.tenashi_key_window_h * 3600
+
+    def reply_per_bot(self, tenant: str) -> bool:
+        """Whether ``tenant``'s bots may each answer a message (else one reply per message)."""
+        return tenant in self.reply_per_bot_tenants
 
     @property
     def send_lease_s(self) -> float:

@@ -7,18 +7,23 @@ then the handlers of the fresh events (if any are configured), then COMMIT.
 
 Everything after the claim runs under a savepoint, so when it fails the failure is recorded
 in the transaction that still holds the rows' locks (no other consumer can grab them in
-between), and what is recorded depends on what failed (``gateway.core.faults``):
+between). What is recorded depends on where the failure came from (``gateway.core.faults``):
 
-- the system is failing (connection, disk, timeout, serialization, privileges...): the rows
-  are put off with capped backoff, no attempt counted, and stay visible as lag;
-- otherwise the batch is redone event by event, each in its own savepoint running the same
-  statement on a one-event plan. The good events commit and their rows are marked done; an
-  event that fails becomes a ``dead_events`` item (its raw fragment, its key, the error)
-  that is retried on its own with backoff, counting attempts only when other events of its
-  kind go through meanwhile, and parked dead after ``max_attempts``.
+- parsing and planning never fail a batch: a body that is no payload is parked at once, a
+  fragment or event that cannot be planned is a dead item at once, with its bytes;
+- anything raised while applying one event is that event's: the batch is redone event by
+  event, each in its own savepoint. The good events commit and their rows are marked done;
+  an event that fails becomes a ``dead_events`` item (its raw fragment, its key, the error),
+  retried on its own with backoff and parked dead after ``max_attempts``;
+- only an error the database reports as systemic pauses the pipeline, and only when a probe
+  (harmless events of the same kinds, applied and rolled back) fails too: the rows are put
+  off with capped backoff, no attempt counted, and stay visible as lag. A day that has no
+  partition yet is created on the spot.
 
-A fragment that can never be an event (a message without an id) is a dead item at once; a
-body that is not JSON at all parks the whole row.
+A row that heads claim after claim that commit nothing (its batch kills the connection, or
+fails where nothing can be recorded) is taken alone after ``faults.STALL_CLAIMS`` such
+claims; failing alone, it is counted an attempt in a transaction of its own, and parked dead
+after ``max_attempts`` while the rows behind it flow.
 """
 
 from __future__ import annotations
@@ -44,15 +49,16 @@ from gateway.core.faults import (
     Verdict,
     classify,
     fault_delay,
-    kind_of,
+    missing_partition,
     verdict,
 )
 from gateway.core.jsonspan import pointer
 from gateway.core.limits import LogThrottle
 from gateway.core.planning import Plan, StagedRow, describe, plan_batch, plan_event
 from gateway.core.settings import Settings
-from gateway.handlers import Registry
+from gateway.handlers import Registry, set_reply_per_bot
 from gateway.handlers import load as load_handlers
+from gateway.inbound import triage
 from gateway.inbound.dead_items import Failure, bad_item, error_text, failed_item, raw_fragment, rebuild
 from gateway.store import dead_events, inbox
 
@@ -76,29 +82,8 @@ Conn = asyncpg.Connection | PoolConnectionProxy
 HEALTH = Health(time.monotonic)
 # Dead items are looked at when no staged row is due, and at least this often.
 ITEMS_EVERY_S = 1.0
-
-
-class SystemFault(Exception):
-    """The system failed while a batch was redone event by event: put the rows off."""
-
-    def __init__(self, cause: BaseException) -> None:
-        self.cause = cause
-        super().__init__(describe(cause))
-
-
-def _event_fault(conn: Conn, exc: Exception) -> Fault:
-    """What failed one event in its savepoint; a lost connection or a failing system aborts
-    the whole event-by-event pass (re-raised, the latter as ``SystemFault``)."""
-    if conn.is_closed():
-        raise exc
-    fault = classify(exc)
-    if fault is Fault.SYSTEM:
-        raise SystemFault(exc) from exc
-    return fault
-
-
-def _cause(exc: BaseException) -> BaseException:
-    return exc.cause if isinstance(exc, SystemFault) else exc
+# Rows put off while the day they need gets its partition.
+PARTITION_RETRY_S = 0.05
 
 
 class Consumer:
@@ -119,8 +104,11 @@ class Consumer:
         self._health = HEALTH if health is None else health
         if handlers is None and settings.handlers:
             handlers = load_handlers(settings.handlers)
+        set_reply_per_bot(settings.reply_per_bot_tenants)
         self._handlers = handlers if handlers else None
         self._items_at = -ITEMS_EVERY_S
+        # The rows of the claim being handled, head first (until its transaction commits).
+        self._claimed: list[int] = []
         self.wake = asyncio.Event()
         # The last step may have left work due right now: staged rows (its batch was full, or the
         # byte budget cut it short), or dead items (it claimed some). Otherwise the loop waits for
@@ -162,7 +150,9 @@ class Consumer:
             except Exception as exc:
                 # Nothing could be recorded (the connection or the transaction is gone):
                 # the rows are unlocked and due, so this consumer itself waits before trying
-                # again, with the same capped backoff, and counts no attempt anywhere.
+                # again, with the same capped backoff, and counts no attempt anywhere; the
+                # row that headed the claim is remembered (a stall is taken alone).
+                self._uncommitted()
                 delay = self._fault(exc)
                 await sleep_unless_stopped(stop, delay)
                 continue
@@ -181,8 +171,10 @@ class Consumer:
 
     async def process_batch(self) -> int:
         """Claim one batch of due rows and handle it; returns the rows claimed (0: none due)."""
+        stalled = self._health.stalled()
+        if stalled is not None:
+            return await self._alone(stalled)
         started = time.perf_counter()
-        forwards = False
         async with self._pool.acquire() as conn, conn.transaction():
             rows, more = await inbox.claim_batch(
                 conn, limit=self._s.consumer_batch, max_bytes=self._s.consumer_batch_bytes
@@ -190,28 +182,66 @@ class Consumer:
             if not rows:
                 return 0
             self._more = more
-            plan = plan_batch(rows, window_days=self._s.dedup_retention_days)
-            try:
-                # A savepoint of our own, not a nested transaction(): COMMIT releases it, one
-                # round trip (RELEASE SAVEPOINT) fewer per batch.
-                await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
-                with tracing.span("consumer.batch", rows=len(rows)):
-                    result = await self._fast(conn, plan)
-            except Exception as exc:
-                if conn.is_closed():
-                    raise
-                await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-                await self._slow(conn, plan, exc)
-                forwards = bool(plan.forwards)
-            else:
-                _observe(plan, result)
-                self._health.succeeded({kind_of(ev.key) for ev, _, _ in plan.events})
-                forwards = result.deliveries > 0
-        if forwards and self.on_deliveries is not None:
-            self.on_deliveries()
+            forwards = await self._handle(conn, rows)
+        self._committed(forwards)
         metrics.CONSUMER_BATCH_ROWS.observe(len(rows))
         metrics.CONSUMER_BATCH_SECONDS.observe(time.perf_counter() - started)
         return len(rows)
+
+    async def _handle(self, conn: Conn, rows: list[StagedRow]) -> bool:
+        """The claimed rows, in the claim's transaction; whether deliveries may be new."""
+        self._claimed = [r.id for r in rows]
+        plan = plan_batch(rows, window_days=self._s.dedup_retention_days)  # never raises
+        try:
+            # A savepoint of our own, not a nested transaction(): COMMIT releases it, one
+            # round trip (RELEASE SAVEPOINT) fewer per batch.
+            await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+            with tracing.span("consumer.batch", rows=len(rows)):
+                result = await self._fast(conn, plan)
+        except Exception as exc:
+            if conn.is_closed():
+                raise
+            await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+            await self._slow(conn, plan, exc)
+            return bool(plan.forwards)
+        triage.observe(plan, result)
+        return result.deliveries > 0
+
+    def _committed(self, forwards: bool) -> None:
+        self._health.succeeded(self._claimed)
+        self._claimed = []
+        if forwards and self.on_deliveries is not None:
+            self.on_deliveries()
+
+    def _uncommitted(self) -> None:
+        if self._claimed:
+            self._health.uncommitted(self._claimed[0])
+        self._claimed = []
+
+    async def _alone(self, inbox_id: int) -> int:
+        """A row that headed claims that committed nothing, taken alone. Failing again where
+        nothing can be recorded, it is counted an attempt in a transaction of its own (that
+        the database takes it shows the database works): dead after ``max_attempts``."""
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                row = await inbox.claim_due_row(conn, inbox_id=inbox_id)
+                if row is None:  # done, dead, put off or held by another consumer: not ours now
+                    self._health.succeeded([inbox_id])
+                    return 0
+                forwards = await self._handle(conn, [row])
+        except Exception as exc:
+            if not self._claimed:
+                raise
+            self._claimed = []
+            s = self._s
+            delay = backoff_delay(1, s.retry_base_ms / 1000, s.retry_max_ms / 1000, self._rand)
+            await triage.stall_attempt(
+                self._pool, inbox_id=inbox_id, exc=exc, max_attempts=s.max_attempts, delay_s=delay
+            )
+            self._health.succeeded([inbox_id])
+            return 1
+        self._committed(forwards)
+        return 1
 
     async def _fast(self, conn: Conn, plan: Plan) -> inbox.Applied:
         result = await inbox.apply_plan(conn, plan)
@@ -229,23 +259,25 @@ class Consumer:
         """The fast path failed (rolled back to its savepoint): defer, or go event by event."""
         ids = [r.id for r, _ in plan.parsed] + plan.parked
         if classify(exc) is Fault.SYSTEM:
-            await self._defer(conn, ids, exc)
-            return
+            source = plan.events[0][1].source if plan.events else "meta"
+            kinds = {ev.kind for ev, _, _ in plan.events}
+            confirmed = await triage.probe(self._pool, conn, exc, kinds, source)
+            if confirmed is not None:
+                await self._defer(conn, ids, confirmed)
+                return
         metrics.CONSUMER_FALLBACKS.inc()
         _warn("fallback", "batch of %d rows failed (%s); retrying event by event", len(ids), describe(exc))
         try:
             async with conn.transaction():
-                ok = await self._per_event(conn, plan)
+                await self._per_event(conn, plan)
         except Exception as inner:
             if conn.is_closed():
                 raise
-            await self._defer(conn, ids, _cause(inner))
-            return
-        self._health.succeeded(ok)
+            await self._defer(conn, ids, triage.cause(inner))
 
-    async def _per_event(self, conn: Conn, plan: Plan) -> set[str]:
-        """Each event in its own savepoint; returns the kinds that committed."""
-        ok: set[str] = set()
+    async def _per_event(self, conn: Conn, plan: Plan) -> None:
+        """Each event in its own savepoint; an event's failure is its own unless the database
+        reports a systemic error that a probe confirms (then SystemFault: defer them all)."""
         failures: list[Failure] = []
         seen: set[str] = set()
         for row, items in plan.parsed:
@@ -265,31 +297,52 @@ class Consumer:
                             if self._handlers and result.fresh_keys:
                                 await self._run_handlers(conn, ev)
                     except Exception as exc:
-                        failures.append(Failure(row, item, ev, exc, _event_fault(conn, exc)))
+                        failures.append(Failure(row, item, ev, exc, await self._triage(conn, exc, ev.kind)))
                     else:
-                        ok.add(kind_of(ev.key))
                         metrics.CONSUMER_EVENTS.labels(
                             ev.kind, "processed" if result.fresh else "duplicate"
                         ).inc()
         new = [bad_item(row, item) for row, item in plan.bad]
         for f in failures:
-            kind = kind_of(f.event.key)
-            v = verdict(f.fault, isolated=self._health.isolated(kind, in_batch=kind in ok))
-            self._health.failed(kind)
+            v = verdict(f.fault, probe_failed=False)
             new.append(failed_item(f, v, max_attempts=self._s.max_attempts, delay=self._item_delay))
-        if failures and not ok and all(i.deferrals for i in new if i.event_key):
-            # Nothing went through and nothing is this event's own fault: the system is
-            # failing for everyone. Keep the rows pending (lag) rather than copy every event.
-            raise SystemFault(failures[0].exc)
-        await dead_events.record(conn, new)
-        await inbox.apply_plan(conn, Plan(done=plan.done, parked=plan.parked, parked_why=plan.parked_why))
+        rows = Plan(done=plan.done, parked=plan.parked, parked_why=plan.parked_why)
+        try:
+            async with conn.transaction():
+                await dead_events.record(conn, new)
+        except Exception as exc:
+            # The items themselves cannot be stored: their rows are parked whole, bytes intact
+            # (a replay finds the events that went through already done).
+            await self._triage(conn, exc, "message")
+            bad = {i.inbox_id for i in new}
+            why = f"its failed events could not be recorded: {describe(exc)}"
+            rows = Plan(
+                done=[d for d in plan.done if d not in bad],
+                parked=[*plan.parked, *sorted(bad)],
+                parked_why=[*plan.parked_why, *(why for _ in bad)],
+            )
+            new = []
+            metrics.DEAD_LETTERS.labels("unparseable").inc(len(bad))
+        await inbox.apply_plan(conn, rows)
         for i in new:
             self._count_item(i.state, i.deferrals > 0, i.kind)
-        return ok
+
+    async def _triage(self, conn: Conn, exc: BaseException, kind: str) -> Fault:
+        """What failed one event in its own savepoint. A lost connection aborts the pass (re-
+        raised); a systemic error that a probe confirms raises SystemFault."""
+        if conn.is_closed():
+            raise exc
+        fault = classify(exc)
+        if fault is Fault.SYSTEM:
+            confirmed = await triage.probe(self._pool, conn, exc, [kind])
+            if confirmed is not None:
+                raise triage.SystemFault(confirmed) from exc
+            return Fault.EVENT
+        return fault
 
     async def _defer(self, conn: Conn, ids: Sequence[int], exc: BaseException) -> None:
         """The system failed: rows due again after the fault backoff, no attempt counted."""
-        delay = self._fault(exc)
+        delay = PARTITION_RETRY_S if missing_partition(exc) else self._fault(exc)
         await inbox.defer(conn, ids=ids, delay_s=delay, error=describe(exc))
 
     def _fault(self, exc: BaseException) -> float:
@@ -317,11 +370,11 @@ class Consumer:
                 return 0
             try:
                 async with conn.transaction():
-                    ok = await self._retry_items(conn, claimed)
+                    await self._retry_items(conn, claimed)
             except Exception as exc:
                 if conn.is_closed():
                     raise
-                cause = _cause(exc)
+                cause = triage.cause(exc)
                 delay = self._fault(cause)
                 for it in claimed:
                     await dead_events.failed(
@@ -334,11 +387,10 @@ class Consumer:
                         error=describe(cause),
                     )
                 return len(claimed)
-        self._health.succeeded(ok)
+        self._health.succeeded()
         return len(claimed)
 
-    async def _retry_items(self, conn: Conn, claimed: list[dead_events.Claimed]) -> set[str]:
-        ok: set[str] = set()
+    async def _retry_items(self, conn: Conn, claimed: list[dead_events.Claimed]) -> None:
         done: list[int] = []
         failures: list[tuple[dead_events.Claimed, BaseException, Fault]] = []
         for it in claimed:
@@ -360,16 +412,13 @@ class Consumer:
                         if self._handlers and result.fresh_keys:
                             await self._run_handlers(conn, ev)
             except Exception as exc:
-                failures.append((it, exc, _event_fault(conn, exc)))
+                failures.append((it, exc, await self._triage(conn, exc, it.kind)))
             else:
                 done.append(it.id)
-                ok.add(kind_of(it.event_key))
         await dead_events.done(conn, ids=done)
         s = self._s
         for it, error, fault in failures:
-            kind = kind_of(it.event_key)
-            v = verdict(fault, isolated=self._health.isolated(kind, in_batch=kind in ok))
-            self._health.failed(kind)
+            v = verdict(fault, probe_failed=False)
             attempts = it.attempts + (v is Verdict.ATTEMPT)
             dead = v is Verdict.DEAD or (v is Verdict.ATTEMPT and attempts >= s.max_attempts)
             delay = self._item_delay(v, attempts, it.deferrals + 1)
@@ -382,12 +431,11 @@ class Consumer:
                 delay_s=delay,
                 error=error_text(error),
             )
-            self._count_item(dead_events.DEAD if dead else dead_events.RETRY, v is Verdict.DEFER, kind)
+            self._count_item(dead_events.DEAD if dead else dead_events.RETRY, v is Verdict.DEFER, it.kind)
             if dead:
                 log.error(
                     "dead item %d (%s) parked after %d attempts: %s", it.id, it.event_key, attempts, error
                 )
-        return ok
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -424,27 +472,3 @@ class Consumer:
             metrics.DEAD_LETTERS.labels("bad_fragment" if kind == "bad" else "max_attempts").inc()
         elif not deferred:
             metrics.CONSUMER_FAILURES.inc()
-
-
-def _observe(plan: Plan, result: inbox.Applied) -> None:
-    fresh = {
-        "message": result.messages,
-        "status": result.statuses,
-        "account_error": result.account_errors,
-        "account_update": result.account_updates,
-    }
-    duplicates = plan.duplicates_in_batch
-    for kind, total in plan.kinds.items():
-        new = fresh.get(kind, 0)
-        metrics.CONSUMER_EVENTS.labels(kind, "processed").inc(new)
-        metrics.CONSUMER_EVENTS.labels(kind, "duplicate").inc(total - new)
-        duplicates += total - new
-    metrics.CONSUMER_DUPLICATES.inc(duplicates)
-    if plan.parked:
-        metrics.DEAD_LETTERS.labels("unparseable").inc(len(plan.parked))
-        for inbox_id, why in zip(plan.parked, plan.parked_why, strict=True):
-            log.error("inbox row %d parked as dead: %s", inbox_id, why)
-    if plan.bad:
-        metrics.DEAD_LETTERS.labels("bad_fragment").inc(len(plan.bad))
-        for row, item in plan.bad:
-            log.error("inbox row %d: fragment %s parked as dead: %s", row.id, pointer(item.path), item.error)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.core.events import Event, Item, PayloadError
+from gateway.core.events import Event, Item
 from gateway.core.faults import BadEvent, Fault, HandlerError, Verdict, last_line
 from gateway.core.jsonspan import fragment, pointer
 from gateway.core.parsing import parse_fragment
@@ -79,7 +79,7 @@ def rebuild(it: dead_events.Claimed) -> list[Event]:
     """A dead item's event(s), from its own bytes; BadEvent if they are no event."""
     try:
         events = parse_fragment(it.source, it.unit, it.fragment, it.context)
-    except PayloadError as exc:
+    except Exception as exc:  # PayloadError, or whatever these bytes make the parser raise
         raise BadEvent(describe(exc)) from exc
     if it.event_key is not None:
         events = [ev for ev in events if ev.key == it.event_key]

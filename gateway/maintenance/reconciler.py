@@ -43,7 +43,9 @@ class Reconciler:
         """One pass; returns counts, for tests and logs."""
         now = self.clock.now()
         s = self.settings
-        expired = await outbox.expire_sending(self.pool, now=now, lease_s=s.send_lease_s, limit=BATCH)
+        expired = await outbox.expire_sending(
+            self.pool, now=now, lease_s=s.send_lease_s, limit=BATCH, key_window_s=s.tenashi_key_window_s
+        )
         reconciled = await outbox.reconcile_unknown(
             self.pool, now=now, window_s=float(s.reconcile_window_s), limit=BATCH
         )

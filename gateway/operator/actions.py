@@ -171,8 +171,9 @@ def bulk_lines(verb: str, done: outbox.Bulk) -> list[str]:
     out = [f"{done.done} row(s) {verb}"]
     if done.refused:
         out.append(
-            f"{done.refused} row(s) not released: they have a wamid or a delivery status "
-            "(the provider accepted them; releasing would send them twice)"
+            f"{done.refused} row(s) not released: they have a wamid or a delivery status (the "
+            "provider accepted them), or their provider no longer remembers the Idempotency-Key "
+            "of an attempt that may have reached it (Tenashi: 24 h); releasing could send them twice"
         )
     if done.waiting:
         out.append(

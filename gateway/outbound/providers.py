@@ -2,7 +2,9 @@
 
 Meta's Graph API (``POST /<phone_number_id>/messages``, ``biz_opaque_callback_data`` set to the
 row's callback key) and Tenashi's API (``POST /api/v1/messages`` with the callback key as its
-``Idempotency-Key``). Classification is ``gateway.core.classify``; this module does the I/O.
+``Idempotency-Key`` and the body its documentation shows, ``{"to": "+<E.164>", "text": "..."}``:
+Tenashi sends from the number linked to the token, so no number is named). Classification is
+``gateway.core.classify``; this module does the I/O.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.core.classify import Classified, Transport, classify_response, classify_transport
+from gateway.core.classify import Classified, Outcome, Transport, classify_response, classify_transport
 from gateway.core.enums import Provider
 from gateway.core.settings import Settings
 
@@ -21,7 +23,7 @@ def build_request(settings: Settings, row: Any) -> tuple[str, dict[str, str], by
     """URL, headers and body of one send, for the row's provider."""
     payload = row["payload"]
     if row["provider"] == Provider.TENASHI:
-        body = {"to": row["recipient"], "phone_number_id": row["phone_number_id"], "message": payload}
+        body = {"to": "+" + str(row["recipient"]).lstrip("+"), "text": tenashi_text(payload)}
         headers = {
             "Authorization": f"Bearer {settings.tenashi_token}",
             # The key makes a retry of an ambiguous send safe: Tenashi replays, it does not resend.
@@ -40,6 +42,16 @@ def build_request(settings: Settings, row: Any) -> tuple[str, dict[str, str], by
     return f"{settings.graph_url}/{row['phone_number_id']}/messages", headers, orjson.dumps(body)
 
 
+def tenashi_text(payload: Any) -> str:
+    """The text of a text message, the one kind Tenashi's documented API sends; ValueError for
+    anything else (the send API refuses other types for Tenashi tenants)."""
+    text = payload.get("text") if isinstance(payload, dict) and payload.get("type") == "text" else None
+    body = text.get("body") if isinstance(text, dict) else None
+    if not isinstance(body, str) or not body:
+        raise ValueError("Tenashi sends text messages only")
+    return body
+
+
 def client_timeout(settings: Settings) -> aiohttp.ClientTimeout:
     """sock_connect bounds "never reached"; sock_read bounds the wait for an answer; total is a
     backstop against a trickling answer (and, with a minute's slack, the ``sending`` lease)."""
@@ -50,7 +62,11 @@ def client_timeout(settings: Settings) -> aiohttp.ClientTimeout:
 
 async def send(session: aiohttp.ClientSession, settings: Settings, row: Any) -> Classified:
     """POST one row to its provider and classify the outcome; never raises for the network."""
-    url, headers, body = build_request(settings, row)
+    try:
+        url, headers, body = build_request(settings, row)
+    except ValueError as exc:
+        # Nothing to send that the provider would take: refused here, nothing sent.
+        return Classified(Outcome.FAILED, error=str(exc), reached=False)
     provider = row["provider"]
     try:
         async with session.post(url, data=body, headers=headers) as resp:

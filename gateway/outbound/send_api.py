@@ -5,9 +5,16 @@ concurrent request with the same key sees it (409) instead of waiting. The outbo
 stored first response are then written in one transaction: a crash between the two steps
 leaves at most a stale claim, which a retry with the same body takes over after a lease.
 
-A reply (``in_reply_to``) also claims (inbound wamid, bot) in ``reply_claims`` in that same
-transaction: of any number of concurrent replies by one bot to one message exactly one commits;
-the others get 409 naming the first reply's key, and their Idempotency-Keys are released.
+A key stays bound to its body for as long as its outbox row exists, even after the key's own
+record expired: another body gets 422, never a 2xx that sends nothing. A send the provider
+refused for good (the row is ``failed``: nothing was sent) frees its key: the same key with a
+corrected body is a new send of the same row.
+
+A reply (``in_reply_to``) must name a message received on one of the tenant's numbers (404
+otherwise) and claims the right to answer it in ``reply_claims`` in that same transaction (the
+rule is ``gateway.store.replies``'): of any number of concurrent replies exactly one commits;
+the others get 409 (naming the first reply's key when it is the same tenant's), and their
+Idempotency-Keys are released.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import asyncpg
 import orjson
 from aiohttp import web
 
+from gateway import metrics
+from gateway.core.enums import Provider
 from gateway.core.messages import Invalid, SendRequest, fingerprint
 from gateway.core.settings import Settings
 from gateway.httpkit import bearer_tenant, problem, unauthorized
@@ -62,6 +71,10 @@ def _replay(stored: idempotency.StoredKey) -> web.Response:
     return web.Response(body=stored.response_body, status=stored.response_status or 200, headers=headers)
 
 
+def _reused() -> web.Response:
+    return problem(422, "Idempotency-Key reused with a different body", "Use a new key for a new message.")
+
+
 def _ts(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
@@ -80,23 +93,24 @@ def request_validator() -> RequestValidator:
     return RequestValidator(orjson.loads(openapi_bytes()))
 
 
-class _AlreadyAnswered(Exception):
-    """Raised inside the enqueue transaction to roll it back: the bot answered this message."""
+class _Refused(Exception):
+    """Raised inside the enqueue transaction to roll it back: answered with ``response``, and
+    the key is released (it stays free rather than bound to a refusal)."""
 
-    def __init__(self, first: replies.Claim) -> None:
-        self.first = first
+    def __init__(self, response: web.Response) -> None:
+        self.response = response
 
 
 def _already_answered(req: SendRequest, first: replies.Claim) -> web.Response:
     m = req.body
-    what = f"bot {m.bot!r} already answered inbound message {m.in_reply_to!r}"
+    what = f"inbound message {m.in_reply_to!r} was already answered"
     if first.tenant != req.tenant or first.key is None:
-        # Claimed by another tenant or by a handler in SQL: there is no key of yours to name.
+        # Claimed by another tenant or by a handler: there is no key of yours to name.
         return problem(409, "this message was already answered", what + ".")
     return problem(
         409,
         "this message was already answered",
-        f"{what} with Idempotency-Key {first.key!r}.",
+        f"{what} by bot {first.bot!r} with Idempotency-Key {first.key!r}.",
         first_key=first.key,
         first_location=_location(first.key),
     )
@@ -148,7 +162,11 @@ class SendApi:
             return problem(400, "invalid message", "; ".join(exc.errors), errors=exc.errors)
         if not self.settings.may_send_from(tenant, message.phone_number_id):
             return problem(403, "phone_number_id not allowed", "This tenant may not send from this number.")
-        req = SendRequest(tenant, key, fingerprint(body), self.settings.provider_for(tenant), message)
+        provider = self.settings.provider_for(tenant)
+        if provider is Provider.TENASHI and message.message.get("type") != "text":
+            # Tenashi's documented API takes {"to", "text"}: nothing else could be sent as asked.
+            return problem(400, "invalid message", "type: Tenashi sends text messages only")
+        req = SendRequest(tenant, key, fingerprint(body), provider, message)
         try:
             return await self._claim_and_answer(req)
         except DB_ERRORS as exc:
@@ -172,9 +190,7 @@ class SendApi:
             if stored is None:
                 continue  # expired and purged between the two statements: claim again
             if stored.fingerprint != req.fingerprint:
-                return problem(
-                    422, "Idempotency-Key reused with a different body", "Use a new key for a new message."
-                )
+                return _reused()
             if not stored.done:
                 return problem(
                     409,
@@ -210,22 +226,36 @@ class SendApi:
             recipient=m.to,
             payload=payload,
             unknown_policy=m.unknown_policy,
+            fingerprint=req.fingerprint,
         )
         try:
             return await self._enqueue(req, new)
-        except _AlreadyAnswered as exc:
+        except _Refused as exc:
             # Nothing was written; the key is free again so it is not bound to a refusal.
             await idempotency.release(
                 self._pool(), tenant=req.tenant, key=req.key, fingerprint=req.fingerprint
             )
-            return _already_answered(req, exc.first)
+            return exc.response
 
     async def _enqueue(self, req: SendRequest, new: outbox.NewMessage) -> web.Response:
         m = req.body
+        replayed = False
         async with self._pool().acquire() as conn, conn.transaction():
-            if m.in_reply_to is not None:
+            created, row = await outbox.enqueue(conn, new)
+            if not created and row["state"] != "failed":
+                # The key's record expired (or was purged) but its row lives: it is still bound
+                # to the body it was made from.
+                if row["fingerprint"] != req.fingerprint:
+                    raise _Refused(_reused())
+                replayed = True
+            elif not created:
+                renewed = await outbox.renew(conn, new, generation=row["generation"])
+                if renewed is None:
+                    raise RuntimeError("failed outbox row changed while it was renewed")
+                row = renewed
+                await replies.release_key(conn, tenant=req.tenant, key=req.key)
+            if m.in_reply_to is not None and not replayed:
                 await self._claim_reply(conn, req, m.in_reply_to)
-            _created, row = await outbox.enqueue(conn, new)
             body = orjson.dumps({"key": req.key, "state": row["state"], "provider": row["provider"]})
             headers = {"Content-Type": "application/json", "Location": _location(req.key)}
             await idempotency.complete(
@@ -237,24 +267,33 @@ class SendApi:
                 headers=headers,
                 body=body,
             )
+        if replayed:
+            headers["Idempotent-Replayed"] = "true"
         return web.Response(body=body, status=202, headers=headers)
 
-    @staticmethod
-    async def _claim_reply(conn: Any, req: SendRequest, wamid: str) -> None:
-        """Claim (wamid, bot) in the enqueue transaction, or raise _AlreadyAnswered.
-
-        A concurrent claimant waits on the unique index until the first commits, so once the
-        INSERT found a conflict the holder's row is committed and visible to the next statement.
-        """
-        for _ in range(3):
-            if await replies.claim(
-                conn, inbound_wamid=wamid, bot=req.body.bot, tenant=req.tenant, key=req.key
-            ):
-                return
-            first = await replies.get(conn, inbound_wamid=wamid, bot=req.body.bot)
-            if first is not None:
-                raise _AlreadyAnswered(first)
-        raise RuntimeError("reply claim neither taken nor held")
+    async def _claim_reply(self, conn: Any, req: SendRequest, wamid: str) -> None:
+        """Claim the right to answer ``wamid`` in the enqueue transaction, or raise _Refused:
+        404 when it was not received on one of the tenant's numbers, 409 when it was answered."""
+        numbers = await replies.received_on(conn, inbound_wamid=wamid)
+        if not any(n is not None and self.settings.may_send_from(req.tenant, n) for n in numbers):
+            raise _Refused(
+                problem(
+                    404,
+                    "no such inbound message",
+                    f"in_reply_to {wamid!r} names no message received on one of your numbers.",
+                )
+            )
+        first = await replies.claim(
+            conn,
+            inbound_wamid=wamid,
+            bot=req.body.bot,
+            tenant=req.tenant,
+            key=req.key,
+            per_bot=self.settings.reply_per_bot(req.tenant),
+        )
+        if first is not None:
+            metrics.REPLIES_REFUSED.labels("api").inc()
+            raise _Refused(_already_answered(req, first))
 
     async def get_message(self, request: web.Request) -> web.Response:
         tenant = bearer_tenant(self.settings.api_keys, request.headers.get("Authorization"))

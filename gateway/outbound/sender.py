@@ -29,6 +29,7 @@ from gateway import metrics, tracing
 from gateway.core.aio import first_set
 from gateway.core.classify import Classified, Outcome, finalize, retry_delay_s
 from gateway.core.clock import Clock, SystemClock
+from gateway.core.enums import OutboxState
 from gateway.core.limits import LogThrottle
 from gateway.core.pacing import Breaker, BreakerId, Candidate, limits_for, plan_claim, settle_probe, trip
 from gateway.core.planning import describe
@@ -127,14 +128,23 @@ class Sender:
             await pacing.put(conn, plan.pacing)
             await pacing.put_breakers(conn, plan.breakers)
             await outbox.defer(conn, ids=list(plan.defer), until=list(plan.defer.values()))
-            rows = await outbox.mark_sending(conn, ids=plan.go, now=now)
+            marked = await outbox.mark_sending(conn, ids=plan.go, now=now)
+        rows = [r for r in marked if not r["parked"]]
+        for r in marked:
+            if r["parked"]:
+                metrics.SENDS.labels(r["provider"], OutboxState.REVIEW.value, "").inc()
+                log.warning(
+                    "send %s to review: past its provider's Idempotency-Key window (could send twice)",
+                    r["callback_data"][:80],
+                )
         for b_id, b in plan.breakers.items():
             if b.probe_id is not None:
                 self._probes.setdefault(b.probe_id, []).append(b_id)
                 log.info(
                     "breaker %s/%s/%s half-open: probing with one send", b_id.scope, b_id.provider, b_id.key
                 )
-        return sorted(rows, key=lambda r: (r["due"], r["id"])), len(plan.defer)
+        # Rows parked for review were dealt with too (put off: not sent).
+        return sorted(rows, key=lambda r: (r["due"], r["id"])), len(plan.defer) + len(marked) - len(rows)
 
     async def _send(self, row: Any) -> tuple[Classified, float]:
         async with self._limit:
@@ -173,13 +183,21 @@ class Sender:
                 next_at = now + delay
             out.append(
                 outbox.Result(
-                    r["id"], c.state, c.wamid, next_at, c.error, c.code, sent_at, counted=c.breaker is None
+                    r["id"],
+                    c.state,
+                    c.wamid,
+                    next_at,
+                    c.error,
+                    c.code,
+                    sent_at,
+                    counted=c.breaker is None,
+                    maybe_sent=raw_c.maybe_sent,
                 )
             )
             metrics.SENDS.labels(r["provider"], c.state.value, str(c.code or "")).inc()
             if c.outcome is not Outcome.ACCEPTED:
                 log.info("send %s attempt %d: %s (%s)", r["callback_data"][:80], attempt, c.state, c.error)
-        await outbox.record_results(self.pool, out, now=now)
+        await outbox.record_results(self.pool, out, now=now, key_window_s=s.tenashi_key_window_s)
 
     async def _update_breakers(
         self, tripped: dict[BreakerId, Classified], probes: dict[BreakerId, tuple[int, bool]], now: float

@@ -72,6 +72,29 @@ async def claim_row(conn: Conn, *, inbox_id: int) -> StagedRow | None:
     return None if r is None else _staged(r)
 
 
+async def claim_due_row(conn: Conn, *, inbox_id: int) -> StagedRow | None:
+    """One row alone, if still pending and due; locked for the caller's transaction."""
+    r = await conn.fetchrow(q("inbox_claim_due_row"), inbox_id)
+    return None if r is None else _staged(r)
+
+
+async def stall_attempt(
+    conn: Conn, *, inbox_id: int, max_attempts: int, delay_s: float, error: str
+) -> tuple[str, int] | None:
+    """Count one attempt against a row that failed alone (dead at ``max_attempts``); its
+    state and attempts, or None if it is no longer pending."""
+    r = await conn.fetchrow(q("inbox_stall_attempt"), inbox_id, max_attempts, delay_s, error)
+    return None if r is None else (r["state"], r["attempts"])
+
+
+async def ensure_partition(pool: asyncpg.Pool, *, table: str) -> bool:
+    """Today's day partition of ``table``, made now if missing (False: it existed), on a
+    connection of its own and never waiting long for a lock."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(q("partition_lock_timeout"))
+        return bool(await conn.fetchval(q("inbox_ensure_partition"), table))
+
+
 async def apply_plan(conn: Conn, plan: Plan) -> Applied:
     """handle_once for a whole batch: keys, side effects and row states in one statement."""
     r = await conn.fetchrow(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -27,6 +28,7 @@ class NewMessage:
     recipient: str
     payload: dict[str, Any]
     unknown_policy: UnknownPolicy | str = UnknownPolicy.REVIEW
+    fingerprint: str | None = None  # the send API's body fingerprint (None: not from the API)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,7 @@ class Result:
     code: int | None
     sent_at: float
     counted: bool = True  # False: an account-level refusal, which counts no attempt
+    maybe_sent: bool = False  # the provider may have acted on it (sets ambiguous_at, retry_until)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,23 +54,38 @@ class Reconciled:
     state: OutboxState
 
 
-async def enqueue(conn: Conn, m: NewMessage) -> tuple[bool, OutboxRow]:
-    """Insert the row unless (tenant, key) exists; returns (created, row)."""
+def _columns(m: NewMessage, generation: int) -> tuple[Any, ...]:
+    """$1-$9 of outbox_enqueue and outbox_renew."""
     policy = UnknownPolicy(m.unknown_policy)  # ValueError on anything else
-    created = await conn.fetchrow(
-        q("outbox_enqueue"),
+    return (
         m.tenant,
         m.key,
-        callback_data(m.tenant, m.key),
+        callback_data(m.tenant, m.key, generation),
         str(Provider(m.provider)),
         m.phone_number_id,
         m.recipient,
         m.payload,
         str(policy),
+        m.fingerprint,
     )
+
+
+async def enqueue(conn: Conn, m: NewMessage) -> tuple[bool, OutboxRow]:
+    """Insert the row unless (tenant, key) exists; returns (created, row)."""
+    created = await conn.fetchrow(q("outbox_enqueue"), *_columns(m, 0))
     row = await get(conn, tenant=m.tenant, key=m.key)
     assert row is not None
     return created is not None, row
+
+
+async def renew(conn: Conn, m: NewMessage, *, generation: int) -> OutboxRow | None:
+    """Make the failed row of (tenant, key) at ``generation`` a new send of ``m`` (the next
+    generation); the row, or None if it is no longer that failed row."""
+    done = await conn.fetchrow(q("outbox_renew"), *_columns(m, generation + 1), generation)
+    if done is None:
+        return None
+    await conn.execute(q("outbox_notify"))
+    return await get(conn, tenant=m.tenant, key=m.key)
 
 
 async def get(conn: Conn, *, tenant: str, key: str) -> OutboxRow | None:
@@ -81,7 +99,8 @@ async def claim_candidates(conn: Conn, *, now: float, limit: int) -> list[asyncp
 
 
 async def mark_sending(conn: Conn, *, ids: Sequence[int], now: float) -> list[asyncpg.Record]:
-    """The rows that go: ``sending`` from ``now``; returns what the provider request needs."""
+    """The rows that go: ``sending`` from ``now``; returns what the provider request needs.
+    A row past its ``retry_until`` goes to ``review`` instead (``parked`` is true in its record)."""
     if not ids:
         return []
     return list(await conn.fetch(q("outbox_mark_sending"), list(ids), now))
@@ -93,8 +112,11 @@ async def defer(conn: Conn, *, ids: Sequence[int], until: Sequence[float]) -> No
         await conn.execute(q("outbox_defer"), list(ids), list(until))
 
 
-async def record_results(conn: Conn, results: Sequence[Result], *, now: float) -> None:
-    """Each attempt's outcome, for rows still ``sending`` (a status may have overtaken it)."""
+async def record_results(
+    conn: Conn, results: Sequence[Result], *, now: float, key_window_s: float
+) -> None:
+    """Each attempt's outcome, for rows still ``sending`` (a status may have overtaken it);
+    ``key_window_s``: how long after an ambiguous attempt a Tenashi row may still be retried."""
     await conn.execute(
         q("outbox_record_results"),
         [r.id for r in results],
@@ -106,12 +128,18 @@ async def record_results(conn: Conn, results: Sequence[Result], *, now: float) -
         [r.sent_at for r in results],
         now,
         [r.counted for r in results],
+        [r.maybe_sent for r in results],
+        key_window_s,
     )
 
 
-async def expire_sending(conn: Conn, *, now: float, lease_s: float, limit: int) -> list[int]:
-    """Rows left ``sending`` past the lease (their sender died mid-request) become unknown."""
-    return [r["id"] for r in await conn.fetch(q("outbox_expire_sending"), now, lease_s, limit)]
+async def expire_sending(
+    conn: Conn, *, now: float, lease_s: float, limit: int, key_window_s: float
+) -> list[int]:
+    """Rows left ``sending`` past the lease (their sender died mid-request) become unknown;
+    the attempt may have reached the provider (a Tenashi row's key window starts then)."""
+    rows = await conn.fetch(q("outbox_expire_sending"), now, lease_s, limit, key_window_s)
+    return [r["id"] for r in rows]
 
 
 async def reconcile_unknown(conn: Conn, *, now: float, window_s: float, limit: int) -> list[Reconciled]:
@@ -183,7 +211,7 @@ async def _transition(conn: Conn, query: str, key: str, tenant: str | None, verb
         row = await get(conn, tenant=found, key=key)
         if row is None:
             raise ValueError(f"{found}/{key} is gone: not {verb}")
-        reached = reached_provider(row)
+        reached = never_again(row)
         if verb == "released" and reached and row["state"] in RELEASABLE:
             raise ValueError(
                 f"{found}/{key} is {row['state']} but {reached}: not {verb} (it would be sent twice)"
@@ -214,10 +242,29 @@ def reached_provider(row: OutboxRow) -> str | None:
     return None
 
 
+def never_again(row: OutboxRow, now: datetime | None = None) -> str | None:
+    """Why a row must never be sent again (None: a release may send it): it reached the
+    provider, or its provider no longer remembers the Idempotency-Key of an attempt that may
+    have reached it (``retry_until``, Tenashi's 24 h). The statements that release
+    (``outbox_release``, ``outbox_release_bulk``) and claim (``outbox_mark_sending``) check
+    the same in SQL."""
+    reached = reached_provider(row)
+    if reached is not None:
+        return reached
+    until = row["retry_until"]
+    if until is not None and until <= (now or datetime.now(UTC)):
+        provider, first = row["provider"], row["ambiguous_at"]
+        return (
+            f"its first attempt that may have reached {provider} was at {first:%Y-%m-%d %H:%M:%S} UTC "
+            f"and {provider} honours its Idempotency-Key only until {until:%Y-%m-%d %H:%M:%S} UTC"
+        )
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Bulk:
     done: int
-    refused: int  # release only: rows that have a wamid or a delivery status
+    refused: int  # release only: rows that must never be sent again (``never_again``)
     waiting: int = 0  # release only: rows whose period has unprocessed webhooks
 
 

@@ -1,4 +1,5 @@
-"""``reply_claims``: the reply guard, one reply per inbound message per bot."""
+"""``reply_claims``: the reply guard, one reply per inbound message (or per bot, for tenants
+that opted in), whoever answers: the send API's ``in_reply_to`` and handlers' ``reply()``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from gateway.store.sqlfiles import q
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """Who holds the right to answer one inbound message as one bot."""
+    """Who holds the right to answer one inbound message."""
 
     inbound_wamid: str
     bot: str
@@ -18,13 +19,25 @@ class Claim:
     key: str | None
 
 
-async def claim(conn: Conn, *, inbound_wamid: str, bot: str, tenant: str, key: str) -> bool:
-    """True if this (wamid, bot) was free and is now ours. Call inside the enqueueing transaction."""
-    return await conn.fetchval(q("reply_claims_claim"), inbound_wamid, bot, tenant, key) is not None
+async def claim(
+    conn: Conn, *, inbound_wamid: str, bot: str, tenant: str, key: str, per_bot: bool
+) -> Claim | None:
+    """Claim the right to answer ``inbound_wamid``; None if it is now ours, else the claim in
+    the way. Call inside the enqueueing transaction (the claim commits or rolls back with it).
 
-
-async def get(conn: Conn, *, inbound_wamid: str, bot: str) -> Claim | None:
-    r = await conn.fetchrow(q("reply_claims_get"), inbound_wamid, bot)
+    ``per_bot``: the tenant may answer once per bot (otherwise once per message); a message
+    another tenant answered is never ours."""
+    r = await conn.fetchrow(q("reply_claims_claim"), inbound_wamid, bot, tenant, key, per_bot)
     if r is None:
         return None
-    return Claim(r["inbound_wamid"], r["claimed_by"], r["tenant"], r["idem_key"])
+    return Claim(inbound_wamid, r["holder_bot"], r["holder_tenant"], r["holder_key"])
+
+
+async def release_key(conn: Conn, *, tenant: str, key: str) -> None:
+    """Drop the claims a key holds (it is used again for a new send)."""
+    await conn.execute(q("reply_claims_release_key"), tenant, key)
+
+
+async def received_on(conn: Conn, *, inbound_wamid: str) -> set[str | None]:
+    """The numbers ``inbound_wamid`` was received on (empty: never received, or purged)."""
+    return {r[0] for r in await conn.fetch(q("reply_claims_received_on"), inbound_wamid)}

@@ -56,12 +56,16 @@ class TenashiApi:
             return web.json_response({"error": {"code": "idempotency_key_required"}}, status=400)
         raw = await request.read()
         try:
+            # The documented body: {"to": "+<E.164>", "text": "..."} (the number is the token's).
             msg = orjson.loads(raw)
-            to, number, message = msg["to"], msg["phone_number_id"], msg["message"]
-            if not isinstance(to, str) or not isinstance(message, dict):
+            to, text = msg["to"], msg["text"]
+            if set(msg) != {"to", "text"} or not isinstance(to, str) or not to.startswith("+"):
+                raise ValueError
+            if not isinstance(text, str) or not text:
                 raise ValueError
         except (ValueError, KeyError, TypeError):
             return web.json_response({"error": {"code": "invalid_request"}}, status=400)
+        to, number, message = to[1:], "", {"type": "text", "text": {"body": text}}
         fp = hashlib.sha256(raw).hexdigest()
         now = time.monotonic()
         held = self.keys.get(key)

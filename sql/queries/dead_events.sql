@@ -17,7 +17,7 @@ FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::tex
      AS t(inbox_id, position, path, key, kind, source, unit, context, fragment, state, attempts,
           deferrals, delay, error)
 LEFT JOIN webhook_inbox w ON w.id = t.inbox_id
-ON CONFLICT (inbox_id, path, coalesce(event_key, '')) DO NOTHING;
+ON CONFLICT (inbox_id, path, md5(coalesce(event_key, ''))) DO NOTHING;
 
 -- name: dead_events_claim
 -- Due items, locked for this transaction; other consumers skip them.

@@ -38,6 +38,30 @@ FROM webhook_inbox
 WHERE id = $1 AND state = 'pending'
 FOR UPDATE SKIP LOCKED;
 
+-- name: inbox_claim_due_row
+-- One row alone, if it is still pending and due (a row that headed claims that committed
+-- nothing: gateway/inbound/consumer.py).
+SELECT id, source, body, delivery_id, attempts
+FROM webhook_inbox
+WHERE id = $1 AND state = 'pending' AND next_attempt_at <= clock_timestamp()
+FOR UPDATE SKIP LOCKED;
+
+-- name: inbox_stall_attempt
+-- A row that failed alone where nothing could be recorded: one attempt, in a transaction of
+-- its own; due again after $3 seconds, or dead at $2 attempts. Returns its state and attempts.
+UPDATE webhook_inbox SET
+    attempts = attempts + 1,
+    state = CASE WHEN attempts + 1 >= $2 THEN 'dead' ELSE state END,
+    next_attempt_at = clock_timestamp() + make_interval(secs => $3),
+    last_error = $4
+WHERE id = $1 AND state = 'pending'
+RETURNING state, attempts;
+
+-- name: inbox_ensure_partition
+-- Today's partition (UTC) of a table a row found none in: created on the spot (the job
+-- creates them ahead; ingest and consumers never depend on it having run).
+SELECT partition_ensure_day($1, (clock_timestamp() AT TIME ZONE 'UTC')::date);
+
 -- name: inbox_apply_batch
 -- handle_once for a whole batch in one statement. The keys go into
 -- processed_webhook_events first; only keys that were newly inserted (RETURNING) get their

@@ -4,15 +4,33 @@
 
 -- name: outbox_enqueue
 INSERT INTO outbox (tenant, idem_key, callback_data, provider, phone_number_id, recipient,
-                    payload, unknown_policy)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                    payload, unknown_policy, fingerprint)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (tenant, idem_key) DO NOTHING
 RETURNING id, state;
+
+-- name: outbox_renew
+-- A failed row (the provider refused it for good: nothing was sent) made into a new send for
+-- the same key: a new body, a new generation with its own callback data, a fresh history.
+-- $10 is the generation it replaces (a concurrent renewal of the same row makes this a no-op).
+UPDATE outbox
+SET callback_data = $3, provider = $4, phone_number_id = $5, recipient = $6, payload = $7,
+    unknown_policy = $8, fingerprint = $9, generation = generation + 1,
+    state = 'pending', resent = false, attempts = 0, next_attempt_at = clock_timestamp(),
+    last_error = NULL, last_error_code = NULL, wamid = NULL, delivery_status = NULL,
+    delivery_errors = NULL, sending_at = NULL, unknown_at = NULL, accepted_at = NULL,
+    ambiguous_at = NULL, retry_until = NULL, created_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE tenant = $1 AND idem_key = $2 AND state = 'failed' AND generation = $10
+RETURNING id, state;
+
+-- name: outbox_notify
+SELECT pg_notify('outbox', '');
 
 -- name: outbox_get
 SELECT id, tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload, state,
        unknown_policy, resent, attempts, next_attempt_at, last_error, last_error_code, wamid,
-       delivery_status, delivery_errors, created_at, updated_at, sending_at, unknown_at, accepted_at
+       delivery_status, delivery_errors, created_at, updated_at, sending_at, unknown_at, accepted_at,
+       fingerprint, generation, ambiguous_at, retry_until
 FROM outbox
 WHERE tenant = $1 AND idem_key = $2;
 
@@ -27,11 +45,36 @@ LIMIT $2
 FOR UPDATE SKIP LOCKED;
 
 -- name: outbox_mark_sending
-UPDATE outbox o
-SET state = 'sending', sending_at = to_timestamp($2::float8), updated_at = clock_timestamp()
-WHERE o.id = ANY($1::bigint[]) AND o.state = 'pending'
-RETURNING o.id, o.tenant, o.idem_key, o.callback_data, o.provider, o.phone_number_id, o.recipient,
-          o.payload, o.attempts, extract(epoch FROM o.next_attempt_at)::float8 AS due;
+-- The rows that go become 'sending'. A row past its retry_until (a Tenashi send whose first
+-- attempt that may have reached Tenashi is older than the key window: a retry could send it
+-- twice) goes to 'review' instead, with the reason (parked = true in the answer).
+WITH picked AS (
+    SELECT id, coalesce(retry_until <= to_timestamp($2::float8), false) AS expired
+    FROM outbox
+    WHERE id = ANY($1::bigint[]) AND state = 'pending'
+), parked AS (
+    UPDATE outbox o
+    SET state = 'review', updated_at = clock_timestamp(),
+        last_error = 'not sent again: its first attempt that may have reached ' || o.provider || ' was at '
+                     || to_char(o.ambiguous_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC, and '
+                     || o.provider || ' honours its Idempotency-Key only until '
+                     || to_char(o.retry_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')
+                     || ' UTC: a retry now could send it twice'
+    FROM picked p
+    WHERE o.id = p.id AND p.expired
+    RETURNING o.id, o.tenant, o.idem_key, o.callback_data, o.provider, o.phone_number_id, o.recipient,
+              o.payload, o.attempts, extract(epoch FROM o.next_attempt_at)::float8 AS due, true AS parked
+), sent AS (
+    UPDATE outbox o
+    SET state = 'sending', sending_at = to_timestamp($2::float8), updated_at = clock_timestamp()
+    FROM picked p
+    WHERE o.id = p.id AND NOT p.expired
+    RETURNING o.id, o.tenant, o.idem_key, o.callback_data, o.provider, o.phone_number_id, o.recipient,
+              o.payload, o.attempts, extract(epoch FROM o.next_attempt_at)::float8 AS due, false AS parked
+)
+SELECT * FROM sent
+UNION ALL
+SELECT * FROM parked;
 
 -- name: outbox_defer
 -- Pacing or a breaker holds these back: they stay pending, due later; not an attempt.
@@ -42,9 +85,16 @@ WHERE o.id = t.id AND o.state = 'pending';
 
 -- name: outbox_record_results
 -- Only rows still 'sending': a status webhook may already have moved one to accepted.
--- An account-level refusal (a breaker opened) counts no attempt.
+-- An account-level refusal (a breaker opened) counts no attempt. An attempt the provider may
+-- have acted on ($10, or an unknown outcome) sets ambiguous_at once, and for Tenashi the last
+-- moment a retry may go ($11 seconds later: its Idempotency-Key window).
 UPDATE outbox o
 SET state = t.state,
+    ambiguous_at = CASE WHEN t.maybe_sent OR t.state = 'unknown'
+                        THEN coalesce(o.ambiguous_at, to_timestamp(t.sent_at)) ELSE o.ambiguous_at END,
+    retry_until = CASE WHEN (t.maybe_sent OR t.state = 'unknown') AND o.provider = 'tenashi'
+                       THEN coalesce(o.retry_until, to_timestamp(t.sent_at) + make_interval(secs => $11::float8))
+                       ELSE o.retry_until END,
     attempts = o.attempts + CASE WHEN t.counted THEN 1 ELSE 0 END,
     wamid = coalesce(t.wamid, o.wamid),
     next_attempt_at = coalesce(to_timestamp(t.next_at), o.next_attempt_at),
@@ -55,14 +105,19 @@ SET state = t.state,
     accepted_at = CASE WHEN t.state = 'accepted' THEN to_timestamp($8::float8) ELSE o.accepted_at END,
     updated_at = clock_timestamp()
 FROM unnest($1::bigint[], $2::text[], $3::text[], $4::float8[], $5::text[], $6::int[], $7::float8[],
-            $9::bool[])
-     AS t(id, state, wamid, next_at, error, code, sent_at, counted)
+            $9::bool[], $10::bool[])
+     AS t(id, state, wamid, next_at, error, code, sent_at, counted, maybe_sent)
 WHERE o.id = t.id AND o.state = 'sending';
 
 -- name: outbox_expire_sending
--- A row left 'sending' past the lease belongs to a sender that died mid-request: its fate is unknown.
+-- A row left 'sending' past the lease belongs to a sender that died mid-request: its fate is
+-- unknown, and the attempt may have reached the provider ($4: Tenashi's key window, seconds).
 UPDATE outbox
 SET state = 'unknown', unknown_at = to_timestamp($1::float8),
+    ambiguous_at = coalesce(ambiguous_at, sending_at),
+    retry_until = CASE WHEN provider = 'tenashi'
+                       THEN coalesce(retry_until, sending_at + make_interval(secs => $4::float8))
+                       ELSE retry_until END,
     last_error = 'sender stopped while sending', updated_at = clock_timestamp()
 WHERE id IN (
     SELECT id FROM outbox
@@ -154,13 +209,15 @@ SELECT tenant, state FROM outbox WHERE idem_key = $1 AND ($2::text IS NULL OR te
 
 -- name: outbox_release
 -- An operator's decision to send (again): attempts restart. Never a row that has a wamid or a
--- delivery status: the provider accepted it, and a release would send it twice. Nor a review
+-- delivery status: the provider accepted it, and a release would send it twice. Nor one past
+-- its retry_until (Tenashi no longer knows its key: a retry could send it twice). Nor a review
 -- or unknown row while a webhook received since its creation is unprocessed (pending or
 -- dead): its status may be among them.
 UPDATE outbox o
 SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
 WHERE o.tenant = $1 AND o.idem_key = $2 AND o.state IN ('review', 'unknown', 'failed')
   AND o.wamid IS NULL AND o.delivery_status IS NULL
+  AND (o.retry_until IS NULL OR o.retry_until > clock_timestamp())
   AND (o.state = 'failed' OR (NOT EXISTS (
       SELECT 1 FROM webhook_inbox w WHERE w.state IN ('pending', 'dead') AND w.received_at >= o.created_at)
     AND NOT EXISTS (
@@ -191,11 +248,13 @@ RETURNING state;
 
 -- name: outbox_release_bulk
 -- Every row in state $1 (review, unknown or failed), last changed in [$2, $3), of tenant $4
--- (NULL: any): released unless it has a wamid or a delivery status (counted as refused).
+-- (NULL: any): released unless it has a wamid or a delivery status, or its retry_until passed
+-- (Tenashi's key window: counted as refused).
 -- Review and unknown rows wait while a webhook received since their creation is unprocessed
 -- (counted as waiting), as for one row.
 WITH picked AS (
-    SELECT o.id, (o.wamid IS NULL AND o.delivery_status IS NULL) AS safe,
+    SELECT o.id, (o.wamid IS NULL AND o.delivery_status IS NULL
+                  AND (o.retry_until IS NULL OR o.retry_until > clock_timestamp())) AS safe,
            (o.state <> 'failed' AND (EXISTS (
                SELECT 1 FROM webhook_inbox w
                WHERE w.state IN ('pending', 'dead') AND w.received_at >= o.created_at)

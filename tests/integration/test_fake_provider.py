@@ -104,11 +104,7 @@ def _sig(fake: FakeProvider, body: bytes) -> str:
 
 async def test_tenashi_idempotency(http: ClientSession, fake: FakeProvider) -> None:
     url = f"{fake.url}/api/v1/messages"
-    body = {
-        "to": "4915100000009",
-        "phone_number_id": "1111",
-        "message": {"type": "text", "text": {"body": "x"}},
-    }
+    body = {"to": "+4915100000009", "text": "x"}  # Tenashi's documented body
     headers = {**BEARER, "Idempotency-Key": "acme:t1"}
     async with http.post(url, json=body) as r:
         assert r.status == 401
@@ -128,8 +124,12 @@ async def test_tenashi_idempotency(http: ClientSession, fake: FakeProvider) -> N
         assert r.status == 202
         assert r.headers["Idempotent-Replayed"] == "true"
         assert await r.read() == original
-    async with http.post(url, json={**body, "to": "4915100000008"}, headers=headers) as r:
+    async with http.post(url, json={**body, "to": "+4915100000008"}, headers=headers) as r:
         assert r.status == 422
+    # A body other than the documented one is refused.
+    bad = {"to": "+4915100000009", "phone_number_id": "1111", "message": {"type": "text"}}
+    async with http.post(url, json=bad, headers={**BEARER, "Idempotency-Key": "acme:t9"}) as r:
+        assert r.status == 400
     assert len(fake.received) == 1
 
 
@@ -137,11 +137,7 @@ async def test_tenashi_status_events_are_signed(
     http: ClientSession, fake: FakeProvider, gateway: TestServer, pool: asyncpg.Pool
 ) -> None:
     fake.config.webhook_url = str(gateway.make_url("")).rstrip("/")
-    body = {
-        "to": "4915100000009",
-        "phone_number_id": "1111",
-        "message": {"type": "text", "text": {"body": "x"}},
-    }
+    body = {"to": "+4915100000009", "text": "x"}  # Tenashi's documented body
     async with http.post(
         f"{fake.url}/api/v1/messages", json=body, headers={**BEARER, "Idempotency-Key": "acme:t2"}
     ) as r:

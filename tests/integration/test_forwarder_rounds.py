@@ -371,6 +371,22 @@ async def test_the_resolver_refuses_names_that_resolve_inside(receiver: FakeRece
     assert await GuardedResolver(_StaticResolver({"crm.example": ["93.184.215.14"]})).resolve("crm.example")
 
 
+async def test_the_resolver_judges_a_nat64_or_6to4_answer_by_the_ipv4_address_it_carries() -> None:
+    """A name whose AAAA record is 64:ff9b::a9fe:a9fe reaches 169.254.169.254 (the metadata
+    endpoint) through a NAT64 gateway, as 2002:7f00:1:: reaches 127.0.0.1 through 6to4."""
+    table = {
+        "nat64.example": ["64:ff9b::a9fe:a9fe"],
+        "sixtofour.example": ["2002:7f00:1::1"],
+        "public.example": ["64:ff9b::5db8:d70e"],  # NAT64 of a public address: fine
+    }
+    guarded = GuardedResolver(_StaticResolver(table))
+    with pytest.raises(RefusedAddress, match=r"carries 169\.254\.169\.254, a link-local"):
+        await guarded.resolve("nat64.example", 443, socket.AF_INET6)
+    with pytest.raises(RefusedAddress, match=r"carries 127\.0\.0\.1, a loopback"):
+        await guarded.resolve("sixtofour.example", 443, socket.AF_INET6)
+    assert await guarded.resolve("public.example", 443, socket.AF_INET6)
+
+
 async def test_the_forwarder_refuses_private_destinations_unless_allowed(
     pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
 ) -> None:

@@ -185,9 +185,10 @@ async def test_expired_key_is_purged_and_never_resends(
     await pool.execute("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'")
     counts = await Reconciler(pool, settings).run_once()
     assert counts["purged_keys"] == 1
-    # The key is free again, but the outbox still holds the business event: no second row.
+    # The outbox still holds the business event: the key stays bound to its body, no second row
+    # (and no 2xx for a body that would never be sent).
     status, _, _raw = await post(http, gateway, msg(text="new body"), key="old")
-    assert status == 202
+    assert status == 422
     assert await pool.fetchval("SELECT count(*) FROM outbox") == 1
 
 
@@ -278,10 +279,21 @@ def reply(wamid: str = "wamid.IN1", text: str = "thanks", **extra: Any) -> dict[
     return msg(text=text, in_reply_to=wamid, **extra)
 
 
+async def received(pool: asyncpg.Pool, *wamids: str) -> None:
+    """Inbound messages on number 1111 (a reply must name a message that was received)."""
+    for wamid in wamids:
+        await pool.execute(
+            "INSERT INTO inbound_messages (wamid, phone_number_id, sender, message, subject)"
+            " VALUES ($1, '1111', '4915112345678', '{}', $1)",
+            wamid,
+        )
+
+
 async def test_twenty_concurrent_replies_to_one_message_one_accepted(
     http: ClientSession, start_gateway: Any, settings: Settings, pool: asyncpg.Pool
 ) -> None:
     gw = await start_gateway(replace(settings, db_pool_max=20))
+    await received(pool, "wamid.IN1")
     results = await asyncio.gather(
         *(post(http, gw, reply(text=f"answer {i}"), key=f"reply-{i}") for i in range(20))
     )
@@ -302,11 +314,12 @@ async def test_twenty_concurrent_replies_to_one_message_one_accepted(
     assert await pool.fetchval("SELECT count(*) FROM reply_claims") == 1
 
 
-async def test_reply_is_threaded_once_per_bot(
+async def test_reply_is_threaded_once_per_bot_for_a_tenant_that_opted_in(
     http: ClientSession, start_gateway: Any, settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
 ) -> None:
-    s = send_settings(settings, fake)
+    s = send_settings(settings, fake, reply_per_bot_tenants=("acme",))
     gw = await start_gateway(s)
+    await received(pool, "wamid.IN1", "wamid.IN2")
     assert (await post(http, gw, reply(), key="r1"))[0] == 202
     # The same request again is a replay, not a second reply.
     status, headers, _ = await post(http, gw, reply(), key="r1")
@@ -319,7 +332,7 @@ async def test_reply_is_threaded_once_per_bot(
     assert (await post(http, gw, reply(bot="survey", to="4915100000003"), key="r3"))[0] == 202
     assert (await post(http, gw, reply(bot="survey", text="2"), key="r4"))[0] == 409
     assert (await post(http, gw, reply("wamid.IN2", to="4915100000005"), key="r5"))[0] == 202
-    # Another tenant's bot of the same name learns that it was answered, not the other key.
+    # Another tenant's bot learns that it was answered, not the other key.
     status, _, raw = await post(http, gw, reply(text="globex"), key="g1", auth=GLOBEX)
     assert status == 409 and "first_key" not in orjson.loads(raw) and "r1" not in raw.decode()
     sender = Sender(pool, s)
@@ -339,6 +352,7 @@ async def test_reply_claimed_in_sql_blocks_the_send_api(
     http: ClientSession, gateway: TestServer, pool: asyncpg.Pool
 ) -> None:
     # A handler took the right to reply with claim_reply(): the API refuses without a key to name.
+    await received(pool, "wamid.H")
     assert await pool.fetchval("SELECT claim_reply('wamid.H', 'default')") is True
     status, _, raw = await post(http, gateway, reply("wamid.H"), key="k")
     assert status == 409 and "first_key" not in orjson.loads(raw)

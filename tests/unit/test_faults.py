@@ -6,6 +6,7 @@ import asyncpg
 import pytest
 
 from gateway.core.faults import (
+    STALL_CLAIMS,
     BadEvent,
     Fault,
     HandlerError,
@@ -13,6 +14,7 @@ from gateway.core.faults import (
     Verdict,
     classify,
     kind_of,
+    missing_partition,
     verdict,
 )
 
@@ -20,15 +22,22 @@ from gateway.core.faults import (
 class Sql(Exception):
     """Any exception carrying a SQLSTATE, as the driver's do."""
 
-    def __init__(self, sqlstate: str) -> None:
+    def __init__(self, sqlstate: str, message: str = "", **fields: str) -> None:
         self.sqlstate = sqlstate
-        super().__init__(sqlstate)
+        for name, value in fields.items():
+            setattr(self, name, value)
+        super().__init__(message or sqlstate)
+
+
+NO_PARTITION = Sql(
+    "23514", 'no partition of relation "inbound_messages" found for row', table_name="inbound_messages"
+)
 
 
 @pytest.mark.parametrize(
     ("exc", "fault"),
     [
-        # The system: every row would fail alike.
+        # What the database reports as systemic (the consumer still asks a probe).
         (Sql("08006"), Fault.SYSTEM),  # connection failure
         (Sql("53100"), Fault.SYSTEM),  # disk full
         (Sql("53300"), Fault.SYSTEM),  # too many connections
@@ -43,26 +52,37 @@ class Sql(Exception):
         (Sql("42501"), Fault.SYSTEM),  # a revoked privilege
         (Sql("42P01"), Fault.SYSTEM),  # a table missing
         (Sql("42703"), Fault.SYSTEM),  # a column missing
+        (NO_PARTITION, Fault.SYSTEM),  # a day without its partition: 23514, but the schema's
+        # The dedup key's own index: a race between consumers, not the event.
+        (Sql("23505", constraint_name="processed_webhook_events_p20260101_pkey"), Fault.SYSTEM),
         (asyncpg.exceptions.DiskFullError("full"), Fault.SYSTEM),
         (asyncpg.exceptions.QueryCanceledError("timeout"), Fault.SYSTEM),
         (asyncpg.exceptions.ConnectionDoesNotExistError("gone"), Fault.SYSTEM),
         (asyncpg.exceptions.InterfaceError("connection is closed"), Fault.SYSTEM),
         (ConnectionResetError(), Fault.SYSTEM),
         (OSError("network unreachable"), Fault.SYSTEM),
-        # Maybe this event, maybe everyone's: decided by what else succeeds.
-        (Sql("P0001"), Fault.SUSPECT),  # RAISE EXCEPTION in a trigger
-        (Sql("23514"), Fault.SUSPECT),  # check violation
-        (Sql("23505"), Fault.SUSPECT),  # unique violation
-        (Sql("22P05"), Fault.SUSPECT),  # untranslatable character
-        (Sql("22003"), Fault.SUSPECT),  # numeric out of range
-        (asyncpg.exceptions.CheckViolationError("newer"), Fault.SUSPECT),
-        (ValueError("handler bug"), Fault.SUSPECT),
-        (UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"), Fault.SUSPECT),
-        # A handler: its own bug or slowness is suspect; the database under it is the system.
-        (HandlerError("h", KeyError("x")), Fault.SUSPECT),
-        (HandlerError("h", TimeoutError()), Fault.SUSPECT),
+        # The event's: data errors the database reports, and whatever our code raises for it.
+        (Sql("54000"), Fault.EVENT),  # index row size exceeds the maximum
+        (Sql("54001"), Fault.EVENT),  # statement too complex
+        (Sql("P0001"), Fault.EVENT),  # RAISE EXCEPTION in a trigger
+        (Sql("23514"), Fault.EVENT),  # check violation
+        (Sql("23505", constraint_name="inbound_messages_pkey"), Fault.EVENT),  # another unique key
+        (Sql("22P05"), Fault.EVENT),  # untranslatable character
+        (Sql("22003"), Fault.EVENT),  # numeric out of range
+        (Sql("22021"), Fault.EVENT),  # invalid byte sequence
+        (Sql("42601"), Fault.EVENT),  # syntax error (a query built from the event's values)
+        (asyncpg.exceptions.CheckViolationError("newer"), Fault.EVENT),
+        (asyncpg.exceptions.DataError("invalid input for query argument $1"), Fault.EVENT),
+        (ValueError("invalid literal for int() with base 10: '²'"), Fault.EVENT),
+        (TypeError("Recursion limit reached"), Fault.EVENT),
+        (RecursionError(), Fault.EVENT),
+        (KeyError("x"), Fault.EVENT),
+        (UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"), Fault.EVENT),
+        # A handler: its own bug or slowness is its event's; the database under it as usual.
+        (HandlerError("h", KeyError("x")), Fault.EVENT),
+        (HandlerError("h", TimeoutError()), Fault.EVENT),
         (HandlerError("h", Sql("53100")), Fault.SYSTEM),
-        (HandlerError("h", Sql("23505")), Fault.SUSPECT),
+        (HandlerError("h", Sql("23505")), Fault.EVENT),
         # Never an event.
         (BadEvent("no id"), Fault.BAD),
     ],
@@ -72,44 +92,46 @@ def test_classify(exc: BaseException, fault: Fault) -> None:
 
 
 @pytest.mark.parametrize(
-    ("fault", "isolated", "expected"),
+    ("fault", "probe_failed", "expected"),
     [
         (Fault.SYSTEM, True, Verdict.DEFER),
-        (Fault.SYSTEM, False, Verdict.DEFER),
-        (Fault.SUSPECT, True, Verdict.ATTEMPT),
-        (Fault.SUSPECT, False, Verdict.DEFER),
-        (Fault.BAD, True, Verdict.DEAD),
+        (Fault.SYSTEM, False, Verdict.ATTEMPT),  # the probe went through: the event's own
+        (Fault.EVENT, False, Verdict.ATTEMPT),
         (Fault.BAD, False, Verdict.DEAD),
+        (Fault.BAD, True, Verdict.DEAD),
     ],
 )
-def test_verdict(fault: Fault, isolated: bool, expected: Verdict) -> None:
-    assert verdict(fault, isolated=isolated) is expected
+def test_verdict(fault: Fault, probe_failed: bool, expected: Verdict) -> None:
+    assert verdict(fault, probe_failed=probe_failed) is expected
 
 
-def test_health_counts_one_attempt_per_fault_onset_then_defers() -> None:
-    t = [0.0]
-    h = Health(lambda: t[0])
-    # Nothing known: a failure is not proof that the event is bad.
-    assert not h.isolated("msg", in_batch=False)
-    assert h.isolated("msg", in_batch=True)
-    h.succeeded({"msg"})
-    t[0] = 1
-    assert h.isolated("msg", in_batch=False)  # messages worked before: the first failure counts
-    h.failed("msg")
-    t[0] = 2
-    assert not h.isolated("msg", in_batch=False)  # no message since: the system, not the event
-    assert not h.isolated("status", in_batch=False)
-    h.succeeded({"status"})
-    assert not h.isolated("msg", in_batch=False)  # other kinds do not vouch for messages
-    t[0] = 3
-    h.succeeded({"msg"})
-    assert h.isolated("msg", in_batch=False)  # messages flow again: a failure is the event's own
+def test_missing_partition_names_the_table() -> None:
+    assert missing_partition(NO_PARTITION) == "inbound_messages"
+    bare = Sql("23514", 'no partition of relation "webhook_inbox" found for row')
+    assert missing_partition(bare) == "webhook_inbox"
+    assert missing_partition(Sql("23514", "new row violates check constraint")) is None
+    assert missing_partition(ValueError("no partition of relation")) is None
+
+
+def test_a_row_heading_claims_that_commit_nothing_is_stalled_after_three() -> None:
+    h = Health(lambda: 0.0)
+    for _ in range(STALL_CLAIMS - 1):
+        h.uncommitted(7)
+    assert h.stalled() is None
+    h.uncommitted(8)  # another head: the count starts again
+    for _ in range(STALL_CLAIMS - 1):
+        h.uncommitted(7)
+    assert h.stalled() is None
+    h.uncommitted(7)
+    assert h.stalled() == 7
+    h.succeeded([7])  # it committed (or was dealt with alone)
+    assert h.stalled() is None
 
 
 def test_fault_streak_resets_on_success() -> None:
     h = Health(lambda: 0.0)
     assert [h.system_fault() for _ in range(3)] == [1, 2, 3]
-    h.succeeded({"msg"})
+    h.succeeded()
     assert h.system_fault() == 1
 
 

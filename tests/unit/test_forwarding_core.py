@@ -322,6 +322,20 @@ def test_names_and_events() -> None:
         ("::ffff:127.0.0.1", "loopback"),
         ("0.0.0.0", "unspecified"),  # noqa: S104 - a string under test, no bind
         ("224.0.0.1", "multicast"),
+        # IPv6 addresses that carry an IPv4 address are judged by it.
+        ("[64:ff9b::7f00:1]", "carries 127.0.0.1, a loopback"),  # NAT64 well-known prefix
+        ("64:ff9b::a9fe:a9fe", "carries 169.254.169.254, a link-local"),  # the metadata endpoint
+        ("64:ff9b::a00:1", "carries 10.0.0.1, a private"),
+        ("64:ff9b:1::a00:1", "local-use NAT64"),  # RFC 8215: never global
+        ("64:ff9b:1:ffff::5db8:d70e", "local-use NAT64"),
+        ("2002:7f00:1::1", "carries 127.0.0.1, a loopback"),  # 6to4
+        ("2002:a9fe:a9fe::", "carries 169.254.169.254"),
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", "carries"),  # Teredo, client 127.0.0.1 obfuscated
+        ("::7f00:1", "carries 127.0.0.1, a loopback"),  # IPv4-compatible (deprecated)
+        ("::ffff:0:7f00:1", "carries 127.0.0.1, a loopback"),  # SIIT IPv4-translated
+        ("::ffff:169.254.169.254", "carries 169.254.169.254, a link-local"),
+        ("64:ff9b::5db8:d70e", None),  # NAT64 of 93.184.215.14: fine
+        ("2002:5db8:d70e::1", None),  # 6to4 of 93.184.215.14: fine
         ("93.184.215.14", None),
         ("2606:2800:21f:cb07:6820:80da:af6b:8b2c", None),
         ("crm.example.com", None),  # names: judged by what they resolve to

@@ -1,0 +1,111 @@
+"""The consumers' I/O around a failure (``gateway.core.faults`` decides what it means): the probe
+that confirms a systemic error, the partition a row found missing, the attempt counted against
+a row that failed alone, and the metrics and log lines of a batch."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from gateway import metrics
+from gateway.core.faults import missing_partition
+from gateway.core.jsonspan import pointer
+from gateway.core.planning import Plan, describe, probe_plan
+from gateway.store import inbox
+
+log = logging.getLogger("gateway.inbound.consumer")
+
+# A connection the consumer holds a transaction on.
+Conn = asyncpg.Connection | PoolConnectionProxy
+
+
+class SystemFault(Exception):
+    """The database failed systemically (a probe failed too): put the rows off."""
+
+    def __init__(self, cause: BaseException) -> None:
+        self.cause = cause
+        super().__init__(describe(cause))
+
+
+class _Rollback(Exception):
+    """Ends a probe's savepoint: nothing it wrote may stay."""
+
+
+def cause(exc: BaseException) -> BaseException:
+    return exc.cause if isinstance(exc, SystemFault) else exc
+
+
+async def probe(
+    pool: asyncpg.Pool, conn: Conn, exc: BaseException, kinds: Iterable[str], source: str = "meta"
+) -> BaseException | None:
+    """Confirm a systemic error: the error harmless events of ``kinds`` also get (applied in
+    a savepoint of ``conn``'s transaction and rolled back), or None if they go through (then
+    ``exc`` was the event's own). A day without its partition gets one (on a connection of its
+    own) and counts as confirmed: the rows wait a moment, no attempt counted."""
+    table = missing_partition(exc)
+    if table is not None:
+        created = await inbox.ensure_partition(pool, table=table)
+        log.warning("a row of %s found no day partition: %s", table, "made" if created else "it exists now")
+        return exc
+    try:
+        async with conn.transaction():
+            await inbox.apply_plan(conn, probe_plan(list(kinds) or ["message"], source, uuid.uuid4().hex))
+            raise _Rollback
+    except _Rollback:
+        return None
+    except Exception as failed:
+        if conn.is_closed():
+            raise
+        return failed
+
+
+async def stall_attempt(
+    pool: asyncpg.Pool, *, inbox_id: int, exc: BaseException, max_attempts: int, delay_s: float
+) -> None:
+    """A row that failed alone where nothing could be recorded: one attempt, in a transaction
+    of its own (that the database takes it shows the database works); dead at ``max_attempts``."""
+    row = await inbox.stall_attempt(
+        pool,
+        inbox_id=inbox_id,
+        max_attempts=max_attempts,
+        delay_s=delay_s,
+        error=f"taken alone after claims that committed nothing: {describe(exc)}",
+    )
+    if row is None:
+        return
+    state, attempts = row
+    metrics.CONSUMER_FAILURES.inc()
+    if state == "dead":
+        metrics.DEAD_LETTERS.labels("stalled").inc()
+        log.error("inbox row %d dead after %d attempts alone: %s", inbox_id, attempts, describe(exc))
+    else:
+        log.warning("inbox row %d failed alone (attempt %d): %s", inbox_id, attempts, describe(exc))
+
+
+def observe(plan: Plan, result: inbox.Applied) -> None:
+    """Metrics and log lines of a batch that committed on the fast path."""
+    fresh = {
+        "message": result.messages,
+        "status": result.statuses,
+        "account_error": result.account_errors,
+        "account_update": result.account_updates,
+    }
+    duplicates = plan.duplicates_in_batch
+    for kind, total in plan.kinds.items():
+        new = fresh.get(kind, 0)
+        metrics.CONSUMER_EVENTS.labels(kind, "processed").inc(new)
+        metrics.CONSUMER_EVENTS.labels(kind, "duplicate").inc(total - new)
+        duplicates += total - new
+    metrics.CONSUMER_DUPLICATES.inc(duplicates)
+    if plan.parked:
+        metrics.DEAD_LETTERS.labels("unparseable").inc(len(plan.parked))
+        for inbox_id, why in zip(plan.parked, plan.parked_why, strict=True):
+            log.error("inbox row %d parked as dead: %s", inbox_id, why)
+    if plan.bad:
+        metrics.DEAD_LETTERS.labels("bad_fragment").inc(len(plan.bad))
+        for row, item in plan.bad:
+            log.error("inbox row %d: fragment %s parked as dead: %s", row.id, pointer(item.path), item.error)
