@@ -10,7 +10,6 @@ FROM ${BASE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
-COPY loadtest ./loadtest
 COPY sql ./sql
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 

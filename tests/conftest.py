@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import shutil
 import tempfile
@@ -17,15 +16,19 @@ from aiohttp import ClientSession
 
 from gateway.core.settings import Settings
 from gateway.store.db import connect, create_pool, migrate, with_database
+from gateway.testing.fake_provider import FakeConfig, FakeProvider
 from gateway.testing.fake_receiver import FakeReceiver
 from gateway.testing.scratch import scratch_database
 from gateway.web.app import build_app
 from gateway.web.server import Listening, listen
-
-META_SECRET = "meta-secret-current"
-META_OLD_SECRET = "meta-secret-previous"
-TENASHI_SECRET = "tenashi-secret-1"
-VERIFY_TOKEN = "verify-token-xyz"
+from tests.support.config import (
+    API_KEYS,
+    DESTINATION_SECRET,
+    META_OLD_SECRET,
+    META_SECRET,
+    TENASHI_SECRET,
+    VERIFY_TOKEN,
+)
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +49,19 @@ def pg_admin_dsn() -> Iterator[str]:
         yield server.get_uri()
     finally:
         server.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_dir() -> Iterator[Path]:
+    """A directory for an embedded PostgreSQL a test starts itself: outside pytest's basetemp
+    (see pg_admin_dsn; a concurrent session also makes that root 0700, which the postgres user
+    cannot traverse), and open to that user."""
+    base = Path(tempfile.mkdtemp(prefix="gateway-test-pg-"))
+    os.chmod(base, 0o755)  # noqa: S103 - the postgres user must traverse it
+    try:
+        yield base
+    finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -90,7 +106,7 @@ def settings(db_dsn: str) -> Settings:
         meta_app_secrets=(META_SECRET, META_OLD_SECRET),
         meta_verify_token=VERIFY_TOKEN,
         tenashi_secret=TENASHI_SECRET,
-        api_keys=(("acme", "acme-api-key-0123456789"), ("globex", "globex-api-key-0123456789")),
+        api_keys=API_KEYS,
         run_consumers=False,
         run_sender=False,
         run_forwarder=False,
@@ -120,14 +136,10 @@ async def gateway(start_gateway: object, settings: Settings) -> Listening:
     return await start_gateway(settings)  # type: ignore[operator, no-any-return]
 
 
-# The forwarding tests' destination secret (a fixed, valid whsec_ secret: 32 bytes).
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-
-
 @pytest.fixture
 async def receiver() -> AsyncIterator[FakeReceiver]:
     """The fake downstream receiver, verifying signatures with the forwarding tests' secret."""
-    r = FakeReceiver(SECRET)
+    r = FakeReceiver(DESTINATION_SECRET)
     await r.start()
     yield r
     await r.close()
@@ -139,5 +151,10 @@ async def http() -> AsyncIterator[ClientSession]:
         yield session
 
 
-def replace(s: Settings, **changes: object) -> Settings:
-    return dataclasses.replace(s, **changes)  # type: ignore[arg-type]
+@pytest.fixture(name="fake")
+async def fake_provider() -> AsyncIterator[FakeProvider]:
+    """The fake Graph and Tenashi API on a real port, signing with the test secrets."""
+    f = FakeProvider(FakeConfig(app_secret=META_SECRET, tenashi_secret=TENASHI_SECRET, seed=7))
+    await f.start()
+    yield f
+    await f.stop()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import time
 from typing import Any
 
@@ -30,8 +28,9 @@ from gateway.testing.payloads import (
     tenashi_event,
     to_bytes,
 )
-from tests.conftest import META_SECRET, TENASHI_SECRET, replace
-from tests.consume_helpers import add_outbox, counts, drain, inbox_states, outbox_row, stage
+from tests.support.config import META_SECRET, TENASHI_SECRET, replace
+from tests.support.consume import add_outbox, counts, drain, inbox_states, outbox_row, stage
+from tests.support.procs import gateway_ok
 
 ERR = [{"code": 131026, "title": "Message undeliverable"}]
 
@@ -340,24 +339,23 @@ async def test_poisoned_event_parked_rest_commits_then_replayed_once(
     assert await pool.fetchval("SELECT count(*) FROM processed_webhook_events") == 11
 
     # The operator lists it, fixes the cause, and replays it through the CLI.
-    env = {**os.environ, "DATABASE_URL": db_dsn}
-    out = await cli(env, "dead", "list")
+    out = await gateway_ok(db_dsn, "dead", "list")
     assert (
         f"row=R{poison_id}" in out and "downstream rejects" in out and "0 dead row(s), 1 dead event(s)" in out
     )
     item_id = await pool.fetchval("SELECT id FROM dead_events")
-    out = await cli(env, "dead", "show", f"E{item_id}")
+    out = await gateway_ok(db_dsn, "dead", "show", f"E{item_id}")
     assert "error: RaiseError: downstream rejects wamid.POISON" in out
     assert '"id":"wamid.POISON"' in out
     await pool.execute("DROP TRIGGER reject_poison ON inbound_messages")
-    out = await cli(env, "dead", "replay", f"E{item_id}")
+    out = await gateway_ok(db_dsn, "dead", "replay", f"E{item_id}")
     assert f"replayed 1 event(s): [{item_id}]" in out
     await drain(pool, s)
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages WHERE wamid = 'wamid.POISON'") == 1
     assert await pool.fetchval("SELECT state FROM dead_events") == "done"
     # Replaying a processed event again (an operator mistake) does nothing more.
     await pool.execute("UPDATE dead_events SET state = 'dead'")
-    out = await cli(env, "dead", "replay", "--all")
+    out = await gateway_ok(db_dsn, "dead", "replay", "--all")
     assert f"replayed 1 event(s): [{item_id}]" in out
     await drain(pool, s)
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 12
@@ -371,21 +369,6 @@ async def test_poisoned_event_parked_rest_commits_then_replayed_once(
         await conn.close()
     await drain(pool, s)
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 12
-
-
-async def cli(env: dict[str, str], *args: str) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
-    return out.decode()
 
 
 async def test_unparseable_body_parked_at_once_with_bytes_intact(

@@ -15,7 +15,7 @@ from gateway.core.signature import sign_meta
 from gateway.store.db import database_name
 from gateway.testing.payloads import message_payload, meta_bytes
 from gateway.web.server import Listening
-from tests.conftest import META_SECRET
+from tests.support.config import META_SECRET
 
 AUTH = {"Authorization": "Bearer acme-api-key-0123456789"}
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -25,9 +24,9 @@ from gateway.testing.payloads import (
     status_obj,
     to_bytes,
 )
-from tests.conftest import replace
-from tests.consume_helpers import counts, drain, inbox_states, stage
-from tests.integration.test_consumer import cli
+from tests.support.config import replace
+from tests.support.consume import counts, drain, inbox_states, stage
+from tests.support.procs import gateway_ok
 
 # Faults that hit every message alike, injected for a while and then removed.
 FAULTS = {
@@ -134,8 +133,7 @@ async def test_a_data_rule_that_rejects_every_message_is_each_events_own(
     assert orjson.loads(bytes(items[0]["fragment"]))["id"] == "wamid.F0"
     assert health.fault_streak == 0
     await pool.execute(remove)
-    env = {**os.environ, "DATABASE_URL": db_dsn}
-    assert f"replayed {n} event(s)" in await cli(env, "dead", "replay", "--all")
+    assert f"replayed {n} event(s)" in await gateway_ok(db_dsn, "dead", "replay", "--all")
     await drain_with(pool, s, health)
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == n
     assert await pool.fetchval("SELECT count(DISTINCT wamid) FROM inbound_messages") == n
@@ -240,8 +238,7 @@ async def test_message_without_id_is_its_own_dead_item_with_its_exact_bytes(
     assert item["path"] == "/entry/0/changes/0/value/messages/1"
     assert bytes(item["fragment"]) == ODD_MESSAGE
     assert "without a string 'id'" in item["last_error"]
-    env = {**os.environ, "DATABASE_URL": db_dsn}
-    out = await cli(env, "dead", "show", f"E{item['id']}", "--raw")
+    out = await gateway_ok(db_dsn, "dead", "show", f"E{item['id']}", "--raw")
     assert out.encode() == ODD_MESSAGE
     # A redelivery of the POST: the good events are duplicates, the bad one parked again.
     await stage(pool, body_with(ODD_MESSAGE))
@@ -304,16 +301,15 @@ async def test_dead_list_and_replay_by_time_range(
            WHERE w.id = d.inbox_id""",
         now,
     )
-    env = {**os.environ, "DATABASE_URL": db_dsn}
     since = (now - timedelta(days=2, hours=12)).isoformat()
     until = (now - timedelta(hours=12)).isoformat()
-    out = await cli(env, "dead", "list", "--since", since, "--until", until)
+    out = await gateway_ok(db_dsn, "dead", "list", "--since", since, "--until", until)
     assert "key=msg:wamid.P1" in out and "key=msg:wamid.P2" in out and "wamid.P0" not in out
     assert "2 dead event(s)" in out
-    out = await cli(env, "dead", "list", "--since", "36h")
+    out = await gateway_ok(db_dsn, "dead", "list", "--since", "36h")
     assert "key=msg:wamid.P2" in out and "1 dead event(s)" in out and "1 dead row(s)" in out
     await pool.execute("DROP TRIGGER poison ON inbound_messages")
-    out = await cli(env, "dead", "replay", "--since", since, "--until", until)
+    out = await gateway_ok(db_dsn, "dead", "replay", "--since", since, "--until", until)
     assert "replayed 2 event(s)" in out and "no row to replay" in out
     await drain_with(pool, s, health)
     done = {r[0] for r in await pool.fetch("SELECT wamid FROM inbound_messages WHERE wamid LIKE 'wamid.P%'")}

@@ -11,7 +11,7 @@ from aiohttp import ClientSession
 
 from gateway.core.settings import Settings
 from gateway.testing.fake_provider import FakeProvider
-from tests.sendkit import fake_provider, send_settings  # noqa: F401 - the `fake` fixture
+from tests.support.send import send_settings
 
 ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
 

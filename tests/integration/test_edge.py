@@ -16,7 +16,7 @@ from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
 from gateway.testing.payloads import message_payload, meta_bytes
 from gateway.web.server import Listening
-from tests.conftest import META_SECRET, VERIFY_TOKEN, replace
+from tests.support.config import META_SECRET, VERIFY_TOKEN, replace
 
 # A header that has the right shape but signs nothing: it gets a request as far as its body.
 FORGED = "sha256=" + "ab" * 32

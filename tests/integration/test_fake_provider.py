@@ -15,8 +15,8 @@ from aiohttp.test_utils import TestServer
 
 from gateway.core.signature import verify_meta, verify_tenashi
 from gateway.testing.fake_provider import FakeProvider
-from tests.conftest import META_SECRET, TENASHI_SECRET
-from tests.sendkit import closed_port, fake_provider  # noqa: F401 - the `fake` fixture
+from gateway.testing.ports import closed_port
+from tests.support.config import META_SECRET, TENASHI_SECRET
 
 META_MSG = {"messaging_product": "whatsapp", "to": "4915100000009", "type": "text", "text": {"body": "x"}}
 BEARER = {"Authorization": "Bearer t"}

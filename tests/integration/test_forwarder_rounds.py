@@ -19,8 +19,8 @@ from gateway.outbound.egress import GuardedResolver, RefusedAddress, warn_refuse
 from gateway.outbound.forwarder import Forwarder
 from gateway.store import deliveries
 from gateway.testing.fake_receiver import FakeReceiver, Scripted
-from tests.forward_helpers import (
-    SECRET,
+from tests.support.config import DESTINATION_SECRET
+from tests.support.forward import (
     add,
     all_delivered,
     fast,
@@ -53,7 +53,7 @@ async def test_an_ordered_conversation_flows_without_waiting_for_the_poll(
 
 
 async def test_ordering_holds_per_customer_across_rounds(pool: asyncpg.Pool, settings: Settings) -> None:
-    r = FakeReceiver(SECRET, latency_ms=5)
+    r = FakeReceiver(DESTINATION_SECRET, latency_ms=5)
     await r.start()
     try:
         await add(pool, "bot", r.url, ("message",), max_in_flight=8, ordered=True)
@@ -113,7 +113,7 @@ async def test_forwarding_goes_on_after_its_database_connections_are_killed(
 async def test_stop_returns_queued_deliveries_at_once_and_lets_requests_in_flight_finish(
     pool: asyncpg.Pool, settings: Settings
 ) -> None:
-    r = FakeReceiver(SECRET, latency_ms=400)
+    r = FakeReceiver(DESTINATION_SECRET, latency_ms=400)
     await r.start()
     try:
         await add(pool, "crm", r.url)
@@ -219,7 +219,7 @@ async def test_a_claim_whose_answer_never_arrived_is_due_again_and_never_claimed
 async def test_fake_receiver_wait_answers_when_enough_are_processed(receiver: FakeReceiver) -> None:
     from gateway.core import stdwebhooks
 
-    key = stdwebhooks.secret_key(SECRET)
+    key = stdwebhooks.secret_key(DESTINATION_SECRET)
     base = receiver.url.removesuffix("/hooks")
     async with ClientSession() as http:
 
@@ -249,7 +249,7 @@ async def test_410_gone_disables_the_destination_and_its_deliveries_wait(
 
     from gateway.maintenance import gauges
 
-    other = FakeReceiver(SECRET)
+    other = FakeReceiver(DESTINATION_SECRET)
     await other.start()
     try:
         await add(pool, "gone", receiver.url, ("message",))
@@ -306,7 +306,7 @@ async def test_a_rotated_secret_keeps_signing_with_the_old_one_until_the_grace_e
     from gateway.core import stdwebhooks
 
     new = stdwebhooks.generate_secret()
-    old_side = FakeReceiver(SECRET)  # a receiver that has not switched yet
+    old_side = FakeReceiver(DESTINATION_SECRET)  # a receiver that has not switched yet
     new_side = FakeReceiver(new)  # one that already has
     await old_side.start()
     await new_side.start()

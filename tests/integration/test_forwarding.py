@@ -29,10 +29,9 @@ from gateway.testing.payloads import (
     to_bytes,
 )
 from gateway.web.app import CONSUMERS, FORWARDER
-from tests.conftest import META_SECRET, replace
-from tests.consume_helpers import drain, stage
-from tests.forward_helpers import (
-    SECRET,
+from tests.support.config import DESTINATION_SECRET, META_SECRET, replace
+from tests.support.consume import drain, stage
+from tests.support.forward import (
     add,
     all_delivered,
     fast,
@@ -86,7 +85,7 @@ async def test_forwarding_through_receiver_faults_delivers_every_event_verified(
     pool: asyncpg.Pool, settings: Settings
 ) -> None:
     # 25 % 5xx, 10 % "timeouts" (processed, answered after the forwarder gave up).
-    r = FakeReceiver(SECRET, p_5xx=0.25, p_timeout=0.1, timeout_s=0.6, seed=7)
+    r = FakeReceiver(DESTINATION_SECRET, p_5xx=0.25, p_timeout=0.1, timeout_s=0.6, seed=7)
     url = await r.start()
     try:
         await add(pool, "crm", url)
@@ -153,7 +152,7 @@ async def test_two_forwarders_never_post_one_delivery_concurrently(
 
 async def test_max_in_flight_holds_across_two_forwarders(pool: asyncpg.Pool, settings: Settings) -> None:
     # The destination's limit counts every forwarder's leases, not each forwarder's own.
-    r = FakeReceiver(SECRET, latency_ms=20)
+    r = FakeReceiver(DESTINATION_SECRET, latency_ms=20)
     url = await r.start()
     try:
         await add(pool, "crm", url, max_in_flight=3)
@@ -167,7 +166,7 @@ async def test_max_in_flight_holds_across_two_forwarders(pool: asyncpg.Pool, set
 
 
 async def test_max_in_flight_and_per_conversation_order(pool: asyncpg.Pool, settings: Settings) -> None:
-    r = FakeReceiver(SECRET, latency_ms=15, p_5xx=0.2, seed=3)
+    r = FakeReceiver(DESTINATION_SECRET, latency_ms=15, p_5xx=0.2, seed=3)
     url = await r.start()
     try:
         await add(pool, "bot", url, ("message",), max_in_flight=3, ordered=True)

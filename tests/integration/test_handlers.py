@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import asyncpg
@@ -15,10 +14,10 @@ from gateway.core.settings import Settings
 from gateway.handlers import Registry
 from gateway.inbound.consumer import Consumer
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
-from tests import handlers_sample
-from tests.conftest import replace
-from tests.consume_helpers import add_outbox, inbox_states, stage
-from tests.integration.test_consumer import cli
+from tests.support.config import replace
+from tests.support.consume import add_outbox, inbox_states, stage
+from tests.support.handlers import RECORD, TABLE, register
+from tests.support.procs import gateway_ok
 
 
 async def drain(
@@ -41,8 +40,8 @@ async def handled(pool: asyncpg.Pool) -> dict[str, int]:
 
 @pytest.fixture
 async def sample(pool: asyncpg.Pool) -> Registry:
-    await pool.execute(handlers_sample.TABLE)
-    return handlers_sample.register(Registry())
+    await pool.execute(TABLE)
+    return register(Registry())
 
 
 async def test_handlers_run_once_per_event_across_redeliveries(
@@ -78,7 +77,7 @@ async def test_a_raising_handler_fails_only_its_event_then_replay_runs_it_once(
     item = await pool.fetchrow("SELECT id, state, attempts, last_error FROM dead_events")
     assert item["state"] == "retry" and item["attempts"] == 1
     assert item["last_error"] == (
-        "handler tests.handlers_sample.on_message: ValueError: cannot handle wamid.RAISE1"
+        "handler tests.support.handlers.on_message: ValueError: cannot handle wamid.RAISE1"
     )
     # Not retried before its backoff; then (other messages went through since) the next
     # failure is again the event's own: its last attempt, dead.
@@ -91,8 +90,8 @@ async def test_a_raising_handler_fails_only_its_event_then_replay_runs_it_once(
     assert await handled(pool) == {"msg:wamid.A": 1, "msg:wamid.B": 1, "status:wamid.OUT:sent:": 1}
     # Fixed (here: the handler no longer raises for it), replayed: handled exactly once.
     fixed = Registry()
-    fixed.message()(lambda ev, conn: conn.execute(handlers_sample.RECORD, ev.key, "fixed"))
-    out = await cli({**os.environ, "DATABASE_URL": db_dsn}, "dead", "replay", f"E{item['id']}")
+    fixed.message()(lambda ev, conn: conn.execute(RECORD, ev.key, "fixed"))
+    out = await gateway_ok(db_dsn, "dead", "replay", f"E{item['id']}")
     assert f"replayed 1 event(s): [{item['id']}]" in out
     await drain(pool, s, fixed, health)
     await drain(pool, s, fixed, health)
@@ -114,7 +113,7 @@ async def test_a_handler_past_its_timeout_fails_only_its_event(
     assert set(await handled(pool)) == {"msg:wamid.A", "msg:wamid.B"}
     item = await pool.fetchrow("SELECT event_key, state, attempts, last_error FROM dead_events")
     assert (item["event_key"], item["state"], item["attempts"]) == (f"msg:{wamid}", "retry", 1)
-    assert item["last_error"] == "handler tests.handlers_sample.on_message: timed out"
+    assert item["last_error"] == "handler tests.support.handlers.on_message: timed out"
     # The connection is usable after the cancelled statement.
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 2
 

@@ -17,7 +17,7 @@ from gateway.core.signature import sign_meta, sign_tenashi
 from gateway.store.db import database_name
 from gateway.testing.payloads import message_payload, meta_bytes
 from gateway.web.app import COMMITTER
-from tests.conftest import META_OLD_SECRET, META_SECRET, TENASHI_SECRET, VERIFY_TOKEN, replace
+from tests.support.config import META_OLD_SECRET, META_SECRET, TENASHI_SECRET, VERIFY_TOKEN, replace
 
 
 async def post_meta(

@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestServer
 
 from loadtest.httpclient import Pool
 from loadtest.payloads import PayloadFactory
-from tests.unit.test_loadtest_payloads import KINDS, SECRETS
+from tests.support.payloads import KINDS, SECRETS
 
 
 async def test_gateway_accepts_every_kind_and_rejects_bad_signatures(

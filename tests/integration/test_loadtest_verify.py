@@ -14,7 +14,7 @@ from loadtest.payloads import PayloadFactory, Secrets
 from loadtest.scenarios import scenario
 from loadtest.schedule import arrivals, constant
 from loadtest.stats import Ledger
-from tests.conftest import META_SECRET, TENASHI_SECRET
+from tests.support.config import META_SECRET, TENASHI_SECRET
 
 SECRETS = Secrets(meta=META_SECRET, tenashi=TENASHI_SECRET)
 MIX = plan.Mix(immediate=0.1, delayed=0.1, concurrent=0.1, bad_signature=0.1, delay_s=0.3)

@@ -17,7 +17,7 @@ from gateway.core.settings import Settings
 from gateway.store.db import connect, create_pool, migrate, with_database
 from gateway.store.sqlfiles import migrations
 from gateway.testing.payloads import status_obj, statuses_payload, tenashi_event, to_bytes
-from tests.consume_helpers import drain, stage
+from tests.support.consume import drain, stage
 
 PARTITIONS = 7
 BEFORE = max(m.version for m in migrations() if m.version < PARTITIONS)

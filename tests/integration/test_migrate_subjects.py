@@ -25,8 +25,8 @@ from gateway.testing.payloads import (
     tenashi_event,
     to_bytes,
 )
-from tests.consume_helpers import counts, drain, stage
-from tests.unit.test_subject import SUBJECTS
+from tests.support.consume import counts, drain, stage
+from tests.support.subjects import SUBJECTS
 
 SUBJECTS_MIGRATION = 9
 BEFORE = max(m.version for m in migrations() if m.version < SUBJECTS_MIGRATION)

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.store.db import connect, latest_version, migrate, with_database
 from gateway.store.sqlfiles import migrations
-from tests.schema import describe
+from tests.support.schema import describe
 
 SNAPSHOT = Path(__file__).parent.parent / "schema_snapshot.txt"
 

@@ -18,8 +18,8 @@ from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
 from gateway.maintenance.gauges import GaugeLeader
 from gateway.testing.payloads import message_payload, meta_bytes
-from tests.conftest import META_SECRET, replace
-from tests.procs import free_port
+from tests.support.config import META_SECRET, replace
+from tests.support.procs import free_port
 
 ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
 MESSAGE = {"to": "4915100000001", "phone_number_id": "1111", "type": "text", "text": {"body": "hi"}}

@@ -11,7 +11,7 @@ import pytest
 from gateway.operator import actions
 from gateway.operator.actions import Actor
 from gateway.store import audit, deliveries
-from tests.sendkit import enqueue
+from tests.support.send import enqueue
 
 ALICE = Actor("alice", "console")
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

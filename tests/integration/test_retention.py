@@ -19,8 +19,8 @@ from gateway.store import inbox
 from gateway.store import retention as store
 from gateway.store.db import create_pool
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
-from tests.conftest import replace
-from tests.consume_helpers import drain, stage
+from tests.support.config import replace
+from tests.support.consume import drain, stage
 
 TODAY = datetime.now(UTC).date()
 

@@ -19,8 +19,8 @@ from gateway.outbound import send_api
 from gateway.outbound.sender import Sender
 from gateway.store import idempotency
 from gateway.testing.fake_provider import FakeProvider
-from tests.conftest import replace
-from tests.sendkit import fake_provider, send_settings  # noqa: F401 - the `fake` fixture
+from tests.support.config import replace
+from tests.support.send import send_settings
 
 ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
 GLOBEX = {"Authorization": "Bearer globex-api-key-0123456789"}

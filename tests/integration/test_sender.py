@@ -17,13 +17,12 @@ from gateway.maintenance.reconciler import Reconciler
 from gateway.outbound.sender import Sender
 from gateway.store import outbox
 from gateway.testing.fake_provider import FakeProvider
-from tests.conftest import replace
-from tests.sendkit import (
+from gateway.testing.ports import closed_port
+from tests.support.config import replace
+from tests.support.send import (
     FakeClock,
     apply_statuses_from_inbox,
-    closed_port,
     enqueue,
-    fake_provider,  # noqa: F401 - the `fake` fixture
     reconcile,
     row,
     send_settings,

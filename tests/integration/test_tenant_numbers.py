@@ -11,7 +11,7 @@ import pytest
 from aiohttp import ClientSession
 
 from gateway.core.settings import Settings
-from tests.conftest import replace
+from tests.support.config import replace
 
 ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
 GLOBEX = {"Authorization": "Bearer globex-api-key-0123456789"}

@@ -14,8 +14,7 @@ from gateway import tracing
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
 from gateway.testing.payloads import message_payload, meta_bytes
-from tests.conftest import META_SECRET
-from tests.sendkit import fake_provider  # noqa: F401 - the `fake` fixture
+from tests.support.config import META_SECRET
 
 sdk = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
 
@@ -67,8 +66,8 @@ async def test_webhook_span_through_its_group_commit(
 
 async def test_consumer_batch_and_sender_spans(pool: Any, settings: Settings, fake: Any, spans: Any) -> None:
     from gateway.outbound.sender import Sender
-    from tests.consume_helpers import drain, stage
-    from tests.sendkit import enqueue, send_settings
+    from tests.support.consume import drain, stage
+    from tests.support.send import enqueue, send_settings
 
     await stage(pool, meta_bytes(message_payload(f"wamid.{uuid.uuid4().hex}")))
     await drain(pool, settings)

@@ -19,8 +19,8 @@ import pytest
 from gateway.core.events import InboundMessage, Status
 from gateway.core.parsing import parse
 from gateway.testing.payloads import message_obj, meta_payload, meta_value, status_obj, to_bytes
-from tests import handlers_sample
-from tests.consume_helpers import add_outbox, inbox_states
+from tests.support.consume import add_outbox, inbox_states
+from tests.support.handlers import TABLE
 
 pytestmark = pytest.mark.slow
 
@@ -96,13 +96,13 @@ async def wait_for(cond: Any, what: str, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.002)
 
 
-@pytest.mark.parametrize("handlers", ["", "tests.handlers_sample"])
+@pytest.mark.parametrize("handlers", ["", "tests.support.handlers"])
 async def test_sigkill_mid_batch_every_event_exactly_once(
     pool: asyncpg.Pool, db_dsn: str, handlers: str
 ) -> None:
-    # With handlers, each call is recorded in the consumer's transaction (tests/handlers_sample):
+    # With handlers, each call is recorded in the consumer's transaction (tests/support/handlers.py):
     # a call whose transaction a SIGKILL cut short leaves nothing, so each event shows once.
-    await pool.execute(handlers_sample.TABLE)
+    await pool.execute(TABLE)
     rng = random.Random(7)
     for n in range(OUTBOX_ROWS):
         await add_outbox(pool, f"cb-{n}")

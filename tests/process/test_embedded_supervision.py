@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gateway.runtime import pgwatch
-from tests.procs import free_port, spawn, wait_healthy
+from tests.support.procs import free_port, spawn, wait_healthy
 
 pytestmark = pytest.mark.slow
 
@@ -41,14 +41,13 @@ def postmaster_pid(pgdata: Path) -> int:
     return int((pgdata / "postmaster.pid").read_text().split()[0])
 
 
-async def test_embedded_server_is_supervised(tmp_path: Path) -> None:
-    os.chmod(tmp_path, 0o755)  # noqa: S103 - the postgres user must traverse it
-    data = tmp_path / "var"
+async def test_embedded_server_is_supervised(pg_dir: Path) -> None:
+    data = pg_dir / "var"
     pgdata = data / "pgdata"
     procs: list[subprocess.Popen[bytes]] = []
     try:
         # 1. SIGKILL the gateway: the server does not outlive every user of it.
-        gw, base = spawn_embedded(data, tmp_path / "gw1.log")
+        gw, base = spawn_embedded(data, pg_dir / "gw1.log")
         procs.append(gw)
         await wait_healthy(base, gw, timeout=START_S)
         assert pgwatch.postmaster_running(pgdata)
@@ -59,13 +58,13 @@ async def test_embedded_server_is_supervised(tmp_path: Path) -> None:
         )
 
         # 2. A new gateway starts it again; then the server dies under it.
-        gw, base = spawn_embedded(data, tmp_path / "gw2.log")
+        gw, base = spawn_embedded(data, pg_dir / "gw2.log")
         procs.append(gw)
         await wait_healthy(base, gw, timeout=START_S)
         os.kill(postmaster_pid(pgdata), signal.SIGKILL)
         await until(lambda: gw.poll() is not None, "gateway still up with its embedded server dead")
         assert gw.returncode == 1
-        assert "embedded PostgreSQL" in (tmp_path / "gw2.log").read_text()
+        assert "embedded PostgreSQL" in (pg_dir / "gw2.log").read_text()
     finally:
         for p in procs:
             if p.poll() is None:

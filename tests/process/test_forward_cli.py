@@ -13,25 +13,15 @@ import asyncpg
 from gateway.core import stdwebhooks
 from gateway.core.settings import Settings
 from gateway.testing.fake_receiver import FakeReceiver
-from tests.forward_helpers import SECRET, process_messages, states, until
+from tests.support import procs
+from tests.support.config import DESTINATION_SECRET
+from tests.support.forward import process_messages, states, until
 
 
 async def gateway_cli(dsn: str, *args: str, allow_private: bool = True) -> tuple[int, str, str]:
     # The fake receivers listen on 127.0.0.1: private destinations allowed unless asked not to.
-    env = {**os.environ, "DATABASE_URL": dsn, "GATEWAY_LOG_LEVEL": "warning"}
-    env["GATEWAY_FORWARD_ALLOW_PRIVATE"] = "1" if allow_private else "0"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    env = {"GATEWAY_FORWARD_ALLOW_PRIVATE": "1" if allow_private else "0"}
+    return await procs.gateway_cli(dsn, *args, env=env)
 
 
 async def test_destinations_cli_validates_generates_and_masks_secrets(
@@ -47,7 +37,7 @@ async def test_destinations_cli_validates_generates_and_masks_secrets(
 
     rc, out, err = await gateway_cli(
         db_dsn, "destinations", "add", "crm", "https://crm.example/wh", "--events", "status,account",
-        "--secret", SECRET, "--max-in-flight", "4", "--ordered",
+        "--secret", DESTINATION_SECRET, "--max-in-flight", "4", "--ordered",
     )  # fmt: skip
     assert rc == 0 and "secret" not in out, out
 
@@ -68,7 +58,7 @@ async def test_destinations_cli_validates_generates_and_masks_secrets(
 
     rc, out, _ = await gateway_cli(db_dsn, "destinations", "list")
     assert rc == 0
-    assert generated not in out and SECRET not in out and SECRET[-4:] in out  # masked
+    assert generated not in out and DESTINATION_SECRET not in out and DESTINATION_SECRET[-4:] in out  # masked
     lines = out.splitlines()
     assert lines[1].startswith("bot\tTrue\tmessage") and lines[2].startswith(
         "crm\tTrue\taccount,status\tTrue\t4"
@@ -97,11 +87,11 @@ async def test_destinations_cli_validates_generates_and_masks_secrets(
         "SELECT secret, previous_secret, previous_secret_until - clock_timestamp() AS left"
         " FROM destinations WHERE name = 'crm'"
     )
-    assert row is not None and (row["secret"], row["previous_secret"]) == (rotated, SECRET)
+    assert row is not None and (row["secret"], row["previous_secret"]) == (rotated, DESTINATION_SECRET)
     assert timedelta(hours=1, minutes=59) < row["left"] <= timedelta(hours=2)
     rc, out, _ = await gateway_cli(db_dsn, "destinations", "list")
-    assert rc == 0 and rotated not in out and SECRET not in out
-    assert f"{rotated[-4:]} (and whsec_…{SECRET[-4:]} until " in out
+    assert rc == 0 and rotated not in out and DESTINATION_SECRET not in out
+    assert f"{rotated[-4:]} (and whsec_…{DESTINATION_SECRET[-4:]} until " in out
     assert (await gateway_cli(db_dsn, "destinations", "rotate-secret", "nope"))[0] == 1
     rc, _, err = await gateway_cli(db_dsn, "destinations", "rotate-secret", "crm", "--secret", "whsec_x")
     assert rc == 2 and "whsec_x" not in err
@@ -117,12 +107,12 @@ async def test_destinations_cli_validates_generates_and_masks_secrets(
 async def test_gateway_forward_process_delivers_and_deliveries_cli_replays(
     db_dsn: str, pool: asyncpg.Pool, settings: Settings
 ) -> None:
-    receiver = FakeReceiver(SECRET)
+    receiver = FakeReceiver(DESTINATION_SECRET)
     url = await receiver.start()
     proc: asyncio.subprocess.Process | None = None
     try:
         rc, _, err = await gateway_cli(
-            db_dsn, "destinations", "add", "crm", url, "--events", "message", "--secret", SECRET
+            db_dsn, "destinations", "add", "crm", url, "--events", "message", "--secret", DESTINATION_SECRET
         )
         assert rc == 0, err
         keys = await process_messages(pool, settings, 5)
@@ -187,12 +177,12 @@ async def test_a_forwarder_killed_mid_batch_loses_nothing_and_its_claims_are_sen
     db_dsn: str, pool: asyncpg.Pool, settings: Settings
 ) -> None:
     # Slow answers, so that the forwarder holds requests in flight and a queue when it dies.
-    receiver = FakeReceiver(SECRET, latency_ms=300)
+    receiver = FakeReceiver(DESTINATION_SECRET, latency_ms=300)
     url = await receiver.start()
     procs: list[asyncio.subprocess.Process] = []
     try:
         rc, _, err = await gateway_cli(
-            db_dsn, "destinations", "add", "crm", url, "--events", "message", "--secret", SECRET,
+            db_dsn, "destinations", "add", "crm", url, "--events", "message", "--secret", DESTINATION_SECRET,
             "--max-in-flight", "12",
         )  # fmt: skip
         assert rc == 0, err

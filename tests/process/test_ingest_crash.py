@@ -12,8 +12,8 @@ import pytest
 
 from gateway.core.signature import sign_meta
 from gateway.testing.payloads import message_payload, meta_bytes
-from tests.conftest import META_SECRET
-from tests.procs import free_port, spawn, wait_healthy
+from tests.support.config import META_SECRET
+from tests.support.procs import free_port, spawn, wait_healthy
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aiohttp.test_utils import TestServer
 
-from tests.conftest import META_SECRET, TENASHI_SECRET
+from tests.support.config import META_SECRET, TENASHI_SECRET
 
 
 def test_self_contained_run_passes(db_dsn: str, tmp_path: Path) -> None:

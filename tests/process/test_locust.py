@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import free_port, spawn
+from tests.support.procs import free_port, spawn
 
 LOCUSTFILE = Path(__file__).parents[2] / "loadtest" / "locustfile.py"
 META = "locust-meta-secret"
@@ -54,7 +54,7 @@ def _run(locust: str, port: int, dsn: str, *extra: str) -> subprocess.CompletedP
 
 @pytest.mark.slow
 async def test_locust_run_is_verified_and_sets_the_exit_code(db_dsn: str, tmp_path: Path) -> None:
-    from tests.procs import wait_healthy
+    from tests.support.procs import wait_healthy
 
     locust = _locust()
     port = free_port()

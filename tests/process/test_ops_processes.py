@@ -16,7 +16,7 @@ import asyncpg
 
 from gateway.core.signature import sign_meta
 from gateway.testing.payloads import message_payload, meta_bytes
-from tests.procs import free_port, spawn, wait_healthy
+from tests.support.procs import closed_port, free_port, spawn, wait_healthy
 
 SECRETS = {
     "GATEWAY_META_APP_SECRETS": "meta-secret-QX7Z-current,meta-secret-QX7Z-previous",
@@ -44,10 +44,6 @@ def run_cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.
         timeout=timeout,
         check=False,
     )
-
-
-def closed_port() -> int:
-    return free_port()  # nothing listens there once the probe socket is closed
 
 
 def test_unreachable_database_is_retried_then_one_line(tmp_path: Path) -> None:

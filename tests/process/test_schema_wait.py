@@ -16,7 +16,7 @@ import pytest
 
 from gateway.store.db import latest_version, migrate
 from gateway.testing.scratch import scratch_database
-from tests.procs import free_port, spawn
+from tests.support.procs import free_port, spawn
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import free_port, spawn, wait_healthy
+from tests.support.procs import free_port, spawn, wait_healthy
 
 API_KEY = "acme-api-key-0123456789"
 # A bounded run: examples per operation and phase; the seed makes a failure reproducible.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncpg
 
-from tests.process.test_send_processes import gateway_cli
-from tests.sendkit import enqueue, row
+from tests.support.procs import gateway_cli
+from tests.support.send import enqueue, row
 
 
 async def test_bulk_release_and_cancel(db_dsn: str, pool: asyncpg.Pool) -> None:

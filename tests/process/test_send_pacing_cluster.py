@@ -12,7 +12,7 @@ from collections import defaultdict
 import asyncpg
 
 from gateway.testing.fake_provider import FakeProvider
-from tests.sendkit import enqueue, fake_provider  # noqa: F401 - the `fake` fixture
+from tests.support.send import enqueue
 
 PAIR_S = 3.0
 RATE = 5.0  # per number per second; bursts of 5

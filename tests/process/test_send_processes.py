@@ -13,24 +13,10 @@ from aiohttp import ClientSession
 
 from gateway.core.settings import Settings
 from gateway.testing.fake_provider import FakeProvider
-from tests.sendkit import enqueue, fake_provider, reconcile, row, send_settings  # noqa: F401 - the `fake` fixture
+from tests.support.procs import gateway_cli
+from tests.support.send import enqueue, reconcile, row, send_settings
 
 ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
-
-
-async def gateway_cli(dsn: str, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway",
-        *args,
-        env={**os.environ, "DATABASE_URL": dsn, "GATEWAY_LOG_LEVEL": "warning", **(env or {})},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def spawn_send(dsn: str, fake: FakeProvider) -> asyncio.subprocess.Process:
@@ -120,7 +106,7 @@ async def test_sender_killed_mid_batch_never_resends(
     """SIGKILL `gateway send` while its requests are in flight: the rows become unknown, then
     review; nothing is sent twice."""
     from gateway.outbound.sender import Sender
-    from tests.sendkit import FakeClock
+    from tests.support.send import FakeClock
 
     n = 20
     callbacks = [await enqueue(pool, f"kill-{i}", f"49151{i:08d}") for i in range(n)]

@@ -4,34 +4,12 @@ that the real gateway accepts (and rejects when they are wrong)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 
 import pytest
 
 from loadtest.payloads import Delivery, PayloadFactory, Secrets
 from loadtest.scenarios import SCENARIOS, Scenario, WebhookUser, task
-from tests.conftest import META_SECRET, TENASHI_SECRET
-
-SECRETS = Secrets(meta=META_SECRET, tenashi=TENASHI_SECRET)
-
-KINDS: dict[str, Callable[[PayloadFactory], Delivery]] = {
-    **{
-        f"inbound_{t}": (lambda typ: lambda f: f.inbound(typ))(t)
-        for t in (
-            "text", "image", "document", "audio", "sticker", "location",
-            "contacts", "interactive", "button", "reaction",
-        )
-    },
-    "status_sent": lambda f: f.status("sent"),
-    "status_delivered": lambda f: f.status("delivered"),
-    "status_read": lambda f: f.status("read"),
-    "status_failed": lambda f: f.status("failed"),
-    "group_status": lambda f: f.group_status(participants=4),
-    "batched": lambda f: f.batched(entries=3, changes=2),
-    "tenashi_status": lambda f: f.tenashi("message.status"),
-    "tenashi_received": lambda f: f.tenashi("message.received"),
-    "tenashi_other": lambda f: f.tenashi("number.updated"),
-}  # fmt: skip
+from tests.support.payloads import KINDS, SECRETS
 
 
 def keys_by_rules(d: Delivery) -> list[str]:
@@ -121,7 +99,7 @@ def test_scenario_picks_users_and_tasks_by_weight() -> None:
 
 
 def test_ledger_survives_json_for_a_verification_in_another_process() -> None:
-    from loadtest.payloads import PayloadFactory, Secrets
+    from loadtest.payloads import PayloadFactory
     from loadtest.stats import Ledger
 
     f = PayloadFactory(Secrets(meta="m-secret", tenashi="t-secret"), seed=3, run_tag="j")

@@ -18,23 +18,7 @@ from gateway.testing.payloads import (
     tenashi_event,
     to_bytes,
 )
-
-# Shared with tests/integration/test_migrate_subjects.py: SQL event_subject must agree.
-SUBJECTS = [
-    ("msg:wamid.HBgLNDkxNTE=", "wamid.HBgLNDkxNTE="),
-    ("status:wamid.A:delivered:", "wamid.A"),
-    ("status:wamid.A:read:4915112345", "wamid.A"),
-    ("status:wamid.with:colon:sent:", "wamid.with:colon"),  # everything up to the last two ':'
-    ("status:", "status:"),  # not a status key we build: its own subject
-    ("status:a:b", "status:a:b"),
-    ("evt:evt_123", "evt_123"),
-    ("evt:", ""),
-    ("acct-error:0a1b2c", "acct-error:0a1b2c"),
-    ("change:message_template_status_update:ff00", "change:message_template_status_update:ff00"),
-    ("msg:", ""),
-    ("message:x", "message:x"),
-    ("", ""),
-]
+from tests.support.subjects import SUBJECTS
 
 
 @pytest.mark.parametrize(("key", "subject"), SUBJECTS)

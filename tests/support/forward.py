@@ -16,8 +16,8 @@ from gateway.outbound.forwarder import Forwarder
 from gateway.store import deliveries
 from gateway.testing.fake_receiver import FakeReceiver
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
-from tests.conftest import SECRET, replace
-from tests.consume_helpers import drain, stage
+from tests.support.config import DESTINATION_SECRET, replace
+from tests.support.consume import drain, stage
 
 
 def fast(settings: Settings, **changes: object) -> Settings:
@@ -41,7 +41,7 @@ async def add(
     url: str,
     events: tuple[str, ...] = ("message", "status", "account"),
     *,
-    secret: str = SECRET,
+    secret: str = DESTINATION_SECRET,
     max_in_flight: int = 16,
     ordered: bool = False,
 ) -> int:
@@ -119,6 +119,6 @@ async def all_delivered(pool: asyncpg.Pool) -> bool:
 
 
 async def started_receiver(**kw: object) -> FakeReceiver:
-    r = FakeReceiver(SECRET, **kw)  # type: ignore[arg-type]
+    r = FakeReceiver(DESTINATION_SECRET, **kw)  # type: ignore[arg-type]
     await r.start()
     return r

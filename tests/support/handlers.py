@@ -1,5 +1,5 @@
 """Handlers for the tests: each call is recorded in ``handled`` (no unique key: a second
-call for one event would show as a second row). ``GATEWAY_HANDLERS=tests.handlers_sample``."""
+call for one event would show as a second row). ``GATEWAY_HANDLERS=tests.support.handlers``."""
 
 from __future__ import annotations
 

@@ -1,14 +1,12 @@
-"""Helpers for the send-side tests: a controllable clock, the fake provider, enqueueing."""
+"""Helpers for the send-side tests: a controllable clock, send settings against the fake
+provider, enqueueing, reconciling."""
 
 from __future__ import annotations
 
-import socket
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
-import pytest
 
 from gateway.core.messages import callback_data
 from gateway.core.settings import Settings
@@ -16,9 +14,9 @@ from gateway.maintenance import gauges
 from gateway.maintenance.reconciler import Reconciler
 from gateway.outbound.sender import Sender
 from gateway.store import outbox
-from gateway.testing.fake_provider import FakeConfig, FakeProvider
-from tests.conftest import META_SECRET, TENASHI_SECRET, replace
-from tests.consume_helpers import drain
+from gateway.testing.fake_provider import FakeProvider
+from tests.support.config import replace
+from tests.support.consume import drain
 
 
 class FakeClock:
@@ -35,21 +33,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.t += seconds
-
-
-@pytest.fixture(name="fake")
-async def fake_provider() -> AsyncIterator[FakeProvider]:
-    f = FakeProvider(FakeConfig(app_secret=META_SECRET, tenashi_secret=TENASHI_SECRET, seed=7))
-    await f.start()
-    yield f
-    await f.stop()
-
-
-def closed_port() -> int:
-    """A port nothing listens on (connection refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def send_settings(settings: Settings, fake: FakeProvider, **changes: Any) -> Settings:

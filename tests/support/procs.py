@@ -1,10 +1,10 @@
-"""Run gateway commands as real subprocesses (for crash tests)."""
+"""Gateway commands as real subprocesses: long-running ones (``spawn``, ``wait_healthy``) and
+one-shot CLI calls (``gateway_cli``, ``gateway_ok``)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,12 +12,9 @@ from collections.abc import Mapping
 
 import aiohttp
 
+from gateway.testing.ports import closed_port, free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+__all__ = ["closed_port", "free_port", "gateway_cli", "gateway_ok", "spawn", "wait_healthy"]
 
 
 def spawn(args: list[str], env: Mapping[str, str], log_path: str | None = None) -> subprocess.Popen[bytes]:
@@ -45,3 +42,26 @@ async def wait_healthy(base_url: str, proc: subprocess.Popen[bytes], timeout: fl
                 pass
             await asyncio.sleep(0.05)
     raise TimeoutError(f"{base_url} not ready after {timeout}s")
+
+
+async def gateway_cli(dsn: str, *args: str, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+    """``gateway <args>`` against ``dsn``: (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        *args,
+        env={**os.environ, "DATABASE_URL": dsn, "GATEWAY_LOG_LEVEL": "warning", **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def gateway_ok(dsn: str, *args: str, env: Mapping[str, str] | None = None) -> str:
+    """``gateway <args>`` that must succeed: its stdout."""
+    rc, out, err = await gateway_cli(dsn, *args, env=env)
+    assert rc == 0, err
+    return out

@@ -1,0 +1,19 @@
+"""The secrets and keys the test settings use, and a typed ``replace`` for settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gateway.core.settings import Settings
+
+META_SECRET = "meta-secret-current"
+META_OLD_SECRET = "meta-secret-previous"
+TENASHI_SECRET = "tenashi-secret-1"
+VERIFY_TOKEN = "verify-token-xyz"
+API_KEYS = (("acme", "acme-api-key-0123456789"), ("globex", "globex-api-key-0123456789"))
+# The forwarding tests' destination secret (a fixed, valid whsec_ secret: 32 bytes).
+DESTINATION_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+def replace(s: Settings, **changes: object) -> Settings:
+    return dataclasses.replace(s, **changes)  # type: ignore[arg-type]
