@@ -12,7 +12,7 @@ import pytest
 
 from gateway.core.settings import Settings
 from gateway.web.console.app import CSP, console_listener
-from tests.conftest import replace
+from tests.support.config import replace
 
 OPS = "ops-token-0123456789abcdef"
 VIEWER = "viewer-token-0123456789abcdef"

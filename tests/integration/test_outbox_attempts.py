@@ -8,8 +8,7 @@ import asyncpg
 from gateway.core.settings import Settings
 from gateway.outbound.sender import Sender
 from gateway.testing.fake_provider import FakeProvider
-from tests.sendkit import FakeClock, enqueue, send_settings
-from tests.sendkit import fake_provider as fake_provider  # the `fake` fixture
+from tests.support.send import FakeClock, enqueue, send_settings
 
 TO = "4915100000001"
 

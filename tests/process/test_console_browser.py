@@ -21,7 +21,8 @@ import pytest
 
 from gateway.core.signature import sign_meta
 from gateway.testing.payloads import CUSTOMER, message_obj, meta_bytes, meta_envelope, meta_value
-from tests.procs import free_port, spawn
+from gateway.testing.ports import free_port
+from tests.support.procs import spawn
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -70,7 +71,7 @@ def served(db_dsn: str, tmp_path: Path) -> Iterator[dict[str, str]]:
         "GATEWAY_CONSOLE_PORT": str(console_port),
         "GATEWAY_CONSOLE_TOKENS": f"ops:{OPS},viewer:{VIEWER}:ro",
         "GATEWAY_META_APP_SECRETS": META_SECRET,
-        "GATEWAY_HANDLERS": "tests.handlers_sample",
+        "GATEWAY_HANDLERS": "tests.support.handlers",
         "GATEWAY_MAX_ATTEMPTS": "1",
         "GATEWAY_RUN_SENDER": "false",
         "GATEWAY_RUN_FORWARDER": "false",

@@ -12,7 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.procs import free_port, spawn
+from gateway.testing.ports import free_port
+from tests.support.procs import spawn
 
 TOKENS = "ops:ops-token-0123456789abcdef"
 
