@@ -182,8 +182,13 @@ class Numbers:
     maintenance_failing: bool  # the last pass failed, or none succeeded for a long time
 
 
-def needs(n: Numbers) -> list[Need]:
-    """What a person should look at, the most urgent first."""
+def needs(n: Numbers, cap: int | None = None) -> list[Need]:
+    """What a person should look at, the most urgent first (counts at ``cap`` read "cap+")."""
+
+    def count(value: int, *parts: int) -> str:
+        capped = cap is not None and any(p >= cap for p in parts or (value,))
+        return f"{value}+" if capped else str(value)
+
     out: list[Need] = []
     if n.partitions_ahead_days is not None and n.partitions_ahead_days < 1:
         out.append(Need("critical", "no day partition ahead of today: ingest fails at midnight", "/"))
@@ -192,23 +197,39 @@ def needs(n: Numbers) -> list[Need]:
     if n.inbox_lag_s > 60:
         out.append(Need("critical", f"consumers are {n.inbox_lag_s:.0f} s behind", "/"))
     if n.open_sender_breakers:
-        out.append(Need("critical", f"{n.open_sender_breakers} sender breaker(s) open", "/senders"))
+        out.append(Need("critical", f"{count(n.open_sender_breakers)} sender breaker(s) open", "/senders"))
     if n.open_destination_breakers:
         out.append(
-            Need("critical", f"{n.open_destination_breakers} destination breaker(s) open", "/destinations")
+            Need(
+                "critical",
+                f"{count(n.open_destination_breakers)} destination breaker(s) open",
+                "/destinations",
+            )
         )
     if n.outbox_review:
-        out.append(Need("warning", f"{n.outbox_review} send(s) wait for review", "/outbox?state=review"))
+        out.append(
+            Need("warning", f"{count(n.outbox_review)} send(s) wait for review", "/outbox?state=review")
+        )
     if n.dead_rows or n.dead_events:
-        out.append(Need("warning", f"{n.dead_rows + n.dead_events} dead item(s)", "/dead"))
+        out.append(
+            Need(
+                "warning",
+                f"{count(n.dead_rows + n.dead_events, n.dead_rows, n.dead_events)} dead item(s)",
+                "/dead",
+            )
+        )
     if n.failed_deliveries:
-        out.append(Need("warning", f"{n.failed_deliveries} failed deliveries", "/destinations"))
+        out.append(Need("warning", f"{count(n.failed_deliveries)} failed deliveries", "/destinations"))
     if n.outbox_failed:
-        out.append(Need("warning", f"{n.outbox_failed} send(s) failed", "/outbox?state=failed"))
+        out.append(Need("warning", f"{count(n.outbox_failed)} send(s) failed", "/outbox?state=failed"))
     if n.outbox_unknown:
-        out.append(Need("warning", f"{n.outbox_unknown} send(s) of unknown fate", "/outbox?state=unknown"))
+        out.append(
+            Need("warning", f"{count(n.outbox_unknown)} send(s) of unknown fate", "/outbox?state=unknown")
+        )
     if n.disabled_destinations:
-        out.append(Need("warning", f"{n.disabled_destinations} destination(s) disabled", "/destinations"))
+        out.append(
+            Need("warning", f"{count(n.disabled_destinations)} destination(s) disabled", "/destinations")
+        )
     if n.partitions_ahead_days is not None and n.partitions_ahead_days == 1:
         out.append(Need("warning", "only one day partition ahead of today", "/"))
     return out

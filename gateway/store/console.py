@@ -13,7 +13,9 @@ from gateway.store.sqlfiles import q
 
 PAGE = 50
 SCAN = 20_000  # rows a filter no index orders may look at per page
-CAP = 100_000  # counts stop here ("at least")
+CAP = 100_000  # what a bulk action would touch is counted up to here ("at least")
+LIST_CAP = 10_000  # backlogs on the overview and the destinations page stop here ("+")
+INGEST_WINDOW = 100_000  # the ingest rate reads at most this many of the newest rows
 FIRST_ID = 2**63 - 1
 FAR_PAST = datetime(1, 1, 2, tzinfo=UTC)
 FAR_FUTURE = datetime(9999, 12, 30, tzinfo=UTC)
@@ -137,7 +139,7 @@ async def statuses(conn: Conn, *, wamid: str) -> list[Row]:
 
 
 async def destinations(conn: Conn) -> list[Row]:
-    return list(await conn.fetch(q("console_destinations"), CAP))
+    return list(await conn.fetch(q("console_destinations"), LIST_CAP))
 
 
 async def deliveries_page(
@@ -198,6 +200,6 @@ async def replies(conn: Conn, *, wamid: str) -> list[Row]:
 
 
 async def overview(conn: Conn) -> dict[str, Any]:
-    r = await conn.fetchrow(q("console_overview"), CAP)
+    r = await conn.fetchrow(q("console_overview"), LIST_CAP, INGEST_WINDOW)
     assert r is not None
     return dict(r)

@@ -241,12 +241,12 @@ ORDER BY c.claimed_at;
 
 -- name: console_overview
 -- The overview's numbers, every count bounded by $1 on a partial index; the ingest rate
--- counts the rows received in the last minute among the newest $1 ids.
+-- counts the rows received in the last minute among the newest $2 ids.
 SELECT
     (SELECT count(*) FROM (SELECT FROM webhook_inbox
                            WHERE received_at >= now() - interval '60 seconds'
-                             AND id > (SELECT max(id) FROM webhook_inbox) - $1
-                           LIMIT $1) x) AS ingest_last_minute,
+                             AND id > (SELECT max(id) FROM webhook_inbox) - $2
+                           LIMIT $2) x) AS ingest_last_minute,
     (SELECT count(*) FROM (SELECT FROM webhook_inbox WHERE state = 'pending' LIMIT $1) x) AS inbox_pending,
     (SELECT coalesce(extract(epoch FROM clock_timestamp() - min(next_attempt_at)), 0)::float8
      FROM (SELECT next_attempt_at FROM webhook_inbox WHERE state = 'pending'

@@ -128,3 +128,8 @@ def test_console_tokens_parse_and_stay_secret() -> None:
     assert s.console_tokens == (("alice", "t" * 20, "ro"),)
     assert "t" * 20 in s.secret_values()
     assert "t" * 20 not in str(s.redacted())
+
+
+def test_counts_at_the_cap_read_as_at_least() -> None:
+    got = console.needs(replace(QUIET, outbox_review=10_000, dead_events=3), cap=10_000)
+    assert [n.what for n in got] == ["10000+ send(s) wait for review", "3 dead item(s)"]

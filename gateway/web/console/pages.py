@@ -140,11 +140,11 @@ async def overview(request: web.Request) -> web.StreamResponse:
     )
     context = {
         "n": n,
-        "needs": pure.needs(numbers),
+        "needs": pure.needs(numbers, reads.LIST_CAP),
         "rate": n["ingest_last_minute"] / 60,
         "dests": dests,
         "passes": passes,
-        "cap": reads.CAP,
+        "cap": reads.LIST_CAP,
         "now": now,
     }
     return aiohttp_jinja2.render_template("overview.html", request, context)
@@ -319,7 +319,7 @@ def masked(d: Any) -> str:
 
 async def destinations(request: web.Request) -> web.StreamResponse:
     dests = await reads.destinations(request.app[POOL])
-    context = {"dests": [(d, masked(d)) for d in dests], "cap": reads.CAP}
+    context = {"dests": [(d, masked(d)) for d in dests], "cap": reads.LIST_CAP}
     return aiohttp_jinja2.render_template("destinations.html", request, context)
 
 
