@@ -248,8 +248,8 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
     settings = Settings(
         database_url=dsn,
         forward_concurrency=args.concurrency,
-        # Claimed deliveries queue for the workers, up to a batch; a round refills the queue
-        # when it is down to half. At 8 x the requests in flight no worker waited for work;
+        # Claimed deliveries queue for the posters, up to a batch; a round refills the queue
+        # when it is down to half. At 8 x the requests in flight no poster waited for work;
         # at 4 x they found the queue empty 8 % of the time, at 2 x a third.
         forward_batch=8 * args.concurrency,
         forward_poll_ms=200,
@@ -264,14 +264,14 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     forwarder = Forwarder(pool, settings)
     fw_task = asyncio.create_task(forwarder.run(stop))
-    group: ConsumerGroup | None = None
+    group_task: asyncio.Task[None] | None = None
     failures: list[str] = []
     try:
         async with aiohttp.ClientSession() as http:
             rx = Receiver(base, http)
             dest_id = await deliveries.add_destination(
                 pool, name=DEST, url=url, events=["message", "status", "account"], secret=secret,
-                # claimed ones count: in flight (concurrency) + queued for a worker (a batch)
+                # claimed ones count: in flight (concurrency) + queued for a poster (a batch)
                 max_in_flight=9 * args.concurrency, ordered=False,
             )  # fmt: skip
             await deliveries.set_enabled(pool, name=DEST, enabled=False)
@@ -305,7 +305,7 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
             await deliveries.set_enabled(pool, name=DEST, enabled=True)
             group = ConsumerGroup(pool, settings)
             group.on_deliveries(forwarder.wake.set)  # as gateway serve wires them
-            await group.start()
+            group_task = asyncio.create_task(group.run(stop))
             rate = best_fw / 2
             receipts = await _pipeline(pool, "lat", rate, args.seconds)
             if not await _wait_delivered(pool, "lat", len(receipts), 60):
@@ -331,9 +331,9 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
             if args.faults:
                 failures += await _faults(pool, rx, args, rate / 2)
     finally:
-        if group is not None:
-            await group.stop()
         stop.set()
+        if group_task is not None:
+            await group_task
         await fw_task
         await forwarder.close()
         await pool.close()

@@ -15,11 +15,11 @@ import pytest
 from aiohttp import ClientSession
 
 from gateway.core.settings import Settings
+from gateway.runtime.services import gateway_app
 from gateway.store.db import connect, create_pool, migrate, with_database
 from gateway.testing.fake_provider import FakeConfig, FakeProvider
 from gateway.testing.fake_receiver import FakeReceiver
 from gateway.testing.scratch import scratch_database
-from gateway.web.app import build_app
 from gateway.web.server import Listening, listen
 from tests.support.config import (
     API_KEYS,
@@ -122,7 +122,7 @@ async def start_gateway() -> AsyncIterator[object]:
     servers: list[Listening] = []
 
     async def start(s: Settings) -> Listening:
-        server = await listen(build_app(s), s, "127.0.0.1", 0)
+        server = await listen(gateway_app(s), s, "127.0.0.1", 0)
         servers.append(server)
         return server
 

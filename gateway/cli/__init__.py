@@ -78,7 +78,8 @@ sender and the forwarder run in the same process.
 Listens on GATEWAY_HOST:GATEWAY_PORT (127.0.0.1:8080). Without DATABASE_URL it starts an
 embedded PostgreSQL under GATEWAY_DATA_DIR (./var). Migrations run at start-up unless
 GATEWAY_MIGRATE_ON_START=false. Stops cleanly on SIGTERM/SIGINT (pending webhooks are committed
-first). Exit codes: 2 invalid settings, 3 cannot start (database unreachable, port busy).
+first). Exit codes: 1 a background service failed, or the embedded PostgreSQL stayed down;
+2 invalid settings; 3 cannot start (database unreachable, port busy).
 
 --workers N (GATEWAY_WORKERS; default 0 = one per core) runs N such processes on the one port
 (SO_REUSEPORT), supervised by a parent that starts the database and migrates once, restarts a
@@ -94,12 +95,14 @@ services; with GATEWAY_MIGRATE_ON_START=false the other commands do not migrate 
 once (a redelivery is a duplicate by its key) and park what keeps failing as dead. Any number of
 consume processes may share a database. GATEWAY_CONSUMER_CONCURRENCY loops per process.
 
-With GATEWAY_METRICS_PORT set, serves /metrics and /healthz there. Runs until SIGTERM/SIGINT.""",
+With GATEWAY_METRICS_PORT set, serves /metrics and /healthz there. Runs until SIGTERM/SIGINT;
+exits 1 if it fails on its own.""",
     "send": """Run the sender and the reconciler alone: sends outbox rows to the Graph API (or Tenashi) at
 most once, paced per recipient and per number, and settles sends whose fate is unknown
 (GATEWAY_RECONCILE_WINDOW_S). Any number of send processes may share a database.
 
-With GATEWAY_METRICS_PORT set, serves /metrics and /healthz there. Runs until SIGTERM/SIGINT.""",
+With GATEWAY_METRICS_PORT set, serves /metrics and /healthz there. Runs until SIGTERM/SIGINT;
+exits 1 if it fails on its own.""",
     "dead": """Dead letters: whole staged webhooks that are not JSON (R<id>), and single events that
 failed on their own (E<id>: a malformed fragment at once, or after GATEWAY_MAX_ATTEMPTS failures
 that were the event's fault) while the rest of their POST was processed. Their raw bytes stay

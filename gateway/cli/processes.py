@@ -30,8 +30,7 @@ def serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
-    from gateway.runtime import workers
-    from gateway.web.app import build_app
+    from gateway.runtime import services, workers
 
     if ns.worker:
         workers.die_with_parent()
@@ -48,11 +47,12 @@ def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
         return runtime.serve_workers(settings, n, embedded=server)
     runtime.install_uvloop()
     asyncio.run(runtime.wait_for(settings, schema=True))
-    app = build_app(settings)
+    stop = asyncio.Event()  # set by a background service that fails: the process exits 1
+    app = services.gateway_app(settings, on_failure=stop.set)
     if not ns.worker:
         log.info("settings: %s", settings.redacted())
     runtime.tune_gc()
-    return runtime.serve_http(app, settings, embedded=server, reuse_port=ns.worker)
+    return runtime.serve_http(app, settings, embedded=server, reuse_port=ns.worker, stop=stop)
 
 
 def cmd_migrate(settings: Settings, ns: argparse.Namespace) -> int:
@@ -77,46 +77,21 @@ def cmd_settings(settings: Settings, ns: argparse.Namespace) -> int:
 
 
 def cmd_consume(settings: Settings, ns: argparse.Namespace) -> int:
-    from gateway.inbound.consumer_group import ConsumerGroup
+    from gateway.runtime.services import Roles
 
-    async def work(pool: asyncpg.Pool, stop: asyncio.Event) -> None:
-        group = ConsumerGroup(pool, settings)
-        try:
-            await group.start()
-            log.info("%d consumer(s) running", settings.consumer_concurrency)
-            await stop.wait()
-        finally:
-            await group.stop()
-
-    return runtime.run_worker(settings, (1, settings.consumer_concurrency + 3), work, inbound=True)
+    return runtime.run_services(settings, Roles(consumers=True))
 
 
 def cmd_send(settings: Settings, ns: argparse.Namespace) -> int:
-    from gateway.outbound.sender import Sender
+    from gateway.runtime.services import Roles
 
-    async def work(pool: asyncpg.Pool, stop: asyncio.Event) -> None:
-        sender = Sender(pool, settings)
-        log.info("sender running: %s", settings.redacted())
-        try:
-            await sender.run(stop)
-        finally:
-            await sender.close()
-
-    return runtime.run_worker(settings, (settings.db_pool_min, settings.db_pool_max), work, outbound=True)
+    return runtime.run_services(settings, Roles(sender=True))
 
 
 def cmd_forward(settings: Settings, ns: argparse.Namespace) -> int:
-    from gateway.outbound.forwarder import Forwarder
+    from gateway.runtime.services import Roles
 
-    async def work(pool: asyncpg.Pool, stop: asyncio.Event) -> None:
-        forwarder = Forwarder(pool, settings)
-        log.info("forwarder running: %d requests in flight at most", settings.forward_concurrency)
-        try:
-            await forwarder.run(stop)
-        finally:
-            await forwarder.close()
-
-    return runtime.run_worker(settings, (1, 4), work, forward=True)
+    return runtime.run_services(settings, Roles(forwarder=True))
 
 
 def cmd_fake_provider(settings: Settings, ns: argparse.Namespace) -> int:

@@ -378,7 +378,7 @@ class Settings:
         _int(0, 256),
         "gateway serve processes sharing the port (SO_REUSEPORT); 0: one per core",
     )
-    # Which background workers `gateway serve` runs in-process.
+    # Which background services `gateway serve` runs in-process.
     run_consumers: bool = _env("GATEWAY_RUN_CONSUMERS", True, _bool, "run the consumers inside gateway serve")
     run_sender: bool = _env(
         "GATEWAY_RUN_SENDER", True, _bool, "run the sender and reconciler inside gateway serve"

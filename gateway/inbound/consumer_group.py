@@ -1,5 +1,5 @@
 """A process's consumers: ``consumer_concurrency`` loops sharing one LISTEN connection, which
-wakes one idle consumer per NOTIFY."""
+wakes one idle consumer per NOTIFY (a service: gateway.runtime.services)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,11 @@ log = logging.getLogger(__name__)
 class ConsumerGroup:
     """``consumer_concurrency`` consumers sharing one LISTEN connection."""
 
+    name = "consumers"
+    # After a stop, a batch in progress may finish; one still running then is cancelled, and
+    # its transaction rolled back leaves its rows due for the next consumer.
+    stop_grace_s: float | None = 10.0
+
     def __init__(self, pool: asyncpg.Pool, settings: Settings, handlers: Registry | None = None) -> None:
         self._pool = pool
         self._s = settings
@@ -34,8 +39,6 @@ class ConsumerGroup:
         ]
         for c in self.consumers:
             c.on_more = self._wake_one
-        self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
 
     def on_deliveries(self, wake: Callable[[], None]) -> None:
         """Call ``wake`` after each committed batch that inserted deliveries (an in-process
@@ -59,21 +62,25 @@ class ConsumerGroup:
                 return
         self._wake_all()
 
-    async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(c.run(self._stop)) for c in self.consumers]
-        self._tasks.append(loop.create_task(self._listen()))
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until ``stop`` is set; then each consumer finishes its batch."""
+        tasks = [asyncio.create_task(c.run(stop)) for c in self.consumers]
+        tasks.append(asyncio.create_task(self._listen(stop)))
+        stopped = asyncio.create_task(stop.wait())
+        stopped.add_done_callback(self._wake_all)  # idle consumers wait on their wake-up
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            stopped.cancel()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        self._wake_all()
-        _done, pending = await asyncio.wait(self._tasks, timeout=timeout_s) if self._tasks else ((), ())
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+    async def close(self) -> None:
+        """Nothing to release: the consumers use the pool, the listener closed its connection."""
 
-    async def _listen(self) -> None:
+    async def _listen(self, stop: asyncio.Event) -> None:
         """Wake the consumers on NOTIFY (polling covers the gaps)."""
         assert self._s.database_url
         opener = functools.partial(own_connection, self._s.database_url, self._s.db_connect_timeout_s)
-        await listen(opener, inbox.CHANNEL, self._wake_one, self._stop)
+        await listen(opener, inbox.CHANNEL, self._wake_one, stop)

@@ -1,4 +1,4 @@
-"""One runner for the periodic jobs (retention, reconciler, gauges) of a process.
+"""The maintenance service: the periodic jobs (retention, reconciler, gauges) of a process.
 
 Each job runs on its own interval; a failing run is logged and tried again at the next
 interval, never stopping the others.
@@ -39,8 +39,8 @@ class Job:
 def jobs_for(
     pool: asyncpg.Pool, settings: Settings, *, inbound: bool, outbound: bool, forward: bool = False
 ) -> list[Job]:
-    """The jobs that go with the workers a process runs (``forward`` needs none of its own: its
-    gauges are database-wide, refreshed by the gauge leader whichever process that is)."""
+    """The jobs that go with the services a process runs (``forward`` needs none of its own:
+    its gauges are database-wide, refreshed by the gauge leader whichever process that is)."""
     jobs: list[Job] = []
     if settings.database_url:
         # One process of all those running jobs exports the database-wide gauges.
@@ -71,6 +71,28 @@ async def _retention(pool: asyncpg.Pool, settings: Settings, stop: asyncio.Event
         await audit.record_pass(pool, job="retention", error=None)
 
 
+class Maintenance:
+    """Every job of a process, each in its own loop until ``stop`` (a service:
+    gateway.runtime.services)."""
+
+    name = "maintenance"
+    stop_grace_s: float | None = None  # each job checks ``stop``; retention stops between batches
+
+    def __init__(
+        self, pool: asyncpg.Pool, settings: Settings, *, inbound: bool, outbound: bool, forward: bool = False
+    ) -> None:
+        self.jobs = jobs_for(pool, settings, inbound=inbound, outbound=outbound, forward=forward)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await asyncio.gather(*(_loop(j, stop) for j in self.jobs))
+
+    async def close(self) -> None:
+        """Release what the jobs hold (the gauge leader's lock and connection)."""
+        for j in self.jobs:
+            if j.close is not None:
+                await j.close()
+
+
 async def _loop(job: Job, stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
@@ -78,13 +100,3 @@ async def _loop(job: Job, stop: asyncio.Event) -> None:
         except Exception as exc:
             log.warning("%s failed: %s: %s", job.name, type(exc).__name__, exc)
         await sleep_unless_stopped(stop, job.interval_s)
-
-
-async def run(jobs: list[Job], stop: asyncio.Event) -> None:
-    """Run every job until ``stop`` is set, then close those that hold resources."""
-    try:
-        await asyncio.gather(*(_loop(j, stop) for j in jobs))
-    finally:
-        for j in jobs:
-            if j.close is not None:
-                await j.close()

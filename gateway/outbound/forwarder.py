@@ -5,8 +5,9 @@ Deliveries are inserted by the consumers in the same transaction as their event'
 serialised across forwarders so per-destination limits hold), on a connection of its own:
 write the outcomes of finished attempts, claim due deliveries (``FOR UPDATE SKIP LOCKED``)
 and record what it holds in its leases (``delivery_leases``; a claim writes no delivery row).
-It is woken by ``LISTEN deliveries``, by its workers when the queue needs refilling or enough
-outcomes wait, with polling as a fallback. ``forward_concurrency`` workers take claimed
+It is woken by ``LISTEN deliveries``, by its posters when the queue needs refilling or enough
+outcomes wait, with polling as a fallback. ``forward_concurrency`` posters (tasks that each
+send one request at a time) take claimed
 deliveries from a queue (up to a batch waits there, so a finished request's slot is refilled
 without a database round trip) and POST them. What an answer means is
 ``gateway.core.forwarding.decide``; signing is ``gateway.core.stdwebhooks``; both pure. The
@@ -74,6 +75,12 @@ class Attempt:
 
 
 class Forwarder:
+    """Forwards deliveries (a service: gateway.runtime.services)."""
+
+    name = "forwarder"
+    # It bounds its own stop: requests in flight get STOP_GRACE_S, the last outcomes one round.
+    stop_grace_s: float | None = None
+
     def __init__(
         self,
         pool: asyncpg.Pool,
@@ -89,12 +96,12 @@ class Forwarder:
         self.wake = asyncio.Event()
         # Names this forwarder's leases (a restarted one holds nothing of its predecessor's).
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        # Claimed deliveries waiting for a worker, and how many workers are posting one.
+        # Claimed deliveries waiting for a poster, and how many posters are posting one.
         self._queue: asyncio.Queue[deliveries.Claimed] = asyncio.Queue()
         self._busy = 0
-        self._idle = asyncio.Event()  # set while no worker is posting
+        self._idle = asyncio.Event()  # set while no poster is posting
         self._idle.set()
-        self._workers: list[asyncio.Task[None]] = []
+        self._posters: list[asyncio.Task[None]] = []
         self._done: list[Attempt] = []
         # Ids claimed and not yet recorded: its leases hold these (the rounds say so).
         self._held: set[int] = set()
@@ -143,7 +150,7 @@ class Forwarder:
 
     @property
     def in_flight(self) -> int:
-        """Claimed deliveries not finished yet: being posted or queued for a worker."""
+        """Claimed deliveries not finished yet: being posted or queued for a poster."""
         return self._busy + self._queue.qsize()
 
     @contextlib.asynccontextmanager
@@ -169,10 +176,10 @@ class Forwarder:
             results = self._unwritten[0] + results
             breakers = merge_tallies(self._unwritten[1], breakers)
             self._unwritten = ([], [])
-        # Claimed deliveries queue for a worker, up to one claim (forward_batch) beyond what
-        # the workers hold: a finished request's worker takes the next one at once, and a
+        # Claimed deliveries queue for a poster, up to one claim (forward_batch) beyond what
+        # the posters hold: a finished request's poster takes the next one at once, and a
         # round (a few round trips, each behind a busy event loop) refills the queue before
-        # the workers empty it.
+        # the posters empty it.
         free = s.forward_concurrency + s.forward_batch - self.in_flight
         self._free_before = free
         limit = min(free, s.forward_batch)
@@ -240,11 +247,11 @@ class Forwarder:
             key = self._keys[secret] = stdwebhooks.secret_key(secret)
         return key
 
-    async def _worker(self) -> None:
+    async def _poster(self) -> None:
         """Post claimed deliveries one after another until cancelled."""
         queue = self._queue
         while True:
-            # get_nowait first: a worker almost always finds one waiting (no coroutine to make)
+            # get_nowait first: a poster almost always finds one waiting (no coroutine to make)
             try:
                 c = queue.get_nowait()
             except asyncio.QueueEmpty:
@@ -386,7 +393,7 @@ class Forwarder:
         stopped = asyncio.create_task(stop.wait())
         stopped.add_done_callback(lambda _: self.wake.set())
         n = self.settings.forward_concurrency
-        self._workers = [asyncio.create_task(self._worker()) for _ in range(n)]
+        self._posters = [asyncio.create_task(self._poster()) for _ in range(n)]
         poll_s = self.settings.forward_poll_ms / 1000
         try:
             while not stop.is_set():
@@ -422,10 +429,10 @@ class Forwarder:
             self._done.append(a)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), STOP_GRACE_S)
-        for w in self._workers:
-            w.cancel()
-        await asyncio.gather(*self._workers, return_exceptions=True)
-        self._workers = []
+        for p in self._posters:
+            p.cancel()
+        await asyncio.gather(*self._posters, return_exceptions=True)
+        self._posters = []
         if self._done or self._unwritten[0] or self._gone:
             results, breakers = self._outcomes()
             results = self._unwritten[0] + results

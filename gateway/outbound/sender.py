@@ -1,4 +1,4 @@
-"""The sender worker: claims due outbox rows, paces them, sends them and records the outcome.
+"""The sender: claims due outbox rows, paces them, sends them and records the outcome.
 
 A claim is one transaction: lock due pending rows (SKIP LOCKED, so senders share the table and
 each row is sent by one of them), lock their numbers and breakers (advisory try-locks: a key
@@ -48,6 +48,10 @@ SCAN_FACTOR = 2
 
 
 class Sender:
+    """Sends the outbox (a service: gateway.runtime.services)."""
+
+    name = "sender"
+
     def __init__(
         self,
         pool: asyncpg.Pool,
@@ -77,6 +81,12 @@ class Sender:
             connector = aiohttp.TCPConnector(limit=self.settings.send_concurrency, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
         return self._session
+
+    @property
+    def stop_grace_s(self) -> float:
+        """After a stop, the requests in flight may finish (their own timeout bounds them); a
+        row still ``sending`` then becomes unknown when its lease runs out."""
+        return self.timeout.total or 30.0
 
     async def close(self) -> None:
         if self._session is not None:

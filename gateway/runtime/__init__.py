@@ -1,5 +1,7 @@
 """Process start-up and shutdown: logging, uvloop, GC tuning, the database (embedded when no
-DSN is given), and the loops of standalone workers. Only the CLI imports this package."""
+DSN is given), ``gateway serve`` (one process, or several worker processes on one port) and
+the processes that run background services alone (gateway.runtime.services). Only the CLI
+imports this package."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from aiohttp import web
@@ -20,7 +22,6 @@ from aiohttp import web
 from gateway.core.aio import sleep_unless_stopped
 from gateway.core.limits import LogThrottle
 from gateway.core.settings import Settings
-from gateway.maintenance import jobs
 from gateway.runtime import logs
 from gateway.runtime.startup import (
     LISTEN_ERRNOS,
@@ -33,6 +34,9 @@ from gateway.store.db import connect, create_pool, migrate_dsn
 from gateway.web import server
 from gateway.web.console.app import console_listener
 from gateway.web.health import ListenError, metrics_listener
+
+if TYPE_CHECKING:  # services imports every layer: loaded by the commands that run them
+    from gateway.runtime.services import Roles
 
 log = logging.getLogger("gateway")
 
@@ -148,13 +152,19 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
 
 
 def serve_http(
-    app: web.Application, settings: Settings, *, embedded: Any = None, reuse_port: bool = False
+    app: web.Application,
+    settings: Settings,
+    *,
+    embedded: Any = None,
+    reuse_port: bool = False,
+    stop: asyncio.Event | None = None,
 ) -> int:
-    """Serve ``app`` with the edge limits (gateway.web.server) until SIGTERM/SIGINT, or until
-    the embedded PostgreSQL is gone (exit status 1). ``reuse_port``: one of several workers."""
+    """Serve ``app`` with the edge limits (gateway.web.server) until SIGTERM/SIGINT or ``stop``
+    (a service that failed sets it: see services.gateway_app), or until the embedded
+    PostgreSQL is gone; exit status 1 for those two. ``reuse_port``: one of several workers."""
+    stop = stop or asyncio.Event()
 
     async def go() -> int:
-        stop = asyncio.Event()
         _stop_on_signals(stop)
         try:
             listening = await server.listen(
@@ -175,7 +185,10 @@ def serve_http(
         finally:
             log.info("shutting down")
             await listening.close()
-        return 1 if await watch else 0
+        from gateway.runtime.services import SERVICES
+
+        failed = SERVICES in app and app[SERVICES].failed
+        return 1 if await watch or failed else 0
 
     return run(go())
 
@@ -278,18 +291,13 @@ def with_connection(settings: Settings, work: Callable[[asyncpg.Connection], Awa
     return run(go())
 
 
-def run_worker(
-    settings: Settings,
-    pool_size: tuple[int, int],
-    work: Callable[[asyncpg.Pool, asyncio.Event], Awaitable[None]],
-    *,
-    inbound: bool = False,
-    outbound: bool = False,
-    forward: bool = False,
-) -> int:
-    """Standalone workers (consume, send, forward): wait for the database, migrate, open a pool,
-    serve /metrics and /healthz on GATEWAY_METRICS_PORT (if set), run ``work`` and the
-    maintenance jobs that go with it until SIGTERM/SIGINT (or the embedded PostgreSQL is gone)."""
+def run_services(settings: Settings, roles: Roles) -> int:
+    """``gateway consume|send|forward``: the services ``roles`` names and the maintenance jobs
+    that go with them, as a process of their own (no HTTP server; /metrics and /healthz on
+    GATEWAY_METRICS_PORT if set) until SIGTERM/SIGINT, or until the embedded PostgreSQL is gone
+    or a service fails (exit status 1)."""
+    from gateway.runtime import services
+
     settings, pg = resolve_database(settings)
 
     async def go() -> int:
@@ -301,38 +309,19 @@ def run_worker(
                     await stack.enter_async_context(metrics_listener(settings.host, settings.metrics_port))
                 except ListenError as exc:
                     raise listen_error(exc, exc.host, exc.port, exc.variable) from None
-            return await _worker(
-                settings, pool_size, work, pg, inbound=inbound, outbound=outbound, forward=forward
-            )
+            if settings.migrate_on_start:
+                await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
+            size = services.pool_size(settings, roles)
+            pool = await create_pool(settings.database_url, *size, timeout=settings.db_connect_timeout_s)
+            stack.push_async_callback(pool.close)
+            running = services.build(pool, settings, roles).all()
+            stop = asyncio.Event()
+            _stop_on_signals(stop)
+            watch = asyncio.create_task(supervise_embedded(pg, stop))
+            log.info("settings: %s", settings.redacted())
+            log.info("running: %s", ", ".join(s.name for s in running))
+            failed = await services.run(running, stop, on_failure=stop.set)
+            stop.set()
+            return 1 if await watch or failed else 0
 
     return run(go())
-
-
-async def _worker(
-    settings: Settings,
-    pool_size: tuple[int, int],
-    work: Callable[[asyncpg.Pool, asyncio.Event], Awaitable[None]],
-    pg: Any,
-    *,
-    inbound: bool,
-    outbound: bool,
-    forward: bool,
-) -> int:
-    """Migrate, open the pool, run ``work`` beside the maintenance jobs until a signal."""
-    assert settings.database_url
-    if settings.migrate_on_start:
-        await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
-    pool = await create_pool(settings.database_url, *pool_size, timeout=settings.db_connect_timeout_s)
-    stop = asyncio.Event()
-    _stop_on_signals(stop)
-    maintenance = asyncio.create_task(
-        jobs.run(jobs.jobs_for(pool, settings, inbound=inbound, outbound=outbound, forward=forward), stop)
-    )
-    watch = asyncio.create_task(supervise_embedded(pg, stop))
-    try:
-        await work(pool, stop)
-    finally:
-        stop.set()
-        await maintenance
-        await pool.close()
-    return 1 if await watch else 0

@@ -1,6 +1,6 @@
 """Start-up that waits: the database may come up after the gateway (compose, a restart), and
 its schema after it too when another process applies the migrations (``gateway migrate`` as a
-one-shot beside the workers, GATEWAY_MIGRATE_ON_START=false).
+one-shot beside the other processes, GATEWAY_MIGRATE_ON_START=false).
 
 An unreachable database, or a schema older than this code's, is retried with backoff for
 ``GATEWAY_DB_WAIT_S``, one log line per try; then, like a wrong password, a malformed DSN or a

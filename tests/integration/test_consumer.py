@@ -17,6 +17,7 @@ from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta, sign_tenashi
 from gateway.inbound.consumer import Consumer
 from gateway.inbound.consumer_group import ConsumerGroup
+from gateway.runtime import services
 from gateway.store import inbox
 from gateway.testing.payloads import (
     message_obj,
@@ -516,7 +517,7 @@ async def test_after_a_batch_that_left_nothing_due_the_loop_waits(db_dsn: str, s
         await pool.close()
 
 
-async def _counting(group: ConsumerGroup) -> list[list[int]]:
+def _counting(group: ConsumerGroup) -> list[list[int]]:
     """Each consumer's batches (rows claimed), as they happen."""
     seen: list[list[int]] = []
     for c in group.consumers:
@@ -529,14 +530,17 @@ async def _counting(group: ConsumerGroup) -> list[list[int]]:
             return n
 
         c.process_batch = counted  # type: ignore[method-assign]
-    await group.start()
+    return seen
+
+
+async def _all_idle(group: ConsumerGroup, seen: list[list[int]]) -> None:
+    """Wait until every consumer has had its first look and waits; forget those looks."""
     for _ in range(300):
         if all(c.idle for c in group.consumers):
             break
         await asyncio.sleep(0.01)
     for batches in seen:
-        batches.clear()  # the first look, at start
-    return seen
+        batches.clear()
 
 
 async def test_a_notify_wakes_one_idle_consumer_and_a_backlog_wakes_more(
@@ -545,8 +549,9 @@ async def test_a_notify_wakes_one_idle_consumer_and_a_backlog_wakes_more(
     group = ConsumerGroup(
         pool, replace(settings, consumer_concurrency=3, consumer_batch=10, consumer_poll_ms=60_000)
     )
-    try:
-        seen = await _counting(group)
+    seen = _counting(group)
+    async with services.running(group):
+        await _all_idle(group, seen)
         await stage(pool, to_bytes(messages_payload(message_obj("wamid.N1"))))  # one NOTIFY
         for _ in range(300):
             if await inbox_states(pool) == {"done": 1}:
@@ -566,5 +571,3 @@ async def test_a_notify_wakes_one_idle_consumer_and_a_backlog_wakes_more(
             await asyncio.sleep(0.01)
         assert await inbox_states(pool) == {"done": 41}
         assert sum(1 for batches in seen if any(batches)) >= 2
-    finally:
-        await group.stop()

@@ -17,6 +17,7 @@ from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
 from gateway.inbound.consumer import Consumer
 from gateway.outbound.backfill import backfill
+from gateway.runtime.services import SERVICES
 from gateway.store import deliveries
 from gateway.testing.fake_receiver import FakeReceiver, Scripted
 from gateway.testing.payloads import (
@@ -28,7 +29,6 @@ from gateway.testing.payloads import (
     tenashi_event,
     to_bytes,
 )
-from gateway.web.app import CONSUMERS, FORWARDER
 from tests.support.config import DESTINATION_SECRET, META_SECRET, replace
 from tests.support.consume import drain, stage
 from tests.support.forward import (
@@ -291,7 +291,9 @@ async def test_gateway_serve_forwards_a_meta_webhook_end_to_end(
     # Its consumers wake its forwarder after their commits (NOTIFY wakes other processes').
     app = server.app
     assert app is not None
-    assert all(c.on_deliveries == app[FORWARDER].wake.set for c in app[CONSUMERS].consumers)
+    running = app[SERVICES]
+    assert running.forwarder is not None and running.consumers is not None
+    assert all(c.on_deliveries == running.forwarder.wake.set for c in running.consumers.consumers)
     body = to_bytes(messages_payload(message_obj("wamid.E2E", "hello")))
     headers = {"Content-Type": "application/json", "X-Hub-Signature-256": sign_meta(body, META_SECRET)}
     for _ in range(2):  # Meta redelivers: still one delivery

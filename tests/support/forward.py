@@ -13,6 +13,7 @@ import asyncpg
 
 from gateway.core.settings import Settings
 from gateway.outbound.forwarder import Forwarder
+from gateway.runtime import services
 from gateway.store import deliveries
 from gateway.testing.fake_receiver import FakeReceiver
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
@@ -78,16 +79,9 @@ async def process_status(pool: asyncpg.Pool, settings: Settings, wamid: str, sta
 @contextlib.asynccontextmanager
 async def forwarding(pool: asyncpg.Pool, settings: Settings, n: int = 1) -> AsyncIterator[list[Forwarder]]:
     """``n`` forwarders running for the duration of the block, stopped (bounded) after it."""
-    stop = asyncio.Event()
     fws = [Forwarder(pool, settings) for _ in range(n)]
-    tasks = [asyncio.create_task(f.run(stop)) for f in fws]
-    try:
+    async with services.running(*fws):
         yield fws
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), 15)
-        for f in fws:
-            await f.close()
 
 
 async def until(
