@@ -20,7 +20,8 @@ Each key has a *subject* (``subject_of``): the value the key is built from (the 
 Meta message or status, the Tenashi event id, else the key itself). It is stored beside the
 key and in every side-effect row, in their primary keys: the distribution column the schema
 keeps ready for Citus (docs/scaling.md). A pure function of the key, so a redelivery has the
-same subject and meets its key; migration 0009's SQL ``event_subject`` is the same rule.
+same subject and meets its key; SQL ``event_subject`` (sql/functions/event_subject.sql) is the
+same rule.
 
 Each key is stored in the partition of its *event day* (``event_day``): the UTC day of
 Meta's own message/status ``timestamp``, which a redelivery repeats, so the redelivery
@@ -182,7 +183,7 @@ class Item:
 
 
 def subject_of(key: str) -> str:
-    """The subject of a dedup key (the same rule as SQL ``event_subject``, migration 0009).
+    """The subject of a dedup key (the same rule as SQL ``event_subject``).
 
     ``msg:<wamid>`` and ``evt:<id>`` give what follows the prefix; ``status:<wamid>:<status>:
     <participant>`` gives the wamid (everything up to the last two ``:``, so a ``:`` inside

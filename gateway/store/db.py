@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import asyncpg
 import orjson
 from asyncpg.pool import PoolConnectionProxy
 
-from gateway.store.sqlfiles import migrations, q
+from gateway.store.sqlfiles import Function, functions, migrations, q
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,9 @@ async def connect(dsn: str, timeout: float = 5.0) -> asyncpg.Connection:
 
 
 async def migrate(conn: asyncpg.Connection, *, upto: int | None = None) -> list[int]:
-    """Apply pending migrations (up to ``upto``, default all), each in its own transaction;
-    returns the versions applied."""
+    """Apply pending migrations (up to ``upto``, default all), each in its own transaction,
+    then, once the schema is current, every SQL function whose source changed
+    (``apply_functions``); returns the migration versions applied."""
     applied: list[int] = []
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_ID)
     try:
@@ -95,8 +97,48 @@ async def migrate(conn: asyncpg.Connection, *, upto: int | None = None) -> list[
                 )
             log.info("applied migration %04d_%s", m.version, m.name)
             applied.append(m.version)
+        if upto is None or upto >= latest_version():
+            await _apply_functions(conn, functions())
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)
+    return applied
+
+
+async def apply_functions(conn: asyncpg.Connection, sources: Iterable[Function]) -> list[str]:
+    """Apply each function source whose checksum differs from the one applied last, each in
+    its own transaction, under the migration lock; returns their names."""
+    await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_ID)
+    try:
+        return await _apply_functions(conn, sources)
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)
+
+
+async def _apply_functions(conn: asyncpg.Connection, sources: Iterable[Function]) -> list[str]:
+    await conn.execute(
+        """CREATE TABLE IF NOT EXISTS schema_functions (
+               name       text PRIMARY KEY,
+               checksum   text NOT NULL,
+               applied_at timestamptz NOT NULL DEFAULT now())"""
+    )
+    rows = await conn.fetch("SELECT name, checksum FROM schema_functions")
+    current: dict[str, str] = {r["name"]: r["checksum"] for r in rows}
+    applied: list[str] = []
+    for f in sources:
+        if current.get(f.name) == f.checksum:
+            continue
+        async with conn.transaction():
+            # As pg_dump does: a body that calls another function need not wait for it.
+            await conn.execute("SET LOCAL check_function_bodies = off")
+            await conn.execute(f.sql)
+            await conn.execute(
+                """INSERT INTO schema_functions (name, checksum) VALUES ($1, $2)
+                   ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum, applied_at = now()""",
+                f.name,
+                f.checksum,
+            )
+        log.info("applied function %s", f.name)
+        applied.append(f.name)
     return applied
 
 

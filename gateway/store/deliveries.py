@@ -195,12 +195,23 @@ async def cycle(
     except BaseException:
         conn.terminate()
         raise
-    # Claimed rows carry Claimed's columns in its order (the body goes out as bytes); a
-    # breaker transition has no id and (destination, old, new) in columns 7, 1, 2; a
-    # breaker now half-open is (None, "half_open", ..., destination).
-    claimed = [Claimed(r[0], r[1], r[2].encode(), *r[3:]) for r in rows if r[0] is not None]
-    changes = [(r[7], r[1], r[2]) for r in rows if r[0] is None and r[1] != "half_open"]
-    half = [r[7] for r in rows if r[0] is None and r[1] == "half_open"]
+    # Rows by kind (sql/functions/forward_round.sql): a claimed row carries Claimed's columns
+    # in its order after the kind (the body goes out as bytes); the others name a destination.
+    claimed: list[Claimed] = []
+    changes: list[tuple[str, str, str]] = []
+    half: list[str] = []
+    for r in rows:
+        kind = r[0]
+        if kind == "claimed":
+            claimed.append(Claimed(r[1], r[2], r[3].encode(), *r[4:13]))
+        elif kind == "breaker":
+            changes.append((r[8], r[13], r[14]))
+        elif kind == "disabled":
+            changes.append((r[8], "enabled", "gone"))
+        elif kind == "half_open":
+            half.append(r[8])
+        else:
+            raise ValueError(f"forward_round returned a row of unknown kind {kind!r}")
     return claimed, changes, half
 
 

@@ -1,7 +1,9 @@
-"""Named SQL queries and numbered migrations, loaded once from ``sql/``."""
+"""Named SQL queries, numbered migrations and the current source of each SQL function, loaded
+once from ``sql/``."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -9,6 +11,7 @@ from pathlib import Path
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
 _MIGRATION = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_FUNCTION = re.compile(r"^[a-z0-9_]+\.sql$")
 
 
 def sql_dir() -> Path:
@@ -74,4 +77,28 @@ def migrations() -> tuple[Migration, ...]:
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):
         raise ValueError(f"two migrations share a number: {versions}")
+    return tuple(found)
+
+
+@dataclass(frozen=True)
+class Function:
+    """The current source of one SQL function, ``sql/functions/<name>.sql``: what
+    ``gateway migrate`` applies whenever its checksum differs from the one applied last.
+    (Migrations keep the bodies they were released with; these files are what runs.)"""
+
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+@cache
+def functions() -> tuple[Function, ...]:
+    found: list[Function] = []
+    for path in sorted((sql_dir() / "functions").glob("*.sql")):
+        if not _FUNCTION.match(path.name):
+            raise ValueError(f"function file {path.name!r} is not named <function>.sql")
+        found.append(Function(path.stem, path.read_text()))
     return tuple(found)

@@ -49,15 +49,14 @@ SELECT g.id, (SELECT count(*) FROM deliveries x WHERE x.destination_id = g.id) A
 FROM gone g;
 
 -- name: forward_round
--- One forwarder round: see forward_round() in sql/migrations/0011_delivery_leases.sql (its
--- latest version is in 0013_claims_due_from.sql).
+-- One forwarder round: see sql/functions/forward_round.sql.
 SELECT * FROM forward_round($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16);
 
 -- name: deliveries_gauges
 -- Per destination: open deliveries, age of the oldest due one (receipt time), breaker state.
 -- Bounded work every refresh, whatever the backlog (a day-long outage queues millions): the
 -- pending deliveries are read on the claim's index from due_from (past the dead entries, see
--- migration 0013) and only up to $1 of them, so a backlog at the cap reads "at least this
+-- sql/functions/forward_round.sql) and only up to $1 of them, so a backlog at the cap reads "at least this
 -- many" and the age is the oldest among the first $1 due (exact below the cap).
 SELECT d.name, d.breaker_state, d.enabled,
        (SELECT count(*) FROM (

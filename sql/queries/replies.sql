@@ -1,4 +1,4 @@
--- The reply guard (reply_claim(), migration 0016): one reply per inbound message, or one per
+-- The reply guard (sql/functions/reply_claim.sql): one reply per inbound message, or one per
 -- bot for tenants that opted in. Claimed in the transaction that enqueues the reply, so a
 -- rollback releases the claim.
 

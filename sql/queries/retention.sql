@@ -1,7 +1,7 @@
 -- Retention and partitions (maintenance job): whole day partitions are created ahead and
 -- dropped when past their table's horizon; the few unpartitioned row sets are trimmed by
 -- bounded DELETE batches (never one long lock); callers loop until a batch is short.
--- The partition_* functions are defined by migration 0007.
+-- The partition_* functions: sql/functions/partition_*.sql.
 
 -- name: partition_lock_timeout
 -- Creating or dropping a partition locks its parent: never queue behind a long transaction

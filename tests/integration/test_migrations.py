@@ -1,9 +1,12 @@
-"""Migrations: applied once, safely concurrent, and matching the schema snapshot."""
+"""Migrations: applied once, safely concurrent, and matching the schema snapshot; each SQL
+function has one current source, sql/functions/<name>.sql, which `gateway migrate` applies
+whenever its checksum differs from the one it applied last."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,11 +14,21 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from gateway.store.db import connect, latest_version, migrate, with_database
-from gateway.store.sqlfiles import migrations
+from gateway.store.db import apply_functions, connect, latest_version, migrate, with_database
+from gateway.store.sqlfiles import Function, functions, migrations
 from tests.support.schema import describe
 
 SNAPSHOT = Path(__file__).parent.parent / "schema_snapshot.txt"
+# Released migrations keep the function bodies they shipped with. Any other migration must
+# leave functions to sql/functions/ (its file would replace what the migration defined).
+RELEASED = {
+    "0001_webhook_inbox_and_outbox", "0002_processed_events_and_side_effects", "0003_idempotency_keys",
+    "0004_dead_events_handlers", "0005_destinations_deliveries", "0006_send_pacing_breakers",
+    "0007_partitions", "0008_reply_per_bot", "0009_subjects_and_lanes", "0010_destination_secret_rotation",
+    "0011_delivery_leases", "0012_forwarding_storage", "0013_claims_due_from",
+    "0016_reply_guard_key_binding", "0018_operator_console",
+}  # fmt: skip
+DEFINES_FUNCTION = re.compile(r"CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+(?!pg_temp\.)", re.IGNORECASE)
 
 
 @pytest.fixture
@@ -55,3 +68,49 @@ async def test_schema_matches_snapshot(empty_db: str) -> None:
         SNAPSHOT.write_text(actual)
     assert SNAPSHOT.exists(), "run with UPDATE_SNAPSHOT=1 to create tests/schema_snapshot.txt"
     assert actual == SNAPSHOT.read_text(), "schema changed: review, then UPDATE_SNAPSHOT=1"
+
+
+def test_no_unreleased_migration_defines_a_function() -> None:
+    unreleased = [m for m in migrations() if f"{m.version:04d}_{m.name}" not in RELEASED]
+    offenders = [m.name for m in unreleased if DEFINES_FUNCTION.search(m.sql)]
+    assert offenders == [], "put the function's body in sql/functions/<name>.sql instead"
+
+
+async def test_every_function_has_its_source_file_and_its_checksum(empty_db: str) -> None:
+    conn = await connect(empty_db)
+    try:
+        await migrate(conn)
+        names = await conn.fetch("SELECT proname FROM pg_proc WHERE pronamespace = 'public'::regnamespace")
+        recorded = await conn.fetch("SELECT name, checksum FROM schema_functions")
+    finally:
+        await conn.close()
+    assert {r["proname"] for r in names} == {f.name for f in functions()}
+    assert {r["name"]: r["checksum"] for r in recorded} == {f.name: f.checksum for f in functions()}
+
+
+async def test_an_older_database_gets_the_current_functions(empty_db: str) -> None:
+    conn = await connect(empty_db)
+    try:
+        await migrate(conn, upto=13)  # not current: its functions are the migrations' own
+        assert not await conn.fetchval("SELECT to_regclass('schema_functions') IS NOT NULL")
+        # 0013's forward_round, whose rows were told apart by NULLs.
+        args = await conn.fetchval("SELECT proargnames FROM pg_proc WHERE proname = 'forward_round'")
+        assert "o_kind" not in args
+        await migrate(conn)
+        upgraded = await describe(conn)
+    finally:
+        await conn.close()
+    assert upgraded == SNAPSHOT.read_text()  # the schema of a fresh database, function bodies too
+
+
+async def test_a_changed_source_is_applied_once_and_an_unchanged_one_never(pool: asyncpg.Pool) -> None:
+    rank = next(f for f in functions() if f.name == "delivery_rank")
+    played = "WHEN 'played' THEN 4"
+    heard = Function(rank.name, rank.sql.replace(played, f"{played} WHEN 'heard' THEN 4"))
+    assert heard.checksum != rank.checksum
+    async with pool.acquire() as conn:
+        assert await apply_functions(conn, functions()) == []  # the template is current
+        assert await apply_functions(conn, [heard]) == ["delivery_rank"]
+        assert await conn.fetchval("SELECT delivery_rank('heard')") == 4
+        assert await apply_functions(conn, [heard]) == []
+        assert await migrate(conn) == [] and await conn.fetchval("SELECT delivery_rank('heard')") == 0

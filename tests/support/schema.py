@@ -38,7 +38,7 @@ SELECT 'partition ' || c.oid::regclass || ' of ' || i.inhparent::regclass || ' '
 FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid
 WHERE c.relispartition AND c.relkind IN ('r', 'p') AND c.oid NOT IN (SELECT oid FROM day_partition)
 UNION ALL
-SELECT 'function ' || p.proname FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace
+SELECT 'function ' || pg_get_functiondef(p.oid) FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace
 UNION ALL
 SELECT 'options ' || c.oid::regclass || ' ' || array_to_string(c.reloptions, ',') FROM pg_class c
 WHERE c.relnamespace = 'public'::regnamespace AND c.reloptions IS NOT NULL

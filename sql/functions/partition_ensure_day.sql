@@ -1,0 +1,34 @@
+-- The day partition of `parent` for `day` (named <parent>_pYYYYMMDD); false if it existed.
+-- Partition bounds are UTC days, for date and timestamptz partition keys alike. Created
+-- standalone and then ATTACHed: ATTACH PARTITION takes only SHARE UPDATE EXCLUSIVE on the
+-- parent, so inserts and claims go on (CREATE TABLE ... PARTITION OF would lock them out);
+-- the parent's indexes are built on the empty table and its identity is shared. A stored
+-- generated column (webhook_inbox.lane) must come along as generated, or ATTACH refuses it.
+CREATE OR REPLACE FUNCTION partition_ensure_day(parent text, day date) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    child text := parent || '_p' || to_char(day, 'YYYYMMDD');
+    keytype text;
+    lo text;
+    hi text;
+BEGIN
+    IF to_regclass(child) IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    SELECT format_type(a.atttypid, a.atttypmod) INTO keytype
+    FROM pg_partitioned_table p
+    JOIN pg_attribute a ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0]
+    WHERE p.partrelid = parent::regclass;
+    IF keytype = 'date' THEN
+        lo := quote_literal(day::text);
+        hi := quote_literal((day + 1)::text);
+    ELSE
+        lo := quote_literal(day::text || ' 00:00:00+00');
+        hi := quote_literal((day + 1)::text || ' 00:00:00+00');
+    END IF;
+    EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS '
+                   'INCLUDING GENERATED INCLUDING STORAGE)', child, parent);
+    EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%s) TO (%s)', parent, child, lo, hi);
+    RETURN true;
+END;
+$$;
