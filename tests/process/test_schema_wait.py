@@ -14,7 +14,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from gateway.store.db import latest_version, migrate
+from gateway.store.db import MIGRATION_LOCK_ID, latest_version, migrate
 from gateway.testing.scratch import scratch_database
 from tests.support.procs import free_port, spawn
 
@@ -123,3 +123,37 @@ async def test_a_schema_that_does_not_come_ends_in_one_line(empty_dsn: str) -> N
     # The migration itself does not wait for the schema.
     done = run_cli("migrate", env=env)
     assert done.returncode == 0, done.stderr
+
+
+async def test_a_running_migration_is_waited_for(db_dsn: str, tmp_path: Path) -> None:
+    """`gateway migrate` applies the SQL functions after the last migration, under its lock: a
+    schema at the right version is not ready while a migration run still holds that lock."""
+    holder = await asyncpg.connect(db_dsn)
+    consume_metrics = free_port()
+    log = tmp_path / "consume.log"
+    healthy = f"http://127.0.0.1:{consume_metrics}/healthz"
+    try:
+        assert await holder.fetchval("SELECT pg_try_advisory_lock($1)", MIGRATION_LOCK_ID)
+        env = {**base_env(db_dsn, "60"), "GATEWAY_METRICS_PORT": str(consume_metrics)}
+        consume = spawn(["consume"], env, str(log))
+        try:
+            for _ in range(100):
+                if "a migration still running" in log.read_text():
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)
+            assert consume.poll() is None
+            assert f"schema at version {latest_version()}, a migration still running" in log.read_text()
+            assert await status(healthy) is None
+            await holder.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)
+            for _ in range(150):
+                if await status(healthy) == 200:
+                    break
+                assert consume.poll() is None
+                await asyncio.sleep(0.1)
+            assert await status(healthy) == 200
+        finally:
+            consume.terminate()
+            assert consume.wait(timeout=30) == 0
+    finally:
+        await holder.close()
