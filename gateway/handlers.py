@@ -9,7 +9,7 @@ register functions with the decorators of ``on``::
     async def echo(event, conn):
         await reply(conn, event, bot="echo", text=event.message["text"]["body"])
 
-    @on.status("failed")
+    @on.status("failed", numbers=["1111"])  # only messages sent from number 1111
     async def failed(event, conn):
         await conn.execute("UPDATE orders SET state = 'failed' WHERE wamid = $1", event.wamid)
 
@@ -65,19 +65,31 @@ class Registry:
         self.handlers.append(Registered(name, fn, match))
         return fn
 
-    def message(self, *, type: str | None = None) -> Callable[[F], F]:
-        """Inbound messages, optionally of one ``type`` (text, image, interactive, ...)."""
+    def message(self, *, type: str | None = None, numbers: Iterable[str] | None = None) -> Callable[[F], F]:
+        """Inbound messages, optionally of one ``type`` (text, image, interactive, ...) and only to
+        some business ``numbers`` (phone_number_ids)."""
+        only = None if numbers is None else frozenset(numbers)
 
         def match(ev: Event) -> bool:
-            return isinstance(ev, InboundMessage) and (type is None or ev.type == type)
+            return (
+                isinstance(ev, InboundMessage)
+                and (type is None or ev.type == type)
+                and (only is None or ev.phone_number_id in only)
+            )
 
         return lambda fn: self._add(fn, match)
 
-    def status(self, *statuses: str) -> Callable[[F], F]:
-        """Status updates, optionally only these (sent, delivered, read, failed, ...)."""
+    def status(self, *statuses: str, numbers: Iterable[str] | None = None) -> Callable[[F], F]:
+        """Status updates, optionally only these (sent, delivered, read, failed, ...) and only of
+        messages sent from some business ``numbers``."""
+        only = None if numbers is None else frozenset(numbers)
 
         def match(ev: Event) -> bool:
-            return isinstance(ev, Status) and (not statuses or ev.status in statuses)
+            return (
+                isinstance(ev, Status)
+                and (not statuses or ev.status in statuses)
+                and (only is None or ev.phone_number_id in only)
+            )
 
         return lambda fn: self._add(fn, match)
 
@@ -133,9 +145,11 @@ async def reply(
     The send API's rule, in this transaction: one reply per inbound message whoever answers
     (several, one per bot, for tenants in GATEWAY_REPLY_PER_BOT_TENANTS), claimed in
     ``reply_claims``; and the outbox key ``reply:<bot>:<wamid>`` (unique per tenant). The reply
-    threads under the message (Meta's ``context.message_id``).
+    threads under the message (Meta's ``context.message_id``) and goes to the sender's phone
+    number, or to their BSUID when Meta did not share the number (a user with a username).
     """
-    if not event.sender:
+    to = event.who.address
+    if not to:
         raise ValueError(f"message {event.wamid} has no sender to reply to")
     key = f"reply:{bot}:{event.wamid}"
     first = await replies.claim(
@@ -162,7 +176,7 @@ async def reply(
             key=key,
             provider=provider,
             phone_number_id=event.phone_number_id or "",
-            recipient=event.sender,
+            recipient=to,
             payload=payload,
         ),
     )

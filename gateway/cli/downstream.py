@@ -33,6 +33,14 @@ def destinations_args(p: argparse.ArgumentParser) -> None:
     )
     add.add_argument("--max-in-flight", type=int, default=16, help="requests in flight at once (default 16)")
     add.add_argument("--ordered", action="store_true", help="one delivery in flight per customer wa_id")
+    add.add_argument(
+        "--numbers", help="comma-separated phone_number_ids: only their events (default: every number's)"
+    )
+    add.add_argument(
+        "--tenant",
+        help="a tenant's destination: only events of the numbers GATEWAY_TENANT_NUMBERS binds to it "
+        "now (with --numbers: those of them)",
+    )
     actor_args(add)
     sub.add_parser("list", help="destinations, breaker state, backlog")
     rot = sub.add_parser(
@@ -78,6 +86,23 @@ def _refused(url: str) -> str | None:
     return asyncio.run(check())
 
 
+def _numbers(settings: Settings, given: str | None, tenant: str | None) -> list[str] | None:
+    """The numbers a new destination is limited to (None: every number): --numbers, and with
+    --tenant only numbers bound to that tenant (all of them when --numbers is not given)."""
+    numbers = None if given is None else forwarding.parse_numbers(given)
+    if tenant is None:
+        return numbers
+    owned = settings.numbers_of(tenant)
+    if not owned:
+        raise ValueError(f"--tenant {tenant}: GATEWAY_TENANT_NUMBERS binds no numbers to it")
+    if numbers is None:
+        return sorted(owned)
+    foreign = sorted(set(numbers) - owned)
+    if foreign:
+        raise ValueError(f"--numbers {','.join(foreign)}: not bound to tenant {tenant}")
+    return numbers
+
+
 def _secret(given: str | None) -> str:
     """The --secret given (ValueError unless it is a valid whsec_ secret), or a new one."""
     secret = given if given is not None else stdwebhooks.generate_secret()
@@ -102,6 +127,8 @@ async def _change(
                 secret=secret,
                 max_in_flight=ns.max_in_flight,
                 ordered=ns.ordered,
+                numbers=ns.resolved_numbers,
+                tenant=ns.tenant,
             )
         )
         if ns.secret is None:
@@ -145,6 +172,7 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
             forwarding.parse_events(ns.events)
             if not 1 <= ns.max_in_flight <= 10000:
                 raise ValueError("--max-in-flight must be 1..10000")
+            ns.resolved_numbers = _numbers(settings, ns.numbers, ns.tenant)
             secret = _secret(ns.secret)
         except ValueError as exc:
             print(f"gateway destinations add: {exc}", file=sys.stderr)
@@ -159,6 +187,7 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
                 return 1
         print(
             "name\tenabled\tevents\tordered\tmax_in_flight\tbreaker\tfailures\tbacklog\tfailed\tsecret\turl"
+            "\tnumbers\ttenant"
         )
         for d in await deliveries.list_destinations(conn):
             enabled = "False (410 Gone)" if d.gone else d.enabled
@@ -175,6 +204,8 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
                     f" until {d.previous_secret_until.isoformat(timespec='seconds')})"
                 ),
                 d.url,
+                ",".join(d.numbers) if d.numbers is not None else "(all)",
+                d.tenant or "",
             ]
             print("\t".join(str(c) for c in cols))
         return 0

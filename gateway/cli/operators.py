@@ -193,10 +193,14 @@ def cmd_outbox(settings: Settings, ns: argparse.Namespace) -> int:
 
 def senders_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True)
-    sub.add_parser("list", help="every circuit breaker (per sending number and per tenant token)")
+    sub.add_parser("list", help="every circuit breaker (per sending number and per access token)")
     r = sub.add_parser("resume", help="close a breaker by hand: its rows are due now")
     r.add_argument("scope", choices=("number", "token"))
-    r.add_argument("key", help="the phone_number_id (number) or the tenant (token)")
+    r.add_argument(
+        "key",
+        help="the phone_number_id (number); for a token: 'default', or the first number "
+        "GATEWAY_GRAPH_TOKENS lists with that token",
+    )
     r.add_argument("--provider", default="meta", choices=("meta", "tenashi"))
     actor_args(r)
 

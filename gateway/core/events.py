@@ -36,6 +36,11 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any, ClassVar
 
 from gateway.core.enums import Source
+from gateway.core.identity import Who
+
+# Message types whose object names a media file by id (GET /v1/media/{id} downloads it).
+MEDIA_TYPES = frozenset({"image", "audio", "video", "document", "sticker"})
+MAX_MEDIA_ID = 128
 
 # Meta may batch up to 1000 updates per POST; more than this is not a Meta payload.
 MAX_EVENTS_PER_PAYLOAD = 10_000
@@ -68,7 +73,32 @@ class InboundMessage:
     timestamp: int | None
     contact_name: str | None
     message: dict[str, Any]
+    # Who wrote it beside ``sender`` (the phone number, ``from``; absent for a user whose
+    # number Meta does not share): the BSUID (``from_user_id`` / ``contacts[].user_id``), the
+    # parent BSUID and the username.
+    user_id: str | None = None
+    parent_user_id: str | None = None
+    username: str | None = None
+    # Where it came in (the change's ``metadata`` and ``entry[].id``), and the customer's
+    # ``contacts[]`` object as Meta sent it.
+    waba_id: str | None = None
+    display_phone_number: str | None = None
+    contact: dict[str, Any] | None = None
     kind: ClassVar[str] = "message"
+
+    @property
+    def who(self) -> Who:
+        return Who(self.sender, self.user_id, self.parent_user_id, self.username)
+
+    @property
+    def media(self) -> tuple[str, str | None] | None:
+        """The media id (and MIME type) of an image, audio, video, document or sticker message."""
+        obj = self.message.get(self.type) if self.type in MEDIA_TYPES else None
+        media_id = obj.get("id") if isinstance(obj, dict) else None
+        if not isinstance(media_id, str) or not 0 < len(media_id) <= MAX_MEDIA_ID:
+            return None
+        mime = obj.get("mime_type") if isinstance(obj, dict) else None
+        return media_id, mime if isinstance(mime, str) and len(mime) <= 255 else None
 
     def to_row(self, inbox_id: int, source: str) -> dict[str, Any]:
         """The ``inbound_messages`` row (as the consumer's batch statement reads it)."""
@@ -83,6 +113,14 @@ class InboundMessage:
             "contact_name": self.contact_name,
             "message": self.message,
             "inbox_id": inbox_id,
+            "user_id": self.user_id,
+            "parent_user_id": self.parent_user_id,
+            "username": self.username,
+            "waba_id": self.waba_id,
+            "display_phone_number": self.display_phone_number,
+            "contact": self.contact,
+            "media_id": media[0] if (media := self.media) else None,
+            "mime_type": media[1] if media else None,
         }
 
 
@@ -97,7 +135,27 @@ class Status:
     callback_data: str | None
     errors: list[Any] | None
     raw: dict[str, Any]
+    # Whom it was sent to beside ``recipient`` (the phone number, ``recipient_id``): BSUID,
+    # parent BSUID, username; where it was sent from; the ``contacts[]`` object (none on
+    # ``failed`` statuses).
+    recipient_user_id: str | None = None
+    recipient_parent_user_id: str | None = None
+    recipient_username: str | None = None
+    phone_number_id: str | None = None
+    waba_id: str | None = None
+    display_phone_number: str | None = None
+    contact: dict[str, Any] | None = None
+    # The send API caller's own biz_opaque_callback_data for the message this status is about
+    # (``callback_data`` is the gateway's key, which Meta echoes): filled in when the status is
+    # processed, from the outbox row it names.
+    biz_opaque_callback_data: str | None = None
     kind: ClassVar[str] = "status"
+
+    @property
+    def who(self) -> Who:
+        return Who(
+            self.recipient, self.recipient_user_id, self.recipient_parent_user_id, self.recipient_username
+        )
 
     def to_row(self, inbox_id: int, source: str) -> dict[str, Any]:
         """The ``message_statuses`` row; it also moves the outbox row it names."""
@@ -113,6 +171,13 @@ class Status:
             "errors": self.errors,
             "raw": self.raw,
             "inbox_id": inbox_id,
+            "recipient_user_id": self.recipient_user_id,
+            "recipient_parent_user_id": self.recipient_parent_user_id,
+            "recipient_username": self.recipient_username,
+            "phone_number_id": self.phone_number_id,
+            "waba_id": self.waba_id,
+            "display_phone_number": self.display_phone_number,
+            "contact": self.contact,
         }
 
 

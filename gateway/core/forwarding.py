@@ -23,6 +23,7 @@ ENVELOPE_VERSION = 1
 EVENT_KINDS = ("message", "status", "account")
 MAX_NAME = 63
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_NUMBER = re.compile(r"[0-9A-Za-z_-]{1,64}")
 MAX_URL = 2000
 # Retry-After larger than this is clamped: a receiver must not park deliveries for days.
 MAX_RETRY_AFTER_S = 3600.0
@@ -57,14 +58,15 @@ def kind_of(ev: Event) -> str:
 
 
 def conversation_of(ev: Event) -> str:
-    """The customer's wa_id (messages: the sender; statuses: the recipient); '' when none.
+    """The customer (messages: the sender; statuses: the recipient): the phone number, else the
+    BSUID, else the parent BSUID; '' when none.
 
     Destinations with ordering keep one delivery in flight per conversation.
     """
     if isinstance(ev, InboundMessage):
-        return ev.sender or ""
+        return ev.sender or ev.user_id or ev.parent_user_id or ""
     if isinstance(ev, Status):
-        return ev.recipient or ""
+        return ev.recipient or ev.recipient_user_id or ev.recipient_parent_user_id or ""
     return ""
 
 
@@ -84,9 +86,15 @@ def envelope(ev: Event, source: str) -> dict[str, Any]:
         data = {
             "wamid": ev.wamid,
             "phone_number_id": ev.phone_number_id,
+            "display_phone_number": ev.display_phone_number,
+            "waba_id": ev.waba_id,
             "from": ev.sender,
+            "from_user_id": ev.user_id,
+            "from_parent_user_id": ev.parent_user_id,
+            "username": ev.username,
             "type": ev.type,
             "contact_name": ev.contact_name,
+            "contact": ev.contact,
         }
         raw = ev.message
     elif isinstance(ev, Status):
@@ -95,10 +103,18 @@ def envelope(ev: Event, source: str) -> dict[str, Any]:
         data = {
             "wamid": ev.wamid,
             "status": ev.status,
+            "phone_number_id": ev.phone_number_id,
+            "display_phone_number": ev.display_phone_number,
+            "waba_id": ev.waba_id,
             "recipient_id": ev.recipient,
+            "recipient_user_id": ev.recipient_user_id,
+            "recipient_parent_user_id": ev.recipient_parent_user_id,
+            "recipient_username": ev.recipient_username,
             "participant": ev.participant or None,
             "callback_data": ev.callback_data,
+            "biz_opaque_callback_data": ev.biz_opaque_callback_data,
             "errors": ev.errors,
+            "contact": ev.contact,
         }
         raw = ev.raw
     elif isinstance(ev, AccountError):
@@ -134,7 +150,31 @@ def forward_row(ev: Event, source: str, inbox_id: int) -> dict[str, Any]:
         "conversation": conversation_of(ev),
         "envelope": envelope(ev, source),
         "inbox_id": inbox_id,
+        "callback": ev.callback_data if isinstance(ev, Status) else None,
+        "number": number_of(ev),
     }
+
+
+def number_of(ev: Event) -> str | None:
+    """The business number an event came to or went from (destinations limited to numbers get
+    only their numbers' events); None when it names none (most account-level changes)."""
+    if isinstance(ev, InboundMessage | Status | AccountError):
+        return ev.phone_number_id
+    value = ev.value
+    metadata = value.get("metadata") if isinstance(value, dict) else None
+    number = metadata.get("phone_number_id") if isinstance(metadata, dict) else None
+    return number if isinstance(number, str) else None
+
+
+def parse_numbers(raw: str) -> list[str]:
+    """``--numbers 1111,2222``: phone_number_ids, each once."""
+    numbers = [n.strip() for n in raw.split(",") if n.strip()]
+    if not numbers:
+        raise ValueError("--numbers needs at least one phone_number_id")
+    for n in numbers:
+        if not _NUMBER.fullmatch(n):
+            raise ValueError(f"--numbers: {n[:40]!r} is not a phone_number_id")
+    return sorted(set(numbers))
 
 
 # --- rebuilding events from the side-effect tables (backfill) ---------------------------------
@@ -155,6 +195,12 @@ def message_from_row(row: dict[str, Any], key: str) -> InboundMessage:
         timestamp=_unix(row["timestamp"]),
         contact_name=row["contact_name"],
         message=row["message"],
+        user_id=row["user_id"],
+        parent_user_id=row["parent_user_id"],
+        username=row["username"],
+        waba_id=row["waba_id"],
+        display_phone_number=row["display_phone_number"],
+        contact=row["contact"],
     )
 
 
@@ -169,6 +215,14 @@ def status_from_row(row: dict[str, Any]) -> Status:
         callback_data=row["callback_data"],
         errors=row["errors"],
         raw=row["raw"],
+        recipient_user_id=row["recipient_user_id"],
+        recipient_parent_user_id=row["recipient_parent_user_id"],
+        recipient_username=row["recipient_username"],
+        phone_number_id=row["phone_number_id"],
+        waba_id=row["waba_id"],
+        display_phone_number=row["display_phone_number"],
+        contact=row["contact"],
+        biz_opaque_callback_data=row["biz_opaque_callback_data"],
     )
 
 

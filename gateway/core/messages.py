@@ -30,17 +30,35 @@ class Invalid(Exception):
         super().__init__("; ".join(errors))
 
 
+# The message types of Meta's Cloud API message object the send API takes (one object each).
+MESSAGE_TYPES = (
+    "text",
+    "image",
+    "audio",
+    "video",
+    "document",
+    "sticker",
+    "location",
+    "contacts",
+    "interactive",
+    "reaction",
+    "template",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """A validated request body."""
 
-    to: str
+    to: str  # the customer: a phone number (digits), or a BSUID or parent BSUID
     phone_number_id: str
-    message: dict[str, Any]
+    message: dict[str, Any]  # {"type": t, t: {...}} exactly as the caller gave it
     unknown_policy: UnknownPolicy
     # The inbound message this answers (Meta's context.message_id), and the bot answering it.
     in_reply_to: str | None = None
     bot: str = DEFAULT_BOT
+    # The caller's own value, returned with the message's statuses.
+    biz_opaque_callback_data: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,21 +65,28 @@ class Candidate:
     number: str
     recipient: str
     tenant: str
+    # Whom ``recipient`` names (the BSUID its phone number was last seen with): one pace for the
+    # phone number and the BSUID of one customer. Empty: the recipient itself.
+    person: str = ""
+    # Which access token the send uses (its token breaker's key); empty: the tenant's.
+    token: str = ""
 
     @property
     def keys(self) -> tuple[str, str]:
-        return number_key(self.provider, self.number), pair_key(self.provider, self.number, self.recipient)
+        who = self.person or self.recipient
+        return number_key(self.provider, self.number), pair_key(self.provider, self.number, who)
 
     @property
     def breakers(self) -> tuple[BreakerId, BreakerId]:
-        return BreakerId("number", self.provider, self.number), BreakerId("token", self.provider, self.tenant)
+        token = BreakerId("token", self.provider, self.token or self.tenant)
+        return BreakerId("number", self.provider, self.number), token
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class BreakerId:
     scope: str  # number | token
     provider: str
-    key: str  # phone_number_id | tenant
+    key: str  # phone_number_id | the token's key (Settings.token_key)
 
     @property
     def lock_key(self) -> str:

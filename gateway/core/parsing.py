@@ -27,6 +27,7 @@ from gateway.core.events import (
     Status,
     UnknownShape,
 )
+from gateway.core.identity import Who, contact_for, contact_name, from_contact, ident, merge
 
 # What a body may contain that PostgreSQL cannot store: U+0000 (text and jsonb refuse it)
 # and lone UTF-16 surrogates (not UTF-8). Each becomes the six characters of its JSON
@@ -123,12 +124,18 @@ def parse_fragment(source: str, unit: str, fragment: bytes, context: dict[str, A
     if source == Source.TENASHI:
         return [parse_tenashi(doc, context.get("delivery_id"))]
     if unit == "message":
-        name = context.get("contact_name")
-        sender = _opt_str(_dict(doc, "message").get("from"))
-        contacts = {sender or "": name} if isinstance(name, str) else {}
-        return [_meta_message(doc, context.get("phone_number_id"), contacts)]
+        name = context.get("contact_name")  # items recorded before the contact was kept whole
+        return [
+            _meta_message(
+                _dict(doc, "message"),
+                _where_from(context),
+                [context["contact"]] if isinstance(context.get("contact"), dict) else [],
+                name if isinstance(name, str) else None,
+            )
+        ]
     if unit == "status":
-        return list(_meta_statuses(_dict(doc, "status")))
+        contact = context.get("contact")
+        return list(_meta_statuses(_dict(doc, "status"), _where_from(context), [contact] if contact else []))
     if unit == "change":
         return [_change_event(context.get("waba_id"), _dict(doc, "change"))]
     raise UnknownShape(f"a {unit} fragment cannot be processed alone")
@@ -263,71 +270,79 @@ def _meta_change(
     messages = _list(value.get("messages"), "messages")
     statuses = _list(value.get("statuses"), "statuses")
     errors = _list(value.get("errors"), "errors")
-    metadata = value.get("metadata")
-    phone_number_id = _opt_str(metadata.get("phone_number_id")) if isinstance(metadata, dict) else None
-    contacts = _contact_names(value.get("contacts"))
+    where = _where(value.get("metadata"), waba_id)
+    contacts = value.get("contacts")
     before = len(items)
     for k, msg in enumerate(messages):
         sub = (*path, "value", "messages", k)
         try:
-            m = _meta_message(_dict(msg, "message"), phone_number_id, contacts)
+            m = _meta_message(_dict(msg, "message"), where, contacts)
         except Exception as exc:
             items.append(Item(len(items), sub, "message", error=_error(exc)))
             continue
-        mctx = {"phone_number_id": phone_number_id, "contact_name": m.contact_name}
         dirty_msg = changed and scrub(raw_value["messages"][k])[1]
-        items.append(Item(len(items), sub, "message", mctx, (m,), None, dirty_msg))
+        items.append(Item(len(items), sub, "message", {**where, "contact": m.contact}, (m,), None, dirty_msg))
     for k, st in enumerate(statuses):
         sub = (*path, "value", "statuses", k)
         try:
-            sts = tuple(_meta_statuses(_dict(st, "status")))
+            sts = tuple(_meta_statuses(_dict(st, "status"), where, contacts))
         except Exception as exc:
             items.append(Item(len(items), sub, "status", error=_error(exc)))
             continue
         dirty_st = changed and scrub(raw_value["statuses"][k])[1]
-        items.append(Item(len(items), sub, "status", {}, sts, None, dirty_st))
+        sctx = {**where, "contact": sts[0].contact if sts else None}
+        items.append(Item(len(items), sub, "status", sctx, sts, None, dirty_st))
     if errors or len(items) == before:
         # value.errors (account level), or a messages change with nothing we act on (e.g.
         # echoes): recorded, not dropped.
         items.append(Item(len(items), path, "change", ctx, (_change_event(waba_id, change),), None, changed))
 
 
-def _contact_names(contacts: Any) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for c in contacts if isinstance(contacts, list) else []:
-        if not isinstance(c, dict):
-            continue
-        profile = c.get("profile")
-        name = profile.get("name") if isinstance(profile, dict) else None
-        wa_id = _opt_str(c.get("wa_id"))
-        if isinstance(name, str):
-            out[wa_id or ""] = name
-    return out
+def _where(metadata: Any, waba_id: str | None) -> dict[str, str | None]:
+    """The business number a change came to (its ``metadata``) and the account (``entry.id``)."""
+    md = metadata if isinstance(metadata, dict) else {}
+    return {
+        "phone_number_id": _opt_str(md.get("phone_number_id")),
+        "display_phone_number": _opt_str(md.get("display_phone_number")),
+        "waba_id": waba_id,
+    }
+
+
+def _where_from(context: dict[str, Any]) -> dict[str, str | None]:
+    return {k: _opt_str(context.get(k)) for k in ("phone_number_id", "display_phone_number", "waba_id")}
 
 
 def _meta_message(
-    msg: dict[str, Any], phone_number_id: str | None, contacts: dict[str, str]
+    msg: dict[str, Any], where: dict[str, str | None], contacts: Any, fallback_name: str | None = None
 ) -> InboundMessage:
     wamid = _req_str(msg, "id", "message")
-    sender = _opt_str(msg.get("from"))
-    name = contacts.get(sender or "")
-    if name is None and len(contacts) == 1:
-        name = next(iter(contacts.values()))
+    sender, user_id = ident(msg.get("from")), ident(msg.get("from_user_id"))
+    contact = contact_for(contacts, sender, user_id)
+    who = merge(Who(sender, user_id, ident(msg.get("from_parent_user_id"))), from_contact(contact))
     return InboundMessage(
         key=f"msg:{wamid}",
         wamid=wamid,
-        phone_number_id=phone_number_id,
-        sender=sender,
+        phone_number_id=where["phone_number_id"],
+        sender=who.wa_id,
         type=_opt_str(msg.get("type")),
         timestamp=_unix(msg.get("timestamp")),
-        contact_name=name,
+        contact_name=contact_name(contact) or fallback_name,
         message=msg,
+        user_id=who.user_id,
+        parent_user_id=who.parent_user_id,
+        username=who.username,
+        waba_id=where["waba_id"],
+        display_phone_number=where["display_phone_number"],
+        contact=contact,
     )
 
 
 def _participants(st: dict[str, Any]) -> list[str]:
-    """Group statuses name a participant; a list of them yields one status each."""
+    """Group statuses name a participant (by phone number, else by BSUID); a list of them
+    yields one status each."""
     value = st.get("recipient_participant_id")
+    if value is None:
+        value = st.get("recipient_participant_user_id")
     if value is None:
         return [""]
     if isinstance(value, list):
@@ -341,22 +356,33 @@ def _participants(st: dict[str, Any]) -> list[str]:
     return [single]
 
 
-def _meta_statuses(st: dict[str, Any]) -> list[Status]:
+def _meta_statuses(st: dict[str, Any], where: dict[str, str | None], contacts: Any) -> list[Status]:
     wamid = _req_str(st, "id", "status")
     status = _req_str(st, "status", "status")
     errors = st.get("errors")
     callback = st.get("biz_opaque_callback_data")
+    recipient, user_id = ident(st.get("recipient_id")), ident(st.get("recipient_user_id"))
+    # A group status names the group; its contacts are not the recipient's.
+    contact = None if st.get("recipient_type") == "group" else contact_for(contacts, recipient, user_id)
+    who = merge(Who(recipient, user_id, ident(st.get("recipient_parent_user_id"))), from_contact(contact))
     return [
         Status(
             key=f"status:{wamid}:{status}:{participant}",
             wamid=wamid,
             status=status,
             participant=participant,
-            recipient=_opt_str(st.get("recipient_id")),
+            recipient=who.wa_id,
             timestamp=_unix(st.get("timestamp")),
             callback_data=callback if isinstance(callback, str) and callback else None,
             errors=errors if isinstance(errors, list) else None,
             raw=st,
+            recipient_user_id=who.user_id,
+            recipient_parent_user_id=who.parent_user_id,
+            recipient_username=who.username,
+            phone_number_id=where["phone_number_id"],
+            waba_id=where["waba_id"],
+            display_phone_number=where["display_phone_number"],
+            contact=contact,
         )
         for participant in _participants(st)
     ]

@@ -24,6 +24,7 @@ from gateway.core.events import (
     subject_of,
 )
 from gateway.core.forwarding import forward_row
+from gateway.core.identity import Who, ident, links
 from gateway.core.parsing import parse_items
 from gateway.core.settings import MIN_DEDUP_RETENTION_DAYS
 
@@ -56,6 +57,8 @@ class Plan:
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {k: [] for k in KINDS})
     # One row per event for the destinations that want it: kind, conversation, envelope.
     forwards: list[dict[str, Any]] = field(default_factory=list)
+    # Phone number <-> BSUID pairs the events show, per business number (customer_ids).
+    links: list[dict[str, Any]] = field(default_factory=list)
     done: list[int] = field(default_factory=list)
     parked: list[int] = field(default_factory=list)
     parked_why: list[str] = field(default_factory=list)
@@ -87,6 +90,7 @@ class Plan:
         subject = subject_of(ev.key)
         row = ev.to_row(inbox_id, source)
         forward = forward_row(ev, source, inbox_id)
+        links = identity_links(ev)
         self.keys.append(ev.key)
         self.key_inbox.append(inbox_id)
         self.key_days.append(day)
@@ -94,6 +98,37 @@ class Plan:
         self.kinds[ev.kind] += 1
         self.rows[ev.kind].append(row)
         self.forwards.append(forward)
+        self.links.extend(links)
+
+
+def identity_links(ev: Event) -> list[dict[str, Any]]:
+    """The phone/BSUID pairs one event shows, each with the business number it came to: the
+    customer of a message or status, a ``system`` message's new identifiers (the user changed
+    number or BSUID), and the ``contacts`` of other changes (calls, user_preferences,
+    user_id_update, ...)."""
+    number: str | None
+    found: list[dict[str, Any]] = []
+    if isinstance(ev, InboundMessage | Status):
+        number = ev.phone_number_id
+        pair = ev.who.link()
+        found = [pair] if pair is not None else []
+        system = ev.message.get("system") if isinstance(ev, InboundMessage) else None
+        if isinstance(system, dict):
+            pair = Who(
+                ident(system.get("wa_id")), ident(system.get("user_id")), ident(system.get("parent_user_id"))
+            ).link()
+            found += [pair] if pair is not None else []
+    elif isinstance(ev, AccountUpdate) and isinstance(ev.value, dict):
+        metadata = ev.value.get("metadata")
+        raw = metadata.get("phone_number_id") if isinstance(metadata, dict) else None
+        number = raw if isinstance(raw, str) else None
+        contacts = ev.value.get("contacts")
+        found = links(contacts) if isinstance(contacts, list) else []
+    else:
+        return []
+    if not number:
+        return []
+    return [{"phone_number_id": number, **pair} for pair in found]
 
 
 def describe(exc: BaseException) -> str:

@@ -131,6 +131,19 @@ def _console_tokens(raw: str) -> tuple[tuple[str, str, str], ...]:
     return tuple(out)
 
 
+def _graph_tokens(raw: str) -> tuple[tuple[str, str], ...]:
+    pairs = _pairs(raw)
+    numbers = [n for n, _ in pairs]
+    if len(set(numbers)) != len(numbers):
+        raise ValueError("a phone_number_id is given twice")
+    for number, token in pairs:
+        if not number.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"{number!r} is not a phone_number_id")
+        if len(token) < 8:
+            raise ValueError(f"the token of {number} is too short")  # never echo the token
+    return pairs
+
+
 def _choice(*options: str) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         value = raw.strip().lower()
@@ -318,7 +331,27 @@ class Settings:
         _url,
         "Graph API base URL for sends (with its version)",
     )
-    graph_token: str = _env("GATEWAY_GRAPH_TOKEN", "", _str, "Graph API access token for sends")
+    graph_token: str = _env(
+        "GATEWAY_GRAPH_TOKEN", "", _str, "Graph API token of every number GATEWAY_GRAPH_TOKENS does not name"
+    )
+    graph_tokens: tuple[tuple[str, str], ...] = _env(
+        "GATEWAY_GRAPH_TOKENS",
+        (),
+        _graph_tokens,
+        "phone_number_id:token,...: the Graph API token of each sending number (sends, read receipts, media)",
+    )
+    media_max_bytes: int = _env(
+        "GATEWAY_MEDIA_MAX_BYTES",
+        100 * 1024 * 1024,
+        _int(1),
+        "largest media file GET /v1/media streams or POST /v1/media uploads (Meta's limit: 100 MB)",
+    )
+    media_timeout_s: float = _env(
+        "GATEWAY_MEDIA_TIMEOUT_S",
+        120.0,
+        _float(1, 3600),
+        "whole-transfer timeout of one media download or upload through the Graph API",
+    )
 
     # Tenashi
     tenashi_secret: str = _env("GATEWAY_TENASHI_SECRET", "", _str, "secret Tenashi signs its webhooks with")
@@ -655,6 +688,27 @@ class Settings:
     def provider_for(self, tenant: str) -> Provider:
         return Provider(dict(self.tenant_providers).get(tenant, Provider.META))
 
+    def graph_token_for(self, phone_number_id: str) -> str:
+        """The Graph API token of a sending number: its own (GATEWAY_GRAPH_TOKENS), else the
+        default (GATEWAY_GRAPH_TOKEN)."""
+        return dict(self.graph_tokens).get(phone_number_id, self.graph_token)
+
+    def token_key(self, provider: str, phone_number_id: str) -> str:
+        """Which token a send from ``phone_number_id`` uses, as its breaker's key: the first number
+        GATEWAY_GRAPH_TOKENS lists with that token, or "default" (GATEWAY_GRAPH_TOKEN, and
+        Tenashi's one token)."""
+        token = dict(self.graph_tokens).get(phone_number_id) if provider == Provider.META else None
+        if token is None:
+            return DEFAULT_TOKEN
+        return next(n for n, t in self.graph_tokens if t == token)
+
+    def numbers_of(self, tenant: str) -> frozenset[str] | None:
+        """The numbers bound to ``tenant`` (GATEWAY_TENANT_NUMBERS); None when no binding is set
+        (every tenant may use every number)."""
+        if not self.tenant_numbers:
+            return None
+        return frozenset(n for t, n in self.tenant_numbers if t == tenant)
+
     def may_send_from(self, tenant: str, phone_number_id: str) -> bool:
         """Whether ``tenant`` may send from ``phone_number_id`` (anyone may when no binding is set)."""
         if not self.tenant_numbers:
@@ -694,7 +748,7 @@ class Settings:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in {"meta_app_secrets", "api_keys", "console_tokens"}:
+            if f.name in {"meta_app_secrets", "api_keys", "console_tokens", "graph_tokens"}:
                 value = f"<{len(value)} set>"
             elif f.name in _SINGLE_SECRETS:
                 value = "<set>" if value else "<unset>"
@@ -707,6 +761,7 @@ class Settings:
         """Every secret configured (and the database password), for scrubbing log lines."""
         found: list[str] = [*self.meta_app_secrets, *(key for _, key in self.api_keys)]
         found += [token for _, token, _ in self.console_tokens]
+        found += [token for _, token in self.graph_tokens]
         found += [getattr(self, name) for name in sorted(_SINGLE_SECRETS)]
         if self.database_url:
             password = urllib.parse.urlsplit(self.database_url).password
@@ -715,6 +770,9 @@ class Settings:
         # Very short values would blank out ordinary words; settings reject short secrets anyway.
         return tuple(sorted({v for v in found if len(v) >= 4}, key=len, reverse=True))
 
+
+# The key of the breaker of GATEWAY_GRAPH_TOKEN (and of Tenashi's token).
+DEFAULT_TOKEN = "default"  # noqa: S105 - a breaker key, not a secret
 
 _SINGLE_SECRETS = {"tenashi_secret", "graph_token", "tenashi_token", "meta_verify_token"}
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -41,7 +42,7 @@ from asyncpg.pool import PoolConnectionProxy
 from gateway import metrics, tracing
 from gateway.core.aio import sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
-from gateway.core.events import Event, Item
+from gateway.core.events import Event, Item, Status
 from gateway.core.faults import (
     Fault,
     HandlerError,
@@ -252,7 +253,7 @@ class Consumer:
             fresh = set(result.fresh_keys)
             for ev, _row, _item in plan.events:
                 if ev.key in fresh:
-                    await self._run_handlers(conn, ev)
+                    await self._run_handlers(conn, ev, result.callers)
         return result
 
     async def _slow(self, conn: Conn, plan: Plan, exc: BaseException) -> None:
@@ -295,7 +296,7 @@ class Consumer:
                             if item.scrubbed:
                                 await self._fragments(conn, [(ev, row, item)])
                             if self._handlers and result.fresh_keys:
-                                await self._run_handlers(conn, ev)
+                                await self._run_handlers(conn, ev, result.callers)
                     except Exception as exc:
                         failures.append(Failure(row, item, ev, exc, await self._triage(conn, exc, ev.kind)))
                     else:
@@ -410,7 +411,7 @@ class Consumer:
                                 fragments=[it.fragment],
                             )
                         if self._handlers and result.fresh_keys:
-                            await self._run_handlers(conn, ev)
+                            await self._run_handlers(conn, ev, result.callers)
             except Exception as exc:
                 failures.append((it, exc, await self._triage(conn, exc, it.kind)))
             else:
@@ -439,8 +440,11 @@ class Consumer:
 
     # -- helpers --------------------------------------------------------------------------
 
-    async def _run_handlers(self, conn: Conn, ev: Event) -> None:
+    async def _run_handlers(self, conn: Conn, ev: Event, callers: dict[str, str]) -> None:
+        """Run the handlers of ``ev``; a status gets the caller's biz_opaque_callback_data."""
         assert self._handlers is not None
+        if isinstance(ev, Status) and ev.key in callers:
+            ev = dataclasses.replace(ev, biz_opaque_callback_data=callers[ev.key])
         timeout = self._s.handler_timeout_ms / 1000
         for h in self._handlers.for_event(ev):
             try:

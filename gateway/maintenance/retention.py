@@ -60,6 +60,9 @@ class Report:
     purged: dict[str, int] = field(default_factory=dict)
 
 
+MEDIA_DAYS = 30
+
+
 def _midnight(day: date) -> datetime:
     return datetime.combine(day, time(), UTC)
 
@@ -113,6 +116,8 @@ async def _purges(conn: retention.Session, s: Settings, report: Report, stop: as
         ("dead_events", s.inbox_retention_days),  # only those a retry or replay finished
         # Exact bytes of escaped events: kept as long as the raw bodies they came from.
         ("event_fragments", s.inbox_retention_days),
+        # Meta keeps a media file 30 days: its id means nothing after that.
+        ("media", MEDIA_DAYS),
     )
     for table, days in plan:
         n = await retention.purge_table(

@@ -258,13 +258,19 @@ async def add_destination(
     secret: str,
     max_in_flight: int,
     ordered: bool,
+    numbers: Sequence[str] | None = None,
+    tenant: str | None = None,
 ) -> str:
     params = {"url": url, "events": list(events), "max_in_flight": max_in_flight, "ordered": ordered}
+    if numbers is not None:
+        params["numbers"] = list(numbers)
+    if tenant is not None:
+        params["tenant"] = tenant
     async with _audited(conn, actor, "destination.add", name, params) as out:
         try:
             await deliveries.add_destination(
                 conn, name=name, url=url, events=events, secret=secret,
-                max_in_flight=max_in_flight, ordered=ordered,
+                max_in_flight=max_in_flight, ordered=ordered, numbers=numbers, tenant=tenant,
             )  # fmt: skip
         except deliveries.DestinationExists:
             raise Refused(f"destination {name!r} exists (remove it first)") from None

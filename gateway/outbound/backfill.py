@@ -20,6 +20,7 @@ from gateway.core.forwarding import (
     envelope,
     kind_of,
     message_from_row,
+    number_of,
     status_from_row,
 )
 from gateway.store import deliveries
@@ -81,6 +82,7 @@ async def backfill(conn: Conn, *, destination: str, since: datetime, until: date
                             "conversation": conversation_of(ev),
                             "envelope": envelope(ev, source),
                             "received_at": r["received_at"],
+                            "number": number_of(ev),
                         }
                     )
                 n = await deliveries.insert_rebuilt(conn, destination_id=dest["id"], rows=rows)

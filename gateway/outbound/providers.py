@@ -16,6 +16,7 @@ import orjson
 
 from gateway.core.classify import Classified, Outcome, Transport, classify_response, classify_transport
 from gateway.core.enums import Provider
+from gateway.core.identity import recipient_field
 from gateway.core.settings import Settings
 
 
@@ -31,14 +32,16 @@ def build_request(settings: Settings, row: Any) -> tuple[str, dict[str, str], by
             "Content-Type": "application/json",
         }
         return f"{settings.tenashi_url}/api/v1/messages", headers, orjson.dumps(body)
+    # A phone number goes in "to", a BSUID or parent BSUID in "recipient" (Meta's 2026 API).
     body = {
         "messaging_product": "whatsapp",
         "recipient_type": "individual",
-        "to": row["recipient"],
+        recipient_field(row["recipient"]): row["recipient"],
         **payload,
         "biz_opaque_callback_data": row["callback_data"],
     }
-    headers = {"Authorization": f"Bearer {settings.graph_token}", "Content-Type": "application/json"}
+    token = settings.graph_token_for(row["phone_number_id"])
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     return f"{settings.graph_url}/{row['phone_number_id']}/messages", headers, orjson.dumps(body)
 
 

@@ -1,4 +1,5 @@
-"""The send API: ``POST /v1/messages`` with an Idempotency-Key, ``GET /v1/messages/{key}``.
+"""The send API: ``POST /v1/messages`` with an Idempotency-Key, ``GET`` and ``DELETE
+/v1/messages/{key}``.
 
 A key is claimed with one atomic INSERT and committed as ``in_progress`` before any work, so a
 concurrent request with the same key sees it (409) instead of waiting. The outbox row and the
@@ -32,17 +33,20 @@ import orjson
 from aiohttp import web
 
 from gateway import metrics
-from gateway.core.enums import Provider
+from gateway.core.enums import OutboxState, Provider
+from gateway.core.identity import is_bsuid
+from gateway.core.media import media_ids
 from gateway.core.messages import Invalid, SendRequest, fingerprint
 from gateway.core.settings import Settings
 from gateway.httpkit import bearer_tenant, problem, unauthorized
 from gateway.outbound.validation import RequestValidator
-from gateway.store import idempotency, outbox, replies
+from gateway.store import idempotency, media, outbox, replies
 from gateway.store.db import DB_ERRORS
 
 log = logging.getLogger(__name__)
 
 MAX_KEY = 255
+RESERVED_KEY = "read"  # /v1/messages/read is the read-receipt endpoint, not a message
 MAX_BODY = 64 * 1024
 # A claim still in_progress after this long belongs to a request that died.
 CLAIM_LEASE_S = 30.0
@@ -58,7 +62,13 @@ def _key_problem(key: str | None) -> web.Response | None:
         return problem(400, "Idempotency-Key too long", f"At most {MAX_KEY} characters.")
     if not _KEY_CHARS.fullmatch(key):
         return problem(400, "Idempotency-Key invalid", "Visible ASCII characters only, no spaces.")
+    if key == RESERVED_KEY:
+        return problem(400, "Idempotency-Key invalid", f"{key!r} is reserved (POST /v1/messages/read).")
     return None
+
+
+def _invalid(errors: list[str]) -> web.Response:
+    return problem(400, "invalid message", "; ".join(errors), errors=errors)
 
 
 def _location(key: str) -> str:
@@ -127,7 +137,9 @@ class SendApi:
     def routes(self) -> list[web.RouteDef]:
         return [
             web.post("/v1/messages", self.post_message),
-            web.get("/v1/messages/{key:.+}", self.get_message),
+            # "read" is POST /v1/messages/read (a read receipt), never a key.
+            web.get("/v1/messages/{key:(?!read$).+}", self.get_message),
+            web.delete("/v1/messages/{key:(?!read$).+}", self.delete_message),
             web.get("/v1/openapi.json", self.get_openapi),
         ]
 
@@ -159,19 +171,58 @@ class SendApi:
         try:
             message = self.validator.validate(body)
         except Invalid as exc:
-            return problem(400, "invalid message", "; ".join(exc.errors), errors=exc.errors)
+            return _invalid(exc.errors)
         if not self.settings.may_send_from(tenant, message.phone_number_id):
             return problem(403, "phone_number_id not allowed", "This tenant may not send from this number.")
         provider = self.settings.provider_for(tenant)
-        if provider is Provider.TENASHI and message.message.get("type") != "text":
+        if provider is Provider.TENASHI:
             # Tenashi's documented API takes {"to", "text"}: nothing else could be sent as asked.
-            return problem(400, "invalid message", "type: Tenashi sends text messages only")
+            tenashi = []
+            if message.message.get("type") != "text":
+                tenashi.append("type: Tenashi sends text messages only")
+            if is_bsuid(message.to):
+                tenashi.append("recipient: Tenashi sends go to a phone number (to)")
+            if tenashi:
+                return _invalid(tenashi)
         req = SendRequest(tenant, key, fingerprint(body), provider, message)
         try:
+            refused = await self._refused(req)
+            if refused is not None:
+                return refused
             return await self._claim_and_answer(req)
         except DB_ERRORS as exc:
             log.warning("send request not accepted: database %s", type(exc).__name__)
             return problem(503, "not accepted, retry later", headers={"Retry-After": "5"})
+
+    async def _refused(self, req: SendRequest) -> web.Response | None:
+        """What the database shows is wrong with the message (400), before its key is claimed: a
+        media id of a number the tenant does not own (or, where tenants are bound to numbers, one
+        the gateway has not seen: upload it with POST /v1/media), or a reply addressed to another
+        customer than the one who wrote the message it answers."""
+        m = req.body
+        ids = sorted(set(media_ids(m.message)))
+        if not ids and m.in_reply_to is None:
+            return None
+        errors = []
+        async with self._pool().acquire() as conn:
+            if ids:
+                owners = await media.numbers(conn, ids)
+                bound = self.settings.numbers_of(req.tenant) is not None
+                for media_id in ids:
+                    number = owners.get(media_id)
+                    if (number is None and bound) or (
+                        number is not None and not self.settings.may_send_from(req.tenant, number)
+                    ):
+                        kind = m.message["type"]
+                        errors.append(f"{kind}: media id {media_id[:40]!r} is not of your numbers")
+            if m.in_reply_to is not None:
+                found = await replies.recipient_matches(conn, inbound_wamid=m.in_reply_to, recipient=m.to)
+                # Another tenant's message is not said to exist (the reply guard answers 404).
+                ours = found is not None and self.settings.may_send_from(req.tenant, found[0] or "")
+                if ours and found is not None and not found[1]:
+                    field = "recipient" if is_bsuid(m.to) else "to"
+                    errors.append(f"{field}: not the customer who wrote the message in_reply_to names")
+        return _invalid(errors) if errors else None
 
     async def _claim_and_answer(self, req: SendRequest) -> web.Response:
         pool = self._pool()
@@ -226,6 +277,7 @@ class SendApi:
             recipient=m.to,
             payload=payload,
             unknown_policy=m.unknown_policy,
+            biz_opaque_callback_data=m.biz_opaque_callback_data,
             fingerprint=req.fingerprint,
         )
         try:
@@ -316,7 +368,9 @@ class SendApi:
                 "state": row["state"],
                 "provider": row["provider"],
                 "recipient": row["recipient"],
+                "type": row["payload"].get("type"),
                 "in_reply_to": (row["payload"].get("context") or {}).get("message_id"),
+                "biz_opaque_callback_data": row["biz_opaque_callback_data"],
                 "wamid": row["wamid"],
                 "delivery_status": row["delivery_status"],
                 "delivery_errors": row["delivery_errors"],
@@ -329,6 +383,33 @@ class SendApi:
             },
             dumps=lambda v: orjson.dumps(v).decode(),
         )
+
+    async def delete_message(self, request: web.Request) -> web.Response:
+        """Cancel a message that has not gone to the provider yet (``pending``)."""
+        tenant = bearer_tenant(self.settings.api_keys, request.headers.get("Authorization"))
+        if tenant is None:
+            return unauthorized()
+        key = request.match_info["key"]
+        bad = _key_problem(key)
+        if bad is not None:
+            return bad
+        try:
+            async with self._pool().acquire() as conn:
+                found = await outbox.cancel_pending(conn, tenant=tenant, key=key)
+        except DB_ERRORS as exc:
+            log.warning("message not cancelled: database %s", type(exc).__name__)
+            return problem(503, "database unavailable, retry later", headers={"Retry-After": "5"})
+        if found is None:
+            return problem(404, "no message with this key")
+        state, _now = found
+        if state != OutboxState.CANCELLED:
+            return problem(
+                409,
+                "the message may have reached the provider",
+                f"It is {state}: only a pending message can be cancelled.",
+                state=str(state),
+            )
+        return web.json_response({"key": key, "state": str(state)})
 
     async def get_openapi(self, request: web.Request) -> web.Response:
         return web.Response(body=openapi_bytes(), content_type="application/json")

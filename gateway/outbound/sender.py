@@ -112,7 +112,15 @@ class Sender:
             if not found:
                 return [], 0
             cands = [
-                Candidate(r["id"], r["provider"], r["phone_number_id"], r["recipient"], r["tenant"])
+                Candidate(
+                    r["id"],
+                    r["provider"],
+                    r["phone_number_id"],
+                    r["recipient"],
+                    r["tenant"],
+                    r["person"],
+                    s.token_key(r["provider"], r["phone_number_id"]),
+                )
                 for r in found
             ]
             ids = {b for c in cands for b in c.breakers}
@@ -173,7 +181,7 @@ class Sender:
         probes: dict[BreakerId, tuple[int, bool]] = {}
         for r, (raw_c, _sent_at) in zip(rows, results, strict=True):
             if raw_c.breaker is not None:
-                key = r["phone_number_id"] if raw_c.breaker == "number" else r["tenant"]
+                key = self._breaker_key(raw_c.breaker, r)
                 tripped[BreakerId(raw_c.breaker, r["provider"], key)] = raw_c
             for b_id in self._probes.pop(r["id"], []):
                 probes[b_id] = (r["id"], raw_c.reached)
@@ -183,7 +191,7 @@ class Sender:
             c = finalize(raw_c, attempt, s.send_max_attempts)
             next_at: float | None = None
             if c.breaker is not None:
-                key = r["phone_number_id"] if c.breaker == "number" else r["tenant"]
+                key = self._breaker_key(c.breaker, r)
                 b = opened.get(BreakerId(c.breaker, r["provider"], key))
                 next_at = b.retry_at if b is not None else now + s.breaker_backoff_s
             elif c.outcome is Outcome.RETRY:
@@ -208,6 +216,11 @@ class Sender:
             if c.outcome is not Outcome.ACCEPTED:
                 log.info("send %s attempt %d: %s (%s)", r["callback_data"][:80], attempt, c.state, c.error)
         await outbox.record_results(self.pool, out, now=now, key_window_s=s.tenashi_key_window_s)
+
+    def _breaker_key(self, scope: str, row: Any) -> str:
+        if scope == "number":
+            return str(row["phone_number_id"])
+        return self.settings.token_key(row["provider"], row["phone_number_id"])
 
     async def _update_breakers(
         self, tripped: dict[BreakerId, Classified], probes: dict[BreakerId, tuple[int, bool]], now: float

@@ -2,12 +2,15 @@
 
 The validator is ``openapi-schema-validator`` (the schema validator behind openapi-core, in
 the OpenAPI 3.0 dialect, with ECMA-262 regular expressions so ``$`` means end of string).
-What a valid body means is ``gateway.core.messages``.
+What a valid body means is ``gateway.core.messages``. The message objects (``Text``, ``Image``,
+``Interactive``, ``Template``, ...) are the document's, one per type, so any request schema
+built from them (the send API's ``SendRequest``, a Graph-compatible body) is checked the same
+way: ``RequestValidator(document, "<its schema>")``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from jsonschema.exceptions import ValidationError
@@ -18,19 +21,25 @@ from gateway.core.messages import DEFAULT_BOT, Invalid, Message
 
 REQUEST_SCHEMA = "SendRequest"
 _MAX_ERROR = 200
+# Where a schema says which branch of its oneOf an instance means (an inlined ``discriminator``).
+_TAG = "x-tag"
+# A schema's own wording for a keyword that fails (e.g. "give id or link, not both").
+_ERRORS = "x-errors"
 
 
 class RequestValidator:
-    """Validates send-API bodies against ``components.schemas.SendRequest`` of an OpenAPI document.
+    """Validates bodies against ``components.schemas.<schema>`` of an OpenAPI document.
 
     The request schema is a ``oneOf`` with a ``discriminator`` on ``type``: a body whose type the
     mapping names is checked against that one variant, so its errors are about that variant
     (``text.body: at most 4096 characters``) instead of "not valid under any of the schemas".
+    Nested ``oneOf`` with a discriminator (``interactive.type``, a template parameter's
+    ``type``) report the errors of the branch the instance names, the same way.
     """
 
-    def __init__(self, document: Mapping[str, Any]) -> None:
+    def __init__(self, document: Mapping[str, Any], schema: str = REQUEST_SCHEMA) -> None:
         root = {"components": document["components"]}
-        disc = root["components"]["schemas"][REQUEST_SCHEMA]["discriminator"]
+        disc = root["components"]["schemas"][schema]["discriminator"]
         self._tag: str = disc["propertyName"]
         self._variants = {tag: self._validator(root, ref) for tag, ref in disc["mapping"].items()}
 
@@ -42,6 +51,10 @@ class RequestValidator:
         OAS30Validator.check_schema(schema)
         return OAS30Validator(schema)
 
+    @property
+    def types(self) -> tuple[str, ...]:
+        return tuple(self._variants)
+
     def errors(self, body: Any) -> list[str]:
         """Every problem with the body, sorted; empty when it is valid."""
         if not isinstance(body, dict):
@@ -51,7 +64,7 @@ class RequestValidator:
         if variant is None:
             # Without a known tag no variant applies: say what the tag may be, and stop there.
             return [f"{self._tag}: one of {', '.join(self._variants)}"]
-        found = {_describe(e) for e in variant.iter_errors(body)}
+        found = {_describe(e) for e in _leaves(variant.iter_errors(body))}
         seen = {line.split(":", 1)[0] for line in found}
         found.update(e for e in _nul_errors(body) if e.split(":", 1)[0] not in seen)
         return sorted(found)
@@ -62,18 +75,41 @@ class RequestValidator:
         if errors:
             raise Invalid(errors)
         kind = body["type"]
+        to = body.get("to")
         return Message(
-            to=body["to"].lstrip("+"),
+            # With both, "to" wins, as at Meta.
+            to=to.lstrip("+") if to is not None else body["recipient"],
             phone_number_id=body["phone_number_id"],
             message={"type": kind, kind: body[kind]},
             unknown_policy=UnknownPolicy(body.get("unknown_policy", UnknownPolicy.REVIEW)),
             in_reply_to=body.get("in_reply_to"),
             bot=body.get("bot", DEFAULT_BOT),
+            biz_opaque_callback_data=body.get("biz_opaque_callback_data"),
         )
 
 
+class BodyValidator:
+    """Validates bodies against one plain schema of the document (``components.schemas.<name>``)."""
+
+    def __init__(self, document: Mapping[str, Any], schema: str) -> None:
+        inlined = _inline({"$ref": f"#/components/schemas/{schema}"}, {"components": document["components"]})
+        OAS30Validator.check_schema(inlined)
+        self._validator = OAS30Validator(inlined)
+
+    def errors(self, body: Any) -> list[str]:
+        """Every problem with the body, sorted; empty when it is valid."""
+        if not isinstance(body, dict):
+            return ["body: must be a JSON object"]
+        found = {_describe(e) for e in _leaves(self._validator.iter_errors(body))}
+        seen = {line.split(":", 1)[0] for line in found}
+        found.update(e for e in _nul_errors(body) if e.split(":", 1)[0] not in seen)
+        return sorted(found)
+
+
 def _inline(node: Any, root: Mapping[str, Any], depth: int = 0) -> Any:
-    """``node`` with every local ``$ref`` (``#/a/b``) replaced by a copy of its target."""
+    """``node`` with every local ``$ref`` (``#/a/b``) replaced by a copy of its target, and each
+    ``discriminator`` replaced by ``x-tag`` (its property name): jsonschema would resolve the
+    discriminator's mapping through references, and there are none left."""
     if depth > 32:
         raise ValueError("schema references nest too deep (a cycle?)")
     if isinstance(node, dict):
@@ -83,10 +119,48 @@ def _inline(node: Any, root: Mapping[str, Any], depth: int = 0) -> Any:
             for part in ref[2:].split("/"):
                 target = target[part.replace("~1", "/").replace("~0", "~")]
             return _inline(target, root, depth + 1)
-        return {k: _inline(v, root, depth) for k, v in node.items()}
+        out = {k: _inline(v, root, depth) for k, v in node.items() if k != "discriminator"}
+        if isinstance(node.get("discriminator"), dict):
+            out[_TAG] = node["discriminator"]["propertyName"]
+        return out
     if isinstance(node, list):
         return [_inline(v, root, depth) for v in node]
     return node
+
+
+def _leaves(errors: Iterable[ValidationError]) -> Iterator[ValidationError]:
+    """The errors to report: a failed ``oneOf`` with a tag is replaced by the errors of the branch
+    its instance names (or by one error on the tag when it names none)."""
+    for e in errors:
+        schema = e.schema if isinstance(e.schema, Mapping) else {}
+        tag = schema.get(_TAG)
+        if e.validator in ("oneOf", "anyOf") and isinstance(tag, str) and isinstance(e.instance, dict):
+            branch = _branch(schema[e.validator], tag, e.instance.get(tag))
+            if branch is None:
+                yield _tag_error(e, tag, schema[e.validator])
+            else:
+                yield from _leaves(c for c in e.context or () if c.schema_path and c.schema_path[0] == branch)
+            continue
+        yield e
+
+
+def _branch(branches: list[Any], tag: str, value: Any) -> int | None:
+    """The index of the branch whose ``tag`` property admits ``value``."""
+    if not isinstance(value, str):
+        return None
+    for i, b in enumerate(branches):
+        if value in b.get("properties", {}).get(tag, {}).get("enum", []):
+            return i
+    return None
+
+
+def _tag_error(e: ValidationError, tag: str, branches: list[Any]) -> ValidationError:
+    names = [v for b in branches for v in b.get("properties", {}).get(tag, {}).get("enum", [])]
+    err = ValidationError(
+        f"one of {', '.join(names)}", validator="enum", path=[*e.absolute_path, tag], instance=None
+    )
+    err.schema = {"enum": names}
+    return err
 
 
 def _where(error: ValidationError) -> str:
@@ -97,7 +171,14 @@ def _describe(error: ValidationError) -> str:
     """One line per error that never echoes a (possibly huge) value back."""
     kw, want, instance, schema = error.validator, error.validator_value, error.instance, error.schema
     where = _where(error)
-    if kw == "type":
+    custom = schema.get(_ERRORS, {}).get(kw) if isinstance(schema, Mapping) else None
+    if isinstance(custom, str):
+        # "field: text" names a field of this object ("to: give to or recipient").
+        field, sep, rest = custom.partition(": ")
+        if sep and field.isidentifier():
+            where, custom = field if where == "body" else f"{where}.{field}", rest
+        text = custom
+    elif kw == "type":
         text = f"must be {'an' if str(want)[0] in 'aeiou' else 'a'} {want}"
     elif kw == "pattern":
         text = f"must match {want}"
@@ -105,12 +186,20 @@ def _describe(error: ValidationError) -> str:
         text = f"at most {want} characters"
     elif kw == "minLength":
         text = f"at least {want} character{'s' if want != 1 else ''}"
+    elif kw == "maxItems":
+        text = f"at most {want} item{'s' if want != 1 else ''}"
+    elif kw == "minItems":
+        text = f"at least {want} item{'s' if want != 1 else ''}"
+    elif kw in ("maximum", "minimum"):
+        text = f"at {'most' if kw == 'maximum' else 'least'} {want}"
     elif kw == "enum" and isinstance(want, list):
         text = f"one of {', '.join(str(v) for v in want)}"
     elif kw == "additionalProperties" and isinstance(instance, dict) and isinstance(schema, Mapping):
         extra = sorted(set(instance) - set(schema.get("properties", {})))
-        text = f"unknown fields: {', '.join(extra)}"
-    else:  # required, oneOf, ...: jsonschema's own words, which name a field, not a value
+        text = f"unknown fields: {', '.join(e.encode('unicode_escape').decode() for e in extra)}"
+    elif kw in ("oneOf", "anyOf"):
+        text = "does not match any of its allowed forms"
+    else:  # required: jsonschema's own words, which name a field, not a value
         text = error.message
     line = f"{where}: {text}"
     return line if len(line) <= _MAX_ERROR else line[: _MAX_ERROR - 3] + "..."

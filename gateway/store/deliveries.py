@@ -42,6 +42,8 @@ class Destination:
     backlog: int
     failed: int
     gone: bool  # disabled after answering 410 Gone
+    numbers: list[str] | None = None  # only these numbers' events (None: every number)
+    tenant: str | None = None  # a tenant's destination (its numbers when it was added)
 
 
 class Claimed(NamedTuple):
@@ -100,11 +102,29 @@ class Delivery:
 
 
 async def add_destination(
-    conn: Conn, *, name: str, url: str, events: Sequence[str], secret: str, max_in_flight: int, ordered: bool
+    conn: Conn,
+    *,
+    name: str,
+    url: str,
+    events: Sequence[str],
+    secret: str,
+    max_in_flight: int,
+    ordered: bool,
+    numbers: Sequence[str] | None = None,
+    tenant: str | None = None,
 ) -> int:
-    """Insert a destination; ``DestinationExists`` if the name is taken."""
+    """Insert a destination; ``DestinationExists`` if the name is taken. ``numbers``: it gets only
+    events of these business numbers."""
     dest_id: int | None = await conn.fetchval(
-        q("destination_add"), name, url, list(events), secret, max_in_flight, ordered
+        q("destination_add"),
+        name,
+        url,
+        list(events),
+        secret,
+        max_in_flight,
+        ordered,
+        None if numbers is None else list(numbers),
+        tenant,
     )
     if dest_id is None:
         raise DestinationExists(name)

@@ -4,7 +4,7 @@ statement, failures and dead letters. The only module that knows these tables' S
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import asyncpg
@@ -34,6 +34,9 @@ class Applied:
     parked: int
     fresh_keys: list[str]
     deliveries: int = 0
+    identities: int = 0
+    # Status key -> the send API caller's biz_opaque_callback_data of its message (fresh only).
+    callers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,7 @@ async def apply_plan(conn: Conn, plan: Plan) -> Applied:
         orjson.dumps(plan.forwards).decode(),
         plan.key_days,
         plan.key_subjects,
+        plan.links,
     )
     assert r is not None
     return Applied(**dict(r))

@@ -29,6 +29,7 @@ class NewMessage:
     payload: dict[str, Any]
     unknown_policy: UnknownPolicy | str = UnknownPolicy.REVIEW
     fingerprint: str | None = None  # the send API's body fingerprint (None: not from the API)
+    biz_opaque_callback_data: str | None = None  # the caller's own, returned with its statuses
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ class Reconciled:
 
 
 def _columns(m: NewMessage, generation: int) -> tuple[Any, ...]:
-    """$1-$9 of outbox_enqueue and outbox_renew."""
+    """$1-$10 of outbox_enqueue and outbox_renew."""
     policy = UnknownPolicy(m.unknown_policy)  # ValueError on anything else
     return (
         m.tenant,
@@ -67,6 +68,7 @@ def _columns(m: NewMessage, generation: int) -> tuple[Any, ...]:
         m.payload,
         str(policy),
         m.fingerprint,
+        m.biz_opaque_callback_data,
     )
 
 
@@ -93,6 +95,13 @@ async def get(conn: Conn, *, tenant: str, key: str) -> OutboxRow | None:
     return row
 
 
+async def cancel_pending(conn: Conn, *, tenant: str, key: str) -> tuple[OutboxState, bool] | None:
+    """Cancel the row if it is still pending: (its state now, whether this cancelled it); None
+    when there is no such row."""
+    r = await conn.fetchrow(q("outbox_cancel_pending"), tenant, key)
+    return None if r is None else (OutboxState(r["state"]), bool(r["cancelled"]))
+
+
 async def claim_candidates(conn: Conn, *, now: float, limit: int) -> list[asyncpg.Record]:
     """Due pending rows, locked until the caller's transaction ends; other senders skip them."""
     return list(await conn.fetch(q("outbox_claim_candidates"), now, limit))
@@ -112,9 +121,7 @@ async def defer(conn: Conn, *, ids: Sequence[int], until: Sequence[float]) -> No
         await conn.execute(q("outbox_defer"), list(ids), list(until))
 
 
-async def record_results(
-    conn: Conn, results: Sequence[Result], *, now: float, key_window_s: float
-) -> None:
+async def record_results(conn: Conn, results: Sequence[Result], *, now: float, key_window_s: float) -> None:
     """Each attempt's outcome, for rows still ``sending`` (a status may have overtaken it);
     ``key_window_s``: how long after an ambiguous attempt a Tenashi row may still be retried."""
     await conn.execute(

@@ -78,7 +78,10 @@ async def list_breakers(conn: Conn) -> list[asyncpg.Record]:
 
 
 async def wake_rows(conn: Conn, b: BreakerId, *, now: float) -> int:
-    """The rows a closed breaker held back are due at ``now``; returns how many."""
+    """The rows a closed breaker held back are due at ``now``; returns how many. A token's
+    breaker may hold rows of several numbers (those that share the token): every put-off row
+    of the provider is due again, and the next claim puts off again what pacing or another
+    breaker still holds."""
     status: str = await conn.execute(q("breakers_wake_rows"), b.scope, b.provider, b.key, now)
     return int(status.split()[-1])
 

@@ -41,3 +41,13 @@ async def release_key(conn: Conn, *, tenant: str, key: str) -> None:
 async def received_on(conn: Conn, *, inbound_wamid: str) -> set[str | None]:
     """The numbers ``inbound_wamid`` was received on (empty: never received, or purged)."""
     return {r[0] for r in await conn.fetch(q("reply_claims_received_on"), inbound_wamid)}
+
+
+async def recipient_matches(
+    conn: Conn, *, inbound_wamid: str, recipient: str
+) -> tuple[str | None, bool] | None:
+    """(the number ``inbound_wamid`` came to, whether ``recipient`` (a phone number, BSUID or
+    parent BSUID) is the customer who wrote it); None when the gateway does not know that
+    message."""
+    r = await conn.fetchrow(q("reply_recipient_matches"), inbound_wamid, recipient)
+    return None if r is None else (r["phone_number_id"], bool(r["matches"]))

@@ -29,6 +29,7 @@ PURGES = {
     "deliveries": "deliveries_purge_delivered",
     "dead_events": "dead_events_purge_done",
     "event_fragments": "event_fragments_purge",
+    "media": "media_purge",
 }
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import itertools
 import random
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -26,11 +27,63 @@ class Received:
 
     provider: str
     phone_number_id: str
-    to: str
+    to: str  # the address the send named: a phone number, a BSUID or a parent BSUID
     message: dict[str, Any]
     id: str
     callback_data: str | None
     at: float
+    addressed_by: str = "to"  # the request field that named it: "to" or "recipient"
+    token: str = ""  # the bearer token the request came with
+
+
+@dataclass
+class Customer:
+    """A WhatsApp user as the fake's Graph API knows them (Meta's 2026 identities)."""
+
+    user_id: str  # BSUID
+    wa_id: str | None = None
+    parent_user_id: str | None = None
+    username: str | None = None
+    name: str = "Customer"
+    share_phone: bool = True  # whether Meta may share the phone number with the business
+
+    def contact(self, *, with_username: bool) -> dict[str, Any]:
+        """The customer's ``contacts[]`` object as Meta puts it in a webhook."""
+        profile: dict[str, Any] = {"name": self.name}
+        if with_username and self.username:
+            profile["username"] = self.username
+        out: dict[str, Any] = {"profile": profile}
+        if self.wa_id and self.share_phone:
+            out["wa_id"] = self.wa_id
+        out["user_id"] = self.user_id
+        if self.parent_user_id:
+            out["parent_user_id"] = self.parent_user_id
+        return out
+
+
+@dataclass
+class StoredMedia:
+    """A media file the fake's Graph API holds (uploaded, or put there by a test)."""
+
+    phone_number_id: str
+    mime_type: str
+    data: bytes
+    # Download behaviour, for tests of slow or lying media hosts.
+    chunk_delay_ms: float = 0.0
+    declared_size: int | None = None  # Content-Length / file_size to announce (default: the real size)
+
+
+@dataclass
+class ReadReceipt:
+    phone_number_id: str
+    message_id: str
+    typing: bool
+
+
+def bsuid_for(phone: str) -> str:
+    """The BSUID the fake gives a phone number it was not told about (stable per number)."""
+    digest = int.from_bytes(hashlib.sha256(phone.encode()).digest()[:8], "big")
+    return f"US.{digest:020d}"
 
 
 @dataclass
@@ -39,6 +92,8 @@ class FakeConfig:
     app_secret: str = ""
     tenashi_secret: str = ""
     graph_token: str = ""  # empty: any bearer token is accepted
+    number_tokens: dict[str, str] = field(default_factory=dict)  # a number's own token (190 otherwise)
+    media_url: str = ""  # the download URL media lookups answer (empty: the fake's own)
     tenashi_token: str = ""
     statuses: tuple[str, ...] = ("sent", "delivered", "read")
     duplicates: int = 0  # extra copies of each status webhook
@@ -61,6 +116,33 @@ class Hub:
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
+        self.customers: list[Customer] = []
+        self._by_address: dict[str, Customer] = {}
+        self.media: dict[str, StoredMedia] = {}
+        self.read_receipts: list[ReadReceipt] = []
+
+    def add_media(self, data: bytes, mime_type: str, phone_number_id: str = "1111", **kw: Any) -> str:
+        """Store a file as Meta would; its media id."""
+        media_id = str(10**15 + next(self._seq))
+        self.media[media_id] = StoredMedia(phone_number_id, mime_type, data, **kw)
+        return media_id
+
+    def add_customer(self, customer: Customer) -> Customer:
+        self.customers.append(customer)
+        for address in (customer.wa_id, customer.user_id, customer.parent_user_id):
+            if address:
+                self._by_address.setdefault(address, customer)
+        return customer
+
+    def customer(self, address: str) -> Customer:
+        """Whom an address names: a known customer by phone number, BSUID or parent BSUID; else
+        a phone number's own customer (with a BSUID of its own), or a BSUID's (no phone)."""
+        known = self._by_address.get(address)
+        if known is not None:
+            return known
+        if address.isdigit():
+            return self.add_customer(Customer(bsuid_for(address), wa_id=address))
+        return self.add_customer(Customer(address))
 
     def take_fault(self, to: str) -> Fault | None:
         return fake_faults.take(self.faults, to)

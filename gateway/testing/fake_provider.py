@@ -57,6 +57,7 @@ class FakeProvider(Hub):
         self.received.clear()
         self.faults.clear()
         self.webhooks.clear()
+        self.read_receipts.clear()
         self.tenashi.reset()
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -170,6 +171,7 @@ def settings_from(settings: Settings, environ: Mapping[str, str]) -> FakeSetting
         or (settings.meta_app_secrets[0] if settings.meta_app_secrets else ""),
         tenashi_secret=settings.tenashi_secret,
         graph_token=settings.graph_token,
+        number_tokens=dict(settings.graph_tokens),
         tenashi_token=settings.tenashi_token,
         duplicates=_env_int(environ, "GATEWAY_FAKE_WEBHOOK_DUPLICATES", 0, 0, 10),
         reorder=reorder in ("1", "true", "yes", "on"),

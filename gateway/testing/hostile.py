@@ -51,8 +51,9 @@ scalars = st.one_of(
 )
 json_values = st.recursive(
     scalars,
-    lambda children: st.lists(children, max_size=3)
-    | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
     max_leaves=8,
 ) | st.integers(min_value=250, max_value=400).map(nested)
 

@@ -40,12 +40,11 @@ def meta_value(
 ) -> dict[str, Any]:
     """The ``value`` of a ``messages`` change; contacts default to one per message sender."""
     value: dict[str, Any] = {"messaging_product": "whatsapp", "metadata": metadata(phone_number_id, display)}
+    if contacts is not None:
+        value["contacts"] = contacts
     if messages is not None:
-        value["contacts"] = (
-            contacts
-            if contacts is not None
-            else [{"profile": {"name": "Ana"}, "wa_id": m.get("from", "")} for m in messages]
-        )
+        if contacts is None:
+            value["contacts"] = [{"profile": {"name": "Ana"}, "wa_id": m.get("from", "")} for m in messages]
         value["messages"] = messages
     if statuses is not None:
         value["statuses"] = statuses
@@ -71,9 +70,42 @@ def meta_payload(*changes: tuple[str, Any], entries: int = 1) -> dict[str, Any]:
 
 
 def message_obj(
-    wamid: str, text: str = "hi", sender: str = CUSTOMER, timestamp: str = MESSAGE_TS
+    wamid: str,
+    text: str = "hi",
+    sender: str | None = CUSTOMER,
+    timestamp: str = MESSAGE_TS,
+    user_id: str | None = None,
 ) -> dict[str, Any]:
-    return {"from": sender, "id": wamid, "timestamp": timestamp, "type": "text", "text": {"body": text}}
+    """A text message; ``sender`` None: a user whose phone number Meta does not share (only
+    ``from_user_id``, their BSUID)."""
+    msg: dict[str, Any] = {}
+    if sender is not None:
+        msg["from"] = sender
+    if user_id is not None:
+        msg["from_user_id"] = user_id
+    return {**msg, "id": wamid, "timestamp": timestamp, "type": "text", "text": {"body": text}}
+
+
+def contact_obj(
+    wa_id: str | None = CUSTOMER,
+    user_id: str | None = None,
+    *,
+    name: str = "Ana",
+    username: str | None = None,
+    parent_user_id: str | None = None,
+) -> dict[str, Any]:
+    """A ``contacts[]`` object as Meta sends it since 2026 (BSUID, optional phone and username)."""
+    profile: dict[str, Any] = {"name": name}
+    if username is not None:
+        profile["username"] = username
+    out: dict[str, Any] = {"profile": profile}
+    if wa_id is not None:
+        out["wa_id"] = wa_id
+    if user_id is not None:
+        out["user_id"] = user_id
+    if parent_user_id is not None:
+        out["parent_user_id"] = parent_user_id
+    return out
 
 
 def status_obj(

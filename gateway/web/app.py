@@ -13,6 +13,7 @@ from aiohttp import web
 from gateway.core.settings import Settings
 from gateway.inbound.groupcommit import GroupCommitter
 from gateway.inbound.webhooks import Webhooks
+from gateway.outbound.media_api import MediaApi
 from gateway.outbound.send_api import SendApi
 from gateway.store.db import connect, create_pool, migrate_dsn
 from gateway.web import access
@@ -25,6 +26,7 @@ POOL = web.AppKey("pool", asyncpg.Pool)
 COMMITTER = web.AppKey("committer", GroupCommitter)
 WEBHOOKS = web.AppKey("webhooks", Webhooks)
 SEND_API = web.AppKey("send_api", SendApi)
+MEDIA_API = web.AppKey("media_api", MediaApi)
 HEALTH = web.AppKey("health", Health)
 
 
@@ -36,6 +38,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     pool = await create_pool(s.database_url, s.db_pool_min, s.db_pool_max, timeout=s.db_connect_timeout_s)
     app[POOL] = pool
     app[SEND_API].pool = pool
+    app[MEDIA_API].pool = pool
     app[HEALTH].pool = pool
     # /readyz answers from a probe run once a second, not per request.
     async with app[HEALTH].probing():
@@ -82,10 +85,13 @@ def build_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[WEBHOOKS] = Webhooks(settings)
     app[SEND_API] = SendApi(settings)
+    app[MEDIA_API] = MediaApi(settings)
     app[HEALTH] = Health()
     app.router.add_routes(app[WEBHOOKS].routes())
     app.router.add_routes(app[HEALTH].routes(metrics=not settings.metrics_port))
     app.router.add_routes(app[SEND_API].routes())
+    app.router.add_routes(app[MEDIA_API].routes())
+    app.on_cleanup.append(app[MEDIA_API].close)
     if settings.metrics_port:
         app.cleanup_ctx.append(_metrics_listener)
     app.cleanup_ctx.append(_database)

@@ -3,13 +3,13 @@
 -- A webhook id is 'wh_' + 32 hex of sha256('<destination name>/<event key>') everywhere.
 
 -- name: destination_add
-INSERT INTO destinations (name, url, events, secret, max_in_flight, ordered)
-VALUES ($1, $2, $3::text[], $4, $5, $6)
+INSERT INTO destinations (name, url, events, secret, max_in_flight, ordered, numbers, tenant)
+VALUES ($1, $2, $3::text[], $4, $5, $6, $7::text[], $8)
 ON CONFLICT (name) DO NOTHING
 RETURNING id;
 
 -- name: destination_list
-SELECT d.id, d.name, d.url, d.events, d.secret, d.enabled, d.max_in_flight, d.ordered,
+SELECT d.id, d.name, d.url, d.events, d.secret, d.enabled, d.max_in_flight, d.ordered, d.numbers, d.tenant,
        CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret END AS previous_secret,
        CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret_until END
            AS previous_secret_until,
@@ -122,7 +122,8 @@ SELECT pg_notify('deliveries', '');
 
 -- name: deliveries_insert
 -- Backfill: deliveries for one destination ($1) from rebuilt events ($2: jsonb array of key,
--- kind, conversation, envelope, received_at); events it already has are skipped.
+-- kind, conversation, envelope, received_at, number); events it already has are skipped, and
+-- so are other numbers' events when the destination is limited to numbers.
 WITH ins AS (
     INSERT INTO deliveries
         (destination_id, event_key, webhook_id, kind, conversation, envelope, received_at, subject)
@@ -130,8 +131,8 @@ WITH ins AS (
            'wh_' || left(encode(sha256(convert_to(d.name || '/' || f.key, 'UTF8')), 'hex'), 32),
            f.kind, f.conversation, f.envelope, f.received_at, event_subject(f.key)
     FROM jsonb_to_recordset($2::jsonb) AS f(
-        key text, kind text, conversation text, envelope jsonb, received_at timestamptz)
-    JOIN destinations d ON d.id = $1
+        key text, kind text, conversation text, envelope jsonb, received_at timestamptz, number text)
+    JOIN destinations d ON d.id = $1 AND (d.numbers IS NULL OR f.number = ANY (d.numbers))
     ORDER BY f.received_at, f.key
     ON CONFLICT (destination_id, event_key, subject) DO NOTHING
     RETURNING 1
@@ -143,7 +144,8 @@ SELECT count(*) FROM ins;
 -- (evt:<id>) is found beside it in processed_webhook_events (same transaction, same inbox
 -- row); NULL once retention purged it.
 SELECT m.id, m.wamid, m.source, m.phone_number_id, m.sender, m.type, m.timestamp,
-       m.contact_name, m.message, m.received_at,
+       m.contact_name, m.message, m.received_at, m.user_id, m.parent_user_id, m.username,
+       m.waba_id, m.display_phone_number, m.contact,
        CASE WHEN m.source = 'meta' THEN 'msg:' || m.wamid
             ELSE (SELECT p.event_key FROM processed_webhook_events p
                   -- evt: keys are untimed: one partition, with a processed_at index.
@@ -159,7 +161,9 @@ LIMIT $4;
 
 -- name: backfill_statuses
 SELECT id, event_key, source, wamid, status, participant, recipient, timestamp, callback_data,
-       errors, raw, recorded_at AS received_at
+       errors, raw, recorded_at AS received_at, recipient_user_id, recipient_parent_user_id,
+       recipient_username, phone_number_id, waba_id, display_phone_number, contact,
+       biz_opaque_callback_data
 FROM message_statuses
 WHERE recorded_at >= $1 AND recorded_at < $2 AND id > $3
 ORDER BY id

@@ -76,7 +76,8 @@ SELECT partition_ensure_day($1, (clock_timestamp() AT TIME ZONE 'UTC')::date);
 -- $10 forwards (JSON text of an array: key, kind, conversation, envelope, inbox_id per event).
 -- $11 the keys' event days, $12 their subjects (gateway/core/events.py: subject_of, a pure
 -- function of the key: a redelivery brings the same one). The side-effect rows take the
--- subject of their key from `fresh`.
+-- subject of their key from `fresh`. $13 the phone number/BSUID pairs the events show
+-- (jsonb array: phone_number_id, user_id, wa_id, parent_user_id, username).
 WITH ev AS (
     SELECT key, inbox_id, day, subject
     FROM unnest($1::text[], $2::bigint[], $11::date[], $12::text[]) AS e(key, inbox_id, day, subject)
@@ -89,14 +90,17 @@ WITH ev AS (
     SELECT m.*, fresh.subject
     FROM jsonb_to_recordset($3::jsonb) AS m(
         key text, source text, wamid text, phone_number_id text, sender text, type text,
-        ts bigint, contact_name text, message jsonb, inbox_id bigint)
+        ts bigint, contact_name text, message jsonb, inbox_id bigint, user_id text,
+        parent_user_id text, username text, waba_id text, display_phone_number text, contact jsonb,
+        media_id text, mime_type text)
     JOIN fresh ON fresh.event_key = m.key
 ), ins_msg AS (
     INSERT INTO inbound_messages
-        (wamid, source, phone_number_id, sender, type, timestamp, contact_name, message, inbox_id, subject)
+        (wamid, source, phone_number_id, sender, type, timestamp, contact_name, message, inbox_id, subject,
+         user_id, parent_user_id, username, waba_id, display_phone_number, contact)
     SELECT DISTINCT ON (wamid)
            wamid, source, phone_number_id, sender, type, to_timestamp(ts), contact_name, message, inbox_id,
-           subject
+           subject, user_id, parent_user_id, username, waba_id, display_phone_number, contact
     FROM msg
     -- wamid cannot be UNIQUE across day partitions: skip one recorded in the last 8 days
     -- (Meta's redelivery window); the dedup key is what makes each event count once.
@@ -107,19 +111,58 @@ WITH ev AS (
            LIMIT 1) IS NULL
     ORDER BY wamid
     RETURNING 1
+), ins_media AS (
+    -- The media of inbound messages and the number they came to (GET /v1/media/{id}).
+    INSERT INTO media (media_id, phone_number_id, origin, mime_type, wamid)
+    SELECT DISTINCT ON (media_id) media_id, phone_number_id, 'inbound', mime_type, wamid
+    FROM msg
+    WHERE media_id IS NOT NULL AND phone_number_id IS NOT NULL
+    ORDER BY media_id
+    ON CONFLICT (media_id) DO NOTHING
+    RETURNING 1
 ), st AS (
-    SELECT s.*, delivery_rank(s.status) AS rank, fresh.subject
+    -- caller: the send API caller's biz_opaque_callback_data of the outbox row the status names.
+    SELECT s.*, delivery_rank(s.status) AS rank, fresh.subject,
+           (SELECT o.biz_opaque_callback_data FROM outbox o WHERE o.callback_data = s.callback_data)
+               AS caller
     FROM jsonb_to_recordset($4::jsonb) AS s(
         key text, source text, wamid text, status text, participant text, recipient text,
-        ts bigint, callback_data text, errors jsonb, raw jsonb, inbox_id bigint)
+        ts bigint, callback_data text, errors jsonb, raw jsonb, inbox_id bigint,
+        recipient_user_id text, recipient_parent_user_id text, recipient_username text,
+        phone_number_id text, waba_id text, display_phone_number text, contact jsonb)
     JOIN fresh ON fresh.event_key = s.key
 ), ins_st AS (
     INSERT INTO message_statuses
         (event_key, source, wamid, status, participant, recipient, timestamp, callback_data,
-         errors, raw, inbox_id, subject)
+         errors, raw, inbox_id, subject, recipient_user_id, recipient_parent_user_id,
+         recipient_username, phone_number_id, waba_id, display_phone_number, contact,
+         biz_opaque_callback_data)
     SELECT key, source, wamid, status, participant, recipient, to_timestamp(ts), callback_data,
-           errors, raw, inbox_id, subject
+           errors, raw, inbox_id, subject, recipient_user_id, recipient_parent_user_id,
+           recipient_username, phone_number_id, waba_id, display_phone_number, contact, caller
     FROM st
+    RETURNING 1
+), ids AS (
+    -- The phone number/BSUID pairs of the batch, one row per (number, BSUID): the latest pair
+    -- in the batch wins, in key order (two consumers upserting the same rows wait for each
+    -- other instead of deadlocking). A row already up to date is left alone unless it was
+    -- last seen an hour ago, so a busy customer does not rewrite it with every message.
+    INSERT INTO customer_ids AS c (phone_number_id, user_id, wa_id, parent_user_id, username)
+    SELECT DISTINCT ON (l.phone_number_id, l.user_id)
+           l.phone_number_id, l.user_id, l.wa_id, l.parent_user_id, l.username
+    FROM ROWS FROM (jsonb_to_recordset($13::jsonb) AS (
+            phone_number_id text, user_id text, wa_id text, parent_user_id text, username text))
+        WITH ORDINALITY AS l(phone_number_id, user_id, wa_id, parent_user_id, username, n)
+    ORDER BY l.phone_number_id, l.user_id, l.n DESC
+    ON CONFLICT (phone_number_id, user_id) DO UPDATE SET
+        wa_id = coalesce(excluded.wa_id, c.wa_id),
+        parent_user_id = coalesce(excluded.parent_user_id, c.parent_user_id),
+        username = coalesce(excluded.username, c.username),
+        seen_at = now()
+    WHERE c.wa_id IS DISTINCT FROM coalesce(excluded.wa_id, c.wa_id)
+       OR c.parent_user_id IS DISTINCT FROM coalesce(excluded.parent_user_id, c.parent_user_id)
+       OR c.username IS DISTINCT FROM coalesce(excluded.username, c.username)
+       OR c.seen_at < now() - interval '1 hour'
     RETURNING 1
 ), hit AS (
     -- The outbox row named by biz_opaque_callback_data, else the one that has the wamid.
@@ -189,7 +232,13 @@ WITH ev AS (
         (destination_id, event_key, webhook_id, kind, conversation, envelope, received_at, subject)
     SELECT d.id, f.key,
            'wh_' || left(encode(sha256(convert_to(d.name || '/' || f.key, 'UTF8')), 'hex'), 32),
-           f.kind, f.conversation, f.envelope,
+           f.kind, f.conversation,
+           -- A status carries the send API caller's biz_opaque_callback_data of its message.
+           CASE WHEN f.callback IS NULL THEN f.envelope
+                ELSE coalesce(jsonb_set(f.envelope, '{data,biz_opaque_callback_data}',
+                                        to_jsonb((SELECT o.biz_opaque_callback_data FROM outbox o
+                                                  WHERE o.callback_data = f.callback))),
+                              f.envelope) END,
            -- A lookup by id per delivery (an index probe per partition), not a join: with
            -- stale statistics (a new day partition, a burst) the planner hashed the whole
            -- webhook_inbox for every batch, a cost that grew with the table.
@@ -200,10 +249,13 @@ WITH ev AS (
     FROM ROWS FROM (jsonb_to_recordset(
             CASE WHEN EXISTS (SELECT 1 FROM destinations WHERE enabled) THEN $10::text::jsonb
                  ELSE '[]'::jsonb END) AS (
-        key text, kind text, conversation text, envelope jsonb, inbox_id bigint))
-        WITH ORDINALITY AS f(key, kind, conversation, envelope, inbox_id, n)
+        key text, kind text, conversation text, envelope jsonb, inbox_id bigint, callback text,
+        number text))
+        WITH ORDINALITY AS f(key, kind, conversation, envelope, inbox_id, callback, number, n)
     JOIN fresh ON fresh.event_key = f.key
+    -- A destination limited to numbers gets only events of those numbers.
     JOIN destinations d ON d.enabled AND f.kind = ANY (d.events)
+                       AND (d.numbers IS NULL OR f.number = ANY (d.numbers))
     -- Ids in the batch's arrival order: per-conversation ordering follows them.
     ORDER BY d.id, f.n
     ON CONFLICT (destination_id, event_key, subject) DO NOTHING
@@ -220,7 +272,9 @@ SELECT (SELECT count(*) FROM fresh) AS fresh,
        (SELECT count(*) FROM done) AS done,
        (SELECT count(*) FROM parked) AS parked,
        (SELECT count(*) FROM fwd) AS deliveries,
-       (SELECT coalesce(array_agg(event_key), '{}') FROM fresh) AS fresh_keys;
+       (SELECT count(*) FROM ids) AS identities,
+       (SELECT coalesce(array_agg(event_key), '{}') FROM fresh) AS fresh_keys,
+       (SELECT coalesce(jsonb_object_agg(key, caller), '{}') FROM st WHERE caller IS NOT NULL) AS callers;
 
 -- name: inbox_defer
 -- The system failed while these rows were being processed (in the transaction that still

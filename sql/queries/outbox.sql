@@ -4,23 +4,23 @@
 
 -- name: outbox_enqueue
 INSERT INTO outbox (tenant, idem_key, callback_data, provider, phone_number_id, recipient,
-                    payload, unknown_policy, fingerprint)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                    payload, unknown_policy, fingerprint, biz_opaque_callback_data)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 ON CONFLICT (tenant, idem_key) DO NOTHING
 RETURNING id, state;
 
 -- name: outbox_renew
 -- A failed row (the provider refused it for good: nothing was sent) made into a new send for
 -- the same key: a new body, a new generation with its own callback data, a fresh history.
--- $10 is the generation it replaces (a concurrent renewal of the same row makes this a no-op).
+-- $11 is the generation it replaces (a concurrent renewal of the same row makes this a no-op).
 UPDATE outbox
 SET callback_data = $3, provider = $4, phone_number_id = $5, recipient = $6, payload = $7,
-    unknown_policy = $8, fingerprint = $9, generation = generation + 1,
+    unknown_policy = $8, fingerprint = $9, biz_opaque_callback_data = $10, generation = generation + 1,
     state = 'pending', resent = false, attempts = 0, next_attempt_at = clock_timestamp(),
     last_error = NULL, last_error_code = NULL, wamid = NULL, delivery_status = NULL,
     delivery_errors = NULL, sending_at = NULL, unknown_at = NULL, accepted_at = NULL,
     ambiguous_at = NULL, retry_until = NULL, created_at = clock_timestamp(), updated_at = clock_timestamp()
-WHERE tenant = $1 AND idem_key = $2 AND state = 'failed' AND generation = $10
+WHERE tenant = $1 AND idem_key = $2 AND state = 'failed' AND generation = $11
 RETURNING id, state;
 
 -- name: outbox_notify
@@ -30,14 +30,41 @@ SELECT pg_notify('outbox', '');
 SELECT id, tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload, state,
        unknown_policy, resent, attempts, next_attempt_at, last_error, last_error_code, wamid,
        delivery_status, delivery_errors, created_at, updated_at, sending_at, unknown_at, accepted_at,
-       fingerprint, generation, ambiguous_at, retry_until
+       fingerprint, generation, ambiguous_at, retry_until, biz_opaque_callback_data
 FROM outbox
 WHERE tenant = $1 AND idem_key = $2;
+
+-- name: outbox_cancel_pending
+-- DELETE /v1/messages/{key}: a row still pending is cancelled; any other is left as it is.
+-- Returns the row's state (after the change) and whether this call cancelled it; no row: no
+-- such key. A row a sender has claimed is locked: this waits for the claim, then finds it
+-- no longer pending.
+WITH c AS (
+    UPDATE outbox SET state = 'cancelled', updated_at = clock_timestamp()
+    WHERE tenant = $1 AND idem_key = $2 AND state = 'pending'
+    RETURNING state
+)
+SELECT coalesce((SELECT state FROM c), o.state) AS state, EXISTS (SELECT 1 FROM c) AS cancelled
+FROM outbox o
+WHERE o.tenant = $1 AND o.idem_key = $2;
 
 -- name: outbox_claim_candidates
 -- Due pending rows, locked for this claim's transaction; concurrent senders skip each other's.
 -- Pacing and breakers then decide which of them go (outbox_mark_sending) and which wait.
-SELECT id, tenant, provider, phone_number_id, recipient
+-- person: whom the recipient names on the sending number, so the phone number and the BSUID of
+-- one customer are paced as one pair: the BSUID last seen with that phone number or parent
+-- BSUID (customer_ids), else the recipient itself.
+SELECT id, tenant, provider, phone_number_id, recipient,
+       coalesce(CASE WHEN recipient ~ '^[0-9]+$' THEN
+                         (SELECT c.user_id FROM customer_ids c
+                          WHERE c.phone_number_id = outbox.phone_number_id AND c.wa_id = outbox.recipient
+                          ORDER BY c.seen_at DESC LIMIT 1)
+                     WHEN recipient ~ '^[A-Z]{2}\.ENT\.' THEN
+                         (SELECT c.user_id FROM customer_ids c
+                          WHERE c.phone_number_id = outbox.phone_number_id
+                            AND c.parent_user_id = outbox.recipient
+                          ORDER BY c.seen_at DESC LIMIT 1)
+                END, recipient) AS person
 FROM outbox
 WHERE state = 'pending' AND next_attempt_at <= to_timestamp($1::float8)
 ORDER BY next_attempt_at, id

@@ -55,8 +55,10 @@ FROM send_breakers
 ORDER BY scope, provider, key;
 
 -- name: breakers_wake_rows
--- A breaker closed: its rows that were put off until the probe time are due now.
+-- A breaker closed: its rows that were put off until the probe time are due now. A number's
+-- breaker holds that number's rows; a token's, rows of every number that uses the token: all
+-- put-off rows of the provider are due (the next claim puts off again what is still held).
 UPDATE outbox
 SET next_attempt_at = to_timestamp($4::float8), updated_at = clock_timestamp()
 WHERE state = 'pending' AND next_attempt_at > to_timestamp($4::float8) AND provider = $2
-  AND CASE WHEN $1::text = 'number' THEN phone_number_id = $3 ELSE tenant = $3 END;
+  AND ($1::text <> 'number' OR phone_number_id = $3);

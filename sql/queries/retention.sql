@@ -105,3 +105,13 @@ WHERE ctid IN (
     WHERE recorded_at < now() - make_interval(days => $1)
     LIMIT $2
 );
+
+-- name: media_purge
+-- Media ids recorded before the horizon (Meta keeps media 30 days), on media_created_at.
+DELETE FROM media
+WHERE media_id IN (
+    SELECT media_id FROM media
+    WHERE created_at < now() - make_interval(days => $1)
+    ORDER BY created_at
+    LIMIT $2
+);

@@ -468,15 +468,16 @@ async def test_breaker_holds_rows_pending_then_probes_and_closes(
     assert trips() == before + 2
 
 
-async def test_token_breaker_is_per_tenant(
-    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
-) -> None:
+async def test_token_breaker_is_per_token(settings: Settings, pool: asyncpg.Pool, fake: FakeProvider) -> None:
+    """Numbers 1111 and 3333 share a token, 2222 has its own: a 190 (token expired) on 1111 holds
+    1111's and 3333's rows, not 2222's."""
     clock = FakeClock()
-    await enqueue(pool, "a1", "4915100000001", tenant="acme")
-    await enqueue(pool, "a2", "4915100000002", tenant="acme")
-    g = await enqueue(pool, "g1", "4915100000003", tenant="globex")
+    await enqueue(pool, "a1", "4915100000001", number="1111")
+    await enqueue(pool, "a2", "4915100000002", number="3333")
+    g = await enqueue(pool, "g1", "4915100000003", number="2222", tenant="globex")
     fake.add_fault("error", to="4915100000001", code=190)
-    s = send_settings(settings, fake, send_batch=1)
+    tokens = (("1111", "token-shared-1"), ("2222", "token-own-22"), ("3333", "token-shared-1"))
+    s = send_settings(settings, fake, send_batch=1, graph_tokens=tokens)
     sender = Sender(pool, s, clock=clock, rand=lambda: 0.5)
     try:
         await drain(sender)
@@ -485,13 +486,29 @@ async def test_token_breaker_is_per_tenant(
     assert fake.count(g) == 1
     assert [(await row(pool, k))["state"] for k in ("a1", "a2")] == ["pending", "pending"]
     b = await pool.fetchrow("SELECT * FROM send_breakers")
-    assert (b["scope"], b["provider"], b["key"], b["state"], b["code"]) == (
-        "token",
-        "meta",
-        "acme",
-        "open",
-        190,
-    )
+    breaker = (b["scope"], b["provider"], b["key"], b["state"], b["code"])
+    assert breaker == ("token", "meta", "1111", "open", 190)
+
+
+async def test_each_number_sends_with_its_own_token(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    await enqueue(pool, "a1", "4915100000001", number="1111")
+    await enqueue(pool, "b1", "4915100000002", number="2222")
+    await enqueue(pool, "c1", "4915100000003", number="9999")  # no token of its own: the default
+    tokens = (("1111", "token-of-1111"), ("2222", "token-of-2222"))
+    s = send_settings(settings, fake, graph_token="default-token", graph_tokens=tokens)
+    fake.config.number_tokens = dict(tokens)  # another token for 1111 or 2222 gets 190
+    sender = Sender(pool, s, clock=FakeClock())
+    try:
+        await drain(sender)
+    finally:
+        await sender.close()
+    assert {r.phone_number_id: r.token for r in fake.received} == {
+        "1111": "token-of-1111",
+        "2222": "token-of-2222",
+        "9999": "default-token",
+    }
 
 
 @pytest.mark.parametrize("dsn", [True, False], ids=["own connection", "pool connection"])
@@ -608,7 +625,7 @@ async def test_tenashi_401_opens_the_token_breaker(
         r = await row(pool, "t401")
         assert (r["state"], r["attempts"]) == ("pending", 0)
         b = await pool.fetchrow("SELECT * FROM send_breakers")
-        assert (b["scope"], b["provider"], b["key"], b["state"]) == ("token", "tenashi", "acme", "open")
+        assert (b["scope"], b["provider"], b["key"], b["state"]) == ("token", "tenashi", "default", "open")
         clock.advance(settings.breaker_backoff_s + 1)
         await drain(sender)  # the probe goes through
     finally:

@@ -77,9 +77,7 @@ async def state(pool: asyncpg.Pool, key: str) -> asyncpg.Record:
     return r
 
 
-async def test_the_request_body_is_the_one_tenashi_documents(
-    pool: asyncpg.Pool, settings: Settings
-) -> None:
+async def test_the_request_body_is_the_one_tenashi_documents(pool: asyncpg.Pool, settings: Settings) -> None:
     seen: list[tuple[dict[str, str], bytes]] = []
 
     async def api(request: web.Request) -> web.Response:

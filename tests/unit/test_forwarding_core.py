@@ -29,6 +29,7 @@ from gateway.core.forwarding import (
 from gateway.core.parsing import parse
 from gateway.core.planning import StagedRow, plan_batch
 from gateway.testing.payloads import (
+    contact_obj,
     message_obj,
     messages_payload,
     meta_payload,
@@ -148,12 +149,30 @@ def test_message_envelope_has_normalised_fields_and_the_raw_fragment() -> None:
     assert env["data"] == {
         "wamid": "wamid.M1",
         "phone_number_id": "1111",
+        "display_phone_number": "15550001111",
+        "waba_id": "waba-0",
         "from": "4915100000001",
+        "from_user_id": None,
+        "from_parent_user_id": None,
+        "username": None,
         "type": "text",
         "contact_name": "Ana",
+        "contact": {"profile": {"name": "Ana"}, "wa_id": "4915100000001"},
     }
     assert env["raw"] == msg
     assert kind_of(ev) == "message" and conversation_of(ev) == "4915100000001"
+
+
+def test_a_username_user_without_a_phone_number_is_named_by_bsuid() -> None:
+    contact = contact_obj(None, "US.1349", username="ana.b", parent_user_id="US.ENT.118")
+    msg = message_obj("wamid.U1", "hi", sender=None, user_id="US.1349")
+    value = meta_value(messages=[msg], contacts=[contact])
+    (ev,) = parse("meta", to_bytes(meta_payload(("messages", value))))
+    data = envelope(ev, "meta")["data"]
+    assert data["from"] is None and data["from_user_id"] == "US.1349"
+    assert data["from_parent_user_id"] == "US.ENT.118" and data["username"] == "ana.b"
+    assert data["contact"] == contact
+    assert conversation_of(ev) == "US.1349"
 
 
 def test_status_account_and_tenashi_envelopes() -> None:
