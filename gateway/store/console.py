@@ -93,8 +93,9 @@ async def outbox_page(
     residual = tenant is not None or (state is not None and state not in ATTENTION and recipient is None)
     scan = SCAN if residual else limit + 1
     if recipient is not None:
+        who = await identities(conn, recipient)
         rows = await conn.fetch(
-            q("console_outbox_scan_recipient"), start, scan, tenant, state, limit + 1, recipient
+            q("console_outbox_scan_recipient"), start, scan, tenant, state, limit + 1, who
         )
     elif state in ATTENTION:
         rows = await conn.fetch(
@@ -115,6 +116,12 @@ def _scanned_page(rows: list[Row], limit: int, scan: int, residual: bool) -> Pag
     if scanned >= scan and scanned_to is not None:  # the scan was cut: more rows below
         return Page(hits, str(scanned_to), scanned if residual else None)
     return Page(hits, None, scanned if residual else None)
+
+
+async def identities(conn: Conn, customer: str) -> list[str]:
+    """The customer's phone number and BSUIDs as seen together (``customer`` first)."""
+    found = [r[0] for r in await conn.fetch(q("console_customer_ids"), customer)]
+    return [customer, *sorted(x for x in found if x != customer)]
 
 
 async def outbox_bulk_count(
@@ -187,7 +194,8 @@ async def inbound_by_wamid(conn: Conn, *, wamid: str) -> list[Row]:
 
 async def inbound_page(conn: Conn, *, before: int | None, customer: str | None, limit: int) -> Page:
     scan = SCAN if customer is not None else limit + 1
-    rows = await conn.fetch(q("console_inbound_scan"), before or FIRST_ID, scan, customer, limit + 1)
+    who = None if customer is None else await identities(conn, customer)
+    rows = await conn.fetch(q("console_inbound_scan"), before or FIRST_ID, scan, who, limit + 1)
     return _scanned_page(list(rows), limit, scan, customer is not None)
 
 

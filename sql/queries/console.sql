@@ -81,12 +81,43 @@ SELECT h.*, s.scanned, s.scanned_to
 FROM (SELECT count(*) AS scanned, min(id) AS scanned_to FROM scan) s LEFT JOIN hit h ON true
 ORDER BY h.id DESC;
 
+-- name: console_customer_ids
+-- Every identity of the customer named $1 (a phone number, a BSUID or a parent BSUID) as the
+-- consumers saw them together (customer_ids): the business numbers are walked one probe each
+-- on the primary key (a loose index scan), each probed by BSUID, by phone and by parent BSUID.
+WITH RECURSIVE n AS (
+    (SELECT phone_number_id FROM customer_ids ORDER BY phone_number_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT c.phone_number_id FROM customer_ids c WHERE c.phone_number_id > n.phone_number_id
+            ORDER BY c.phone_number_id LIMIT 1)
+    FROM n WHERE n.phone_number_id IS NOT NULL
+), found AS (
+    SELECT c.wa_id, c.user_id, c.parent_user_id FROM n
+    JOIN customer_ids c ON c.phone_number_id = n.phone_number_id AND c.user_id = $1
+    UNION
+    SELECT c.wa_id, c.user_id, c.parent_user_id FROM n
+    JOIN customer_ids c ON c.phone_number_id = n.phone_number_id AND c.wa_id = $1
+    UNION
+    SELECT c.wa_id, c.user_id, c.parent_user_id FROM n
+    JOIN customer_ids c ON c.phone_number_id = n.phone_number_id AND c.parent_user_id = $1
+)
+SELECT DISTINCT x FROM (
+    SELECT $1::text AS x
+    UNION ALL SELECT wa_id FROM found UNION ALL SELECT user_id FROM found
+    UNION ALL SELECT parent_user_id FROM found
+) ids WHERE x IS NOT NULL
+LIMIT 50;
+
 -- name: console_outbox_scan_recipient
--- As console_outbox_scan, among the rows to recipient $6, on outbox_recipient.
+-- As console_outbox_scan, among the rows to any of the recipients $6 (one person's phone and
+-- BSUIDs), each read newest first on outbox_recipient.
 WITH scan AS (
-    SELECT id, tenant, idem_key, state, provider, phone_number_id, recipient, attempts, wamid,
-           delivery_status, last_error_code, last_error, updated_at
-    FROM outbox WHERE recipient = $6 AND id < $1 ORDER BY id DESC LIMIT $2
+    SELECT o.* FROM unnest($6::text[]) AS r(recipient)
+    CROSS JOIN LATERAL (
+        SELECT id, tenant, idem_key, state, provider, phone_number_id, recipient, attempts, wamid,
+               delivery_status, last_error_code, last_error, updated_at
+        FROM outbox WHERE recipient = r.recipient AND id < $1 ORDER BY id DESC LIMIT $2) o
+    ORDER BY o.id DESC LIMIT $2
 ), hit AS (
     SELECT * FROM scan WHERE ($3::text IS NULL OR tenant = $3) AND ($4::text IS NULL OR state = $4)
     ORDER BY id DESC LIMIT $5
@@ -198,20 +229,23 @@ SELECT count(*) FROM (
     LIMIT $5) x;
 
 -- name: console_inbound_by_wamid
-SELECT id, wamid, source, phone_number_id, sender, type, timestamp, contact_name, message, inbox_id,
-       received_at
+SELECT id, wamid, source, phone_number_id, sender, user_id, type, timestamp, contact_name, message,
+       inbox_id, received_at
 FROM inbound_messages WHERE wamid = $1
 ORDER BY id DESC
 LIMIT 20;
 
 -- name: console_inbound_scan
--- Newest first from before id $1: at most $2 messages scanned, those from customer $3 (NULL:
--- any) kept, $4 at most; the single row of no match says how far the scan went.
+-- Newest first from before id $1: at most $2 messages scanned, those from the customer's
+-- identities $3 (phone numbers or BSUIDs; NULL: any) kept, $4 at most; the single row of no
+-- match says how far the scan went.
 WITH scan AS (
-    SELECT id, wamid, source, phone_number_id, sender, type, timestamp, contact_name, received_at
+    SELECT id, wamid, source, phone_number_id, sender, user_id, type, timestamp, contact_name, received_at
     FROM inbound_messages WHERE id < $1 ORDER BY id DESC LIMIT $2
 ), hit AS (
-    SELECT * FROM scan WHERE $3::text IS NULL OR sender = $3 ORDER BY id DESC LIMIT $4
+    SELECT * FROM scan
+    WHERE $3::text[] IS NULL OR sender = ANY($3::text[]) OR user_id = ANY($3::text[])
+    ORDER BY id DESC LIMIT $4
 )
 SELECT h.*, s.scanned, s.scanned_to
 FROM (SELECT count(*) AS scanned, min(id) AS scanned_to FROM scan) s LEFT JOIN hit h ON true

@@ -230,3 +230,31 @@ async def test_a_failing_database_is_a_503_page_without_details(
         page = await r.text()
     assert r.status == 503 and r.headers["Retry-After"] == "5"
     assert "Database unavailable" in page and "outbox" not in page.split("<main>")[1].split("</main>")[0]
+
+
+async def test_a_customer_is_found_by_phone_or_bsuid(
+    pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
+) -> None:
+    phone, bsuid = "4915100000009", "US.13491208655302741918"
+    await pool.execute(
+        "INSERT INTO customer_ids (phone_number_id, user_id, wa_id) VALUES ('1111', $1, $2)", bsuid, phone
+    )
+    await pool.execute(
+        "INSERT INTO outbox (tenant, idem_key, callback_data, recipient, payload, state) VALUES"
+        " ('acme', 'by-phone', 'cb-p', $1, '{}', 'accepted'),"
+        " ('acme', 'by-bsuid', 'cb-b', $2, '{}', 'accepted'),"
+        " ('acme', 'someone-else', 'cb-x', '4915100000001', '{}', 'accepted')",
+        phone,
+        bsuid,
+    )
+    await pool.execute(
+        "INSERT INTO inbound_messages (wamid, sender, user_id, message, subject)"
+        " VALUES ('wamid.U1', NULL, $1, '{}', 'wamid.U1')",
+        bsuid,
+    )
+    for who in (phone, bsuid):
+        async with ops.get(f"{console}/outbox", params={"recipient": who}) as r:
+            page = await r.text()
+        assert "by-phone" in page and "by-bsuid" in page and "someone-else" not in page, who
+    async with ops.get(f"{console}/inbound", params={"customer": phone}) as r:
+        assert "wamid.U1" in await r.text()
