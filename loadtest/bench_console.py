@@ -20,21 +20,21 @@ import os
 import re
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import aiohttp
 import asyncpg
 
 from gateway.core.console import cursor
 from gateway.store.db import connect, migrate
-from gateway.store.sqlfiles import load_queries
+from gateway.testing.ports import free_port
 from gateway.testing.scratch import scratch_database
-from loadtest.processes import free_port
+from loadtest.harness import database
+from loadtest.harness.sql import queries
 
-SQL = load_queries(Path(__file__).parent / "sql" / "console.sql")
+SQL = queries("console.sql")
+HELP = "every console page's time with 1 M dead items, 10 M outbox rows, 10 M deliveries"
 TARGET_MS = 200.0
 TOKEN = "bench-token-0123456789abcdef"
 CHUNK = 1_000_000
@@ -253,16 +253,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=7, help="timed requests per page")
 
 
-def main(ns: argparse.Namespace) -> int:
-    dsn = os.environ.get("DATABASE_URL")
-    if dsn:
-        return asyncio.run(bench(dsn, ns))
-    from gateway.runtime import embedded
-
-    with tempfile.TemporaryDirectory(prefix="bench-console-") as tmp:
-        server, _ = embedded.start(Path(tmp), cleanup="delete")
-        try:
-            asyncio.run(_configure(server.get_uri()))
-            return asyncio.run(bench(server.get_uri(), ns))
-        finally:
-            server.cleanup()
+async def main(ns: argparse.Namespace) -> int:
+    with database.server("bench-console") as (admin_dsn, embedded):
+        if embedded:
+            await _configure(admin_dsn)
+        return await bench(admin_dsn, ns)

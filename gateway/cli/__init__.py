@@ -23,6 +23,7 @@ from gateway.cli.processes import (
     cmd_serve,
     cmd_settings,
     serve_args,
+    settings_args,
 )
 from gateway.core.settings import Settings, SettingsError, unknown_variables
 from gateway.runtime.startup import EXIT_STARTUP, StartupError
@@ -64,7 +65,7 @@ COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None
         cmd_fake_provider,
         None,
     ),
-    "settings": ("print every variable with its default and what it does", cmd_settings, None),
+    "settings": ("print every variable with its default and what it does", cmd_settings, settings_args),
 }
 
 
