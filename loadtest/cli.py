@@ -23,6 +23,7 @@ COMMANDS = (
     "bench-forward",
     "bench-growth",
     "bench-access",
+    "bench-console",
     "verify",
     "render",
 )

@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ from gateway.runtime.startup import (
 )
 from gateway.store.db import connect, create_pool, migrate_dsn
 from gateway.web import server
+from gateway.web.console.app import console_listener
 from gateway.web.health import ListenError, health_socket, metrics_listener
 
 if TYPE_CHECKING:  # services imports every layer: loaded by the commands that run them
@@ -191,7 +192,11 @@ def serve_http(
         # A worker of `serve --workers N` answers its parent's health checks on its own socket.
         sock = os.environ.get(workers.HEALTH_SOCKET_ENV) if reuse_port else None
         try:
-            async with health_socket(sock) if sock else contextlib.nullcontext():
+            # One of several workers leaves the console to its parent: one listener in all.
+            async with (
+                health_socket(sock) if sock else contextlib.nullcontext(),
+                _console(settings, enabled=not reuse_port),
+            ):
                 await stop.wait()
         finally:
             log.info("shutting down")
@@ -200,6 +205,37 @@ def serve_http(
 
         failed = SERVICES in app and app[SERVICES].failed
         return 1 if await watch or failed else 0
+
+    return run(go())
+
+
+@contextlib.asynccontextmanager
+async def _console(settings: Settings, *, enabled: bool = True) -> AsyncIterator[None]:
+    """The operator console beside whatever runs (GATEWAY_CONSOLE_PORT; nothing when 0)."""
+    if not (enabled and settings.console_port):
+        yield
+        return
+    try:
+        async with console_listener(settings):
+            yield
+    except ListenError as exc:
+        raise listen_error(exc, exc.host, exc.port, exc.variable) from None
+
+
+def serve_console(settings: Settings, *, embedded: Any = None) -> int:
+    """`gateway console`: the console alone until SIGTERM/SIGINT."""
+
+    async def go() -> int:
+        assert settings.database_url
+        await wait_for(settings, schema=True)
+        if settings.migrate_on_start:
+            await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
+        watch = asyncio.create_task(supervise_embedded(embedded, stop))
+        async with _console(settings):
+            await stop.wait()
+        return 1 if await watch else 0
 
     return run(go())
 
@@ -225,6 +261,8 @@ def serve_workers(settings: Settings, n: int, *, embedded: Any = None) -> int:
         workers.check_free(settings.host, settings.port, "GATEWAY_PORT")
         if settings.metrics_port:
             workers.check_free(settings.host, settings.metrics_port, "GATEWAY_METRICS_PORT")
+        if settings.console_port:
+            workers.check_free(settings.console_host, settings.console_port, "GATEWAY_CONSOLE_PORT")
         metrics_dir = workers.make_metrics_dir()
         try:
             stop = asyncio.Event()
@@ -235,7 +273,9 @@ def serve_workers(settings: Settings, n: int, *, embedded: Any = None) -> int:
             )
             watch = asyncio.create_task(supervise_embedded(embedded, stop))
             log.info("serving http://%s:%d with %d worker processes", settings.host, settings.port, n)
-            await supervisor.run(stop)
+            # The console runs here, in the parent, once: the workers are started without it.
+            async with _console(settings):
+                await supervisor.run(stop)
             if supervisor.fatal is not None:
                 watch.cancel()
                 return supervisor.fatal  # the worker's own message is the last line

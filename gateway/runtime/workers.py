@@ -71,6 +71,7 @@ def child_env(settings: Settings, metrics_dir: str) -> dict[str, str]:
             "DATABASE_URL": settings.database_url,
             "GATEWAY_MIGRATE_ON_START": "false",  # the parent did
             "GATEWAY_WORKERS": "1",
+            "GATEWAY_CONSOLE_PORT": "0",  # the parent serves the console, once for all
             "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
         }
     )

@@ -141,11 +141,11 @@ def metrics_app() -> web.Application:
 
 
 class ListenError(OSError):
-    """The metrics listener's port could not be bound (names the variable for the message)."""
+    """A listener's port could not be bound (names the variable for the message)."""
 
-    def __init__(self, exc: OSError, host: str, port: int) -> None:
+    def __init__(self, exc: OSError, host: str, port: int, variable: str = "GATEWAY_METRICS_PORT") -> None:
         super().__init__(exc.errno, exc.strerror)
-        self.host, self.port, self.variable = host, port, "GATEWAY_METRICS_PORT"
+        self.host, self.port, self.variable = host, port, variable
 
 
 @contextlib.asynccontextmanager
