@@ -15,6 +15,7 @@ from aiohttp import ClientSession
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
 from gateway.testing.payloads import message_payload, meta_bytes
+from gateway.web.app import WEBHOOKS
 from gateway.web.server import Listening
 from tests.support.config import META_SECRET, VERIFY_TOKEN, replace
 
@@ -225,7 +226,10 @@ async def test_bytes_being_read_at_once_are_bounded(
     a_reader, a_writer = await raw(gw)
     a_writer.write(head("/webhooks/meta", big, X_Hub_Signature_256=FORGED) + b"{")
     await a_writer.drain()
-    await asyncio.sleep(0.2)  # let the server take A's reservation
+    budget = gw.app[WEBHOOKS].budget
+    async with asyncio.timeout(GIVE_UP_S):  # the server has taken A's reservation
+        while not budget.in_use:
+            await asyncio.sleep(0.01)
     b_reader, b_writer = await raw(gw)
     b_writer.write(head("/webhooks/meta", big, X_Hub_Signature_256=FORGED))
     assert await status_of(b_reader) == 503
