@@ -272,7 +272,8 @@ class Settings:
         "GATEWAY_COMMIT_WINDOW_MS",
         2.0,
         _float(0, 1000),
-        "how long a group-commit batch collects webhooks before it is written",
+        "while a group-commit batch is being written, how long new webhooks wait for it before "
+        "they are written as a batch of their own (an idle database writes them at once)",
     )
     commit_max_batch: int = _env(
         "GATEWAY_COMMIT_MAX_BATCH",
