@@ -365,13 +365,22 @@ class Settings:
         "send API keys as tenant:key pairs, comma-separated (keys of 16+ characters)",
     )
 
-    # Processes of `gateway serve`: 0 = one per core. Each runs HTTP, its own group
-    # committer, consumers, sender and forwarder as configured below (sizes are per process).
+    # Processes of `gateway serve`: HTTP workers, each with its own group committer, and the
+    # background services below, either in a process of their own or inside each worker
+    # (sizes are per process). 0 workers: by core count (gateway.runtime.workers.layout).
     workers: int = _env(
         "GATEWAY_WORKERS",
         0,
         _int(0, 256),
-        "gateway serve processes sharing the port (SO_REUSEPORT); 0: one per core",
+        "gateway serve HTTP processes sharing the port (SO_REUSEPORT); 0: by core count "
+        "(one per core, less the services process)",
+    )
+    serve_services: str = _env(
+        "GATEWAY_SERVE_SERVICES",
+        "auto",
+        _choice("auto", "process", "inline"),
+        "where gateway serve runs consumers, sender and forwarder: process (one of their own beside "
+        "the HTTP workers), inline (inside each HTTP worker), auto (process with 2+ cores, else inline)",
     )
     # Which background services `gateway serve` runs in-process.
     run_consumers: bool = _env("GATEWAY_RUN_CONSUMERS", True, _bool, "run the consumers inside gateway serve")

@@ -35,6 +35,7 @@ from gateway.web import server
 from gateway.web.health import ListenError, metrics_listener
 
 if TYPE_CHECKING:  # services imports every layer: loaded by the commands that run them
+    from gateway.runtime import workers
     from gateway.runtime.services import Roles
 
 log = logging.getLogger("gateway")
@@ -200,9 +201,10 @@ async def wait_for(settings: Settings, *, schema: bool = False) -> None:
         await wait_for_schema(dsn, wait_s=settings.db_wait_s, connect_timeout_s=timeout_s)
 
 
-def serve_workers(settings: Settings, n: int, *, embedded: Any = None) -> int:
-    """The parent of ``gateway serve --workers N``: migrate once, then run and supervise N
-    worker processes on one port (gateway.runtime.workers) until SIGTERM/SIGINT."""
+def serve_workers(settings: Settings, lay: workers.Layout, *, embedded: Any = None) -> int:
+    """The parent of ``gateway serve`` as several processes: migrate once, then run and
+    supervise the HTTP workers on one port and the services process, if apart
+    (gateway.runtime.workers), until SIGTERM/SIGINT."""
     from gateway.runtime import workers
 
     async def go() -> int:
@@ -217,9 +219,15 @@ def serve_workers(settings: Settings, n: int, *, embedded: Any = None) -> int:
         try:
             stop = asyncio.Event()
             _stop_on_signals(stop)
-            supervisor = workers.Supervisor(n, workers.child_env(settings, metrics_dir), metrics_dir)
+            supervisor = workers.Supervisor(workers.children(settings, lay, metrics_dir), metrics_dir)
             watch = asyncio.create_task(supervise_embedded(embedded, stop))
-            log.info("serving http://%s:%d with %d worker processes", settings.host, settings.port, n)
+            log.info(
+                "serving http://%s:%d with %d HTTP worker process(es)%s",
+                settings.host,
+                settings.port,
+                lay.http,
+                " and a process for consumers, sender and forwarder" if lay.services_apart else "",
+            )
             await supervisor.run(stop)
             if supervisor.fatal is not None:
                 watch.cancel()
