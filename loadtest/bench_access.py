@@ -11,9 +11,7 @@ overhead exceeds ``--target-us``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import sys
 import time
 from collections.abc import Awaitable, Callable
 
@@ -54,13 +52,17 @@ async def measure(requests: int) -> tuple[float, float]:
     return out[0], out[1]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.bench_access", description=__doc__)
-    parser.add_argument("--requests", type=int, default=200_000)
-    parser.add_argument("--target-us", type=float, default=5.0, help="most overhead per request")
-    ns = parser.parse_args(argv)
+HELP = "the access-log middleware's cost per request"
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--requests", type=int, default=200_000)
+    p.add_argument("--target-us", type=float, default=5.0, help="most overhead per request")
+
+
+async def main(ns: argparse.Namespace) -> int:
     logging.disable(logging.CRITICAL)  # the cost of formatting lines is not the question here
-    bare, wrapped = asyncio.run(measure(ns.requests))
+    bare, wrapped = await measure(ns.requests)
     overhead = wrapped - bare
     met = overhead <= ns.target_us
     print(f"bare handler           {bare:6.2f} us/request")
@@ -68,7 +70,3 @@ def main(argv: list[str] | None = None) -> int:
     verdict = "PASS" if met else "FAIL"
     print(f"overhead               {overhead:6.2f} us/request (target <= {ns.target_us:g}): {verdict}")
     return 0 if met else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

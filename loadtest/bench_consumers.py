@@ -15,13 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import os
 import random
-import sys
-import tempfile
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -32,11 +28,12 @@ from gateway.core.settings import MIN_DEDUP_RETENTION_DAYS, Settings
 from gateway.inbound.consumer import Consumer
 from gateway.store import inbox
 from gateway.store.db import connect, create_pool, migrate
-from gateway.store.sqlfiles import load_queries
 from gateway.testing import payloads
 from gateway.testing.scratch import scratch_database
+from loadtest.harness import database
+from loadtest.harness.sql import queries
 
-BASELINE = load_queries(Path(__file__).parent / "sql" / "baseline.sql")
+BASELINE = queries("baseline.sql")
 
 
 def _meta(value: dict[str, Any]) -> bytes:
@@ -218,37 +215,18 @@ async def bench(dsn: str, ns: argparse.Namespace) -> int:
     return 0 if ratio >= 5 else 1
 
 
-async def _with_fresh_db(admin_dsn: str, ns: argparse.Namespace) -> int:
-    async with scratch_database(admin_dsn, "bench_consumers") as dsn:
-        return await bench(dsn, ns)
+HELP = "set-based consumers vs one transaction per event"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench_consumers", description=__doc__.split("\n")[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--events", type=int, default=10000, help="staged events, redeliveries included")
     p.add_argument("--redeliveries", type=float, default=0.1, help="share of events delivered twice")
     p.add_argument("--concurrency", type=int, default=2, help="consumer loops, the same for both")
     p.add_argument("--batch", type=int, default=200, help="rows per batch (set-based consumers)")
     p.add_argument("--seed", type=int, default=1)
-    ns = p.parse_args(argv)
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:  # pragma: no cover
-        pass
-    dsn = os.environ.get("DATABASE_URL")
-    if dsn:
-        return asyncio.run(_with_fresh_db(dsn, ns))
-    from gateway.runtime import embedded
-
-    with tempfile.TemporaryDirectory(prefix="bench-consumers-") as tmp:
-        server, _ = embedded.start(Path(tmp), cleanup="delete")
-        try:
-            return asyncio.run(_with_fresh_db(server.get_uri(), ns))
-        finally:
-            server.cleanup()
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+async def main(ns: argparse.Namespace) -> int:
+    with database.server("bench-consumers") as (admin_dsn, _embedded):
+        async with scratch_database(admin_dsn, "bench_consumers") as dsn:
+            return await bench(dsn, ns)

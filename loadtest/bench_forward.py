@@ -29,13 +29,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -48,17 +45,14 @@ from gateway.outbound.forwarder import Forwarder
 from gateway.store import deliveries, inbox
 from gateway.store.db import connect, create_pool, migrate
 from gateway.testing import payloads
+from gateway.testing.ports import free_port
 from gateway.testing.scratch import scratch_database
+from loadtest.harness import database
+from loadtest.harness.stats import machine, percentile
 
 DEST = "bench"
 TARGET_RATIO = 0.7
 TARGET_P99_MS = 100.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _start_receiver(secret: str, port: int, max_s: float) -> asyncio.subprocess.Process:
@@ -218,13 +212,6 @@ async def _pipeline(pool: asyncpg.Pool, prefix: str, rate: float, seconds: float
     return receipts
 
 
-def _pct(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
-
-
 async def _wait_delivered(pool: asyncpg.Pool, prefix: str, n: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while await _delivered(pool, prefix) < n:
@@ -240,7 +227,7 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
     await conn.close()
     secret = stdwebhooks.generate_secret()
     key = stdwebhooks.secret_key(secret)
-    port = _free_port()
+    port = free_port()
     proc = await _start_receiver(secret, port, max_s=600)
     base = f"http://127.0.0.1:{port}"
     url = f"{base}/hooks"
@@ -313,7 +300,7 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
             arrived = (await rx.state(ids=True))["ids"]
             lat_ms = [(arrived[i] - t) * 1000 for i, t in receipts.items() if i in arrived]
             lost = len(receipts) - len(lat_ms)
-            p50, p99 = _pct(lat_ms, 50), _pct(lat_ms, 99)
+            p50, p99 = percentile(lat_ms, 50), percentile(lat_ms, 99)
             worst = max(lat_ms, default=float("nan"))
             mean = statistics.fmean(lat_ms) if lat_ms else float("nan")
             print(
@@ -341,7 +328,7 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
         await proc.wait()
     for f in failures:
         print(f"ERROR: {f}", file=sys.stderr)
-    print("machine: shared 2-core VM; other sessions' tests ran meanwhile (figures are noisy)")
+    print(machine())
     return 0 if ok_ratio and ok_p99 and not failures else 1
 
 
@@ -388,9 +375,7 @@ async def _faults(pool: asyncpg.Pool, rx: Receiver, args: argparse.Namespace, ra
     return out
 
 
-async def _run_scratch(admin_dsn: str, args: argparse.Namespace) -> int:
-    async with scratch_database(admin_dsn, "bench_forward") as dsn:
-        return await _run(dsn, args)
+HELP = "forwarder vs a bare aiohttp client; receipt -> downstream latency (--faults)"
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -403,33 +388,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outage-s", type=float, default=10.0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest bench-forward", description=__doc__.splitlines()[0])
-    add_args(p)
-    args = p.parse_args(argv)
-    try:
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:
-        pass
+async def main(args: argparse.Namespace) -> int:
     # The collector settings `gateway forward` and `gateway serve` run with; the bare client
     # runs in this process too, so both sides get them.
     from gateway.runtime import tune_gc
 
     tune_gc()
-    url = os.environ.get("DATABASE_URL")
-    if url:
-        return asyncio.run(_run_scratch(url, args))
-    from gateway.runtime import embedded
-
-    tmp = tempfile.mkdtemp(prefix="bench-forward-")
-    server, dsn = embedded.start(Path(tmp), cleanup="delete")
-    try:
-        return asyncio.run(_run(dsn, args))
-    finally:
-        server.cleanup()
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    with database.server("bench-forward") as (admin_dsn, _embedded):
+        async with scratch_database(admin_dsn, "bench_forward") as dsn:
+            return await _run(dsn, args)

@@ -22,10 +22,8 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 import random
 import re
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,11 +35,12 @@ from gateway.inbound.consumer import Consumer
 from gateway.store import inbox
 from gateway.store import retention as partitions
 from gateway.store.db import connect, create_pool, migrate
-from gateway.store.sqlfiles import load_queries
 from gateway.testing import payloads
 from gateway.testing.scratch import scratch_database
+from loadtest.harness import database
+from loadtest.harness.sql import queries
 
-SQL = load_queries(Path(__file__).parent / "sql" / "growth.sql")
+SQL = queries("growth.sql")
 FILL_CHUNK = 1_000_000
 INGEST_BATCH = 256  # rows per INSERT, as the group commit writes them
 TARGET_RATIO = 0.8
@@ -256,6 +255,9 @@ async def _configure(admin_dsn: str, max_wal_size: str) -> None:
         await conn.close()
 
 
+HELP = "throughput as the dedup table grows; DROP vs DELETE retention"
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="0,10000000,50000000", help="existing dedup keys, comma-separated")
     p.add_argument("--day-keys", type=int, default=5_000_000, help="keys in the day that retention removes")
@@ -272,27 +274,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default="", help="also write the figures to this JSON file")
 
 
-def main(ns: argparse.Namespace) -> int:
-    code, layouts = _run(ns)
+async def main(ns: argparse.Namespace) -> int:
+    with database.server("bench-growth") as (admin_dsn, embedded):
+        if embedded:
+            await _configure(admin_dsn, ns.max_wal_size)
+        code, layouts = await bench(admin_dsn, ns)
     if ns.json:
         doc = {
-            "args": {k: v for k, v in vars(ns).items() if k != "func"},
+            "args": {k: v for k, v in vars(ns).items() if k != "main"},
             "layouts": [dataclasses.asdict(la) for la in layouts],
         }
-        Path(ns.json).write_text(json.dumps(doc, indent=2))
+        Path(ns.json).write_text(json.dumps(doc, indent=2))  # noqa: ASYNC240 - the run is over
     return code
-
-
-def _run(ns: argparse.Namespace) -> tuple[int, list[Layout]]:
-    dsn = os.environ.get("DATABASE_URL")
-    if dsn:
-        return asyncio.run(bench(dsn, ns))
-    from gateway.runtime import embedded
-
-    with tempfile.TemporaryDirectory(prefix="bench-growth-") as tmp:
-        server, _ = embedded.start(Path(tmp), cleanup="delete")
-        try:
-            asyncio.run(_configure(server.get_uri(), ns.max_wal_size))
-            return asyncio.run(bench(server.get_uri(), ns))
-        finally:
-            server.cleanup()

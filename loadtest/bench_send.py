@@ -22,12 +22,9 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
 import asyncpg
@@ -37,14 +34,11 @@ from gateway.core.settings import Settings
 from gateway.outbound.sender import Sender
 from gateway.store import outbox
 from gateway.store.db import connect, create_pool, migrate
+from gateway.testing.ports import free_port
 from gateway.testing.scratch import scratch_database
-from loadtest.sql import q
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from loadtest.harness import database
+from loadtest.harness.sql import q
+from loadtest.harness.stats import percentile
 
 
 async def _start_fake(port: int) -> asyncio.subprocess.Process:
@@ -92,7 +86,7 @@ async def _received(fake_url: str) -> int:
 @contextlib.asynccontextmanager
 async def _environment(dsn: str) -> AsyncIterator[tuple[asyncpg.Pool, str]]:
     """A migrated database's pool and the fake provider's URL (the provider in a subprocess)."""
-    port = _free_port()
+    port = free_port()
     fake = await _start_fake(port)
     try:
         conn = await connect(dsn)
@@ -157,11 +151,6 @@ async def _run(dsn: str, args: argparse.Namespace) -> dict[str, float]:
         }
 
 
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
-
-
 async def _arrivals(fake_url: str) -> dict[str, float]:
     async with aiohttp.ClientSession() as s, s.get(f"{fake_url}/_fake/received") as r:
         return {m["callback_data"]: m["at"] for m in await r.json(content_type=None)}
@@ -212,16 +201,11 @@ async def _latency(dsn: str, args: argparse.Namespace) -> dict[str, float]:
         poll = await _latency_mode(pool, dsn, fake_url, args, notify=False)
         woken = await _latency_mode(pool, dsn, fake_url, args, notify=True)
     return {
-        "poll_p50": _pct(poll, 50),
-        "poll_p99": _pct(poll, 99),
-        "notify_p50": _pct(woken, 50),
-        "notify_p99": _pct(woken, 99),
+        "poll_p50": percentile(poll, 50),
+        "poll_p99": percentile(poll, 99),
+        "notify_p50": percentile(woken, 50),
+        "notify_p99": percentile(woken, 99),
     }
-
-
-async def _run_scratch(admin_dsn: str, args: argparse.Namespace) -> dict[str, float]:
-    async with scratch_database(admin_dsn, "bench_send") as dsn:
-        return await (_latency(dsn, args) if args.latency else _run(dsn, args))
 
 
 def _report_latency(r: dict[str, float], args: argparse.Namespace) -> int:
@@ -241,9 +225,11 @@ def _report_latency(r: dict[str, float], args: argparse.Namespace) -> int:
     return 0 if met else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench_send", description=__doc__.splitlines()[0])
-    p.add_argument("--messages", type=int, default=10000)
+HELP = "sender against the fake provider (--latency: NOTIFY vs polling)"
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--messages", type=int, default=None, help="default 10000 (200 with --latency)")
     p.add_argument("--recipients", type=int, default=1000)
     p.add_argument("--batch", type=int, default=500)
     p.add_argument("--concurrency", type=int, default=256)
@@ -251,28 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pair-interval", type=float, default=0.0, help="seconds; 0 so pacing is not the limit")
     p.add_argument("--latency", action="store_true", help="enqueue->provider latency at a low rate")
     p.add_argument("--rate", type=float, default=20.0, help="--latency: enqueues per second")
-    args = p.parse_args(argv)
-    if args.latency and "--messages" not in (argv if argv is not None else sys.argv):
-        args.messages = 200
-    try:
-        import uvloop
 
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:
-        pass
 
-    url = os.environ.get("DATABASE_URL")
-    if url:
-        result = asyncio.run(_run_scratch(url, args))
-    else:
-        from gateway.runtime import embedded
-
-        tmp = tempfile.mkdtemp(prefix="bench-send-")
-        server, dsn = embedded.start(Path(tmp), cleanup="delete")
-        try:
-            result = asyncio.run(_latency(dsn, args) if args.latency else _run(dsn, args))
-        finally:
-            server.cleanup()
+async def main(args: argparse.Namespace) -> int:
+    if args.messages is None:
+        args.messages = 200 if args.latency else 10000
+    with database.server("bench-send") as (admin_dsn, _embedded):
+        async with scratch_database(admin_dsn, "bench_send") as dsn:
+            result = await (_latency(dsn, args) if args.latency else _run(dsn, args))
     if args.latency:
         return _report_latency(result, args)
     print(
@@ -293,6 +265,3 @@ def main(argv: list[str] | None = None) -> int:
     print("PASS" if ok and fast else "FAIL")
     return 0 if ok and fast else 1
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -42,22 +42,25 @@ import aiohttp
 import orjson
 
 from gateway.core.messages import callback_data
-from loadtest import driver, plan, processes, report, verify
-from loadtest.httpclient import Pool
-from loadtest.payloads import PayloadFactory, Secrets
-from loadtest.resilient import Db
-from loadtest.scenarios import scenario
-from loadtest.schedule import arrivals, constant
-from loadtest.sql import q
-from loadtest.stats import Ledger
+from gateway.testing.ports import free_port
+from loadtest.harness import driver, options, plan, processes, redact, verify
+from loadtest.harness.httpclient import Pool
+from loadtest.harness.payloads import PayloadFactory, Secrets
+from loadtest.harness.resilient import Db
+from loadtest.harness.scenarios import scenario
+from loadtest.harness.schedule import arrivals, constant
+from loadtest.harness.sql import q
+from loadtest.harness.stats import Ledger
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TENANT = "chaos"
 API_KEY = "chaos-api-key-0123456789"
 NUMBER = "100200300"
 # Offsets inside a round, seconds.
 KILL_GATEWAY_AT, KILL_CONSUMER_AT, KILL_SENDER_AT, HANG_AT, DB_STOP_AT = 1.0, 5.0, 8.0, 10.0, 12.0
 PAIR_SLACK_S = 0.25  # clock and network jitter between the claim and the fake's receipt
+
+
+HELP = "kill and restart every part, PostgreSQL included, under load; verify"
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -70,7 +73,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair-interval-s", type=float, default=2.0, help="GATEWAY_PAIR_INTERVAL_S for the run")
     p.add_argument("--drain-timeout", type=float, default=180.0)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--results", type=Path, default=options.RESULTS)
 
 
 @dataclass
@@ -138,7 +141,7 @@ class Cast:
         self.dsn = dsn
         self.secrets = secrets
         self.log_dir = log_dir
-        self.port = processes.free_port()
+        self.port = free_port()
         self.env = {
             "GATEWAY_GRAPH_URL": f"{fake_url}/v21.0",
             "GATEWAY_GRAPH_TOKEN": "chaos-token",
@@ -154,7 +157,7 @@ class Cast:
 
     def start(self, role: str) -> processes.Proc:
         command = {"gateway": "serve", "consumer": "consume", "sender": "send"}[role]
-        port = self.port if role == "gateway" else processes.free_port()
+        port = self.port if role == "gateway" else free_port()
         env = processes.gateway_env(self.dsn, port, self.secrets, consumers=False, extra=self.env)
         argv = [sys.executable, "-m", "gateway", command]
         proc = processes.Proc(role, argv, env, self.log_dir / f"{role}-{next(self._n)}.log", port)
@@ -425,7 +428,7 @@ async def main(ns: argparse.Namespace) -> int:
             "verification": verdict.as_dict(),
         }
         path = ns.results / f"chaos-{stamp}.json"
-        path.write_bytes(orjson.dumps(report.redact(result), option=orjson.OPT_INDENT_2))  # no secrets
+        path.write_bytes(orjson.dumps(redact.redact(result), option=orjson.OPT_INDENT_2))  # no secrets
         print(f"\nresults: {path}\nlogs: {log_dir}")
         code = 0 if verdict.ok else 1
         print("PASS" if code == 0 else "FAIL: verification found violations (see above)")

@@ -41,10 +41,10 @@ from typing import Any, cast
 
 from locust import FastHttpUser, LoadTestShape, constant_throughput, events, tag
 
-from loadtest import scenarios
-from loadtest.payloads import Delivery, PayloadFactory, Secrets
-from loadtest.schedule import parse_profile
-from loadtest.stats import Ledger
+from loadtest.harness import scenarios
+from loadtest.harness.payloads import Delivery, PayloadFactory, Secrets
+from loadtest.harness.schedule import parse_profile
+from loadtest.harness.stats import Ledger
 
 log = logging.getLogger("loadtest.locust")
 
@@ -229,7 +229,7 @@ def _test_stop(environment: Any, **_kw: Any) -> None:
     """The exactly-once verification; a mismatch sets the exit code to 1."""
     opts = environment.parsed_options
     if not opts.database_url:
-        from loadtest.run import no_database_hint
+        from loadtest.harness.database import no_database_hint
 
         log.warning(no_database_hint())
         return

@@ -17,30 +17,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.core import stdwebhooks
-from loadtest import driver, forwardcheck, plan, processes, report, verify
-from loadtest.httpclient import Pool
-from loadtest.payloads import PayloadFactory, Secrets
-from loadtest.resilient import Db
-from loadtest.scenarios import SCENARIOS, scenario
-from loadtest.schedule import Profile, arrivals, constant, parse_profile
-from loadtest.sql import q
-from loadtest.stats import Ledger
+from gateway.testing.ports import free_port
+from loadtest.harness import database, driver, forwardcheck, options, plan, processes, redact, report, verify
+from loadtest.harness.httpclient import Pool
+from loadtest.harness.payloads import PayloadFactory, Secrets
+from loadtest.harness.resilient import Db
+from loadtest.harness.scenarios import SCENARIOS, scenario
+from loadtest.harness.schedule import Profile, arrivals, constant, parse_profile
+from loadtest.harness.sql import q
+from loadtest.harness.stats import Ledger
 
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def add_common_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seed", type=int, default=1, help="payload RNG seed (ids stay unique per run)")
-    p.add_argument("--connections", type=int, default=512, help="max keep-alive connections")
-    p.add_argument("--timeout", type=float, default=10.0, help="per-request timeout, seconds")
-    p.add_argument("--results", type=Path, default=RESULTS, help="directory for JSON/HTML results")
-    p.add_argument("--quiet", action="store_true", help="no progress line")
-    p.add_argument(
-        "--database-url",
-        default=os.environ.get("DATABASE_URL"),
-        help="self-contained: use this PostgreSQL instead of a temporary embedded one; "
-        "--url mode: where to verify (default $DATABASE_URL)",
-    )
+HELP = "open-model load against the gateway, then verify and report"
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -83,33 +70,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--forward-faults", action="store_true", help="with --forward: 10%% 5xx, 2%% late answers, one outage"
     )
     p.add_argument("--forward-outage-s", type=float, default=30.0, help="receiver outage, seconds")
-    add_common_args(p)
+    options.add_common_args(p)
 
 
 def _first(csv: str) -> str:
     return next((s.strip() for s in csv.split(",") if s.strip()), "")
-
-
-def embedded_dsn(data_dir: Path) -> str:
-    """The address of the database ``gateway serve`` runs on when it starts its embedded
-    PostgreSQL under ``data_dir`` (GATEWAY_DATA_DIR, ./var for ``make run``): a Unix socket in
-    ``<data_dir>/pgdata``, database ``gateway``, user ``postgres``."""
-    return f"postgresql://postgres@/gateway?host={data_dir.expanduser().resolve() / 'pgdata'}"
-
-
-def no_database_hint() -> str:
-    """What to say when a --url run cannot be verified: how to name the database."""
-    var = Path(os.environ.get("GATEWAY_DATA_DIR", "./var"))
-    hint = (
-        "not verified: no database given. To verify, pass --database-url (or set DATABASE_URL) to "
-        "the gateway's database"
-    )
-    if (var / "pgdata" / "postmaster.pid").exists():
-        return hint + f"; for the embedded one under {var}: --database-url '{embedded_dsn(var)}'"
-    return hint + (
-        "; a gateway on its embedded PostgreSQL (make run) listens on a Unix socket: "
-        f"--database-url '{embedded_dsn(var)}' (GATEWAY_DATA_DIR/pgdata)"
-    )
 
 
 @dataclass
@@ -143,7 +108,7 @@ async def self_contained(
             receiver = rx.url
             await forwardcheck.register(dsn, f"{rx.url}/hooks", secret)
             extra_env = {**forwardcheck.GATEWAY_ENV, **extra_env}
-        fake_port = processes.free_port()
+        fake_port = free_port()
         gw = processes.start_gateway(
             dsn,
             secrets,
@@ -317,7 +282,7 @@ async def main(ns: argparse.Namespace) -> int:
         secrets = secrets_from(ns, False)
         target = Target(u.hostname or "127.0.0.1", u.port or 80, ns.database_url, None)
         if not target.dsn and not ns.no_verify:
-            sys.stderr.write(no_database_hint() + "\n")
+            sys.stderr.write(database.no_database_hint() + "\n")
         code, result = await execute(ns, target, secrets)
     else:
         secrets = secrets_from(ns, True)
@@ -327,14 +292,14 @@ async def main(ns: argparse.Namespace) -> int:
     if ns.no_verify:
         verdict.notes = ["not verified (--no-verify)"]
     elif ns.url and not target.dsn:
-        verdict.notes = [no_database_hint()]
+        verdict.notes = [database.no_database_hint()]
     text = report.run_table(result)
     if "forwarding" in result:
         text += "\n" + forwardcheck.describe(result["forwarding"])
     for w in result["warnings"]:
         text += f"\nWARNING: {w}"
     shown = {secrets.meta, secrets.tenashi}
-    print(report.redact_text(text, {v for v in shown if v}))
+    print(redact.redact_text(text, {v for v in shown if v}))
     jpath, hpath = report.write(
         ns.results, stem, result, text, report.run_charts(result, verdict), verdict, secrets=shown - {""}
     )

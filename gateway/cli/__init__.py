@@ -22,6 +22,7 @@ from gateway.cli.processes import (
     cmd_serve,
     cmd_settings,
     serve_args,
+    settings_args,
 )
 from gateway.core.settings import Settings, SettingsError, unknown_variables
 from gateway.runtime.startup import EXIT_STARTUP, StartupError
@@ -62,7 +63,7 @@ COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None
         cmd_fake_provider,
         None,
     ),
-    "settings": ("print every variable with its default and what it does", cmd_settings, None),
+    "settings": ("print every variable with its default and what it does", cmd_settings, settings_args),
 }
 
 

@@ -69,7 +69,40 @@ def cmd_migrate(settings: Settings, ns: argparse.Namespace) -> int:
     return runtime.with_connection(settings, work)
 
 
+def settings_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--markdown", action="store_true", help="a Markdown page (the source of docs/settings.md)")
+
+
+SETTINGS_PAGE = """# Settings
+
+Every setting is an environment variable, read once when a process starts into one frozen
+object (`gateway/core/settings.py`). A bad value stops the start with a line naming the
+variable and what is wrong (a secret's value is never echoed); a `GATEWAY_*` variable that no
+setting reads is reported with the closest known name. `gateway settings` prints the same list
+as text.
+
+This page is the output of `gateway settings --markdown`; `tests/unit/test_docs.py` fails when
+it differs from the code.
+
+| variable | default | what it does |
+| --- | --- | --- |
+"""
+
+
+def settings_markdown() -> str:
+    """Every setting as a Markdown table (docs/settings.md)."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    rows = [f"| `{name}` | `{cell(default)}` | {cell(doc)} |" for name, default, doc in env_names()]
+    return SETTINGS_PAGE + "\n".join(rows) + "\n"
+
+
 def cmd_settings(settings: Settings, ns: argparse.Namespace) -> int:
+    if ns.markdown:
+        print(settings_markdown(), end="")
+        return 0
     rows = env_names()
     width = max(len(name) for name, _, _ in rows)
     print(f"{'variable':{width}}  {'default':24}  what it does")

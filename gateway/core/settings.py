@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gateway.core import dsn
 from gateway.core.enums import Provider
 
 T = TypeVar("T")
@@ -714,7 +714,7 @@ class Settings:
             elif f.name in _SINGLE_SECRETS:
                 value = "<set>" if value else "<unset>"
             elif f.name == "database_url" and value:
-                value = _redact_dsn(value)
+                value = dsn.redact(value)
             out[f.name] = value
         return out
 
@@ -724,9 +724,7 @@ class Settings:
         found += [token for _, token in self.graph_tokens]
         found += [getattr(self, name) for name in sorted(_SINGLE_SECRETS)]
         if self.database_url:
-            password = urllib.parse.urlsplit(self.database_url).password
-            query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.database_url).query)
-            found += [password or "", *query.get("password", [])]
+            found += dsn.passwords(self.database_url)
         # Very short values would blank out ordinary words; settings reject short secrets anyway.
         return tuple(sorted({v for v in found if len(v) >= 4}, key=len, reverse=True))
 
@@ -735,31 +733,6 @@ class Settings:
 DEFAULT_TOKEN = "default"  # noqa: S105 - a breaker key, not a secret
 
 _SINGLE_SECRETS = {"tenashi_secret", "graph_token", "tenashi_token", "meta_verify_token"}
-
-
-# A password given as a query parameter (``?password=``, ``sslpassword=``) or as a libpq
-# keyword (``password=... host=...``): the value runs to the next separator, or is quoted.
-_PASSWORD_PARAM = re.compile(r"(?i)((?:^|[?&;\s])[a-z_]*password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&;\s#]*)")
-
-
-def _redact_dsn(dsn: str) -> str:
-    """The DSN with every password replaced by ``***``; over-redacts rather than leak."""
-    scheme, sep, rest = dsn.partition("://")
-    if not sep:  # libpq keyword form (``host=db password=...``) or something unknown
-        return _PASSWORD_PARAM.sub(r"\1***", dsn)
-    creds, at, hostpart = rest.rpartition("@")
-    if at:
-        user = creds.split(":", 1)[0]
-        rest = f"{user}:***@{hostpart}" if ":" in creds else f"{user}@{hostpart}"
-    else:
-        # No userinfo: a ``host:port`` whose "port" is not a number is a mangled
-        # ``user:password`` (the ``@`` forgotten), so hide it.
-        end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-        netloc = rest[:end]
-        host, colon, port = netloc.rpartition(":")
-        if colon and not port.isdigit() and not netloc.endswith("]"):
-            rest = f"{host}:***{rest[end:]}"
-    return scheme + "://" + _PASSWORD_PARAM.sub(r"\1***", rest)
 
 
 # Read by other parts than Settings: the fake provider (gateway fake-provider) reads its own.

@@ -1,4 +1,5 @@
-"""The forwarder: POSTs each delivery's envelope to its destination, signed per Standard Webhooks.
+"""The forwarder: POSTs each delivery's body to its destination, signed per Standard Webhooks (or,
+to a Meta-format destination, as Meta signs its webhooks).
 
 Deliveries are inserted by the consumers in the same transaction as their event's key (see
 ``inbox_apply_batch``). A forwarder works in rounds, one statement each (``forward_round()``,
@@ -40,6 +41,7 @@ from gateway.core.backoff import backoff_delay
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.forwarding import Outcome, breaker_tally, decide, merge_tallies
 from gateway.core.settings import Settings
+from gateway.core.signature import sign_meta
 from gateway.outbound.egress import GuardedResolver, RefusedAddress, warn_refused
 from gateway.store import deliveries
 from gateway.store.db import connect
@@ -275,9 +277,14 @@ class Forwarder:
         try:
             if not self.settings.forward_allow_private and (why := self._host_refused(c.url)):
                 raise RefusedAddress(errno.EACCES, why)
-            ts = int(self.clock.now())
-            previous = None if c.previous_secret is None else self._key(c.previous_secret)
-            headers = stdwebhooks.headers(self._key(c.secret), c.webhook_id, ts, c.body, previous)
+            if c.meta:
+                # As Meta signs its webhooks (one signature: see docs/forwarding.md), and the
+                # webhook-id a receiver may deduplicate on.
+                headers = {"webhook-id": c.webhook_id, "X-Hub-Signature-256": sign_meta(c.body, c.secret)}
+            else:
+                ts = int(self.clock.now())
+                previous = None if c.previous_secret is None else self._key(c.previous_secret)
+                headers = stdwebhooks.headers(self._key(c.secret), c.webhook_id, ts, c.body, previous)
             headers["Content-Type"] = "application/json"
             async with self.session.post(c.url, data=c.body, headers=headers, allow_redirects=False) as resp:
                 a.status = resp.status

@@ -1,7 +1,9 @@
 """A fake downstream receiver for the forwarder's tests, benchmarks and the load harness.
 
-It verifies every request with the ``standardwebhooks`` package, as a real receiver would,
-records each attempt's ``webhook-id``, processes an id once (later copies are counted as
+It verifies every request with the ``standardwebhooks`` package, as a real receiver would (with
+``meta=True``: as a bot written against Meta's webhooks does, ``X-Hub-Signature-256`` over the
+body with the secret, and the sha256 of each attempt's body is kept), records each attempt's
+``webhook-id``, processes an id once (later copies are counted as
 duplicates and answered 200) and injects faults: a share of 5xx answers, a share of
 "timeouts" (the event is processed, the answer comes too late), added latency, a scripted
 answer queue (e.g. 429 with Retry-After) and outages (every request 503 until it ends).
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import os
 import random
 import signal
@@ -35,6 +38,8 @@ import orjson
 from aiohttp import web
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from gateway.core.signature import verify_meta
+
 
 @dataclass
 class Scripted:
@@ -45,6 +50,7 @@ class Scripted:
 @dataclass
 class ReceiverState:
     attempts: list[str] = field(default_factory=list)  # webhook-id of every attempt, in order
+    digests: list[str] = field(default_factory=list)  # meta: sha256 of every attempt's body, in order
     processed: dict[str, Any] = field(default_factory=dict)  # id -> envelope, first time only
     order: list[str] = field(default_factory=list)  # ids in processing order
     arrived: dict[str, float] = field(default_factory=dict)  # id -> wall time first processed
@@ -66,8 +72,11 @@ class FakeReceiver:
         latency_ms: float = 0.0,
         seed: int = 1,
         verify: bool = True,
+        meta: bool = False,
     ) -> None:
-        self.webhook = Webhook(secret)
+        self.meta = meta
+        self.secret = secret
+        self.webhook = None if meta else Webhook(secret)
         self.p_5xx = p_5xx
         self.p_timeout = p_timeout
         self.timeout_s = timeout_s
@@ -128,12 +137,11 @@ class FakeReceiver:
         body = await request.read()
         msg_id = request.headers.get("webhook-id", "")
         st.attempts.append(msg_id)
-        if self.verify:
-            try:
-                self.webhook.verify(body, dict(request.headers))
-            except WebhookVerificationError:
-                st.bad_signatures += 1
-                return self._answer(401)
+        if self.meta:
+            st.digests.append(hashlib.sha256(body).hexdigest())
+        if self.verify and not self._verified(body, request):
+            st.bad_signatures += 1
+            return self._answer(401)
         if self.latency_ms:
             await asyncio.sleep(self.latency_ms / 1000)
         if self.outage:
@@ -148,6 +156,15 @@ class FakeReceiver:
         if roll < self.p_5xx + self.p_timeout:
             await asyncio.sleep(self.timeout_s)  # processed, but the answer comes too late
         return self._answer(204)
+
+    def _verified(self, body: bytes, request: web.Request) -> bool:
+        if self.webhook is None:
+            return verify_meta(body, request.headers.get("X-Hub-Signature-256"), (self.secret,))
+        try:
+            self.webhook.verify(body, dict(request.headers))
+        except WebhookVerificationError:
+            return False
+        return True
 
     def _process(self, msg_id: str, body: bytes) -> None:
         st = self.state
@@ -226,8 +243,8 @@ class FakeReceiver:
         return True
 
 
-async def _serve(secret: str, host: str, port: int, seconds: float) -> None:
-    receiver = FakeReceiver(secret, timeout_s=30.0)
+async def _serve(secret: str, host: str, port: int, seconds: float, meta: bool = False) -> None:
+    receiver = FakeReceiver(secret, timeout_s=30.0, meta=meta)
     url = await receiver.start(host, port)
     print(f"fake receiver listening on {url}", flush=True)
     loop = asyncio.get_running_loop()
@@ -247,16 +264,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8091)
     p.add_argument("--max-seconds", type=float, default=3600.0, help="exit after this long")
+    p.add_argument("--meta", action="store_true", help="verify X-Hub-Signature-256 (Meta-format destination)")
     ns = p.parse_args(argv)
     secret = os.environ.get("FAKE_RECEIVER_SECRET", "")
     if not secret:
-        print("FAKE_RECEIVER_SECRET (whsec_...) is required", file=sys.stderr)
+        print("FAKE_RECEIVER_SECRET (whsec_..., or any string with --meta) is required", file=sys.stderr)
         return 2
     with contextlib.suppress(ImportError):
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    asyncio.run(_serve(secret, ns.host, ns.port, ns.max_seconds))
+    asyncio.run(_serve(secret, ns.host, ns.port, ns.max_seconds, ns.meta))
     return 0
 
 

@@ -233,12 +233,11 @@ WITH ev AS (
     SELECT d.id, f.key,
            'wh_' || left(encode(sha256(convert_to(d.name || '/' || f.key, 'UTF8')), 'hex'), 32),
            f.kind, f.conversation,
-           -- A status carries the send API caller's biz_opaque_callback_data of its message.
-           CASE WHEN f.callback IS NULL THEN f.envelope
-                ELSE coalesce(jsonb_set(f.envelope, '{data,biz_opaque_callback_data}',
-                                        to_jsonb((SELECT o.biz_opaque_callback_data FROM outbox o
-                                                  WHERE o.callback_data = f.callback))),
-                              f.envelope) END,
+           -- A status of a send of ours carries the send API caller's biz_opaque_callback_data
+           -- (cb.tracker); a Meta-format destination gets the event as Meta's own body.
+           CASE WHEN d.format = 'meta' THEN meta_webhook(f.envelope, cb.tracker)
+                WHEN cb.tracker IS NULL THEN f.envelope
+                ELSE jsonb_set(f.envelope, '{data,biz_opaque_callback_data}', cb.tracker) END,
            -- A lookup by id per delivery (an index probe per partition), not a join: with
            -- stale statistics (a new day partition, a burst) the planner hashed the whole
            -- webhook_inbox for every batch, a cost that grew with the table.
@@ -253,9 +252,15 @@ WITH ev AS (
         number text))
         WITH ORDINALITY AS f(key, kind, conversation, envelope, inbox_id, callback, number, n)
     JOIN fresh ON fresh.event_key = f.key
-    -- A destination limited to numbers gets only events of those numbers.
+    -- The caller's value of the outbox row a status names: JSON null when it gave none, no
+    -- row when the status is not of a send of ours.
+    LEFT JOIN LATERAL (SELECT coalesce(to_jsonb(o.biz_opaque_callback_data), 'null'::jsonb) AS tracker
+                       FROM outbox o WHERE f.callback IS NOT NULL AND o.callback_data = f.callback) cb ON true
+    -- A destination limited to numbers gets only events of those numbers; a Meta-format one
+    -- only events that came from Meta.
     JOIN destinations d ON d.enabled AND f.kind = ANY (d.events)
                        AND (d.numbers IS NULL OR f.number = ANY (d.numbers))
+                       AND (d.format = 'standard' OR f.envelope->>'source' = 'meta')
     -- Ids in the batch's arrival order: per-conversation ordering follows them.
     ORDER BY d.id, f.n
     ON CONFLICT (destination_id, event_key, subject) DO NOTHING

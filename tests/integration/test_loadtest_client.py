@@ -8,8 +8,8 @@ import asyncpg
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
-from loadtest.httpclient import Pool
-from loadtest.payloads import PayloadFactory
+from loadtest.harness.httpclient import Pool
+from loadtest.harness.payloads import PayloadFactory
 from tests.support.payloads import KINDS, SECRETS
 
 

@@ -8,12 +8,12 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from gateway.store.db import connect
-from loadtest import driver, plan, verify
-from loadtest.httpclient import Pool
-from loadtest.payloads import PayloadFactory, Secrets
-from loadtest.scenarios import scenario
-from loadtest.schedule import arrivals, constant
-from loadtest.stats import Ledger
+from loadtest.harness import driver, plan, verify
+from loadtest.harness.httpclient import Pool
+from loadtest.harness.payloads import PayloadFactory, Secrets
+from loadtest.harness.scenarios import scenario
+from loadtest.harness.schedule import arrivals, constant
+from loadtest.harness.stats import Ledger
 from tests.support.config import META_SECRET, TENASHI_SECRET
 
 SECRETS = Secrets(meta=META_SECRET, tenashi=TENASHI_SECRET)

@@ -26,7 +26,8 @@ RELEASED = {
     "0004_dead_events_handlers", "0005_destinations_deliveries", "0006_send_pacing_breakers",
     "0007_partitions", "0008_reply_per_bot", "0009_subjects_and_lanes", "0010_destination_secret_rotation",
     "0011_delivery_leases", "0012_forwarding_storage", "0013_claims_due_from",
-    "0016_reply_guard_key_binding", "0018_operator_console",
+    "0014_customer_identities", "0015_media_and_number_routing", "0016_reply_guard_key_binding",
+    "0018_operator_console",
 }  # fmt: skip
 DEFINES_FUNCTION = re.compile(r"CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+(?!pg_temp\.)", re.IGNORECASE)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from loadtest.payloads import Delivery, PayloadFactory, Secrets
+from loadtest.harness.payloads import Delivery, PayloadFactory, Secrets
 from tests.support.config import META_SECRET, TENASHI_SECRET
 
 SECRETS = Secrets(meta=META_SECRET, tenashi=TENASHI_SECRET)

@@ -18,6 +18,24 @@ from gateway.testing.fake_provider import FakeProvider
 from tests.support.config import replace
 from tests.support.consume import drain
 
+TO = "4915100000001"
+WINDOW = 600
+
+
+async def drain_sender(
+    sender: Sender, clock: FakeClock | None = None, step_s: float = 0.0, rounds: int = 1000
+) -> None:
+    """Step until nothing is due (advancing the clock between steps when given)."""
+    for _ in range(rounds):
+        claimed = await sender.step()
+        if clock is None:
+            if claimed == 0:
+                return
+        else:
+            clock.advance(step_s)
+    if clock is None:
+        raise AssertionError("sender never ran dry")
+
 
 class FakeClock:
     """Epoch seconds that move only when a test says so.

@@ -28,7 +28,7 @@ def test_every_setting_has_a_description() -> None:
 
 
 def test_settings_prints_plain_values(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cmd_settings(Settings(), argparse.Namespace()) == 0
+    assert cmd_settings(Settings(), argparse.Namespace(markdown=False)) == 0
     out = capsys.readouterr().out
     for name, _, _ in env_names():
         assert name in out

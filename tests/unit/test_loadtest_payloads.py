@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from loadtest.payloads import Delivery, PayloadFactory, Secrets
-from loadtest.scenarios import SCENARIOS, Scenario, WebhookUser, task
+from loadtest.harness.payloads import Delivery, PayloadFactory, Secrets
+from loadtest.harness.scenarios import SCENARIOS, Scenario, WebhookUser, task
 from tests.support.payloads import KINDS, SECRETS
 
 
@@ -99,8 +99,8 @@ def test_scenario_picks_users_and_tasks_by_weight() -> None:
 
 
 def test_ledger_survives_json_for_a_verification_in_another_process() -> None:
-    from loadtest.payloads import PayloadFactory
-    from loadtest.stats import Ledger
+    from loadtest.harness.payloads import PayloadFactory
+    from loadtest.harness.stats import Ledger
 
     f = PayloadFactory(Secrets(meta="m-secret", tenashi="t-secret"), seed=3, run_tag="j")
     ledger = Ledger()
@@ -115,7 +115,7 @@ def test_ledger_survives_json_for_a_verification_in_another_process() -> None:
 def test_share_weight() -> None:
     import pytest
 
-    from loadtest.scenarios import share_weight
+    from loadtest.harness.scenarios import share_weight
 
     assert share_weight(19, 0.05) == 1 and share_weight(95, 0.05) == 5 and share_weight(10, 0.0) == 0
     assert share_weight(1, 0.01) == 1  # never rounded away
@@ -126,7 +126,7 @@ def test_share_weight() -> None:
 def test_scenarios_are_meta_only_without_a_tenashi_secret() -> None:
     import pytest
 
-    from loadtest.scenarios import TenashiUser, users
+    from loadtest.harness.scenarios import TenashiUser, users
 
     assert TenashiUser in users("mixed") and TenashiUser not in users("mixed", tenashi=False)
     with pytest.raises(ValueError, match="Tenashi secret"):

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from loadtest import bench_ingest, report
-from loadtest.run import embedded_dsn
+from loadtest.harness import ingest_report, redact, report
+from loadtest.harness.charts import complete_seconds
+from loadtest.harness.database import embedded_dsn
 
 META = "meta-app-secret-1234"
 TENASHI = "tenashi-secret-5678"
@@ -56,7 +57,7 @@ SECRETS = (META, TENASHI, DB_PASSWORD, "old-secret-0000")
 
 
 def test_redact_hides_every_secret_and_keeps_the_rest() -> None:
-    out = report.redact(run_result())
+    out = redact.redact(run_result())
     dumped = json.dumps(out)
     for s in SECRETS:
         assert s not in dumped
@@ -81,7 +82,7 @@ def test_redact_hides_every_secret_and_keeps_the_rest() -> None:
     ],
 )
 def test_redact_text(text: str, expected: str) -> None:
-    assert report.redact_text(text) == expected
+    assert redact.redact_text(text) == expected
 
 
 def test_written_json_and_html_hold_no_secret(tmp_path: Path) -> None:
@@ -161,9 +162,9 @@ def test_verdict_leads_the_page(tmp_path: Path) -> None:
 
 def test_throughput_drops_the_last_partial_second() -> None:
     tl = run_result()["timeline"]
-    assert [r["t"] for r in report.complete_seconds(tl, 10.0)] == list(range(10))
-    assert [r["t"] for r in report.complete_seconds(tl, 9.5)] == list(range(9))
-    assert [r["t"] for r in report.complete_seconds(tl, None)] == list(range(10))
+    assert [r["t"] for r in complete_seconds(tl, 10.0)] == list(range(10))
+    assert [r["t"] for r in complete_seconds(tl, 9.5)] == list(range(9))
+    assert [r["t"] for r in complete_seconds(tl, None)] == list(range(10))
 
 
 def test_charts_are_inline_svg_with_the_targets() -> None:
@@ -179,17 +180,17 @@ def bench_result(vs_bare: float, p99: float) -> dict[str, Any]:
 
     half = {
         name: {"ack_ms": {"p50": 2.0, "p99": p99}, "errors": {}, "timeline": [], "duration_s": 10.0}
-        for name in bench_ingest.SERVERS
+        for name in ingest_report.SERVERS
     }
     return {
         "saturation": {"bare": 10000.0, "insert": 2000.0, "gateway": 10000.0 * vs_bare},
         "half_rate": 4000.0,
         "half": half,
         "targets": {
-            "gateway_vs_bare": target(vs_bare, bench_ingest.TARGET_VS_BARE, True),
-            "gateway_vs_insert": target(5.0, bench_ingest.TARGET_VS_INSERT, True),
-            "p99_ms_at_half": target(p99, bench_ingest.TARGET_P99_MS, False),
-            "p50_ms_at_half": target(2.0, bench_ingest.TARGET_P50_MS, False),
+            "gateway_vs_bare": target(vs_bare, ingest_report.TARGET_VS_BARE, True),
+            "gateway_vs_insert": target(5.0, ingest_report.TARGET_VS_INSERT, True),
+            "p99_ms_at_half": target(p99, ingest_report.TARGET_P99_MS, False),
+            "p50_ms_at_half": target(2.0, ingest_report.TARGET_P50_MS, False),
         },
     }
 
@@ -198,14 +199,14 @@ def bench_result(vs_bare: float, p99: float) -> dict[str, Any]:
     ("vs_bare", "p99", "word"), [(1.0, 10.0, "PASS"), (0.5, 10.0, "FAIL"), (1.0, 80.0, "FAIL")]
 )
 def test_bench_ingest_verdict(vs_bare: float, p99: float, word: str) -> None:
-    v = bench_ingest.bench_verdict(bench_result(vs_bare, p99))
+    v = ingest_report.bench_verdict(bench_result(vs_bare, p99))
     assert v.word == word
     # bench-ingest's exit code is this verdict's (it used to print "NO" and exit 0).
     assert (0 if v.passed else 1) == (0 if word == "PASS" else 1)
 
 
 def test_bench_ingest_headline_is_a_bar_chart() -> None:
-    charts = bench_ingest.bench_charts(bench_result(1.0, 10.0))
+    charts = ingest_report.bench_charts(bench_result(1.0, 10.0))
     assert charts[0].startswith("<svg") and "target 0.85 x bare" in charts[0]
 
 

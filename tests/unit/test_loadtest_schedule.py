@@ -3,15 +3,18 @@ flagged when the generator falls behind, and the plan mixes redeliveries as aske
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import Counter
 
 import pytest
 
-from loadtest import plan
-from loadtest.payloads import PayloadFactory, Secrets
-from loadtest.scenarios import scenario
-from loadtest.schedule import LagMonitor, Pacer, Profile, Segment, arrivals, constant, parse_profile
+from loadtest import cli
+from loadtest.harness import plan
+from loadtest.harness.payloads import PayloadFactory, Secrets
+from loadtest.harness.scenarios import scenario
+from loadtest.harness.schedule import LagMonitor, Pacer, Profile, Segment, arrivals, constant, parse_profile
+from loadtest.harness.stats import percentile
 
 SECRETS = Secrets(meta="m" * 10, tenashi="t" * 10)
 
@@ -127,3 +130,27 @@ def test_mix_rejects_impossible_shares() -> None:
         plan.Mix(immediate=0.5, delayed=0.5)
     with pytest.raises(ValueError):
         plan.Mix(bad_signature=-0.1)
+
+
+@pytest.mark.parametrize(
+    ("values", "p", "expected"),
+    [
+        ([], 50, None),  # no samples: NaN, not an error
+        ([5.0], 99, 5.0),
+        ([1.0, 2.0, 3.0, 4.0], 50, 3.0),  # nearest rank
+        ([4.0, 3.0, 2.0, 1.0], 99, 4.0),  # unsorted input
+        ([float(i) for i in range(1, 101)], 99, 100.0),
+    ],
+)
+def test_percentile_of_small_samples(values: list[float], p: float, expected: float | None) -> None:
+    got = percentile(values, p)
+    assert math.isnan(got) if expected is None else got == expected
+
+
+def test_every_command_registers_the_same_way() -> None:
+    parser = cli.build_parser()
+    for name in cli.COMMANDS:
+        module = cli.command(name)
+        assert module.HELP and inspect.iscoroutinefunction(module.main), name
+        required = {"render": ["x.json"], "verify": ["--database-url", "postgresql:///x"]}
+        assert parser.parse_args([name, *required.get(name, [])]).main is module.main

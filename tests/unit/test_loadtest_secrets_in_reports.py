@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.processes import DEFAULT_SECRETS
+from loadtest.harness.processes import DEFAULT_SECRETS
 
 REPORTS = sorted((Path(__file__).parents[2] / "loadtest" / "reports").glob("*.*"))
 _URL_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^:/@\s\"]*:(?!\*\*\*@)[^@\s\"]+@")

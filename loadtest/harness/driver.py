@@ -1,5 +1,5 @@
 """Drives a server: open model (the schedule decides when each request starts) or closed loop
-(N workers back to back, to find the saturation throughput)."""
+(N clients back to back, to find the saturation throughput)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadtest.httpclient import HttpError, Pool
-from loadtest.plan import Shot
-from loadtest.schedule import LagMonitor, Pacer
-from loadtest.stats import Ledger, Recorder, classify
+from loadtest.harness.httpclient import HttpError, Pool
+from loadtest.harness.plan import Shot
+from loadtest.harness.schedule import LagMonitor, Pacer
+from loadtest.harness.stats import Ledger, Recorder, classify
 
 MIN_SLEEP_S = 0.001
 # uvloop's loop.time() has millisecond resolution (libuv's cached uv_now): too coarse to
@@ -181,7 +181,7 @@ async def run_closed(
     duration_s: float,
     warmup_s: float = 1.0,
 ) -> ClosedResult:
-    """``concurrency`` workers send back to back; throughput counts only after the warm-up."""
+    """``concurrency`` clients send back to back; throughput counts only after the warm-up."""
     loop = asyncio.get_running_loop()
     counter = itertools.count()
     n = len(wires)
@@ -193,7 +193,7 @@ async def run_closed(
     cpu: _Cpu | None = None
     first_error = ""
 
-    async def worker() -> None:
+    async def client() -> None:
         nonlocal good, first_error
         while clock() < stop_at:
             wire, signed_ok = wires[next(counter) % n]
@@ -218,14 +218,14 @@ async def run_closed(
         cpu = _Cpu()
 
     starter = loop.create_task(cpu_start())
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(client() for _ in range(concurrency)))
     await starter
     share = cpu.share() if cpu is not None else 0.0
     return ClosedResult(good / duration_s, sum(outcomes.values()), outcomes, share, first_error)
 
 
 def summary_row(result: OpenResult) -> dict[str, Any]:
-    from loadtest.stats import summarise
+    from loadtest.harness.stats import summarise
 
     rec = result.recorder
     ok = rec.outcomes.get("ok", 0) + rec.outcomes.get("rejected_401", 0)

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,23 +15,10 @@ from typing import IO, Any
 
 import aiohttp
 
-from loadtest.payloads import Secrets
+from gateway.testing.ports import free_port
+from loadtest.harness.payloads import Secrets
 
 DEFAULT_SECRETS = Secrets(meta="loadtest-meta-secret", tenashi="loadtest-tenashi-secret")
-
-
-_handed_out: set[int] = set()
-
-
-def free_port() -> int:
-    """A port free now and not handed to another of our children (they bind it a moment later)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port: int = s.getsockname()[1]
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
 
 
 def start_database(data_dir: Path) -> tuple[Any, str]:
@@ -165,7 +151,7 @@ def start_baseline(kind: str, dsn: str, secrets: Secrets, log_dir: Path, pool_ma
     argv = [
         sys.executable,
         "-m",
-        "loadtest.bench_servers",
+        "loadtest.harness.servers",
         kind,
         "--port",
         str(port),

@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from loadtest.payloads import Delivery, PayloadFactory
+from loadtest.harness.payloads import Delivery, PayloadFactory
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from loadtest.payloads import Delivery, PayloadFactory
-from loadtest.scenarios import Scenario
+from loadtest.harness.payloads import Delivery, PayloadFactory
+from loadtest.harness.scenarios import Scenario
 
 
 @dataclass(frozen=True, slots=True)

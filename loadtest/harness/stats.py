@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from hdrh.histogram import HdrHistogram
 
-from loadtest.payloads import Delivery
+from loadtest.harness.payloads import Delivery
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 _MAX_US = 3_600_000_000  # one hour, in microseconds
@@ -30,6 +32,21 @@ def summarise(h: HdrHistogram) -> dict[str, float]:
     out["max"] = h.get_max_value() / 1000
     out["mean"] = h.get_mean_value() / 1000
     return out
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The ``p``-th percentile of a few thousand samples by the nearest rank (NaN for none);
+    a run's acks go through ``summarise`` instead."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+
+
+def machine() -> str:
+    """What the machine was doing, measured now: a shared machine's load shows in the figures."""
+    one, five, fifteen = os.getloadavg()
+    return f"machine: {os.cpu_count()} CPUs, load average {one:.2f} {five:.2f} {fifteen:.2f}"
 
 
 def classify(status: int | None, error: str | None, signed_ok: bool) -> str:

@@ -6,7 +6,7 @@
 Same treatment as the gateway: aiohttp, uvloop, one process, no access log, same body limit,
 same signature code, same pool size.
 
-    python -m loadtest.bench_servers bare|insert --port P --dsn DSN --secret S
+    python -m loadtest.harness.servers bare|insert --port P --dsn DSN --secret S
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from aiohttp import web
 from gateway.core.settings import Settings
 from gateway.core.signature import verify_meta, verify_tenashi
 from gateway.store.db import create_pool
-from loadtest.sql import q
+from loadtest.harness.sql import q
 
 POOL = web.AppKey("pool", asyncpg.Pool)
 MAX_BODY = Settings().max_body_bytes
@@ -66,7 +66,7 @@ def build(kind: str, dsn: str, meta_secret: str, tenashi_secret: str, pool_max: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench_servers")
+    p = argparse.ArgumentParser(prog="python -m loadtest.harness.servers")
     p.add_argument("kind", choices=("bare", "insert"))
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)

@@ -22,7 +22,8 @@ import aiohttp
 from gateway.core import stdwebhooks
 from gateway.store import deliveries
 from gateway.store.db import connect
-from loadtest import processes
+from gateway.testing.ports import free_port
+from loadtest.harness import processes
 
 DEST = "loadtest"
 
@@ -39,7 +40,7 @@ GATEWAY_ENV = {
 
 
 def start_receiver(secret: str, log_dir: Path, max_s: float) -> processes.Proc:
-    port = processes.free_port()
+    port = free_port()
     env = {
         **processes.gateway_env("", 0, processes.DEFAULT_SECRETS, consumers=False),
         "FAKE_RECEIVER_SECRET": secret,

@@ -2,23 +2,22 @@
 
 The page leads with a PASS/FAIL verdict against named targets, then charts drawn with
 matplotlib (Agg backend, inlined as SVG: no JavaScript, nothing fetched), with the targets as
-lines on them. Secrets never reach a report: ``redact`` runs over everything written.
+lines on them (loadtest.harness.charts). Secrets never reach a report: ``redact`` runs over
+everything written (loadtest.harness.redact).
 """
 
 from __future__ import annotations
 
 import html
-import io
 import json
 import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf")  # no red: red is a target
-TARGET_COLOR = "#c0392b"
+from loadtest.harness.charts import complete_seconds, line_chart, series
+from loadtest.harness.redact import redact, redact_text, secret_values
 
 # Meta's standard for a webhook endpoint (its webhook docs): median latency <= 250 ms and fewer
 # than 1 % of responses over 1 s. A run that misses them fails.
@@ -45,71 +44,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-# ---- redaction ------------------------------------------------------------------------------
-REDACTED = "***"
-_SECRET_NAME = re.compile(r"secret|token|password|passwd|api_?keys?|dsn|database_url", re.IGNORECASE)
-# scheme://user:PASSWORD@host
-_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(?P<pw>[^@\s]+)(?P<at>@)")
-# ...?password=PASSWORD&... (libpq accepts it in the query string too)
-_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)(?P<pw>[^&\s]+)", re.IGNORECASE)
-# NAME=VALUE where NAME looks secret (gateway_env entries such as GATEWAY_META_APP_SECRETS=...)
-_ASSIGNMENT = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.+)$", re.DOTALL)
-# Values this short are not worth hiding and would mangle unrelated text if replaced everywhere.
-_MIN_SECRET_LEN = 4
-
-
-def _secret_values(obj: Any, under_secret: bool = False) -> set[str]:
-    """Every string held under a secret-looking name, and every password inside a URL."""
-    found: set[str] = set()
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            found |= _secret_values(v, under_secret or bool(_SECRET_NAME.search(str(k))))
-    elif isinstance(obj, list | tuple):
-        for v in obj:
-            found |= _secret_values(v, under_secret)
-    elif isinstance(obj, str):
-        for rx in (_URL_PASSWORD, _QUERY_PASSWORD):
-            found.update(m.group("pw") for m in rx.finditer(obj))
-        m = _ASSIGNMENT.match(obj)
-        if m and _SECRET_NAME.search(m.group("name")):
-            found.update(p.strip() for p in m.group("value").split(","))
-        elif under_secret and "://" not in obj:
-            found.update(p.strip() for p in obj.split(","))
-    return {s for s in found if len(s) >= _MIN_SECRET_LEN and s != REDACTED}
-
-
-def redact_text(text: str, values: Iterable[str] = ()) -> str:
-    """Passwords in URLs, then every known secret value wherever it appears."""
-    text = _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED + m.group("at"), text)
-    text = _QUERY_PASSWORD.sub(lambda m: m.group("head") + REDACTED, text)
-    for v in sorted(values, key=len, reverse=True):  # longest first: a secret may contain another
-        text = text.replace(v, REDACTED)
-    return text
-
-
-def redact(obj: Any, values: Iterable[str] | None = None) -> Any:
-    """A copy with secrets replaced by ``***``: values under secret-looking keys (``meta_secret``,
-    ``tenashi_secret``, ``*_token``, ...), passwords in URLs (``database_url``), and any of those
-    values found again elsewhere (an argv, a log line, a warning)."""
-    found = set(values) if values is not None else _secret_values(obj)
-
-    def walk(x: Any, under_secret: bool) -> Any:
-        if isinstance(x, dict):
-            return {k: walk(v, under_secret or bool(_SECRET_NAME.search(str(k)))) for k, v in x.items()}
-        if isinstance(x, list | tuple):
-            return [walk(v, under_secret) for v in x]
-        if isinstance(x, str):
-            if under_secret and x and "://" not in x:
-                return REDACTED
-            m = _ASSIGNMENT.match(x)
-            if m and _SECRET_NAME.search(m.group("name")):
-                return f"{m.group('name')}={REDACTED}"
-            return redact_text(x, found)
-        return x
-
-    return walk(obj, False)
 
 
 # ---- verdict --------------------------------------------------------------------------------
@@ -215,157 +149,6 @@ def run_verdict(
     return v
 
 
-# ---- charts ---------------------------------------------------------------------------------
-def _pyplot() -> Any:
-    """matplotlib on the Agg backend (no display), text kept as text in the SVG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update(
-        {
-            "svg.fonttype": "none",
-            "font.size": 10,
-            "axes.titlesize": 12,
-            "axes.titleweight": "bold",
-            "axes.grid": True,
-            "grid.color": "#e5e5e5",
-            "axes.spines.top": False,
-            "axes.spines.right": False,
-        }
-    )
-    return plt
-
-
-def _svg(fig: Any) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    _pyplot().close(fig)
-    text = buf.getvalue()
-    return text[text.index("<svg") :]  # inline: drop the XML prolog and DOCTYPE
-
-
-def _ms_formatter(v: float, _pos: int) -> str:
-    return f"{v:g}"
-
-
-def line_chart(
-    title: str,
-    series: Sequence[tuple[str, Sequence[tuple[float, float]]]],
-    y_label: str,
-    *,
-    targets: Sequence[tuple[str, float]] = (),
-    log_y: bool = False,
-    x_label: str = "seconds into the run",
-    width_in: float = 10.0,
-    height_in: float = 3.2,
-) -> str:
-    """Lines over time, with each target as a dashed horizontal line labelled with its value."""
-    plt = _pyplot()
-    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
-
-    fig, ax = plt.subplots(figsize=(width_in, height_in))
-    ax.set_title(title, loc="left")
-    plotted = False
-    for i, (name, pts) in enumerate(series):
-        clean = [(x, y) for x, y in pts if not math.isnan(y) and (y > 0 or not log_y)]
-        if clean:
-            ax.plot(
-                [p[0] for p in clean],
-                [p[1] for p in clean],
-                label=name,
-                color=COLORS[i % len(COLORS)],
-                lw=1.4,
-            )
-            plotted = True
-    for name, value in targets:
-        ax.axhline(value, color=TARGET_COLOR, ls="--", lw=1.2, label=f"{name}: {value:g}")
-    if not plotted:
-        ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="#888")
-    if log_y:
-        ax.set_yscale("log")
-        # 1, 2, 5, 10, 20, 50, ...: plain numbers a reader can take in at a glance.
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(_ms_formatter))
-        ax.yaxis.set_minor_formatter(NullFormatter())
-    else:
-        ax.set_ylim(bottom=0)
-        ax.yaxis.set_major_locator(MaxNLocator(6))
-    ax.xaxis.set_major_locator(MaxNLocator(10, integer=True))
-    ax.set_xlabel(x_label)
-    ax.set_ylabel(y_label)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return _svg(fig)
-
-
-def bar_chart(
-    title: str,
-    bars: Sequence[tuple[str, float]],
-    y_label: str,
-    *,
-    targets: Sequence[tuple[str, float]] = (),
-    highlight: str | None = None,
-    value_fmt: str = "{:,.0f}",
-    log_y: bool = False,
-) -> str:
-    """Bars with their values written on them; targets as dashed lines across the chart."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8.0, 3.6))
-    ax.set_title(title, loc="left")
-    names = [b[0] for b in bars]
-    values = [b[1] for b in bars]
-    colors = [COLORS[0] if n == highlight else "#9aa7b4" for n in names]
-    rects = ax.bar(names, values, color=colors, width=0.55)
-    for rect, v in zip(rects, values, strict=True):
-        ax.annotate(
-            value_fmt.format(v),
-            (rect.get_x() + rect.get_width() / 2, rect.get_height()),
-            ha="center",
-            va="bottom",
-            xytext=(0, 3),
-            textcoords="offset points",
-        )
-    for i, (name, value) in enumerate(targets):
-        ax.axhline(
-            value,
-            color=TARGET_COLOR,
-            ls=("--", ":", "-.")[i % 3],
-            lw=1.2,
-            label=f"{name}: {value_fmt.format(value)}",
-        )
-    ax.set_ylabel(y_label)
-    top = max([*values, *(t[1] for t in targets), 1.0])
-    if log_y:  # one saturated baseline would otherwise flatten the others to nothing
-        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-        ax.set_yscale("log")
-        positive = [v for v in [*values, *(t[1] for t in targets)] if v > 0] or [1.0]
-        ax.set_ylim(min(positive) / 2, top * 3)
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(_ms_formatter))
-        ax.yaxis.set_minor_formatter(NullFormatter())
-    else:
-        ax.set_ylim(0, top * 1.18)
-    ax.grid(axis="x", visible=False)
-    if targets:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return _svg(fig)
-
-
-def _series(rows: Sequence[dict[str, Any]], x: str, y: str, scale: float = 1.0) -> list[tuple[float, float]]:
-    return [(float(r[x]), float(r[y]) * scale) for r in rows if y in r and r[y] is not None]
-
-
-def complete_seconds(timeline: Sequence[dict[str, Any]], duration_s: float | None) -> list[dict[str, Any]]:
-    """The per-second rows of whole seconds inside the schedule: the last, partial second (and
-    the stragglers answered after the schedule ended) would draw a fall to zero that is not one."""
-    if not duration_s:
-        return list(timeline[:-1]) if len(timeline) > 1 else list(timeline)
-    return [r for r in timeline if float(r["t"]) + 1 <= duration_s]
-
-
 def run_duration(result: dict[str, Any]) -> float | None:
     d = result.get("duration_s")
     if d is None:
@@ -385,14 +168,14 @@ def run_charts(result: dict[str, Any], verdict: Verdict | None = None) -> list[s
     charts = [
         line_chart(
             "Ack latency per second (from each request's intended start)",
-            [(k[:-3], _series(tl, "t", k)) for k in ("p50_ms", "p99_ms", "max_ms")],
+            [(k[:-3], series(tl, "t", k)) for k in ("p50_ms", "p99_ms", "max_ms")],
             "ms (log scale)",
             targets=lat_targets,
             log_y=True,
         ),
         line_chart(
             "Throughput per second",
-            [("scheduled", _series(tl, "t", "sent")), ("answered", _series(tl, "t", "throughput"))],
+            [("scheduled", series(tl, "t", "sent")), ("answered", series(tl, "t", "throughput"))],
             "requests/s",
             targets=[("target mean rate", float(result["target_rate"]))] if result.get("target_rate") else [],
         ),
@@ -402,7 +185,7 @@ def run_charts(result: dict[str, Any], verdict: Verdict | None = None) -> list[s
         charts.append(
             line_chart(
                 "Receipt -> processed by the consumers",
-                [("p50", _series(e2e, "t", "p50_ms")), ("p99", _series(e2e, "t", "p99_ms"))],
+                [("p50", series(e2e, "t", "p50_ms")), ("p99", series(e2e, "t", "p99_ms"))],
                 "ms (log scale)",
                 log_y=True,
             )
@@ -410,16 +193,16 @@ def run_charts(result: dict[str, Any], verdict: Verdict | None = None) -> list[s
     if any("pending" in s for s in samples):
         charts.append(
             line_chart(
-                "Backlog (pending inbox rows)", [("pending", _series(samples, "t", "pending"))], "rows"
+                "Backlog (pending inbox rows)", [("pending", series(samples, "t", "pending"))], "rows"
             )
         )
         charts.append(
             line_chart(
-                "Consumer lag (oldest pending row)", [("lag", _series(samples, "t", "lag_s", 1000))], "ms"
+                "Consumer lag (oldest pending row)", [("lag", series(samples, "t", "lag_s", 1000))], "ms"
             )
         )
     if any("rss_mb" in s for s in samples):
-        charts.append(line_chart("Gateway resident memory", [("RSS", _series(samples, "t", "rss_mb"))], "MB"))
+        charts.append(line_chart("Gateway resident memory", [("RSS", series(samples, "t", "rss_mb"))], "MB"))
     return charts
 
 
@@ -537,7 +320,7 @@ def html_page(
     secrets: Iterable[str] = (),
 ) -> str:
     """The page: verdict first, then the targets, the charts, the figures and the parameters."""
-    values = set(secrets) | _secret_values(meta)
+    values = set(secrets) | secret_values(meta)
     head = _verdict_html(verdict) + _targets_table(verdict) if verdict is not None else ""
     params = json.dumps(redact(meta, values), indent=2, default=str)
     return (
@@ -564,7 +347,7 @@ def write(
     """``<stem>.json`` and ``<stem>.html``, both redacted (``secrets``: values to hide besides
     those found under secret-looking keys)."""
     result_dir.mkdir(parents=True, exist_ok=True)
-    values = set(secrets) | _secret_values(result)
+    values = set(secrets) | secret_values(result)
     if verdict is not None:
         result = {**result, "verdict": verdict.as_dict()}
     jpath = result_dir / f"{stem}.json"
@@ -572,25 +355,3 @@ def write(
     jpath.write_text(json.dumps(redact(result, values), indent=2, default=str))
     hpath.write_text(html_page(stem, text_table, charts, result.get("parameters", {}), verdict, values))
     return jpath, hpath
-
-
-# ---- re-rendering a saved result ------------------------------------------------------------
-def render(json_path: Path, out_dir: Path | None = None) -> tuple[Path, Path, Verdict]:
-    """Redact a saved result and re-draw its page (``python -m loadtest render FILE.json``)."""
-    result = json.loads(json_path.read_text())
-    result.pop("verdict", None)
-    if "saturation" in result:  # a bench-ingest result
-        from loadtest import bench_ingest
-
-        verdict = bench_ingest.bench_verdict(result)
-        text, charts = bench_ingest.bench_table(result), bench_ingest.bench_charts(result)
-    else:
-        p = result.get("parameters") or {}
-        verdict = run_verdict(
-            result,
-            p50_ms=float(p.get("target_p50_ms") or META_P50_MS),
-            p99_ms=float(p.get("target_p99_ms") or META_P99_MS),
-        )
-        text, charts = run_table(result), run_charts(result, verdict)
-    jpath, hpath = write(out_dir or json_path.parent, json_path.stem, result, text, charts, verdict)
-    return jpath, hpath, verdict

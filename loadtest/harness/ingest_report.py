@@ -1,0 +1,192 @@
+"""The report of ``python -m loadtest bench-ingest``: its verdict against the targets, its
+terminal table and its charts (also used to re-draw a saved result, loadtest.harness.render)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loadtest.harness import report
+from loadtest.harness.charts import bar_chart, complete_seconds, line_chart, series
+
+TARGET_VS_BARE = 0.85
+TARGET_VS_INSERT = 3.5
+TARGET_P99_MS = 25.0
+TARGET_P50_MS = 5.0
+SERVERS = ("bare", "insert", "gateway")
+
+
+def bench_verdict(result: dict[str, Any]) -> report.Verdict:
+    """PASS when every target of the README is met (ratios against baselines of the same run)."""
+    t = result["targets"]
+    v = report.Verdict(
+        targets=[
+            report.Target(
+                "gateway / bare throughput", t["gateway_vs_bare"]["value"], TARGET_VS_BARE, ">=", "x"
+            ),
+            report.Target(
+                "gateway / insert-per-request throughput",
+                t["gateway_vs_insert"]["value"],
+                TARGET_VS_INSERT,
+                ">=",
+                "x",
+            ),
+            report.Target(
+                "gateway p99 ack at half load", t["p99_ms_at_half"]["value"], TARGET_P99_MS, "<=", " ms"
+            ),
+            report.Target(
+                "gateway p50 ack at half load", t["p50_ms_at_half"]["value"], TARGET_P50_MS, "<=", " ms"
+            ),
+        ]
+    )
+    errors = {name: h["errors"] for name, h in result["half"].items() if h.get("errors")}
+    if errors.get("gateway"):
+        v.failed_checks.append(f"gateway errors at half load: {errors['gateway']}")
+    v.notes += list(result.get("restarts") or [])
+    return v
+
+
+def bench_charts(result: dict[str, Any]) -> list[str]:
+    """The headline first: saturation throughput of the three servers, the targets as lines."""
+    sat = result["saturation"]
+    charts = [
+        bar_chart(
+            "Saturation throughput (closed loop, median of rounds)",
+            [(name, sat[name]) for name in SERVERS],
+            "requests/s",
+            targets=[
+                (f"target {TARGET_VS_BARE} x bare", TARGET_VS_BARE * sat["bare"]),
+                (f"target {TARGET_VS_INSERT} x insert", TARGET_VS_INSERT * sat["insert"]),
+            ],
+            highlight="gateway",
+        ),
+        bar_chart(
+            f"Ack p99 at {result['half_rate']:.0f}/s (half the gateway's saturation)",
+            [(name, float(result["half"][name]["ack_ms"].get("p99") or 0.0)) for name in SERVERS],
+            "ms (log scale)",
+            targets=[("target gateway p99", TARGET_P99_MS)],
+            highlight="gateway",
+            value_fmt="{:,.1f}",
+            log_y=True,
+        ),
+    ]
+    for name, r in result["half"].items():
+        tl = complete_seconds(r["timeline"], r.get("duration_s"))
+        charts.append(
+            line_chart(
+                f"{name}: ack latency per second at {result['half_rate']:.0f}/s",
+                [(k[:-3], series(tl, "t", k)) for k in ("p50_ms", "p99_ms", "max_ms")],
+                "ms (log scale)",
+                targets=[("target p99", TARGET_P99_MS), ("target p50", TARGET_P50_MS)]
+                if name == "gateway"
+                else [],
+                log_y=True,
+            )
+        )
+    return charts
+
+
+def bench_table(r: dict[str, Any]) -> str:
+    sat_rows = []
+    half_rows = []
+    for name in SERVERS:
+        cpu = r["saturation_cpu"][name]
+        sat_rows.append(
+            (
+                name,
+                f"{r['saturation'][name]:.0f}",
+                " / ".join(f"{x:.0f}" for x in r["saturation_rounds"][name]),
+                " / ".join(f"{c['server']:.2f}" for c in cpu),
+                " / ".join(f"{c['postgres']:.2f}" for c in cpu),
+                " / ".join(f"{c['machine']:.2f}" for c in cpu),
+                " / ".join(f"{g:.2f}" for g in r["saturation_generator_cpu"][name]),
+            )
+        )
+        h = r["half"][name]
+        ack = h["ack_ms"]
+        us = h["cpu_us_per_request"]
+        half_rows.append(
+            (
+                name,
+                f"{h['rate_reached']:.0f}",
+                *(report.fmt_ms(ack.get(k)) for k in ("p50", "p90", "p99", "p99.9", "max")),
+                " / ".join(report.fmt_ms(x["ack_ms"].get("p99")) for x in r["half_rounds"][name]),
+                f"{us.get('server', 0):.0f} + {us.get('postgres', 0):.0f}",
+                ", ".join(f"{k}={v}" for k, v in h["errors"].items()) or "-",
+            )
+        )
+    out = table_head(r)
+    out += "saturation (closed loop; cores used per round: server, postgres, whole machine, generator)\n"
+    out += report.table(
+        ("server", "median/s", "rounds/s", "server", "postgres", "machine", "generator"), sat_rows
+    )
+    rounds = len(r["half_rounds"]["gateway"])
+    out += f"\n\nopen model at {r['half_rate']:.0f}/s (the median-p99 round of {rounds})\n"
+    out += report.table(
+        (
+            "server",
+            "rate/s",
+            "p50 ms",
+            "p90",
+            "p99",
+            "p99.9",
+            "max",
+            "p99 rounds",
+            "cpu us/req srv+pg",
+            "errors",
+        ),
+        half_rows,
+    )
+    t = r["targets"]
+    rr = r["ratio_rounds"]
+    out += "\n\n" + report.table(
+        ("target", "value", "rounds", "goal", "met"),
+        [
+            (
+                "gateway / bare throughput",
+                f"{t['gateway_vs_bare']['value']:.2f}",
+                " / ".join(f"{x:.2f}" for x in rr["gateway_vs_bare"]),
+                f">= {TARGET_VS_BARE}",
+                _yes(t["gateway_vs_bare"]["met"]),
+            ),
+            (
+                "gateway / insert-per-request",
+                f"{t['gateway_vs_insert']['value']:.2f}x",
+                " / ".join(f"{x:.2f}" for x in rr["gateway_vs_insert"]),
+                f">= {TARGET_VS_INSERT}x",
+                _yes(t["gateway_vs_insert"]["met"]),
+            ),
+            (
+                "gateway p99 ack at half load",
+                f"{report.fmt_ms(t['p99_ms_at_half']['value'])} ms",
+                "",
+                f"<= {TARGET_P99_MS} ms",
+                _yes(t["p99_ms_at_half"]["met"]),
+            ),
+            (
+                "gateway p50 ack at half load",
+                f"{report.fmt_ms(t['p50_ms_at_half']['value'])} ms",
+                "",
+                f"<= {TARGET_P50_MS} ms",
+                _yes(t["p50_ms_at_half"]["met"]),
+            ),
+        ],
+    )
+    for name in SERVERS:
+        for run in r["half_rounds"][name]:
+            for w in run["warnings"]:
+                if not w.startswith("t="):
+                    out += f"\nnote ({name}): {w}"
+    return out
+
+
+def table_head(r: dict[str, Any]) -> str:
+    p = r["parameters"]
+    return (
+        f"ingest benchmark: scenario {p['scenario']}, mean request {r['mean_request_bytes']} bytes, "
+        f"closed loop best of {p['concurrency']} clients x {p['duration']}s x {p['rounds']} rounds, "
+        f"then {r['half_rate']:.0f}/s open model (half the gateway's saturation)\n\n"
+    )
+
+
+def _yes(b: bool) -> str:
+    return "yes" if b else "NO"
