@@ -24,6 +24,7 @@ COMMANDS = (
     "bench-pipeline",
     "bench-growth",
     "bench-access",
+    "bench-console",
     "verify",
     "render",
 )
