@@ -21,8 +21,10 @@ COMMANDS = (
     "bench-consumers",
     "bench-send",
     "bench-forward",
+    "bench-pipeline",
     "bench-growth",
     "bench-access",
+    "bench-console",
     "verify",
     "render",
 )

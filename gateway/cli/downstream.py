@@ -29,7 +29,16 @@ def destinations_args(p: argparse.ArgumentParser) -> None:
     add.add_argument("url")
     add.add_argument("--events", required=True, help="comma-separated: message,status,account")
     add.add_argument(
-        "--secret", help="whsec_<base64 of 24..64 bytes>; omitted: one is generated and printed once"
+        "--secret",
+        help="whsec_<base64 of 24..64 bytes>; omitted: one is generated and printed once "
+        "(--format meta: any string, e.g. the bot's Meta app secret)",
+    )
+    add.add_argument(
+        "--format",
+        choices=forwarding.FORMATS,
+        default="standard",
+        help="standard: Standard Webhooks envelope (default); meta: each event as its own Meta "
+        "webhook body signed X-Hub-Signature-256, for a bot written against Meta's webhooks",
     )
     add.add_argument("--max-in-flight", type=int, default=16, help="requests in flight at once (default 16)")
     add.add_argument("--ordered", action="store_true", help="one delivery in flight per customer wa_id")
@@ -49,7 +58,9 @@ def destinations_args(p: argparse.ArgumentParser) -> None:
     )
     rot.add_argument("name")
     rot.add_argument(
-        "--secret", help="whsec_<base64 of 24..64 bytes>; omitted: one is generated and printed once"
+        "--secret",
+        help="whsec_<base64 of 24..64 bytes>; omitted: one is generated and printed once "
+        "(a Meta-format destination: any string, with --grace-h 0)",
     )
     rot.add_argument(
         "--grace-h",
@@ -103,11 +114,9 @@ def _numbers(settings: Settings, given: str | None, tenant: str | None) -> list[
     return numbers
 
 
-def _secret(given: str | None) -> str:
-    """The --secret given (ValueError unless it is a valid whsec_ secret), or a new one."""
-    secret = given if given is not None else stdwebhooks.generate_secret()
-    stdwebhooks.secret_key(secret)
-    return secret
+def _secret(given: str | None, format: str = "standard") -> str:
+    """The --secret given (ValueError unless it is valid for the format), or a new one."""
+    return forwarding.check_secret(format, given) if given is not None else forwarding.new_secret(format)
 
 
 async def _change(
@@ -129,6 +138,7 @@ async def _change(
                 ordered=ns.ordered,
                 numbers=ns.resolved_numbers,
                 tenant=ns.tenant,
+                format=ns.format,
             )
         )
         if ns.secret is None:
@@ -136,7 +146,6 @@ async def _change(
             print(f"secret (shown once, give it to the receiver): {secret}")
         return 0
     if ns.action == "rotate-secret":
-        assert secret is not None
         rotated = await actions.rotate_secret(conn, who, ns.name, secret=secret, grace_h=ns.grace_h)
         print(
             f"rotated the secret of {ns.name}: the previous one stays valid until "
@@ -159,7 +168,9 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
         try:
             if not 0 <= ns.grace_h <= actions.MAX_GRACE_H:
                 raise ValueError(f"--grace-h must be 0..{actions.MAX_GRACE_H}")
-            secret = _secret(ns.secret)
+            # The destination's format decides what its secret is (actions.rotate_secret checks,
+            # and generates one when none is given).
+            secret = ns.secret
         except ValueError as exc:
             print(f"gateway destinations rotate-secret: {exc}", file=sys.stderr)
             return 2
@@ -173,7 +184,7 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
             if not 1 <= ns.max_in_flight <= 10000:
                 raise ValueError("--max-in-flight must be 1..10000")
             ns.resolved_numbers = _numbers(settings, ns.numbers, ns.tenant)
-            secret = _secret(ns.secret)
+            secret = _secret(ns.secret, ns.format)
         except ValueError as exc:
             print(f"gateway destinations add: {exc}", file=sys.stderr)
             return 2
@@ -182,12 +193,15 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
         if ns.action != "list":
             try:
                 return await _change(conn, actor(ns), ns, secret)
+            except actions.Invalid as exc:
+                print(f"gateway destinations {ns.action}: {exc}", file=sys.stderr)
+                return 2
             except actions.Refused as exc:
                 print(f"gateway: {exc}", file=sys.stderr)
                 return 1
         print(
             "name\tenabled\tevents\tordered\tmax_in_flight\tbreaker\tfailures\tbacklog\tfailed\tsecret\turl"
-            "\tnumbers\ttenant"
+            "\tnumbers\ttenant\tformat"
         )
         for d in await deliveries.list_destinations(conn):
             enabled = "False (410 Gone)" if d.gone else d.enabled
@@ -196,16 +210,17 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
                 d.consecutive_failures,
                 d.backlog,
                 d.failed,
-                stdwebhooks.mask_secret(d.secret)
+                forwarding.mask_secret(d.format, d.secret)
                 + (
                     ""
-                    if d.previous_secret is None or d.previous_secret_until is None
+                    if d.previous_secret is None or d.previous_secret_until is None or d.format == "meta"
                     else f" (and {stdwebhooks.mask_secret(d.previous_secret)}"
                     f" until {d.previous_secret_until.isoformat(timespec='seconds')})"
                 ),
                 d.url,
                 ",".join(d.numbers) if d.numbers is not None else "(all)",
                 d.tenant or "",
+                d.format,
             ]
             print("\t".join(str(c) for c in cols))
         return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,10 +18,15 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
+from gateway.core import stdwebhooks
 from gateway.core.events import AccountError, AccountUpdate, Event, InboundMessage, Status
 
 ENVELOPE_VERSION = 1
 EVENT_KINDS = ("message", "status", "account")
+# standard: the Standard Webhooks envelope (docs/forwarding.md); meta: each event as its own
+# Meta webhook body, signed X-Hub-Signature-256 (a bot written against Meta's webhooks).
+FORMATS = ("standard", "meta")
+MAX_META_SECRET = 512
 MAX_NAME = 63
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _NUMBER = re.compile(r"[0-9A-Za-z_-]{1,64}")
@@ -143,7 +149,8 @@ def envelope(ev: Event, source: str) -> dict[str, Any]:
 
 
 def forward_row(ev: Event, source: str, inbox_id: int) -> dict[str, Any]:
-    """What the consumer's batch statement needs to fan one event out to destinations."""
+    """What the consumer's batch statement needs to fan one event out to destinations (a
+    Meta-format destination's body is rendered from the envelope there, by meta_webhook)."""
     return {
         "key": ev.key,
         "kind": kind_of(ev),
@@ -346,6 +353,35 @@ def host_refused(host: str) -> str | None:
     except ValueError:
         return None
     return address_refused(host)
+
+
+def check_secret(format: str, secret: str) -> str:
+    """A destination's secret for its format: a ``whsec_`` secret (standard), or any non-empty
+    string of printable characters (meta: the bot's Meta app secret). The message never echoes
+    the secret."""
+    if format not in FORMATS:
+        raise ValueError(f"--format must be one of {', '.join(FORMATS)}")
+    if format == "standard":
+        stdwebhooks.secret_key(secret)
+        return secret
+    if not secret or len(secret) > MAX_META_SECRET or not secret.isprintable() or secret != secret.strip():
+        raise ValueError(
+            f"a Meta-format secret (the bot's app secret) is 1..{MAX_META_SECRET} printable characters, "
+            "without leading or trailing spaces"
+        )
+    return secret
+
+
+def new_secret(format: str) -> str:
+    """A fresh random secret for the format (meta: 32 hex digits, the shape of a Meta app secret)."""
+    return stdwebhooks.generate_secret() if format == "standard" else secrets.token_hex(16)
+
+
+def mask_secret(format: str, secret: str) -> str:
+    """What the CLI and logs may show of a destination's secret."""
+    if format == "standard":
+        return stdwebhooks.mask_secret(secret)
+    return f"…{secret[-4:]}" if len(secret) >= 16 else "…"
 
 
 def parse_events(raw: str | Iterable[str]) -> list[str]:

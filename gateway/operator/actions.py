@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.core import stdwebhooks
+from gateway.core import forwarding
 from gateway.core.enums import OutboxState
 from gateway.core.pacing import BreakerId
 from gateway.outbound.backfill import Backfilled, backfill
@@ -48,6 +48,11 @@ class Refused(ValueError):
 
 class NotFound(Refused, LookupError):
     pass
+
+
+class Invalid(Refused):
+    """A usage error (e.g. a secret of the wrong form): refused before anything is done, and
+    not an action, so no audit entry."""
 
 
 def _when(t: datetime | float | None) -> str | None:
@@ -230,14 +235,28 @@ async def rotate_secret(
     conn: Tx, actor: Actor, name: str, *, secret: str | None = None, grace_h: float = 24.0
 ) -> Rotated:
     """Sign with a new secret (given, or generated); the current one stays valid for
-    ``grace_h`` hours. The new secret is returned once and never written to the audit log."""
+    ``grace_h`` hours. The new secret is returned once and never written to the audit log.
+
+    A Meta-format destination's receiver (a bot built on Meta's webhooks) verifies one
+    ``X-Hub-Signature-256`` with one app secret, so its secret switches at once: the grace must
+    be 0."""
     if not 0 <= grace_h <= MAX_GRACE_H:
         raise Refused(f"the grace period must be 0..{MAX_GRACE_H} hours")
-    new = secret if secret is not None else stdwebhooks.generate_secret()
+    # What the secret must be depends on the destination's format; a wrong one is a usage error
+    # (no audit entry), a missing destination a refusal (recorded below).
+    dest = await deliveries.get_destination(conn, name=name)
+    fmt = "standard" if dest is None else dest["format"]
+    if fmt == "meta" and grace_h:
+        raise Invalid(
+            "a Meta-format destination is verified with one secret (one X-Hub-Signature-256): "
+            "rotate it with --grace-h 0, then give the bot the new secret (what it refuses "
+            "meanwhile is retried)"
+        )
+    new = secret if secret is not None else forwarding.new_secret(fmt)
     try:
-        stdwebhooks.secret_key(new)
+        forwarding.check_secret(fmt, new)
     except ValueError as exc:
-        raise Refused(str(exc)) from None
+        raise Invalid(str(exc)) from None
     params = {"grace_h": grace_h, "generated": secret is None}
     async with _audited(conn, actor, "destination.rotate_secret", name, params) as out:
         until = await deliveries.rotate_secret(conn, name=name, secret=new, grace_s=grace_h * 3600)
@@ -260,8 +279,11 @@ async def add_destination(
     ordered: bool,
     numbers: Sequence[str] | None = None,
     tenant: str | None = None,
+    format: str = "standard",
 ) -> str:
     params = {"url": url, "events": list(events), "max_in_flight": max_in_flight, "ordered": ordered}
+    if format != "standard":
+        params["format"] = format
     if numbers is not None:
         params["numbers"] = list(numbers)
     if tenant is not None:
@@ -271,10 +293,13 @@ async def add_destination(
             await deliveries.add_destination(
                 conn, name=name, url=url, events=events, secret=secret,
                 max_in_flight=max_in_flight, ordered=ordered, numbers=numbers, tenant=tenant,
+                format=format,
             )  # fmt: skip
         except deliveries.DestinationExists:
             raise Refused(f"destination {name!r} exists (remove it first)") from None
-        out.rows, out.text = 1, f"added {name} -> {url} events={','.join(events)}"
+        out.rows, out.text = 1, f"added {name} -> {url} events={','.join(events)}" + (
+            f" format={format}" if format != "standard" else ""
+        )
     return out.text
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from gateway.core.events import Event
+from gateway.core.events import Event, Status
 from gateway.core.forwarding import (
     account_error_from_row,
     account_update_from_row,
@@ -83,6 +83,7 @@ async def backfill(conn: Conn, *, destination: str, since: datetime, until: date
                             "envelope": envelope(ev, source),
                             "received_at": r["received_at"],
                             "number": number_of(ev),
+                            "callback": ev.callback_data if isinstance(ev, Status) else None,
                         }
                     )
                 n = await deliveries.insert_rebuilt(conn, destination_id=dest["id"], rows=rows)

@@ -1,4 +1,5 @@
-"""The forwarder: POSTs each delivery's envelope to its destination, signed per Standard Webhooks.
+"""The forwarder: POSTs each delivery's body to its destination, signed per Standard Webhooks (or,
+to a Meta-format destination, as Meta signs its webhooks).
 
 Deliveries are inserted by the consumers in the same transaction as their event's key (see
 ``inbox_apply_batch``). A forwarder works in rounds, one statement each (``forward_round()``,
@@ -39,7 +40,9 @@ from gateway.core.aio import sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.forwarding import Outcome, breaker_tally, decide, merge_tallies
+from gateway.core.heartbeat import HEARTBEATS
 from gateway.core.settings import Settings
+from gateway.core.signature import sign_meta
 from gateway.outbound.egress import GuardedResolver, RefusedAddress, warn_refused
 from gateway.store import deliveries
 from gateway.store.db import connect
@@ -275,9 +278,14 @@ class Forwarder:
         try:
             if not self.settings.forward_allow_private and (why := self._host_refused(c.url)):
                 raise RefusedAddress(errno.EACCES, why)
-            ts = int(self.clock.now())
-            previous = None if c.previous_secret is None else self._key(c.previous_secret)
-            headers = stdwebhooks.headers(self._key(c.secret), c.webhook_id, ts, c.body, previous)
+            if c.meta:
+                # As Meta signs its webhooks (one signature: see docs/forwarding.md), and the
+                # webhook-id a receiver may deduplicate on.
+                headers = {"webhook-id": c.webhook_id, "X-Hub-Signature-256": sign_meta(c.body, c.secret)}
+            else:
+                ts = int(self.clock.now())
+                previous = None if c.previous_secret is None else self._key(c.previous_secret)
+                headers = stdwebhooks.headers(self._key(c.secret), c.webhook_id, ts, c.body, previous)
             headers["Content-Type"] = "application/json"
             async with self.session.post(c.url, data=c.body, headers=headers, allow_redirects=False) as resp:
                 a.status = resp.status
@@ -395,8 +403,11 @@ class Forwarder:
         n = self.settings.forward_concurrency
         self._posters = [asyncio.create_task(self._poster()) for _ in range(n)]
         poll_s = self.settings.forward_poll_ms / 1000
+        # A turn: one claim round (its statements), then at most a poll interval.
+        beat = HEARTBEATS.loop("forwarder", self.settings.liveness_s + poll_s)
         try:
             while not stop.is_set():
+                beat()
                 self.wake.clear()
                 try:
                     claimed = await self.step()
@@ -413,6 +424,7 @@ class Forwarder:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), min(poll_s, FLUSH_S) if self._done else poll_s)
         finally:
+            beat.done()
             stopped.cancel()
             check.cancel()
             await self._drain()
@@ -454,4 +466,4 @@ class Forwarder:
         dsn = self.settings.database_url
         assert dsn
         opener = functools.partial(own_connection, dsn, self.settings.db_connect_timeout_s)
-        await listen(opener, deliveries.CHANNEL, self.wake.set, stop)
+        await listen(opener, deliveries.CHANNEL, self.wake.set, stop, liveness_s=self.settings.liveness_s)

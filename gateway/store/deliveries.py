@@ -44,6 +44,7 @@ class Destination:
     gone: bool  # disabled after answering 410 Gone
     numbers: list[str] | None = None  # only these numbers' events (None: every number)
     tenant: str | None = None  # a tenant's destination (its numbers when it was added)
+    format: str = "standard"  # or "meta": each event as Meta's own webhook body
 
 
 class Claimed(NamedTuple):
@@ -62,6 +63,7 @@ class Claimed(NamedTuple):
     secret: str
     ordered: bool  # the destination's per-conversation ordering
     previous_secret: str | None  # during a rotation's grace period: signed with it too
+    meta: bool = False  # a Meta-format destination: body is Meta's, signed X-Hub-Signature-256
 
 
 class Result(NamedTuple):
@@ -112,9 +114,10 @@ async def add_destination(
     ordered: bool,
     numbers: Sequence[str] | None = None,
     tenant: str | None = None,
+    format: str = "standard",
 ) -> int:
     """Insert a destination; ``DestinationExists`` if the name is taken. ``numbers``: it gets only
-    events of these business numbers."""
+    events of these business numbers; ``format``: standard or meta."""
     dest_id: int | None = await conn.fetchval(
         q("destination_add"),
         name,
@@ -125,6 +128,7 @@ async def add_destination(
         ordered,
         None if numbers is None else list(numbers),
         tenant,
+        format,
     )
     if dest_id is None:
         raise DestinationExists(name)
@@ -223,9 +227,9 @@ async def cycle(
     for r in rows:
         kind = r[0]
         if kind == "claimed":
-            claimed.append(Claimed(r[1], r[2], r[3].encode(), *r[4:13]))
+            claimed.append(Claimed(r[1], r[2], r[3].encode(), *r[4:14]))
         elif kind == "breaker":
-            changes.append((r[8], r[13], r[14]))
+            changes.append((r[8], r[14], r[15]))
         elif kind == "disabled":
             changes.append((r[8], "enabled", "gone"))
         elif kind == "half_open":

@@ -61,13 +61,22 @@ async def insert_batch(
     await conn.execute(q("inbox_insert_batch"), sources, bodies, delivery_ids)
 
 
-async def claim_batch(conn: Conn, *, limit: int, max_bytes: int) -> tuple[list[StagedRow], bool]:
+async def claim_batch(
+    conn: Conn, *, limit: int, max_bytes: int, due_from: datetime | None = None
+) -> tuple[list[StagedRow], bool]:
     """Due pending rows, locked for the caller's transaction (SKIP LOCKED), and whether more
     may be due right now: the claim was full, or the byte budget left some of the rows it
-    locked."""
-    recs = await conn.fetch(q("inbox_claim_batch"), limit, max_bytes)
+    locked. ``due_from``: a lower bound of every pending row's next_attempt_at (``due_from``),
+    None to scan from the head of the due index."""
+    recs = await conn.fetch(q("inbox_claim_batch"), limit, max_bytes, due_from)
     more = len(recs) >= limit or (bool(recs) and recs[0]["locked"] > len(recs))
     return [_staged(r) for r in recs], more
+
+
+async def due_from(conn: Conn) -> datetime:
+    """A lower bound of every pending row's next_attempt_at, for ``claim_batch``."""
+    at: datetime = await conn.fetchval(q("inbox_due_from"))
+    return at
 
 
 async def claim_row(conn: Conn, *, inbox_id: int) -> StagedRow | None:
@@ -90,10 +99,10 @@ async def stall_attempt(
     return None if r is None else (r["state"], r["attempts"])
 
 
-async def ensure_partition(pool: asyncpg.Pool, *, table: str) -> bool:
-    """Today's day partition of ``table``, made now if missing (False: it existed), on a
-    connection of its own and never waiting long for a lock."""
-    async with pool.acquire() as conn, conn.transaction():
+async def ensure_partition(conn: asyncpg.Connection | PoolConnectionProxy, *, table: str) -> bool:
+    """Today's (and tomorrow's) day partition of ``table``, made now if missing (False: they
+    existed), in a transaction of its own on ``conn`` that never waits long for a lock."""
+    async with conn.transaction():
         await conn.execute(q("partition_lock_timeout"))
         return bool(await conn.fetchval(q("inbox_ensure_partition"), table))
 

@@ -1,7 +1,9 @@
 """A fake downstream receiver for the forwarder's tests, benchmarks and the load harness.
 
-It verifies every request with the ``standardwebhooks`` package, as a real receiver would,
-records each attempt's ``webhook-id``, processes an id once (later copies are counted as
+It verifies every request with the ``standardwebhooks`` package, as a real receiver would (with
+``meta=True``: as a bot written against Meta's webhooks does, ``X-Hub-Signature-256`` over the
+body with the secret, and the sha256 of each attempt's body is kept), records each attempt's
+``webhook-id``, processes an id once (later copies are counted as
 duplicates and answered 200) and injects faults: a share of 5xx answers, a share of
 "timeouts" (the event is processed, the answer comes too late), added latency, a scripted
 answer queue (e.g. 429 with Retry-After) and outages (every request 503 until it ends).
@@ -10,7 +12,7 @@ Control endpoints for other processes (loopback only): ``GET /_fake/state`` (``?
 processed id with the wall time it arrived), ``GET /_fake/wait?processed=N&timeout=S`` (the
 state once N distinct ids were processed, or at the timeout: one request instead of polling),
 ``POST /_fake/config`` (any of ``p_5xx``, ``p_timeout``, ``timeout_s``, ``latency_ms``,
-``outage``), ``DELETE /_fake/state``.
+``outage``, ``count_only``: keep no id, for long runs), ``DELETE /_fake/state``.
 
 As its own process (benchmarks, the load harness)::
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import os
 import random
 import signal
@@ -35,6 +38,8 @@ import orjson
 from aiohttp import web
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from gateway.core.signature import verify_meta
+
 
 @dataclass
 class Scripted:
@@ -45,6 +50,7 @@ class Scripted:
 @dataclass
 class ReceiverState:
     attempts: list[str] = field(default_factory=list)  # webhook-id of every attempt, in order
+    digests: list[str] = field(default_factory=list)  # meta: sha256 of every attempt's body, in order
     processed: dict[str, Any] = field(default_factory=dict)  # id -> envelope, first time only
     order: list[str] = field(default_factory=list)  # ids in processing order
     arrived: dict[str, float] = field(default_factory=dict)  # id -> wall time first processed
@@ -53,6 +59,8 @@ class ReceiverState:
     answered: Counter[int] = field(default_factory=Counter)
     in_flight: int = 0
     max_in_flight: int = 0
+    attempt_count: int = 0
+    counted: int = 0  # processed while count_only (no id kept)
 
 
 class FakeReceiver:
@@ -66,14 +74,20 @@ class FakeReceiver:
         latency_ms: float = 0.0,
         seed: int = 1,
         verify: bool = True,
+        meta: bool = False,
     ) -> None:
-        self.webhook = Webhook(secret)
+        self.meta = meta
+        self.secret = secret
+        self.webhook = None if meta else Webhook(secret)
         self.p_5xx = p_5xx
         self.p_timeout = p_timeout
         self.timeout_s = timeout_s
         self.latency_ms = latency_ms
         self.verify = verify
         self.outage = False
+        # A long run: count what arrives, keep no id or body (memory stays flat); copies are
+        # not told apart.
+        self.count_only = False
         self.script: list[Scripted] = []
         self.rand = random.Random(seed)
         self.state = ReceiverState()
@@ -127,13 +141,14 @@ class FakeReceiver:
         st = self.state
         body = await request.read()
         msg_id = request.headers.get("webhook-id", "")
-        st.attempts.append(msg_id)
-        if self.verify:
-            try:
-                self.webhook.verify(body, dict(request.headers))
-            except WebhookVerificationError:
-                st.bad_signatures += 1
-                return self._answer(401)
+        st.attempt_count += 1
+        if not self.count_only:
+            st.attempts.append(msg_id)
+            if self.meta:
+                st.digests.append(hashlib.sha256(body).hexdigest())
+        if self.verify and not self._verified(body, request):
+            st.bad_signatures += 1
+            return self._answer(401)
         if self.latency_ms:
             await asyncio.sleep(self.latency_ms / 1000)
         if self.outage:
@@ -149,8 +164,20 @@ class FakeReceiver:
             await asyncio.sleep(self.timeout_s)  # processed, but the answer comes too late
         return self._answer(204)
 
+    def _verified(self, body: bytes, request: web.Request) -> bool:
+        if self.webhook is None:
+            return verify_meta(body, request.headers.get("X-Hub-Signature-256"), (self.secret,))
+        try:
+            self.webhook.verify(body, dict(request.headers))
+        except WebhookVerificationError:
+            return False
+        return True
+
     def _process(self, msg_id: str, body: bytes) -> None:
         st = self.state
+        if self.count_only:
+            st.counted += 1
+            return
         if msg_id in st.processed:
             st.duplicates[msg_id] += 1
             return
@@ -169,8 +196,8 @@ class FakeReceiver:
     def summary(self) -> dict[str, Any]:
         st = self.state
         return {
-            "attempts": len(st.attempts),
-            "processed": len(st.processed),
+            "attempts": st.attempt_count,
+            "processed": len(st.processed) + st.counted,
             "duplicates": sum(st.duplicates.values()),
             "bad_signatures": st.bad_signatures,
             "answered": {str(k): v for k, v in st.answered.items()},
@@ -211,6 +238,8 @@ class FakeReceiver:
                 setattr(self, name, float(cfg[name]))
         if "outage" in cfg:
             self.outage = bool(cfg["outage"])
+        if "count_only" in cfg:
+            self.count_only = bool(cfg["count_only"])
         return web.json_response(self.summary())
 
     async def wait_for(self, processed: int, timeout_s: float) -> bool:
@@ -226,8 +255,8 @@ class FakeReceiver:
         return True
 
 
-async def _serve(secret: str, host: str, port: int, seconds: float) -> None:
-    receiver = FakeReceiver(secret, timeout_s=30.0)
+async def _serve(secret: str, host: str, port: int, seconds: float, meta: bool = False) -> None:
+    receiver = FakeReceiver(secret, timeout_s=30.0, meta=meta)
     url = await receiver.start(host, port)
     print(f"fake receiver listening on {url}", flush=True)
     loop = asyncio.get_running_loop()
@@ -247,16 +276,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8091)
     p.add_argument("--max-seconds", type=float, default=3600.0, help="exit after this long")
+    p.add_argument("--meta", action="store_true", help="verify X-Hub-Signature-256 (Meta-format destination)")
     ns = p.parse_args(argv)
     secret = os.environ.get("FAKE_RECEIVER_SECRET", "")
     if not secret:
-        print("FAKE_RECEIVER_SECRET (whsec_...) is required", file=sys.stderr)
+        print("FAKE_RECEIVER_SECRET (whsec_..., or any string with --meta) is required", file=sys.stderr)
         return 2
     with contextlib.suppress(ImportError):
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    asyncio.run(_serve(secret, ns.host, ns.port, ns.max_seconds))
+    asyncio.run(_serve(secret, ns.host, ns.port, ns.max_seconds, ns.meta))
     return 0
 
 

@@ -47,7 +47,7 @@
 -- and open breakers whose cool-down ($15 seconds) has passed turn half-open.
 --
 -- Rows, told apart by o_kind:
---   'claimed'   a claimed delivery: o_id .. o_previous_secret are the columns of
+--   'claimed'   a claimed delivery: o_id .. o_meta are the columns of
 --               gateway.store.deliveries.Claimed, in its order (times as Unix seconds);
 --   'breaker'   a breaker transition of o_destination, o_old_state -> o_new_state;
 --   'disabled'  o_destination answered 410 Gone and was disabled;
@@ -63,7 +63,8 @@ CREATE FUNCTION forward_round(
 ) RETURNS TABLE (
     o_kind text, o_id bigint, o_webhook_id text, o_body text, o_attempts int, o_received_at float8,
     o_window_start float8, o_destination_id bigint, o_destination text, o_url text,
-    o_secret text, o_ordered boolean, o_previous_secret text, o_old_state text, o_new_state text
+    o_secret text, o_ordered boolean, o_previous_secret text, o_meta boolean, o_old_state text,
+    o_new_state text
 ) LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock(28832985044316772);
@@ -129,10 +130,11 @@ BEGIN
         WHERE d.id = s.id AND (s.state <> s.old OR s.fails <> s.old_fails OR (s.gone AND s.was_enabled))
         RETURNING d.name, s.old, s.state AS new, s.gone AND s.was_enabled AS disabled
     ), dest AS (
-        SELECT d.id, d.name, d.url, d.secret, d.ordered,
-               -- during a rotation's grace period, signed with the previous secret too
-               CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret END
-                   AS previous_secret,
+        SELECT d.id, d.name, d.url, d.secret, d.ordered, d.format = 'meta' AS meta,
+               -- during a rotation's grace period, signed with the previous secret too (a
+               -- Meta-format receiver verifies one signature: its secret switches at once)
+               CASE WHEN d.format = 'standard' AND d.previous_secret_until > clock_timestamp()
+                    THEN d.previous_secret END AS previous_secret,
                CASE WHEN coalesce(s.state, d.breaker_state) = 'half_open' THEN 1 ELSE d.max_in_flight END
                - coalesce(h.n, 0) + coalesce(h.freed, 0) AS room,
                d.due_from
@@ -141,7 +143,7 @@ BEGIN
           AND coalesce(s.state, d.breaker_state) <> 'open' AND $10 > 0
     ), picked AS (
         SELECT c.*, dest.id AS destination_id, dest.name AS destination, dest.url, dest.secret,
-               dest.ordered, dest.previous_secret
+               dest.ordered, dest.previous_secret, dest.meta
         FROM dest
         CROSS JOIN LATERAL (
             SELECT dl.id, dl.webhook_id, dl.envelope, dl.attempts, dl.received_at, dl.window_start,
@@ -190,13 +192,15 @@ BEGIN
     -- upd and lease run to completion unreferenced, as every data-modifying CTE does.
     SELECT 'claimed', p.id, p.webhook_id, p.envelope::text, p.attempts + 1,
            extract(epoch FROM p.received_at)::float8, extract(epoch FROM p.window_start)::float8,
-           p.destination_id, p.destination, p.url, p.secret, p.ordered, p.previous_secret, NULL, NULL
+           p.destination_id, p.destination, p.url, p.secret, p.ordered, p.previous_secret, p.meta,
+           NULL, NULL
     FROM picked p
     UNION ALL
-    SELECT 'breaker', NULL, NULL, NULL, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL, NULL, old, new
+    SELECT 'breaker', NULL, NULL, NULL, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL, NULL, NULL, old, new
     FROM brk WHERE old <> new
     UNION ALL
-    SELECT 'disabled', NULL, NULL, NULL, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL, NULL, NULL, NULL
+    SELECT 'disabled', NULL, NULL, NULL, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL, NULL, NULL, NULL,
+           NULL
     FROM brk WHERE disabled;
     IF $14 THEN
         DELETE FROM delivery_leases WHERE lease_until < clock_timestamp();
@@ -220,7 +224,7 @@ BEGIN
           AND breaker_changed_at <= clock_timestamp() - make_interval(secs => $15)
         RETURNING 'half_open'::text, NULL::bigint, NULL::text, NULL::text, NULL::int, NULL::float8,
                   NULL::float8, NULL::bigint, name, NULL::text, NULL::text, NULL::boolean, NULL::text,
-                  'open'::text, 'half_open'::text;
+                  NULL::boolean, 'open'::text, 'half_open'::text;
     END IF;
 END
 $fn$;

@@ -3,13 +3,14 @@
 -- A webhook id is 'wh_' + 32 hex of sha256('<destination name>/<event key>') everywhere.
 
 -- name: destination_add
-INSERT INTO destinations (name, url, events, secret, max_in_flight, ordered, numbers, tenant)
-VALUES ($1, $2, $3::text[], $4, $5, $6, $7::text[], $8)
+INSERT INTO destinations (name, url, events, secret, max_in_flight, ordered, numbers, tenant, format)
+VALUES ($1, $2, $3::text[], $4, $5, $6, $7::text[], $8, $9)
 ON CONFLICT (name) DO NOTHING
 RETURNING id;
 
 -- name: destination_list
 SELECT d.id, d.name, d.url, d.events, d.secret, d.enabled, d.max_in_flight, d.ordered, d.numbers, d.tenant,
+       d.format,
        CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret END AS previous_secret,
        CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret_until END
            AS previous_secret_until,
@@ -36,7 +37,7 @@ WHERE name = $1
 RETURNING previous_secret_until;
 
 -- name: destination_get
-SELECT id, name, url, events, secret, enabled, max_in_flight, ordered, breaker_state
+SELECT id, name, url, events, secret, enabled, max_in_flight, ordered, breaker_state, format
 FROM destinations WHERE name = $1;
 
 -- name: destination_set_enabled
@@ -122,17 +123,25 @@ SELECT pg_notify('deliveries', '');
 
 -- name: deliveries_insert
 -- Backfill: deliveries for one destination ($1) from rebuilt events ($2: jsonb array of key,
--- kind, conversation, envelope, received_at, number); events it already has are skipped, and
--- so are other numbers' events when the destination is limited to numbers.
+-- kind, conversation, envelope, received_at, number, callback); events it already has are
+-- skipped, and so are other numbers' events when the destination is limited to numbers. A
+-- Meta-format destination gets Meta's body, as a live delivery (inbox_apply_batch), with the
+-- caller's biz_opaque_callback_data of a send of ours that the outbox still holds.
 WITH ins AS (
     INSERT INTO deliveries
         (destination_id, event_key, webhook_id, kind, conversation, envelope, received_at, subject)
     SELECT d.id, f.key,
            'wh_' || left(encode(sha256(convert_to(d.name || '/' || f.key, 'UTF8')), 'hex'), 32),
-           f.kind, f.conversation, f.envelope, f.received_at, event_subject(f.key)
+           f.kind, f.conversation,
+           CASE WHEN d.format = 'meta' THEN meta_webhook(f.envelope, cb.tracker) ELSE f.envelope END,
+           f.received_at, event_subject(f.key)
     FROM jsonb_to_recordset($2::jsonb) AS f(
-        key text, kind text, conversation text, envelope jsonb, received_at timestamptz, number text)
+        key text, kind text, conversation text, envelope jsonb, received_at timestamptz, number text,
+        callback text)
+    LEFT JOIN LATERAL (SELECT coalesce(to_jsonb(o.biz_opaque_callback_data), 'null'::jsonb) AS tracker
+                       FROM outbox o WHERE f.callback IS NOT NULL AND o.callback_data = f.callback) cb ON true
     JOIN destinations d ON d.id = $1 AND (d.numbers IS NULL OR f.number = ANY (d.numbers))
+                       AND (d.format = 'standard' OR f.envelope->>'source' = 'meta')
     ORDER BY f.received_at, f.key
     ON CONFLICT (destination_id, event_key, subject) DO NOTHING
     RETURNING 1

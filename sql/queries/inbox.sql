@@ -15,10 +15,14 @@ ORDER BY n;
 -- The join carries received_at (the partition key) so each row is read from its partition.
 -- Each row also says how many rows the claim locked: more than it returned means the budget
 -- left some (more are due at once).
+-- $3 (NULL: none) is a lower bound of every pending row's next_attempt_at (inbox_due_from):
+-- the scan of webhook_inbox_due starts there, past the entries that rows done since the last
+-- vacuum left dead at the head of the index, which every claim would otherwise walk again.
 WITH claimed AS (
     SELECT id, received_at, next_attempt_at, octet_length(body) AS size
     FROM webhook_inbox
-    WHERE state = 'pending' AND next_attempt_at <= clock_timestamp()
+    WHERE state = 'pending' AND next_attempt_at >= coalesce($3, '-infinity'::timestamptz)
+      AND next_attempt_at <= clock_timestamp()
     ORDER BY next_attempt_at, id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -30,6 +34,15 @@ SELECT w.id, w.source, w.body, w.delivery_id, w.attempts, (SELECT count(*) FROM 
 FROM budget b JOIN webhook_inbox w ON w.id = b.id AND w.received_at = b.received_at
 WHERE b.before = 0 OR b.before + octet_length(w.body) <= $2
 ORDER BY b.next_attempt_at, b.id;
+
+-- name: inbox_due_from
+-- The bound a claim starts from ($3 above): the oldest pending row's next_attempt_at, at most
+-- a second ago. Read on the due index from its head (this walks the dead entries once, not
+-- once per claim). A row is written pending with a next_attempt_at of its transaction's start
+-- or later (insert, defer, replay, a failed attempt), so only a row whose insert took longer
+-- than the second to commit can fall below the bound, and the next reading sees it.
+SELECT least(min(next_attempt_at), clock_timestamp() - interval '1 second')
+FROM webhook_inbox WHERE state = 'pending';
 
 -- name: inbox_claim_row
 -- One row again, for the one-by-one fallback after a batch failed.
@@ -58,9 +71,12 @@ WHERE id = $1 AND state = 'pending'
 RETURNING state, attempts;
 
 -- name: inbox_ensure_partition
--- Today's partition (UTC) of a table a row found none in: created on the spot (the job
--- creates them ahead; ingest and consumers never depend on it having run).
-SELECT partition_ensure_day($1, (clock_timestamp() AT TIME ZONE 'UTC')::date);
+-- Today's and tomorrow's partitions (UTC) of a table a row found none in, made on the spot
+-- (the job makes them ahead; ingest and consumers never depend on it having run). Whether
+-- one was made.
+SELECT coalesce(bool_or(partition_ensure_day($1, d::date)), false)
+FROM generate_series((clock_timestamp() AT TIME ZONE 'UTC')::date,
+                     (clock_timestamp() AT TIME ZONE 'UTC')::date + 1, interval '1 day') AS d;
 
 -- name: inbox_apply_batch
 -- handle_once for a whole batch in one statement. The keys go into
@@ -233,12 +249,11 @@ WITH ev AS (
     SELECT d.id, f.key,
            'wh_' || left(encode(sha256(convert_to(d.name || '/' || f.key, 'UTF8')), 'hex'), 32),
            f.kind, f.conversation,
-           -- A status carries the send API caller's biz_opaque_callback_data of its message.
-           CASE WHEN f.callback IS NULL THEN f.envelope
-                ELSE coalesce(jsonb_set(f.envelope, '{data,biz_opaque_callback_data}',
-                                        to_jsonb((SELECT o.biz_opaque_callback_data FROM outbox o
-                                                  WHERE o.callback_data = f.callback))),
-                              f.envelope) END,
+           -- A status of a send of ours carries the send API caller's biz_opaque_callback_data
+           -- (cb.tracker); a Meta-format destination gets the event as Meta's own body.
+           CASE WHEN d.format = 'meta' THEN meta_webhook(f.envelope, cb.tracker)
+                WHEN cb.tracker IS NULL THEN f.envelope
+                ELSE jsonb_set(f.envelope, '{data,biz_opaque_callback_data}', cb.tracker) END,
            -- A lookup by id per delivery (an index probe per partition), not a join: with
            -- stale statistics (a new day partition, a burst) the planner hashed the whole
            -- webhook_inbox for every batch, a cost that grew with the table.
@@ -253,9 +268,15 @@ WITH ev AS (
         number text))
         WITH ORDINALITY AS f(key, kind, conversation, envelope, inbox_id, callback, number, n)
     JOIN fresh ON fresh.event_key = f.key
-    -- A destination limited to numbers gets only events of those numbers.
+    -- The caller's value of the outbox row a status names: JSON null when it gave none, no
+    -- row when the status is not of a send of ours.
+    LEFT JOIN LATERAL (SELECT coalesce(to_jsonb(o.biz_opaque_callback_data), 'null'::jsonb) AS tracker
+                       FROM outbox o WHERE f.callback IS NOT NULL AND o.callback_data = f.callback) cb ON true
+    -- A destination limited to numbers gets only events of those numbers; a Meta-format one
+    -- only events that came from Meta.
     JOIN destinations d ON d.enabled AND f.kind = ANY (d.events)
                        AND (d.numbers IS NULL OR f.number = ANY (d.numbers))
+                       AND (d.format = 'standard' OR f.envelope->>'source' = 'meta')
     -- Ids in the batch's arrival order: per-conversation ordering follows them.
     ORDER BY d.id, f.n
     ON CONFLICT (destination_id, event_key, subject) DO NOTHING

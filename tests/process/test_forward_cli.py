@@ -24,6 +24,33 @@ async def gateway_cli(dsn: str, *args: str, allow_private: bool = True) -> tuple
     return await procs.gateway_cli(dsn, *args, env=env)
 
 
+async def test_meta_format_destinations_from_the_command_line(db_dsn: str, pool: asyncpg.Pool) -> None:
+    app_secret = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+    rc, out, err = await gateway_cli(
+        db_dsn, "destinations", "add", "pywa", "http://127.0.0.1:9/", "--events", "message,status",
+        "--format", "meta", "--secret", app_secret,
+    )  # fmt: skip
+    assert rc == 0 and "format=meta" in out and app_secret not in out + err, (out, err)
+    row = await pool.fetchrow("SELECT format, secret FROM destinations WHERE name = 'pywa'")
+    assert row is not None and (row["format"], row["secret"]) == ("meta", app_secret)
+    rc, out, _ = await gateway_cli(db_dsn, "destinations", "list")
+    assert rc == 0 and app_secret not in out and f"…{app_secret[-4:]}" in out
+    assert out.rstrip().endswith("meta")
+    # One signature: a grace period cannot be honoured, so the rotation is a switch.
+    rotate = ("destinations", "rotate-secret", "pywa", "--secret", "next-secret-1")
+    rc, _, err = await gateway_cli(db_dsn, *rotate)
+    assert rc == 2 and "--grace-h 0" in err and "next-secret-1" not in err
+    rc, out, _ = await gateway_cli(db_dsn, *rotate, "--grace-h", "0")
+    assert rc == 0 and "next-secret-1" not in out
+    assert await pool.fetchval("SELECT secret FROM destinations WHERE name = 'pywa'") == "next-secret-1"
+    # A secret with spaces around it is refused (it would never verify), without being echoed.
+    rc, _, err = await gateway_cli(
+        db_dsn, "destinations", "add", "pywa2", "http://127.0.0.1:9/", "--events", "message",
+        "--format", "meta", "--secret", " hunter2 ",
+    )  # fmt: skip
+    assert rc == 2 and "hunter2" not in err
+
+
 async def test_destinations_cli_validates_generates_and_masks_secrets(
     db_dsn: str, pool: asyncpg.Pool
 ) -> None:

@@ -387,3 +387,35 @@ def test_merged_tallies_are_the_tally_of_both_rounds(first: list[bool], then: li
 
 def test_merged_tallies_keep_each_destination() -> None:
     assert merge_tallies([(1, True, 0)], [(2, False, 1)]) == [(1, True, 0), (2, False, 1)]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "secret", "ok"),
+    [
+        ("standard", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", True),
+        ("standard", "0f1e2d3c4b5a69788796a5b4c3d2e1f0", False),  # an app secret is not whsec_
+        ("meta", "0f1e2d3c4b5a69788796a5b4c3d2e1f0", True),  # a Meta app secret
+        ("meta", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", True),  # any string
+        ("meta", "", False),
+        ("meta", " padded", False),  # would never verify on the bot's side
+        ("meta", "tab\there", False),
+        ("meta", "x" * 513, False),
+        ("xml", "whatever", False),
+    ],
+)
+def test_a_secret_is_checked_for_its_format(fmt: str, secret: str, ok: bool) -> None:
+    if ok:
+        assert forwarding.check_secret(fmt, secret) == secret
+    else:
+        with pytest.raises(ValueError) as exc:
+            forwarding.check_secret(fmt, secret)
+        assert secret not in str(exc.value) or not secret
+
+
+def test_new_secrets_and_masks_per_format() -> None:
+    meta = forwarding.new_secret("meta")
+    assert len(meta) == 32 and int(meta, 16) >= 0 and forwarding.new_secret("meta") != meta
+    assert forwarding.check_secret("standard", forwarding.new_secret("standard"))
+    assert forwarding.mask_secret("meta", meta) == f"…{meta[-4:]}"
+    assert forwarding.mask_secret("meta", "short") == "…"  # a short secret shows nothing
+    assert forwarding.mask_secret("standard", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw") == "whsec_…LaSw"
