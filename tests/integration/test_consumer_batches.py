@@ -167,13 +167,13 @@ class _Batches:
             c.process_batch = counted  # type: ignore[method-assign]
 
         async def listen(
-            opener: Any, channel: str, on_notify: Callable[[], None], stop: asyncio.Event
+            opener: Any, channel: str, on_notify: Callable[[], None], stop: asyncio.Event, **kw: Any
         ) -> None:
             def counted() -> None:
                 self.notified += 1
                 on_notify()
 
-            await store_listen.listen(opener, channel, counted, stop)
+            await store_listen.listen(opener, channel, counted, stop, **kw)
 
         monkeypatch.setattr(consumer_group, "listen", listen)
 
