@@ -21,6 +21,7 @@ COMMANDS = (
     "bench-consumers",
     "bench-send",
     "bench-forward",
+    "bench-pipeline",
     "bench-growth",
     "bench-access",
     "bench-console",
