@@ -37,13 +37,23 @@ async def own_connection(dsn: str, timeout_s: float) -> AsyncIterator[asyncpg.Co
                 await conn.close(timeout=2)
 
 
-async def listen(open_conn: Opener, channel: str, on_notify: Callable[[], None], stop: asyncio.Event) -> None:
-    """Call ``on_notify`` on every NOTIFY on ``channel``, and once on each (re)connection (rows
-    may have come while nobody listened), until ``stop`` is set. A failed or lost connection is
-    retried with backoff (0.5 s doubling to 30 s), one warning per failure."""
+async def listen(
+    open_conn: Opener,
+    channel: str,
+    on_notify: Callable[[], None],
+    stop: asyncio.Event,
+    on_payload: Callable[[str], None] | None = None,
+) -> None:
+    """Call ``on_notify`` on every NOTIFY on ``channel`` (``on_payload`` with its payload
+    instead, when given), and ``on_notify`` once on each (re)connection (rows may have come
+    while nobody listened), until ``stop`` is set. A failed or lost connection is retried with
+    backoff (0.5 s doubling to 30 s), one warning per failure."""
 
-    def callback(*_: object) -> None:
-        on_notify()
+    def callback(_conn: object, _pid: object, _channel: object, payload: object) -> None:
+        if on_payload is None:
+            on_notify()
+        else:
+            on_payload(str(payload))
 
     attempt = 0
     while not stop.is_set():

@@ -30,6 +30,9 @@ class NewMessage:
     unknown_policy: UnknownPolicy | str = UnknownPolicy.REVIEW
     fingerprint: str | None = None  # the send API's body fingerprint (None: not from the API)
     biz_opaque_callback_data: str | None = None  # the caller's own, returned with its statuses
+    # A request waits for the outcome (the Graph-compatible endpoint): state changes are
+    # announced on NOTIFY outbox_outcome.
+    notify_outcome: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,7 @@ class Result:
     sent_at: float
     counted: bool = True  # False: an account-level refusal, which counts no attempt
     maybe_sent: bool = False  # the provider may have acted on it (sets ambiguous_at, retry_until)
+    refusal: dict[str, Any] | None = None  # the provider's refusal as it answered (provider_error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +60,7 @@ class Reconciled:
 
 
 def _columns(m: NewMessage, generation: int) -> tuple[Any, ...]:
-    """$1-$10 of outbox_enqueue and outbox_renew."""
+    """$1-$11 of outbox_enqueue and outbox_renew."""
     policy = UnknownPolicy(m.unknown_policy)  # ValueError on anything else
     return (
         m.tenant,
@@ -69,6 +73,7 @@ def _columns(m: NewMessage, generation: int) -> tuple[Any, ...]:
         str(policy),
         m.fingerprint,
         m.biz_opaque_callback_data,
+        m.notify_outcome,
     )
 
 
@@ -137,6 +142,7 @@ async def record_results(conn: Conn, results: Sequence[Result], *, now: float, k
         [r.counted for r in results],
         [r.maybe_sent for r in results],
         key_window_s,
+        [r.refusal for r in results],
     )
 
 

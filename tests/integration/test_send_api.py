@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from typing import Any
 
@@ -217,11 +218,12 @@ async def test_openapi_served_matches_file_and_covers_routes(
     assert served == send_api.OPENAPI_PATH.read_bytes()
     doc = json.loads(served)
     assert doc["openapi"].startswith("3.")
+    canonical = {"{key:.+}": "{key}", "{version:v[^/]*}": "{version}"}
     routes = {
-        (res.canonical.replace("{key:.+}", "{key}"), route.method.lower())
+        (functools.reduce(lambda p, kv: p.replace(*kv), canonical.items(), res.canonical), route.method.lower())
         for res in gateway.app.router.resources()  # type: ignore[union-attr]
         for route in res
-        if res.canonical.startswith("/v1/") and route.method != "HEAD"
+        if res.canonical.startswith(("/v1/", "/{version")) and route.method != "HEAD"
     }
     documented = {(path, method) for path, ops in doc["paths"].items() for method in ops}
     assert routes == documented
