@@ -4,9 +4,11 @@ another one, against the fake Graph API: Meta's answers, Meta's errors, the outb
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
+import aiohttp
 import asyncpg
 import orjson
 import pytest
@@ -236,3 +238,48 @@ async def test_mark_as_read_and_typing(
     status, _, body = await post(http, gw, {**read, "status": "deleted"})
     assert status == 400 and body["error"]["code"] == 100
     assert await rows(pool) == 0  # read receipts are not queued
+
+
+async def test_media_pass_through_with_the_numbers_token(
+    http: ClientSession, start_gateway: Any, settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    s = graph(settings, fake, graph_tokens=(("1111", "token-of-1111"),),
+              tenant_numbers=(("acme", "1111"), ("globex", "2222")))  # fmt: skip
+    fake.config.number_tokens = {"1111": "token-of-1111"}
+    gw = await start_gateway(s)
+    data = os.urandom(150_000)
+    form = aiohttp.FormData()
+    form.add_field("messaging_product", "whatsapp")
+    form.add_field("type", "image/png")
+    form.add_field("file", data, filename="a.png", content_type="image/png")
+    async with http.post(gw.make_url("/v23.0/1111/media"), data=form, headers=ACME) as r:
+        assert r.status == 200, await r.text()
+        media_id = (await r.json())["id"]
+    assert fake.media[media_id].data == data
+    # Meta's media object, its url back at the gateway (the client's own host), no token needed.
+    headers = {**ACME, "X-Forwarded-Proto": "https", "X-Forwarded-Host": "gw.example"}
+    async with http.get(gw.make_url(f"/v23.0/{media_id}"), headers=headers) as r:
+        assert r.status == 200
+        found = await r.json()
+    assert found["id"] == media_id and found["mime_type"] == "image/png"
+    assert found["url"] == f"https://gw.example/v1/media/{media_id}"
+    async with http.get(gw.make_url(f"/v23.0/{media_id}"), headers=ACME) as r:
+        url = (await r.json())["url"]
+    async with http.get(url, headers=ACME) as r:
+        assert r.status == 200 and await r.read() == data
+    # Another tenant, an unknown id, another tenant's number: Meta's errors.
+    for path, auth, status, code in (
+        (f"/v23.0/{media_id}", GLOBEX, 404, 100),
+        ("/v23.0/999999", ACME, 404, 100),
+        (f"/v23.0/{media_id}", {}, 401, 190),
+        (f"/v1/{media_id}", ACME, 400, 2500),
+    ):
+        async with http.get(gw.make_url(path), headers=auth) as r:
+            assert r.status == status, path
+            assert (await r.json())["error"]["code"] == code
+    form = aiohttp.FormData()
+    form.add_field("file", data, filename="a.png", content_type="image/png")
+    async with http.post(gw.make_url("/v23.0/2222/media"), data=form, headers=ACME) as r:
+        assert r.status == 400 and (await r.json())["error"]["error_subcode"] == 33
+    async with http.post(gw.make_url("/v23.0/1111/media"), data=b"not multipart", headers=ACME) as r:
+        assert r.status == 400 and (await r.json())["error"]["code"] == 100
