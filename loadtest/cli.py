@@ -21,6 +21,7 @@ COMMANDS = (
     "bench-consumers",
     "bench-send",
     "bench-forward",
+    "bench-graph",
     "bench-growth",
     "bench-access",
     "verify",

@@ -112,6 +112,7 @@ class Enqueued:
     row: Any
     replayed: bool = False
     stored: idempotency.StoredKey | None = None
+    fresh: bool = False  # this request created the row: its state is the row's as returned
 
 
 class Enqueuer:
@@ -154,7 +155,8 @@ class Enqueuer:
     async def submit(
         self, req: SendRequest, *, keyless: bool = False, notify_outcome: bool = False
     ) -> Enqueued:
-        """Enqueue ``req`` (or find what its key already made); raises Refused."""
+        """Enqueue ``req`` (or find what its key already made); raises Refused. ``keyless``:
+        the key is fresh and the caller's (nothing is claimed or stored for it)."""
         if keyless:
             return await self._first_request(req, keyless=True, notify_outcome=notify_outcome)
         pool = self.pool()
@@ -232,6 +234,12 @@ class Enqueuer:
 
     async def _enqueue(self, req: SendRequest, new: outbox.NewMessage, *, keyless: bool) -> Enqueued:
         m = req.body
+        if keyless and m.in_reply_to is None:
+            # A fresh key, nothing else to write with it: one statement, its own transaction.
+            created, row = await outbox.enqueue(self.pool(), new)
+            if not created:
+                raise RuntimeError("a fresh key found a row")
+            return Enqueued(row, fresh=True)
         replayed = False
         async with self.pool().acquire() as conn, conn.transaction():
             created, row = await outbox.enqueue(conn, new)
@@ -261,7 +269,7 @@ class Enqueuer:
                     headers=headers,
                     body=body,
                 )
-        return Enqueued(row, replayed=replayed)
+        return Enqueued(row, replayed=replayed, fresh=created)
 
     async def _claim_reply(self, conn: Any, req: SendRequest, wamid: str) -> None:
         """Claim the right to answer ``wamid`` in the enqueue transaction, or raise Refused:

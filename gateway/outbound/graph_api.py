@@ -154,9 +154,9 @@ class GraphApi:
             row = done.row
             if row is None:  # a replayed key whose row retention already purged
                 return _error(graphcompat.refusal("reused", "Idempotency-Key: its message is gone", trace))
-            outcome = await self.waiter.wait(
-                row["id"], self.settings.graph_compat_wait_ms / 1000, lambda: self._read_state(row["id"])
-            )
+            known = Outcome(row["state"], row["wamid"]) if done.fresh else None
+            wait_s = self.settings.graph_compat_wait_ms / 1000
+            outcome = await self.waiter.wait(row["id"], wait_s, lambda: self._read_state(row["id"]), known)
         except Refused as exc:
             return _error(graphcompat.refusal(exc.kind, exc.detail or exc.title, trace), exc.headers)
         except DB_ERRORS as exc:

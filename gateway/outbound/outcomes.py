@@ -84,17 +84,23 @@ class OutcomeWaiter:
                 fut.set_result(value)
 
     async def wait(
-        self, row_id: int, timeout_s: float, read: Callable[[], Awaitable[Outcome | None]]
+        self,
+        row_id: int,
+        timeout_s: float,
+        read: Callable[[], Awaitable[Outcome | None]],
+        known: Outcome | None = None,
     ) -> Outcome | None:
         """The row's outcome once final, or its state when ``timeout_s`` ends (None: no row).
-        ``read`` looks at the row in the database."""
+        ``read`` looks at the row in the database. ``known``: the row's state as its request just
+        wrote it (the first read is saved; a change announced in the moment between that write
+        and this call is caught by the last look at the end of the wait)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         futures = self._waiting.setdefault(row_id, set())
         fut: asyncio.Future[Outcome | None] = loop.create_future()
         futures.add(fut)
         try:
-            current = await read()
+            current = known if known is not None else await read()
             while current is not None and not current.final:
                 left = deadline - loop.time()
                 if left <= 0:

@@ -78,11 +78,14 @@ def _columns(m: NewMessage, generation: int) -> tuple[Any, ...]:
 
 
 async def enqueue(conn: Conn, m: NewMessage) -> tuple[bool, OutboxRow]:
-    """Insert the row unless (tenant, key) exists; returns (created, row)."""
-    created = await conn.fetchrow(q("outbox_enqueue"), *_columns(m, 0))
+    """Insert the row unless (tenant, key) exists; returns (created, row). One statement when
+    it is new (it commits on its own outside a transaction)."""
+    created: OutboxRow | None = await conn.fetchrow(q("outbox_enqueue"), *_columns(m, 0))
+    if created is not None:
+        return True, created
     row = await get(conn, tenant=m.tenant, key=m.key)
     assert row is not None
-    return created is not None, row
+    return False, row
 
 
 async def renew(conn: Conn, m: NewMessage, *, generation: int) -> OutboxRow | None:

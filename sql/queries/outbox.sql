@@ -3,11 +3,15 @@
 -- so tests can run the sender and reconciler on a controllable clock.
 
 -- name: outbox_enqueue
+-- The new row with outbox_get's columns; nothing when (tenant, key) exists.
 INSERT INTO outbox (tenant, idem_key, callback_data, provider, phone_number_id, recipient,
                     payload, unknown_policy, fingerprint, biz_opaque_callback_data, notify_outcome)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 ON CONFLICT (tenant, idem_key) DO NOTHING
-RETURNING id, state;
+RETURNING id, tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload, state,
+          unknown_policy, resent, attempts, next_attempt_at, last_error, last_error_code, wamid,
+          delivery_status, delivery_errors, created_at, updated_at, sending_at, unknown_at, accepted_at,
+          fingerprint, generation, ambiguous_at, retry_until, biz_opaque_callback_data;
 
 -- name: outbox_renew
 -- A failed row (the provider refused it for good: nothing was sent) made into a new send for
