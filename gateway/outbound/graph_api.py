@@ -43,9 +43,11 @@ from gateway.store.db import DB_ERRORS
 
 log = logging.getLogger(__name__)
 
-# The version segment starts with "v"; what follows is checked in the handler (an unknown
-# version gets Meta's error, not the router's 404).
-_V = "{version:v[^/]*}"
+# Any version segment reaches the handlers, which answer an unknown one with Meta's error (not
+# the router's 404). The two-segment GET leaves the gateway's own first segments alone: /v1/...
+# (GET /v1/messages stays a 405) and /webhooks/... .
+_V = "{version}"
+_V_GET = "{version:(?!(?:v1|webhooks)/)[^/]+}"
 
 
 def _answer(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
@@ -88,7 +90,7 @@ class GraphApi:
         return [
             web.post(f"/{_V}/{{phone_number_id}}/messages", self.post_messages),
             web.post(f"/{_V}/{{phone_number_id}}/media", self.post_media),
-            web.get(f"/{_V}/{{media_id}}", self.get_media),
+            web.get(f"/{_V_GET}/{{media_id}}", self.get_media),
         ]
 
     def _pool(self) -> asyncpg.Pool:

@@ -272,7 +272,8 @@ async def test_media_pass_through_with_the_numbers_token(
         (f"/v23.0/{media_id}", GLOBEX, 404, 100),
         ("/v23.0/999999", ACME, 404, 100),
         (f"/v23.0/{media_id}", {}, 401, 190),
-        (f"/v1/{media_id}", ACME, 400, 2500),
+        (f"/v2/{media_id}", ACME, 400, 2500),
+        (f"/x/{media_id}", ACME, 400, 2500),
     ):
         async with http.get(gw.make_url(path), headers=auth) as r:
             assert r.status == status, path
@@ -283,3 +284,8 @@ async def test_media_pass_through_with_the_numbers_token(
         assert r.status == 400 and (await r.json())["error"]["error_subcode"] == 33
     async with http.post(gw.make_url("/v23.0/1111/media"), data=b"not multipart", headers=ACME) as r:
         assert r.status == 400 and (await r.json())["error"]["code"] == 100
+    # The gateway's own paths keep their answers.
+    async with http.get(gw.make_url("/v1/messages"), headers=ACME) as r:
+        assert r.status == 405 and "GET" not in r.headers["Allow"]
+    async with http.get(gw.make_url("/v1/media"), headers=ACME) as r:
+        assert r.status == 405
