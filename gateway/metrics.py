@@ -339,7 +339,18 @@ PARTITIONS_DROPPED = Counter(
 )
 PARTITIONS_AHEAD = Gauge(
     "gateway_partitions_ahead_days",
-    "Days ahead of today covered by partitions, the least over the partitioned tables "
-    "(alert below 1: writes fail once today has no partition)",
-    multiprocess_mode="mostrecent",
+    "Days ahead of today covered by partitions, the least over the partitioned tables, measured "
+    "after every maintenance pass, failed or skipped (writes make a missing day on demand; alert "
+    "below 2: the job is not keeping up)",
+    multiprocess_mode="min",
+)
+MAINTENANCE_LAST_OK = Gauge(
+    "gateway_maintenance_last_ok_timestamp_seconds",
+    "When this process last ran a maintenance pass (partitions, retention) in which every step "
+    "went through (alert when the newest, over all processes, is 2 hours old)",
+    multiprocess_mode="max",
+)
+MAINTENANCE_FAILURES = Counter(
+    "gateway_maintenance_failures_total",
+    "Maintenance pass steps that failed (each retried on the next pass)",
 )

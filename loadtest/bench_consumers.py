@@ -17,14 +17,13 @@ import asyncio
 import dataclasses
 import random
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 
 from gateway.core.events import InboundMessage, Status, event_day, subject_of
 from gateway.core.parsing import parse
-from gateway.core.settings import MIN_DEDUP_RETENTION_DAYS, Settings
+from gateway.core.settings import Settings
 from gateway.inbound.consumer import Consumer
 from gateway.store import inbox
 from gateway.store.db import connect, create_pool, migrate
@@ -99,9 +98,8 @@ async def _naive_one(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
         row = await conn.fetchrow(BASELINE["naive_claim_one"])
         if row is None:
             return False
-        today = datetime.now(UTC).date()
         for ev in parse(row["source"], bytes(row["body"]), row["delivery_id"]):
-            day = event_day(ev, row["source"], today=today, window_days=MIN_DEDUP_RETENTION_DAYS)
+            day = event_day(ev, row["source"])
             subject = subject_of(ev.key)
             if await conn.fetchval(BASELINE["naive_claim_key"], ev.key, row["id"], day, subject) is None:
                 continue  # duplicate

@@ -144,10 +144,10 @@ async def retention(conn: asyncpg.Connection, layout: str, day_keys: int, base: 
     started = time.perf_counter()
     if layout == "partitioned":
         dropped = await partitions.drop_oldest(
-            conn, table="processed_webhook_events", before=day + timedelta(1)
+            conn, table="processed_webhook_events", before=day + timedelta(1), keep_days=8
         )
         assert dropped == f"processed_webhook_events_p{day:%Y%m%d}", dropped
-        how = "DETACH CONCURRENTLY + DROP of the day's partition"
+        how = "DETACH + DROP of the day's partition (its recent keys kept in the default one)"
     else:
         await conn.execute(SQL["growth_delete_day"], day)
         how = "one DELETE of the day's rows (before VACUUM)"

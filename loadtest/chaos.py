@@ -9,7 +9,10 @@ sends through the fake provider (with transient faults), while a schedule, in ro
 4. makes the fake provider hang after accepting a few messages (the sender's read timeout
    turns those rows ``unknown``: they must not be sent twice);
 5. stops PostgreSQL (``pg_ctl stop -m immediate``, i.e. a crash), keeps it down for
-   ``--outage-s``, starts it again; the gateway is *not* restarted.
+   ``--outage-s``, starts it again; the gateway is *not* restarted;
+6. posts signed bodies that once stopped every consumer, and leaves a session idle in
+   transaction on every partitioned table while maintenance passes (every few seconds here)
+   have old partitions to drop (``loadtest.harness.poison``).
 
 Per round it reports the webhook requests answered 503 from the stop until the first 200
 after PostgreSQL is back, the seconds from the restart to that first 200, and the seconds
@@ -17,7 +20,8 @@ until the backlog drained (the oldest pending inbox row younger than 1 s). At th
 verification of ``run`` (every acknowledged body stored, every event processed exactly once,
 nothing dead), plus, from the fake provider's log of what customers received: every outbox
 row sent at most once, no received message without its outbox row, every accepted send in
-the outbox, and no two messages to one recipient closer than the pair interval.
+the outbox, and no two messages to one recipient closer than the pair interval; each poisoned
+fragment a dead item and nothing else dead; the old partitions dropped once the session ended.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import orjson
 
 from gateway.core.messages import callback_data
 from gateway.testing.ports import free_port
-from loadtest.harness import driver, options, plan, processes, redact, verify
+from loadtest.harness import driver, options, plan, poison, processes, redact, verify
 from loadtest.harness.httpclient import Pool
 from loadtest.harness.payloads import PayloadFactory, Secrets
 from loadtest.harness.resilient import Db
@@ -57,6 +61,9 @@ API_KEY = "chaos-api-key-0123456789"
 NUMBER = "100200300"
 # Offsets inside a round, seconds.
 KILL_GATEWAY_AT, KILL_CONSUMER_AT, KILL_SENDER_AT, HANG_AT, DB_STOP_AT = 1.0, 5.0, 8.0, 10.0, 12.0
+POISON_AT = 3.0
+# The forgotten session: from this long before the round's end, until 2 s before it.
+FORGET_BEFORE_END_S, FORGET_HOLD_S = 15.0, 13.0
 PAIR_SLACK_S = 0.25  # clock and network jitter between the claim and the fake's receipt
 
 
@@ -85,6 +92,7 @@ class Round:
     failed_other: int = 0  # connection errors and timeouts in that span
     first_200_s: float = float("nan")  # PostgreSQL started -> first webhook 200
     drained_s: float = float("nan")  # PostgreSQL started -> oldest pending row < 1 s old
+    forgotten_503: int = 0  # webhook requests answered 503 while a session sat idle in transaction
     notes: list[str] = field(default_factory=list)
 
 
@@ -151,6 +159,11 @@ class Cast:
             "GATEWAY_SEND_POLL_MS": "200",
             "GATEWAY_CONSUMER_POLL_MS": "200",
             "GATEWAY_LOG_LEVEL": "warning",
+            # Maintenance passes every few seconds (a forgotten session meets several), and
+            # poisoned events reach their last attempt within the run.
+            "GATEWAY_PURGE_INTERVAL_S": "5",
+            "GATEWAY_MAX_ATTEMPTS": "3",
+            "GATEWAY_RETRY_MAX_MS": "2000",
         }
         self.procs: dict[str, processes.Proc] = {}
         self._n = itertools.count(1)
@@ -279,8 +292,26 @@ def outage_figures(
     return n503, other, first - started
 
 
+@dataclass
+class Bad:
+    """The bad inputs of the run: poisoned bodies through the load's ledger, forgotten sessions."""
+
+    factory: PayloadFactory
+    ledger: Ledger
+    dsn: str
+    poison: poison.Poison = field(default_factory=poison.Poison)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
 async def run_rounds(
-    ns: argparse.Namespace, pg: Postgres, cast: Cast, db: Db, pool: TimedPool, fake_url: str, start_id: int
+    ns: argparse.Namespace,
+    pg: Postgres,
+    cast: Cast,
+    db: Db,
+    pool: TimedPool,
+    fake_url: str,
+    start_id: int,
+    bad: Bad,
 ) -> list[Round]:
     rounds = []
     t0 = time.monotonic()
@@ -297,6 +328,9 @@ async def run_rounds(
         gw = cast.start("gateway")
         await gw.wait_ready(timeout_s=60)
         r.gateway_ready_s = time.monotonic() - killed
+        await at(POISON_AT)
+        sending = poison.send(pool, bad.factory, bad.ledger, bad.poison, ns.round_s)
+        bad.tasks.append(asyncio.create_task(sending))
         await at(KILL_CONSUMER_AT)
         cast.kill("consumer")
         cast.start("consumer")
@@ -321,6 +355,10 @@ async def run_rounds(
             await asyncio.sleep(0.25)
         else:
             r.notes.append("backlog not drained within the round")
+        await at(ns.round_s - FORGET_BEFORE_END_S)
+        forgot = time.monotonic()
+        await poison.forget(bad.dsn, FORGET_HOLD_S, n, bad.poison)
+        r.forgotten_503 = sum(1 for t, st in pool.answers if forgot <= t <= time.monotonic() and st == 503)
         await at(ns.round_s - 0.5)
         r.answered_503, r.failed_other, r.first_200_s = outage_figures(
             pool.answers, pool.failures, stopped, started
@@ -339,13 +377,13 @@ async def run_rounds(
 def table(rounds: list[Round]) -> str:
     head = (
         "| round | gateway SIGKILL → ready (s) | PostgreSQL down (s) | webhooks answered 503 "
-        "| conn. errors | first 200 after restart (s) | backlog drained (s) |"
+        "| conn. errors | first 200 after restart (s) | backlog drained (s) | 503 while a session idled |"
     )
-    lines = [head, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [head, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rounds:
         lines.append(
             f"| {r.n} | {r.gateway_ready_s:.1f} | {r.db_down_s:.1f} | {r.answered_503} | {r.failed_other} "
-            f"| {r.first_200_s:.2f} | {r.drained_s:.1f} |"
+            f"| {r.first_200_s:.2f} | {r.drained_s:.1f} | {r.forgotten_503} |"
         )
     return "\n".join(lines)
 
@@ -398,14 +436,17 @@ async def main(ns: argparse.Namespace) -> int:
         load = asyncio.create_task(
             driver.run_open(shots, pool, duration_s=duration, ledger=ledger, progress=False, prewarm=16)
         )
-        rounds = await run_rounds(ns, pg, cast, db, pool, fake.url, start_id)
+        bad = Bad(factory, ledger, dsn)
+        rounds = await run_rounds(ns, pg, cast, db, pool, fake.url, start_id, bad)
         res = await load
+        await asyncio.gather(*bad.tasks)
         stop_sends.set()
         await sends
         pool.close()
         sys.stderr.write("verifying (waiting for consumers and senders to drain)...\n")
         conn = await db.connection(timeout_s=60)
         verdict = await verify.verify(conn, ledger.entries, start_id, ns.drain_timeout, None)
+        verdict.checks += await poison.verify_run(conn, start_id, bad.poison, ns.drain_timeout)
         # Sends in flight at the end get their time to leave (pacing holds some back).
         deadline = time.monotonic() + ns.drain_timeout
         while time.monotonic() < deadline and await conn.fetchval(q("lt_outbox_unsent")):  # noqa: ASYNC110
@@ -418,6 +459,10 @@ async def main(ns: argparse.Namespace) -> int:
         print(text)
         print(f"\nwebhooks: {summary['sent']} sent, outcomes {dict(res.recorder.outcomes)}")
         print(f"sends: API answers {dict(send_counts)}; {send_stats}")
+        print(
+            f"bad inputs: {len(bad.poison.dead)} poisoned bodies stored, "
+            f"{bad.poison.sessions} forgotten sessions; {'; '.join(bad.poison.notes) or 'no notes'}"
+        )
         for c in verdict.checks:
             print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}")
         result = {

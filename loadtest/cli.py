@@ -24,6 +24,7 @@ COMMANDS = (
     "bench-graph",
     "bench-growth",
     "bench-access",
+    "bench-console",
     "verify",
     "render",
 )

@@ -14,6 +14,7 @@ from gateway.cli.common import Command
 from gateway.cli.downstream import cmd_deliveries, cmd_destinations, deliveries_args, destinations_args
 from gateway.cli.operators import cmd_dead, cmd_outbox, cmd_senders, dead_args, outbox_args, senders_args
 from gateway.cli.processes import (
+    cmd_console,
     cmd_consume,
     cmd_fake_provider,
     cmd_forward,
@@ -58,6 +59,7 @@ COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None
         cmd_deliveries,
         deliveries_args,
     ),
+    "console": ("run the operator console alone (GATEWAY_CONSOLE_PORT)", cmd_console, None),
     "fake-provider": (
         "serve the fake Graph API / Tenashi API on GATEWAY_FAKE_HOST:GATEWAY_FAKE_PORT",
         cmd_fake_provider,
@@ -150,6 +152,14 @@ Examples:
   gateway deliveries list --destination crm --state failed
   gateway deliveries replay --destination crm --since 2026-11-30T00:00
   gateway deliveries backfill --destination crm --since 2026-11-29 --until 2026-11-30""",
+    "console": """Run the operator console alone: a server-rendered web console on its own listener,
+GATEWAY_CONSOLE_HOST:GATEWAY_CONSOLE_PORT (127.0.0.1 by default; never the public webhook port).
+Log in with a token of GATEWAY_CONSOLE_TOKENS (name:token[:ro], comma-separated; ro: read-only);
+the name goes to the audit log. `gateway serve` also serves it when GATEWAY_CONSOLE_PORT is set
+(once, from the parent, under --workers N). Runs until SIGTERM/SIGINT (docs/console.md).
+
+Example:
+  GATEWAY_CONSOLE_PORT=8081 GATEWAY_CONSOLE_TOKENS=alice:<32 random chars> gateway console""",
     "fake-provider": """A test tool: a local Graph API (POST /{version}/{phone_number_id}/messages)
 and Tenashi API on GATEWAY_FAKE_HOST:GATEWAY_FAKE_PORT (127.0.0.1:8090). It records every message
 a customer would have received (GET /_fake/received), injects scripted faults

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import getpass
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
+from gateway.core.console import parse_when
 from gateway.core.settings import Settings
 from gateway.operator.actions import Actor
 
@@ -19,14 +20,10 @@ def one_line(text: str | None, width: int = 100) -> str:
 
 def when(raw: str) -> datetime:
     """ISO 8601 (a time without an offset is UTC), or an age: 30m, 2h, 7d."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if raw[-1:] in units and raw[:-1].replace(".", "", 1).isdigit():
-        return datetime.now(UTC) - timedelta(seconds=float(raw[:-1]) * units[raw[-1]])
     try:
-        value = datetime.fromisoformat(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a time: {raw!r} (ISO 8601, or 30m / 2h / 7d ago)") from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+        return parse_when(raw, datetime.now(UTC))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def dead_id(raw: str) -> tuple[str, int]:

@@ -137,3 +137,11 @@ def cmd_fake_provider(settings: Settings, ns: argparse.Namespace) -> int:
         print(f"gateway: invalid configuration: {exc}", file=sys.stderr)
         return 2
     return runtime.run(fake_provider.serve(fs))
+
+
+def cmd_console(settings: Settings, ns: argparse.Namespace) -> int:
+    if not settings.console_port:
+        print("gateway console: set GATEWAY_CONSOLE_PORT (and GATEWAY_CONSOLE_TOKENS)", file=sys.stderr)
+        return 2
+    settings, server = runtime.resolve_database(settings)
+    return runtime.serve_console(settings, embedded=server)

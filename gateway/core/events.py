@@ -25,14 +25,14 @@ same rule.
 
 Each key is stored in the partition of its *event day* (``event_day``): the UTC day of
 Meta's own message/status ``timestamp``, which a redelivery repeats, so the redelivery
-meets its key in the same partition. Everything else is *untimed* and shares one small
-partition trimmed by age (see docs/scaling.md).
+meets its key in the same partition, whatever the clock did in between. Everything else is
+*untimed* and shares one small partition trimmed by age (see docs/scaling.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from typing import Any, ClassVar
 
 from gateway.core.enums import Source
@@ -47,8 +47,6 @@ MAX_EVENTS_PER_PAYLOAD = 10_000
 
 # The day of keys with no usable event time (the one partition trimmed by DELETE).
 UNTIMED_DAY = date(1970, 1, 1)
-# A timestamp later than tomorrow is nobody's clock skew: treated as untimed.
-FUTURE_DAYS = 1
 
 
 class PayloadError(ValueError):
@@ -263,20 +261,17 @@ def subject_of(key: str) -> str:
     return key
 
 
-def event_day(ev: Event, source: str, *, today: date, window_days: int) -> date:
-    """The partition day of ``ev``'s dedup key: a pure function of the event and the date.
+def event_day(ev: Event, source: str) -> date:
+    """The partition day of ``ev``'s dedup key: a pure function of the event, so a redelivery
+    computes the same day whatever the clock did in between and meets its key.
 
-    A Meta message or status takes the UTC day of its ``timestamp``; a redelivery repeats
-    that timestamp, so it computes the same day for as long as the day lies within
-    ``[today - window_days, today + FUTURE_DAYS]``. Meta retries for 7 days and the window
-    is the dedup retention (never below 7), so every redelivery inside Meta's window gets
-    the same day. Events with no timestamp we trust (Tenashi ``evt:`` ids, whose resend
-    behaviour is not published; account errors; other changes) and timestamps outside the
-    window are ``UNTIMED_DAY``; an event that old stays untimed on every later delivery.
+    A Meta message or status takes the UTC day of its ``timestamp`` (which a redelivery
+    repeats). Events with no timestamp we trust (Tenashi ``evt:`` ids, whose resend behaviour
+    is not published; account errors; other changes) are ``UNTIMED_DAY``. A day that has no
+    partition (a timestamp far in the past or the future, or a day the maintenance job has not
+    made yet) is stored in the table's default partition, trimmed by age; a day's rows there
+    move into its partition when it is made (migration 0017).
     """
     if source != Source.META or not isinstance(ev, InboundMessage | Status) or ev.timestamp is None:
         return UNTIMED_DAY
-    day = datetime.fromtimestamp(ev.timestamp, UTC).date()
-    if day < today - timedelta(days=window_days) or day > today + timedelta(days=FUTURE_DAYS):
-        return UNTIMED_DAY
-    return day
+    return datetime.fromtimestamp(ev.timestamp, UTC).date()

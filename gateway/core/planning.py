@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, date, datetime
+from datetime import date
 from typing import Any
 
 from gateway.core.events import (
@@ -26,7 +26,6 @@ from gateway.core.events import (
 from gateway.core.forwarding import forward_row
 from gateway.core.identity import Who, ident, links
 from gateway.core.parsing import parse_items
-from gateway.core.settings import MIN_DEDUP_RETENTION_DAYS
 
 MAX_ERROR_CHARS = 2000
 
@@ -136,18 +135,14 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
 
 
-def plan_batch(
-    rows: Iterable[StagedRow], *, today: date | None = None, window_days: int = MIN_DEDUP_RETENTION_DAYS
-) -> Plan:
+def plan_batch(rows: Iterable[StagedRow]) -> Plan:
     """Parse every row; park the unparseable; keep the first occurrence of each key. Never
     raises: whatever a row's bytes make the parser or the planner raise is that row's or that
     event's fault, recorded in the plan, never the batch's.
 
     A malformed fragment inside a valid body (or an event that cannot be planned) is listed in
     ``bad`` (the consumer records it as a dead item) and the rest of the body is planned as
-    usual. ``today`` (UTC, default: now) and ``window_days`` (the dedup retention) fix each
-    key's event day (``events.event_day``)."""
-    today = datetime.now(UTC).date() if today is None else today
+    usual. Each key's partition day is ``events.event_day``, a pure function of the event."""
     plan = Plan()
     seen: set[str] = set()
     for row in rows:
@@ -168,8 +163,7 @@ def plan_batch(
                     plan.duplicates_in_batch += 1
                     continue
                 try:
-                    day = event_day(ev, row.source, today=today, window_days=window_days)
-                    plan.add(ev, inbox_id, row.source, day)
+                    plan.add(ev, inbox_id, row.source, event_day(ev, row.source))
                 except Exception as exc:
                     item = replace(item, events=(), error=f"cannot plan {ev.key[:200]}: {describe(exc)}")
                     plan.bad.append((row, item))
@@ -181,18 +175,10 @@ def plan_batch(
     return plan
 
 
-def plan_event(
-    ev: Event,
-    inbox_id: int,
-    source: str,
-    *,
-    today: date | None = None,
-    window_days: int = MIN_DEDUP_RETENTION_DAYS,
-) -> Plan:
+def plan_event(ev: Event, inbox_id: int, source: str) -> Plan:
     """A plan of one event and nothing else (the per-event path runs one per savepoint)."""
-    today = datetime.now(UTC).date() if today is None else today
     plan = Plan()
-    plan.add(ev, inbox_id, source, event_day(ev, source, today=today, window_days=window_days))
+    plan.add(ev, inbox_id, source, event_day(ev, source))
     return plan
 
 

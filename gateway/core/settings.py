@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -110,6 +111,25 @@ def _api_keys(raw: str) -> tuple[tuple[str, str], ...]:
         if len(key) < 16:
             raise ValueError("each API key must be at least 16 characters")
     return pairs
+
+
+_CONSOLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+
+
+def _console_tokens(raw: str) -> tuple[tuple[str, str, str], ...]:
+    """``name:token[:ro],...`` as (name, token, "rw" or "ro"); the token is never echoed."""
+    out: list[tuple[str, str, str]] = []
+    for item in _csv(raw):
+        name, _, rest = item.partition(":")
+        token, _, role = rest.partition(":")
+        if not _CONSOLE_NAME.match(name.strip()):
+            raise ValueError("each entry is name:token[:ro], the name 1..64 of A-Z a-z 0-9 _ . @ -")
+        if len(token.strip()) < 16:
+            raise ValueError(f"the token of {name.strip()!r} must be at least 16 characters")
+        if role.strip() not in ("", "ro", "rw"):
+            raise ValueError(f"the role of {name.strip()!r} must be ro (read-only) or nothing")
+        out.append((name.strip(), token.strip(), role.strip() or "rw"))
+    return tuple(out)
 
 
 def _graph_tokens(raw: str) -> tuple[tuple[str, str], ...]:
@@ -371,6 +391,26 @@ class Settings:
         "send API keys as tenant:key pairs, comma-separated (keys of 16+ characters)",
     )
 
+    # The operator console: its own listener, never the public port.
+    console_port: int = _env(
+        "GATEWAY_CONSOLE_PORT",
+        0,
+        _int(0, 65535),
+        "operator console listener (gateway serve, gateway console); 0: no console",
+    )
+    console_host: str = _env(
+        "GATEWAY_CONSOLE_HOST", "127.0.0.1", _str, "address the operator console binds to"
+    )
+    console_tokens: tuple[tuple[str, str, str], ...] = _env(
+        "GATEWAY_CONSOLE_TOKENS",
+        (),
+        _console_tokens,
+        "console logins as name:token[:ro], comma-separated (tokens of 16+ characters; ro: read-only)",
+    )
+    console_session_h: float = _env(
+        "GATEWAY_CONSOLE_SESSION_H", 8.0, _float(0.01, 24 * 7), "hours a console login lasts"
+    )
+
     # Processes of `gateway serve`: 0 = one per core. Each runs HTTP, its own group
     # committer, consumers, sender and forwarder as configured below (sizes are per process).
     workers: int = _env(
@@ -378,6 +418,18 @@ class Settings:
         0,
         _int(0, 256),
         "gateway serve processes sharing the port (SO_REUSEPORT); 0: one per core",
+    )
+    worker_unresponsive_s: float = _env(
+        "GATEWAY_WORKER_UNRESPONSIVE_S",
+        20.0,
+        _float(1, 3600),
+        "the serve parent replaces a worker whose /healthz has not answered 200 for this long",
+    )
+    liveness_s: float = _env(
+        "GATEWAY_LIVENESS_S",
+        120.0,
+        _float(1, 86400),
+        "a long-running loop silent this long (beyond its own wait) makes /healthz answer 503",
     )
     # Which background services `gateway serve` runs in-process.
     run_consumers: bool = _env("GATEWAY_RUN_CONSUMERS", True, _bool, "run the consumers inside gateway serve")
@@ -641,6 +693,16 @@ class Settings:
         keys = [k for _, k in self.api_keys]
         if len(set(keys)) != len(keys):
             problems.append("GATEWAY_API_KEYS: the same key is given twice")
+        if self.console_port and not self.console_tokens:
+            problems.append(
+                "GATEWAY_CONSOLE_TOKENS: must be set when GATEWAY_CONSOLE_PORT is (nobody could log in)"
+            )
+        names = [n for n, _, _ in self.console_tokens]
+        tokens = [t for _, t, _ in self.console_tokens]
+        if len(set(names)) != len(names) or len(set(tokens)) != len(tokens):
+            problems.append("GATEWAY_CONSOLE_TOKENS: a name or a token is given twice")
+        if self.console_port and self.console_port in (self.port, self.metrics_port):
+            problems.append("GATEWAY_CONSOLE_PORT: must differ from GATEWAY_PORT and GATEWAY_METRICS_PORT")
         return problems
 
     def provider_for(self, tenant: str) -> Provider:
@@ -706,7 +768,7 @@ class Settings:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in {"meta_app_secrets", "api_keys", "graph_tokens"}:
+            if f.name in {"meta_app_secrets", "api_keys", "console_tokens", "graph_tokens"}:
                 value = f"<{len(value)} set>"
             elif f.name in _SINGLE_SECRETS:
                 value = "<set>" if value else "<unset>"
@@ -718,6 +780,7 @@ class Settings:
     def secret_values(self) -> tuple[str, ...]:
         """Every secret configured (and the database password), for scrubbing log lines."""
         found: list[str] = [*self.meta_app_secrets, *(key for _, key in self.api_keys)]
+        found += [token for _, token, _ in self.console_tokens]
         found += [token for _, token in self.graph_tokens]
         found += [getattr(self, name) for name in sorted(_SINGLE_SECRETS)]
         if self.database_url:

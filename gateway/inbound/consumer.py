@@ -53,6 +53,7 @@ from gateway.core.faults import (
     missing_partition,
     verdict,
 )
+from gateway.core.heartbeat import HEARTBEATS
 from gateway.core.jsonspan import pointer
 from gateway.core.limits import LogThrottle
 from gateway.core.planning import Plan, StagedRow, describe, plan_batch, plan_event
@@ -143,30 +144,39 @@ class Consumer:
         return n
 
     async def run(self, stop: asyncio.Event) -> None:
-        poll_s = self._s.consumer_poll_ms / 1000
-        while not stop.is_set():
-            self.wake.clear()
-            try:
-                await self.step()
-            except Exception as exc:
-                # Nothing could be recorded (the connection or the transaction is gone):
-                # the rows are unlocked and due, so this consumer itself waits before trying
-                # again, with the same capped backoff, and counts no attempt anywhere; the
-                # row that headed the claim is remembered (a stall is taken alone).
-                self._uncommitted()
-                delay = self._fault(exc)
-                await sleep_unless_stopped(stop, delay)
-                continue
-            if self._again:
-                if self._more and self.on_more is not None:  # staged rows: a sibling helps
-                    self.on_more()
-                continue
-            self.idle = True
-            try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), poll_s)
-            finally:
-                self.idle = False
+        s = self._s
+        poll_s = s.consumer_poll_ms / 1000
+        # A turn is one batch (bounded by the driver's command timeout), then at most a fault
+        # backoff or a poll interval: silent longer than that and GATEWAY_LIVENESS_S, it is stuck.
+        beat = HEARTBEATS.loop("consumer", s.liveness_s + s.fault_backoff_max_ms / 1000 + poll_s)
+        try:
+            while not stop.is_set():
+                beat()
+                self.wake.clear()
+                try:
+                    await self.step()
+                except Exception as exc:
+                    # Nothing could be recorded (the connection or the transaction is gone):
+                    # the rows are unlocked and due, so this consumer itself waits before
+                    # trying again, with the same capped backoff, and counts no attempt
+                    # anywhere; the row that headed the claim is remembered (a stall is
+                    # taken alone).
+                    self._uncommitted()
+                    delay = self._fault(exc)
+                    await sleep_unless_stopped(stop, delay)
+                    continue
+                if self._again:
+                    if self._more and self.on_more is not None:  # staged rows: a sibling helps
+                        self.on_more()
+                    continue
+                self.idle = True
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.wake.wait(), poll_s)
+                finally:
+                    self.idle = False
+        finally:
+            beat.done()
 
     # -- staged rows ----------------------------------------------------------------------
 
@@ -192,7 +202,7 @@ class Consumer:
     async def _handle(self, conn: Conn, rows: list[StagedRow]) -> bool:
         """The claimed rows, in the claim's transaction; whether deliveries may be new."""
         self._claimed = [r.id for r in rows]
-        plan = plan_batch(rows, window_days=self._s.dedup_retention_days)  # never raises
+        plan = plan_batch(rows)  # never raises
         try:
             # A savepoint of our own, not a nested transaction(): COMMIT releases it, one
             # round trip (RELEASE SAVEPOINT) fewer per batch.
@@ -291,7 +301,7 @@ class Consumer:
                         async with conn.transaction():
                             result = await inbox.apply_plan(
                                 conn,
-                                plan_event(ev, row.id, row.source, window_days=self._s.dedup_retention_days),
+                                plan_event(ev, row.id, row.source),
                             )
                             if item.scrubbed:
                                 await self._fragments(conn, [(ev, row, item)])
@@ -400,7 +410,7 @@ class Consumer:
                     for ev in rebuild(it):
                         result = await inbox.apply_plan(
                             conn,
-                            plan_event(ev, it.inbox_id, it.source, window_days=self._s.dedup_retention_days),
+                            plan_event(ev, it.inbox_id, it.source),
                         )
                         if result.fresh_keys and b"\\u" in it.fragment:
                             await dead_events.record_fragments(

@@ -83,4 +83,4 @@ class ConsumerGroup:
         """Wake the consumers on NOTIFY (polling covers the gaps)."""
         assert self._s.database_url
         opener = functools.partial(own_connection, self._s.database_url, self._s.db_connect_timeout_s)
-        await listen(opener, inbox.CHANNEL, self._wake_one, stop)
+        await listen(opener, inbox.CHANNEL, self._wake_one, stop, liveness_s=self._s.liveness_s)

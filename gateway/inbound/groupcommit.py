@@ -23,6 +23,7 @@ from typing import Any
 import asyncpg
 
 from gateway import metrics, tracing
+from gateway.core.faults import missing_partition
 from gateway.core.limits import LogThrottle
 from gateway.store import inbox
 
@@ -137,12 +138,7 @@ class GroupCommitter:
                 async with asyncio.timeout_at(batch[0].deadline):
                     if conn is None or conn.is_closed():
                         conn = await self._connect()
-                    await inbox.insert_batch(
-                        conn,
-                        sources=[i.source for i in batch],
-                        bodies=[i.body for i in batch],
-                        delivery_ids=[i.delivery_id for i in batch],
-                    )
+                    await self._insert(conn, batch)
         except Exception as exc:  # any failure: nobody in this batch may get a 200
             # The connection's state is unknown (cancelled mid-query, or broken): drop it.
             if conn is not None:
@@ -175,6 +171,23 @@ class GroupCommitter:
                 and (self._overdue or len(self._pending) >= self._max_batch)
             ):
                 self._flush()
+
+    @staticmethod
+    async def _insert(conn: asyncpg.Connection, batch: list[_Item]) -> None:
+        """One statement; a day without its partition (the maintenance job has not run) gets
+        one on the spot and the statement runs again: ingest never waits for the job."""
+        sources = [i.source for i in batch]
+        bodies = [i.body for i in batch]
+        ids = [i.delivery_id for i in batch]
+        try:
+            await inbox.insert_batch(conn, sources=sources, bodies=bodies, delivery_ids=ids)
+        except asyncpg.CheckViolationError as exc:
+            table = missing_partition(exc)
+            if table is None:
+                raise
+            made = await inbox.ensure_partition(conn, table=table)
+            log.warning("%s had no partition for today: %s", table, "made it" if made else "it exists now")
+            await inbox.insert_batch(conn, sources=sources, bodies=bodies, delivery_ids=ids)
 
     async def close(self) -> None:
         """Stop taking rows, write what is pending, and wait for every batch."""

@@ -48,7 +48,8 @@ async def probe(
     own) and counts as confirmed: the rows wait a moment, no attempt counted."""
     table = missing_partition(exc)
     if table is not None:
-        created = await inbox.ensure_partition(pool, table=table)
+        async with pool.acquire() as own:
+            created = await inbox.ensure_partition(own, table=table)
         log.warning("a row of %s found no day partition: %s", table, "made" if created else "it exists now")
         return exc
     try:

@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 
 from gateway.core.aio import sleep_unless_stopped
+from gateway.core.heartbeat import HEARTBEATS
 from gateway.core.settings import Settings
 from gateway.maintenance import gauges, retention
 from gateway.maintenance.reconciler import Reconciler
@@ -82,9 +83,10 @@ class Maintenance:
         self, pool: asyncpg.Pool, settings: Settings, *, inbound: bool, outbound: bool, forward: bool = False
     ) -> None:
         self.jobs = jobs_for(pool, settings, inbound=inbound, outbound=outbound, forward=forward)
+        self.liveness_s = settings.liveness_s
 
     async def run(self, stop: asyncio.Event) -> None:
-        await asyncio.gather(*(_loop(j, stop) for j in self.jobs))
+        await asyncio.gather(*(_loop(j, stop, self.liveness_s) for j in self.jobs))
 
     async def close(self) -> None:
         """Release what the jobs hold (the gauge leader's lock and connection)."""
@@ -93,10 +95,17 @@ class Maintenance:
                 await j.close()
 
 
-async def _loop(job: Job, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        try:
-            await job.run(stop)
-        except Exception as exc:
-            log.warning("%s failed: %s: %s", job.name, type(exc).__name__, exc)
-        await sleep_unless_stopped(stop, job.interval_s)
+async def _loop(job: Job, stop: asyncio.Event, liveness_s: float) -> None:
+    # A turn: one run, then the interval; silent longer than both, the job is stuck.
+    beat = HEARTBEATS.loop(f"maintenance: {job.name}", job.interval_s + liveness_s)
+    try:
+        while not stop.is_set():
+            beat()
+            try:
+                await job.run(stop)
+            except Exception as exc:
+                log.warning("%s failed: %s: %s", job.name, type(exc).__name__, exc)
+            beat()
+            await sleep_unless_stopped(stop, job.interval_s)
+    finally:
+        beat.done()

@@ -40,6 +40,7 @@ from gateway.core.aio import sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.forwarding import Outcome, breaker_tally, decide, merge_tallies
+from gateway.core.heartbeat import HEARTBEATS
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
 from gateway.outbound.egress import GuardedResolver, RefusedAddress, warn_refused
@@ -402,8 +403,11 @@ class Forwarder:
         n = self.settings.forward_concurrency
         self._posters = [asyncio.create_task(self._poster()) for _ in range(n)]
         poll_s = self.settings.forward_poll_ms / 1000
+        # A turn: one claim round (its statements), then at most a poll interval.
+        beat = HEARTBEATS.loop("forwarder", self.settings.liveness_s + poll_s)
         try:
             while not stop.is_set():
+                beat()
                 self.wake.clear()
                 try:
                     claimed = await self.step()
@@ -420,6 +424,7 @@ class Forwarder:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), min(poll_s, FLUSH_S) if self._done else poll_s)
         finally:
+            beat.done()
             stopped.cancel()
             check.cancel()
             await self._drain()
@@ -461,4 +466,4 @@ class Forwarder:
         dsn = self.settings.database_url
         assert dsn
         opener = functools.partial(own_connection, dsn, self.settings.db_connect_timeout_s)
-        await listen(opener, deliveries.CHANNEL, self.wake.set, stop)
+        await listen(opener, deliveries.CHANNEL, self.wake.set, stop, liveness_s=self.settings.liveness_s)

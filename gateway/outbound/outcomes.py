@@ -62,7 +62,8 @@ class OutcomeWaiter:
         dsn = self.settings.database_url
         assert dsn, "the database is resolved before the app starts"
         opener = functools.partial(own_connection, dsn, self.settings.db_connect_timeout_s)
-        await listen(opener, CHANNEL, self._look_again, stop, on_payload=self._heard)
+        liveness_s = self.settings.liveness_s
+        await listen(opener, CHANNEL, self._look_again, stop, on_payload=self._heard, liveness_s=liveness_s)
 
     def _heard(self, payload: str) -> None:
         found = parse(payload)

@@ -30,6 +30,7 @@ from gateway.core.aio import first_set
 from gateway.core.classify import Classified, Outcome, finalize, retry_delay_s
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.enums import OutboxState
+from gateway.core.heartbeat import HEARTBEATS
 from gateway.core.limits import LogThrottle
 from gateway.core.pacing import Breaker, BreakerId, Candidate, limits_for, plan_claim, settle_probe, trip
 from gateway.core.planning import describe
@@ -291,25 +292,33 @@ class Sender:
             w.set()
 
     async def _send_loop(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
-        poll_s = self.settings.send_poll_ms / 1000
-        while not stop.is_set():
-            wake.clear()
-            try:
-                dealt = await self.step()
-            except Exception as exc:
-                held = _WARN.allow("step", time.monotonic())
-                if held is not None:
-                    log.warning("sender step failed: %s%s", describe(exc), _WARN.suffix(held))
-                dealt = 0
-            if dealt < self.settings.send_batch:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(poll_s):
-                        await first_set(stop, wake)
+        s = self.settings
+        poll_s = s.send_poll_ms / 1000
+        # A turn: a claim, the provider requests (bounded by their timeout), a poll interval.
+        beat = HEARTBEATS.loop("sender", s.liveness_s + (self.timeout.total or 0) + poll_s)
+        try:
+            while not stop.is_set():
+                beat()
+                wake.clear()
+                try:
+                    dealt = await self.step()
+                except Exception as exc:
+                    held = _WARN.allow("step", time.monotonic())
+                    if held is not None:
+                        log.warning("sender step failed: %s%s", describe(exc), _WARN.suffix(held))
+                    dealt = 0
+                if dealt < s.send_batch:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(poll_s):
+                            await first_set(stop, wake)
+        finally:
+            beat.done()
 
     async def _listen(self, stop: asyncio.Event) -> None:
         """Wake the loops on NOTIFY (polling covers the gaps)."""
         if self.listen:
-            await listen(self._listen_connection, CHANNEL, self._wake_all, stop)
+            liveness_s = self.settings.liveness_s
+            await listen(self._listen_connection, CHANNEL, self._wake_all, stop, liveness_s=liveness_s)
 
     def _listen_connection(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """A connection of its own when the DSN is known; else one held from the pool (the

@@ -10,9 +10,10 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +21,10 @@ import asyncpg
 from aiohttp import web
 
 from gateway.core.aio import sleep_unless_stopped
+from gateway.core.heartbeat import HEARTBEATS, Beat
 from gateway.core.limits import LogThrottle
 from gateway.core.settings import Settings
-from gateway.runtime import logs
+from gateway.runtime import logs, workers
 from gateway.runtime.startup import (
     LISTEN_ERRNOS,
     StartupError,
@@ -32,7 +34,8 @@ from gateway.runtime.startup import (
 )
 from gateway.store.db import connect, create_pool, migrate_dsn
 from gateway.web import server
-from gateway.web.health import ListenError, metrics_listener
+from gateway.web.console.app import console_listener
+from gateway.web.health import ListenError, health_socket, metrics_listener
 
 if TYPE_CHECKING:  # services imports every layer: loaded by the commands that run them
     from gateway.runtime.services import Roles
@@ -116,11 +119,20 @@ async def supervise_embedded(pg: Any, stop: asyncio.Event) -> bool:
     """
     if pg is None:
         return False
+    pgdata = Path(pg.pgdata)
+    beat = HEARTBEATS.loop("embedded PostgreSQL watch", 60.0)
+    try:
+        return await _watch_embedded(pgdata, stop, beat)
+    finally:
+        beat.done()
+
+
+async def _watch_embedded(pgdata: Path, stop: asyncio.Event, beat: Beat) -> bool:
     from gateway.runtime import embedded
 
-    pgdata = Path(pg.pgdata)
     down_since: float | None = None
     while not stop.is_set():
+        beat()
         now = time.monotonic()
         if embedded.running(pgdata):
             if down_since is not None:
@@ -177,8 +189,15 @@ def serve_http(
             raise
         log.info("listening on http://%s:%d", settings.host, listening.port)
         watch = asyncio.create_task(supervise_embedded(embedded, stop))
+        # A worker of `serve --workers N` answers its parent's health checks on its own socket.
+        sock = os.environ.get(workers.HEALTH_SOCKET_ENV) if reuse_port else None
         try:
-            await stop.wait()
+            # One of several workers leaves the console to its parent: one listener in all.
+            async with (
+                health_socket(sock) if sock else contextlib.nullcontext(),
+                _console(settings, enabled=not reuse_port),
+            ):
+                await stop.wait()
         finally:
             log.info("shutting down")
             await listening.close()
@@ -186,6 +205,37 @@ def serve_http(
 
         failed = SERVICES in app and app[SERVICES].failed
         return 1 if await watch or failed else 0
+
+    return run(go())
+
+
+@contextlib.asynccontextmanager
+async def _console(settings: Settings, *, enabled: bool = True) -> AsyncIterator[None]:
+    """The operator console beside whatever runs (GATEWAY_CONSOLE_PORT; nothing when 0)."""
+    if not (enabled and settings.console_port):
+        yield
+        return
+    try:
+        async with console_listener(settings):
+            yield
+    except ListenError as exc:
+        raise listen_error(exc, exc.host, exc.port, exc.variable) from None
+
+
+def serve_console(settings: Settings, *, embedded: Any = None) -> int:
+    """`gateway console`: the console alone until SIGTERM/SIGINT."""
+
+    async def go() -> int:
+        assert settings.database_url
+        await wait_for(settings, schema=True)
+        if settings.migrate_on_start:
+            await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
+        watch = asyncio.create_task(supervise_embedded(embedded, stop))
+        async with _console(settings):
+            await stop.wait()
+        return 1 if await watch else 0
 
     return run(go())
 
@@ -203,8 +253,6 @@ async def wait_for(settings: Settings, *, schema: bool = False) -> None:
 def serve_workers(settings: Settings, n: int, *, embedded: Any = None) -> int:
     """The parent of ``gateway serve --workers N``: migrate once, then run and supervise N
     worker processes on one port (gateway.runtime.workers) until SIGTERM/SIGINT."""
-    from gateway.runtime import workers
-
     async def go() -> int:
         assert settings.database_url
         await wait_for(settings, schema=True)
@@ -213,14 +261,21 @@ def serve_workers(settings: Settings, n: int, *, embedded: Any = None) -> int:
         workers.check_free(settings.host, settings.port, "GATEWAY_PORT")
         if settings.metrics_port:
             workers.check_free(settings.host, settings.metrics_port, "GATEWAY_METRICS_PORT")
+        if settings.console_port:
+            workers.check_free(settings.console_host, settings.console_port, "GATEWAY_CONSOLE_PORT")
         metrics_dir = workers.make_metrics_dir()
         try:
             stop = asyncio.Event()
             _stop_on_signals(stop)
-            supervisor = workers.Supervisor(n, workers.child_env(settings, metrics_dir), metrics_dir)
+            env = workers.child_env(settings, metrics_dir)
+            supervisor = workers.Supervisor(
+                n, env, metrics_dir, settings.worker_unresponsive_s, startup_s=settings.db_wait_s
+            )
             watch = asyncio.create_task(supervise_embedded(embedded, stop))
             log.info("serving http://%s:%d with %d worker processes", settings.host, settings.port, n)
-            await supervisor.run(stop)
+            # The console runs here, in the parent, once: the workers are started without it.
+            async with _console(settings):
+                await supervisor.run(stop)
             if supervisor.fatal is not None:
                 watch.cancel()
                 return supervisor.fatal  # the worker's own message is the last line

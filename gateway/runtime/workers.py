@@ -6,8 +6,14 @@ binds the same host:port with SO_REUSEPORT (the kernel spreads connections over 
 runs a whole gateway: HTTP, its own group committer, consumers, sender, forwarder and
 maintenance jobs, sized per process by the usual settings. The parent supervises: a child
 that dies is started again (after a pause), SIGTERM/SIGINT is forwarded to every child, and
-the parent exits once all of them have. A child whose parent disappears (even by SIGKILL)
-gets SIGTERM from the kernel (PR_SET_PDEATHSIG) and stops.
+the parent exits once all of them have. Each child also serves ``/healthz`` on a Unix socket
+of its own (``GATEWAY_WORKER_HEALTH_SOCKET``, in the metrics directory; the shared port would
+reach any of them), which the parent asks every few seconds: a child whose health has not
+answered 200 for ``GATEWAY_WORKER_UNRESPONSIVE_S`` (stopped, its event loop stuck, a loop of it
+stuck: see ``gateway.core.heartbeat``) is killed with SIGKILL (a stopped process takes no
+SIGTERM) and started again, since the kernel keeps handing it connections on the shared
+port. A child whose parent disappears (even by SIGKILL) gets SIGTERM from the kernel
+(PR_SET_PDEATHSIG) and stops.
 
 Metrics: the children share one PROMETHEUS_MULTIPROC_DIR (made fresh by the parent, removed
 on exit), so ``/metrics`` on any of them reports every worker (see gateway.metrics).
@@ -25,7 +31,9 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 
+import aiohttp
 from prometheus_client import multiprocess
 
 from gateway.core.settings import Settings
@@ -35,6 +43,10 @@ log = logging.getLogger("gateway")
 
 RESTART_DELAY_S = 1.0
 STOP_TIMEOUT_S = 20.0
+# Each worker's /healthz on a Unix socket of its own, asked this often by the parent.
+HEALTH_SOCKET_ENV = "GATEWAY_WORKER_HEALTH_SOCKET"
+HEALTH_EVERY_S = 2.0
+UNRESPONSIVE_S = 20.0
 PR_SET_PDEATHSIG = 1
 
 
@@ -59,6 +71,7 @@ def child_env(settings: Settings, metrics_dir: str) -> dict[str, str]:
             "DATABASE_URL": settings.database_url,
             "GATEWAY_MIGRATE_ON_START": "false",  # the parent did
             "GATEWAY_WORKERS": "1",
+            "GATEWAY_CONSOLE_PORT": "0",  # the parent serves the console, once for all
             "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
         }
     )
@@ -89,28 +102,82 @@ def check_free(host: str, port: int, variable: str) -> None:
 
 
 class Supervisor:
-    """Starts, restarts and stops the worker processes."""
+    """Starts, restarts and stops the worker processes, and replaces one whose health stops
+    answering."""
 
-    def __init__(self, n: int, env: dict[str, str], metrics_dir: str) -> None:
+    def __init__(
+        self,
+        n: int,
+        env: dict[str, str],
+        metrics_dir: str,
+        unresponsive_s: float = UNRESPONSIVE_S,
+        startup_s: float = 0.0,
+    ) -> None:
         self.n = n
         self.env = env
         self.metrics_dir = metrics_dir
+        self.unresponsive_s = unresponsive_s
+        # A worker first waits for the database (GATEWAY_DB_WAIT_S) and only then answers.
+        self.startup_s = startup_s
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.fatal: int | None = None  # the exit code of a worker that could not start
+        self.replaced = 0  # workers killed because their health stopped answering
+
+    def health_socket(self, slot: int) -> str:
+        return os.path.join(self.metrics_dir, f"worker-{slot}.sock")
 
     async def _start(self, slot: int) -> None:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway", "serve", "--worker", env=self.env
-        )
+        sock = self.health_socket(slot)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sock)  # a killed worker's
+        env = {**self.env, HEALTH_SOCKET_ENV: sock}
+        argv = (sys.executable, "-m", "gateway", "serve", "--worker")
+        proc = await asyncio.create_subprocess_exec(*argv, env=env)
         self.procs[slot] = proc
         log.info("worker %d started (pid %d)", slot, proc.pid)
+
+    async def _watch(self, slot: int, proc: asyncio.subprocess.Process) -> None:
+        """Ask the worker's health every few seconds; kill it when it has not answered 200 for
+        ``unresponsive_s`` (before its first answer: ``startup_s`` more, its wait for the
+        database)."""
+        every = min(HEALTH_EVERY_S, self.unresponsive_s / 3)
+        last_ok = time.monotonic() + self.startup_s
+        connector = aiohttp.UnixConnector(path=self.health_socket(slot))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            while proc.returncode is None:
+                await asyncio.sleep(every)
+                try:
+                    timeout = aiohttp.ClientTimeout(total=every)
+                    async with http.get("http://worker/healthz", timeout=timeout) as r:
+                        if r.status == 200:
+                            last_ok = time.monotonic()
+                except (aiohttp.ClientError, OSError, TimeoutError):
+                    pass
+                silent = time.monotonic() - last_ok
+                if silent > self.unresponsive_s and proc.returncode is None:
+                    log.error(
+                        "worker %d (pid %d): its health has not answered 200 for %.0f s; replacing it",
+                        slot,
+                        proc.pid,
+                        silent,
+                    )
+                    self.replaced += 1
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                    return
 
     async def _keep(self, slot: int, stop: asyncio.Event) -> None:
         """Run slot ``slot`` until ``stop``: start it, and again whenever it dies."""
         while not stop.is_set():
             await self._start(slot)
             proc = self.procs[slot]
-            code = await proc.wait()
+            watch = asyncio.create_task(self._watch(slot, proc))
+            try:
+                code = await proc.wait()
+            finally:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
             multiprocess.mark_process_dead(proc.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
             if stop.is_set():
                 break

@@ -45,7 +45,13 @@ async def _no_reset(conn: asyncpg.Connection) -> None:
 
 
 async def create_pool(
-    dsn: str, min_size: int = 2, max_size: int = 10, timeout: float = 5.0, *, stateless: bool = False
+    dsn: str,
+    min_size: int = 2,
+    max_size: int = 10,
+    timeout: float = 5.0,
+    *,
+    stateless: bool = False,
+    server_settings: dict[str, str] | None = None,
 ) -> Pool:
     pool = await asyncpg.create_pool(
         dsn,
@@ -55,6 +61,7 @@ async def create_pool(
         timeout=timeout,
         command_timeout=60,
         reset=_no_reset if stateless else None,
+        server_settings=server_settings,
     )
     assert pool is not None
     return pool

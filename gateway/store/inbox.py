@@ -90,10 +90,10 @@ async def stall_attempt(
     return None if r is None else (r["state"], r["attempts"])
 
 
-async def ensure_partition(pool: asyncpg.Pool, *, table: str) -> bool:
-    """Today's day partition of ``table``, made now if missing (False: it existed), on a
-    connection of its own and never waiting long for a lock."""
-    async with pool.acquire() as conn, conn.transaction():
+async def ensure_partition(conn: asyncpg.Connection | PoolConnectionProxy, *, table: str) -> bool:
+    """Today's (and tomorrow's) day partition of ``table``, made now if missing (False: they
+    existed), in a transaction of its own on ``conn`` that never waits long for a lock."""
+    async with conn.transaction():
         await conn.execute(q("partition_lock_timeout"))
         return bool(await conn.fetchval(q("inbox_ensure_partition"), table))
 

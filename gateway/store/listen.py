@@ -17,12 +17,16 @@ import asyncpg
 
 from gateway.core.aio import first_set, setter, sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
+from gateway.core.heartbeat import HEARTBEATS, Beat
 from gateway.core.planning import describe
 from gateway.store.db import connect
 
 log = logging.getLogger(__name__)
 
 Opener = Callable[[], AbstractAsyncContextManager[Any]]
+# An idle LISTEN connection is asked this often whether it is still there.
+KEEPALIVE_S = 30.0
+MAX_BACKOFF_S = 30.0
 
 
 @contextlib.asynccontextmanager
@@ -43,11 +47,16 @@ async def listen(
     on_notify: Callable[[], None],
     stop: asyncio.Event,
     on_payload: Callable[[str], None] | None = None,
+    *,
+    keepalive_s: float = KEEPALIVE_S,
+    liveness_s: float = 120.0,
 ) -> None:
     """Call ``on_notify`` on every NOTIFY on ``channel`` (``on_payload`` with its payload
     instead, when given), and ``on_notify`` once on each (re)connection (rows may have come
     while nobody listened), until ``stop`` is set. A failed or lost connection is retried with
-    backoff (0.5 s doubling to 30 s), one warning per failure."""
+    backoff (0.5 s doubling to 30 s), one warning per failure. An idle connection is asked
+    ``SELECT 1`` every ``keepalive_s``: a half-open one (a peer gone without a word) never
+    reports its loss, and would stop the wake-ups for good; each answer is a heartbeat."""
 
     def callback(_conn: object, _pid: object, _channel: object, payload: object) -> None:
         if on_payload is None:
@@ -55,25 +64,43 @@ async def listen(
         else:
             on_payload(str(payload))
 
+    beat = HEARTBEATS.loop(f"LISTEN {channel}", liveness_s + 2 * keepalive_s + MAX_BACKOFF_S)
     attempt = 0
-    while not stop.is_set():
+    try:
+        while not stop.is_set():
+            beat()
+            try:
+                async with open_conn() as conn:
+                    lost = asyncio.Event()
+                    on_lost = setter(lost)
+                    conn.add_termination_listener(on_lost)
+                    await conn.add_listener(channel, callback)
+                    attempt = 0
+                    on_notify()
+                    try:
+                        await _hold(conn, stop, lost, keepalive_s, beat)
+                    finally:
+                        conn.remove_termination_listener(on_lost)
+                        if not conn.is_closed():
+                            with contextlib.suppress(Exception):
+                                await conn.remove_listener(channel, callback)
+            except Exception as exc:
+                attempt += 1
+                log.warning("LISTEN %s failed (%s); polling meanwhile", channel, describe(exc))
+            if not stop.is_set():
+                await sleep_unless_stopped(stop, backoff_delay(max(attempt, 1), 0.5, MAX_BACKOFF_S))
+    finally:
+        beat.done()
+
+
+async def _hold(conn: Any, stop: asyncio.Event, lost: asyncio.Event, every_s: float, beat: Beat) -> None:
+    """Until ``stop`` or the connection's loss; raises if a keep-alive gets no answer in time."""
+    while True:
+        beat()
         try:
-            async with open_conn() as conn:
-                lost = asyncio.Event()
-                on_lost = setter(lost)
-                conn.add_termination_listener(on_lost)
-                await conn.add_listener(channel, callback)
-                attempt = 0
-                on_notify()
-                try:
-                    await first_set(stop, lost)
-                finally:
-                    conn.remove_termination_listener(on_lost)
-                    if not conn.is_closed():
-                        with contextlib.suppress(Exception):
-                            await conn.remove_listener(channel, callback)
-        except Exception as exc:
-            attempt += 1
-            log.warning("LISTEN %s failed (%s); polling meanwhile", channel, describe(exc))
-        if not stop.is_set():
-            await sleep_unless_stopped(stop, backoff_delay(max(attempt, 1), 0.5, 30))
+            async with asyncio.timeout(every_s):
+                await first_set(stop, lost)
+            return
+        except TimeoutError:
+            async with asyncio.timeout(every_s):
+                await conn.fetchval("SELECT 1")

@@ -65,21 +65,46 @@ def _ddl(query: str, **names: str) -> str:
     return q(query).format(**names)
 
 
-async def drop_oldest(conn: Session, *, table: str, before: date) -> str | None:
+async def has_default(conn: Conn, *, table: str) -> bool:
+    """Whether ``table`` has a default partition (rows of days without one land there)."""
+    return bool(await conn.fetchval(q("partition_has_default"), table))
+
+
+async def blocker(conn: Conn, *, table: str, held_s: float) -> tuple[int, datetime] | None:
+    """A transaction that has held a lock on ``table`` for more than ``held_s``: (pid, since)."""
+    r = await conn.fetchrow(q("partition_blocker"), table, held_s)
+    return None if r is None or r["pid"] is None else (r["pid"], r["since"])
+
+
+async def drop_oldest(conn: Session, *, table: str, before: date, keep_days: int) -> str | None:
     """Drop ``table``'s oldest day partition older than ``before``; its name or None.
 
-    DETACH ... CONCURRENTLY (outside a transaction) then DROP of the detached table: neither
-    takes a lock on the parent that would stop inserts or claims. A detach interrupted by a
-    crash is finalized on the next call.
+    Without a default partition: DETACH ... CONCURRENTLY (outside a transaction) then DROP of
+    the detached table: neither takes a lock on the parent that would stop inserts or claims;
+    a detach interrupted by a crash or a lock timeout is finalized on the next call. With one
+    (processed_webhook_events): a plain DETACH, the keys processed within ``keep_days`` moved to
+    the default partition, and the DROP, in one short transaction. Every wait is bounded by
+    lock_timeout (LockNotAvailableError: try again on the next pass).
     """
     r = await conn.fetchrow(q("partition_oldest_before"), table, before)
     if r is None or r["name"] is None:
         return None
     name: str = r["name"]
-    if r["detach_pending"]:
-        await conn.execute(_ddl("partition_detach_finalize", parent=table, child=name))
-    else:
-        await conn.execute(_ddl("partition_detach", parent=table, child=name))
+    if await has_default(conn, table=table):
+        async with conn.transaction():
+            await conn.execute(q("partition_lock_timeout"))
+            await conn.execute(_ddl("partition_detach_now", parent=table, child=name))
+            await conn.execute(_ddl("partition_carry_recent_keys", child=name), keep_days)
+            await conn.execute(_ddl("partition_drop_detached", child=name))
+        return name
+    await conn.execute(q("partition_session_lock_timeout"))
+    try:
+        if r["detach_pending"]:
+            await conn.execute(_ddl("partition_detach_finalize", parent=table, child=name))
+        else:
+            await conn.execute(_ddl("partition_detach", parent=table, child=name))
+    finally:
+        await conn.execute(q("partition_session_lock_timeout_reset"))
     async with conn.transaction():
         await conn.execute(q("partition_lock_timeout"))
         await conn.execute(_ddl("partition_drop_detached", child=name))

@@ -1,4 +1,9 @@
-"""/healthz (process up), /readyz (database reachable, schema current), /metrics.
+"""/healthz (process up, every long-running loop beating), /readyz (database reachable,
+schema current), /metrics.
+
+``/healthz`` answers 503, naming them, when loops of the process have not beaten within their
+bound (``gateway.core.heartbeat``): a supervisor (the serve parent, an orchestrator's probe)
+should replace the process.
 
 ``/readyz`` answers from the result of a probe run in the background once a second, and
 ``/metrics`` from the registry (the database-wide gauges are refreshed by a maintenance job,
@@ -22,12 +27,15 @@ from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry, multiprocess
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from gateway.core.heartbeat import HEARTBEATS
 from gateway.store.db import latest_version, schema_version
 
 log = logging.getLogger(__name__)
 
 PROBE_INTERVAL_S = 1.0
 PROBE_TIMEOUT_S = 2.0
+# The probe loop beats once a turn (interval + timeout at most); silent this long, it is stuck.
+PROBE_BOUND_S = 30.0
 
 # Set by the parent of `gateway serve --workers N` for its children (gateway.runtime.workers).
 MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
@@ -49,7 +57,11 @@ metrics_handler = make_aiohttp_handler(_registry())
 
 async def healthz(request: web.Request) -> web.Response:
     # The pid tells which worker answered (several share the port under --workers).
-    return web.json_response({"status": "ok", "pid": os.getpid()})
+    stale = HEARTBEATS.stale()
+    if not stale:
+        return web.json_response({"status": "ok", "pid": os.getpid()})
+    loops = [{"loop": s.name, "silent_s": round(s.age_s, 1), "bound_s": s.bound_s} for s in stale]
+    return web.json_response({"status": "stuck", "pid": os.getpid(), "loops": loops}, status=503)
 
 
 class Health:
@@ -95,9 +107,14 @@ class Health:
         await self.probe()
 
         async def loop() -> None:
-            while True:
-                await asyncio.sleep(self.interval_s)
-                await self.probe()
+            beat = HEARTBEATS.loop("readiness probe", PROBE_BOUND_S)
+            try:
+                while True:
+                    beat()
+                    await asyncio.sleep(self.interval_s)
+                    await self.probe()
+            finally:
+                beat.done()
 
         task = asyncio.create_task(loop())
         try:
@@ -124,11 +141,26 @@ def metrics_app() -> web.Application:
 
 
 class ListenError(OSError):
-    """The metrics listener's port could not be bound (names the variable for the message)."""
+    """A listener's port could not be bound (names the variable for the message)."""
 
-    def __init__(self, exc: OSError, host: str, port: int) -> None:
+    def __init__(self, exc: OSError, host: str, port: int, variable: str = "GATEWAY_METRICS_PORT") -> None:
         super().__init__(exc.errno, exc.strerror)
-        self.host, self.port, self.variable = host, port, "GATEWAY_METRICS_PORT"
+        self.host, self.port, self.variable = host, port, variable
+
+
+@contextlib.asynccontextmanager
+async def health_socket(path: str) -> AsyncIterator[None]:
+    """``/healthz`` on a Unix socket of its own: how the parent of ``gateway serve --workers N``
+    asks one worker (they share the TCP port, where any of them may answer)."""
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.UnixSite(runner, path).start()
+        yield
+    finally:
+        await runner.cleanup()
 
 
 @contextlib.asynccontextmanager

@@ -332,6 +332,86 @@ class PayloadFactory:
             wire=http_request(TENASHI_PATH, headers, body),
         )
 
+    # ---- poison ----------------------------------------------------------------------------
+    def poisoned(self) -> list[tuple[Delivery, tuple[str, ...]]]:
+        """Signed bodies that once stopped every consumer, each with the events that must still
+        be processed (its ``keys``) and the kinds of the dead items it must leave, with their
+        bytes: a status whose timestamp is ``"²"`` (processed: the time is kept in the raw JSON
+        only); a message whose id is 3 200 random characters (too large for an index row: dead
+        after its attempts) beside a good message; a change nested 300 levels deep (dead at once)
+        beside a good message; a Tenashi status ``created`` ``"³"`` (processed)."""
+        r = self.rng
+        sender = self.wa_id()
+        good, huge = (
+            self._msg("text", {"body": r.choice(TEXTS)}, sender),
+            self._msg("text", {"body": "x"}, sender),
+        )
+        huge["id"] = "wamid." + base64.b64encode(r.randbytes(2400)).decode()
+        odd = {**self._status(self.outbound_wamid(), "delivered", self.wa_id()), "timestamp": "²"}
+        first = self._envelope([[self._value(messages=[good, huge], statuses=[odd])]])
+        deep: Any = []
+        for _ in range(300):
+            deep = [deep]
+        second_msg = self._msg("text", {"body": r.choice(TEXTS)}, sender)
+        second = payloads.meta_envelope(
+            [
+                (
+                    self.waba_id,
+                    [("account_update", {"deep": deep}), ("messages", self._value(messages=[second_msg]))],
+                )
+            ]
+        )
+        evt = self.tenashi_event_id()
+        data = {"message_id": f"tn_msg_{r.getrandbits(64):016x}", "status": "read", "recipient": "+" + sender}
+        tenashi = self._tenashi_delivery(
+            evt, {**payloads.tenashi_event(evt, "message.status", data), "created": "³"}
+        )
+        return [
+            (self._raw_meta(first, (f"msg:{good['id']}", f"status:{odd['id']}:delivered:")), ("message",)),
+            (self._raw_meta(second, (f"msg:{second_msg['id']}",)), ("bad",)),
+            (tenashi, ()),
+        ]
+
+    def _raw_meta(self, payload: dict[str, Any], keys: tuple[str, ...]) -> Delivery:
+        """A Meta delivery serialised by the standard library (orjson stops at 254 levels)."""
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        headers = (
+            ("Content-Type", "application/json"),
+            ("X-Hub-Signature-256", sign_meta(body, self.secrets.meta)),
+        )
+        msgs = tuple(k[4:] for k in keys if k.startswith("msg:"))
+        statuses = tuple(k for k in keys if k.startswith("status:"))
+        return Delivery(
+            "meta",
+            META_PATH,
+            body,
+            headers,
+            keys,
+            msgs,
+            statuses,
+            True,
+            "poison",
+            http_request(META_PATH, headers, body),
+        )
+
+    def _tenashi_delivery(self, evt: str, event: dict[str, Any]) -> Delivery:
+        body = json.dumps(event, ensure_ascii=False).encode()
+        s = self.secrets
+        headers = (
+            ("Content-Type", "application/json"),
+            ("X-Tenashi-Delivery", evt),
+            (s.tenashi_header, sign_tenashi(body, s.tenashi, s.tenashi_scheme, s.tenashi_prefix)),
+        )
+        return Delivery(
+            "tenashi",
+            TENASHI_PATH,
+            body,
+            headers,
+            (f"evt:{evt}",),
+            kind="poison",
+            wire=http_request(TENASHI_PATH, headers, body),
+        )
+
     def with_bad_signature(self, d: Delivery) -> Delivery:
         """The same bytes signed under a wrong secret: must get 401 and leave no row."""
         s = self.secrets

@@ -18,6 +18,7 @@ CREATE TABLE operator_actions (
 );
 CREATE INDEX operator_actions_actor ON operator_actions (actor, id);
 CREATE INDEX operator_actions_action ON operator_actions (action, id);
+CREATE INDEX operator_actions_target ON operator_actions (target, id);
 
 -- The last pass of each maintenance job that ran (the replica that held its lock), for the
 -- console's overview: a pass that keeps failing needs a person.
@@ -42,3 +43,33 @@ CREATE INDEX outbox_attention ON outbox (state, id) WHERE state IN ('unknown', '
 -- Failed deliveries per destination, newest first (what an operator replays); a delivery that
 -- succeeds never enters it.
 CREATE INDEX deliveries_failed ON deliveries (destination_id, received_at, id) WHERE state = 'failed';
+
+-- Every send attempt's outcome (a send's story: what the provider answered each time), one row
+-- per row that leaves 'sending', whoever moves it (the sender's result, a status webhook that
+-- overtook it, the lease expiring). Written by one statement-level trigger per UPDATE, from
+-- its transition tables: the statements that change outbox rows stay as they are.
+CREATE TABLE outbox_attempts (
+    outbox_id bigint      NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
+    sent_at   timestamptz,                   -- when the attempt went out
+    at        timestamptz NOT NULL DEFAULT clock_timestamp(),
+    outcome   text        NOT NULL,          -- the state it left the row in
+    code      integer,
+    error     text,
+    wamid     text
+);
+CREATE INDEX outbox_attempts_row ON outbox_attempts (outbox_id, at);
+
+CREATE FUNCTION outbox_attempts_record() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO outbox_attempts (outbox_id, sent_at, outcome, code, error, wamid)
+    SELECT n.id, o.sending_at, n.state, n.last_error_code, n.last_error, n.wamid
+    FROM new_rows n JOIN old_rows o ON o.id = n.id
+    WHERE o.state = 'sending' AND n.state <> 'sending';
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER outbox_attempts
+    AFTER UPDATE ON outbox
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION outbox_attempts_record();

@@ -58,9 +58,12 @@ WHERE id = $1 AND state = 'pending'
 RETURNING state, attempts;
 
 -- name: inbox_ensure_partition
--- Today's partition (UTC) of a table a row found none in: created on the spot (the job
--- creates them ahead; ingest and consumers never depend on it having run).
-SELECT partition_ensure_day($1, (clock_timestamp() AT TIME ZONE 'UTC')::date);
+-- Today's and tomorrow's partitions (UTC) of a table a row found none in, made on the spot
+-- (the job makes them ahead; ingest and consumers never depend on it having run). Whether
+-- one was made.
+SELECT coalesce(bool_or(partition_ensure_day($1, d::date)), false)
+FROM generate_series((clock_timestamp() AT TIME ZONE 'UTC')::date,
+                     (clock_timestamp() AT TIME ZONE 'UTC')::date + 1, interval '1 day') AS d;
 
 -- name: inbox_apply_batch
 -- handle_once for a whole batch in one statement. The keys go into

@@ -8,6 +8,21 @@
 -- (and so block every writer queued behind us); the job retries on its next run.
 SET LOCAL lock_timeout = '2s';
 
+-- name: partition_session_lock_timeout
+-- The same for DETACH ... CONCURRENTLY, which runs outside a transaction (its wait for the
+-- transactions that may still read the partition honours lock_timeout too).
+SET lock_timeout = '2s';
+
+-- name: partition_session_lock_timeout_reset
+RESET lock_timeout;
+
+-- name: partition_has_default
+SELECT partition_has_default($1);
+
+-- name: partition_blocker
+-- A transaction holding a lock on the table (or a partition of it) for longer than $2 seconds.
+SELECT pid, since FROM partition_blocker($1, make_interval(secs => $2));
+
 -- name: partition_ensure_day
 SELECT partition_ensure_day($1, $2);
 
@@ -17,7 +32,7 @@ SELECT d FROM partition_days($1) AS d;
 -- name: partition_oldest_before
 SELECT name, detach_pending FROM partition_oldest_before($1, $2);
 
--- The three statements below name tables, which cannot be parameters: {parent} and {child}
+-- The statements below name tables, which cannot be parameters: {parent} and {child}
 -- are filled in by gateway/store/retention.py with names it has checked against
 -- ^[a-z_]+(_p[0-9]{8})?$ (they come from partition_oldest_before).
 
@@ -33,6 +48,19 @@ ALTER TABLE {parent} DETACH PARTITION {child} FINALIZE;
 -- name: partition_drop_detached
 DROP TABLE {child};
 
+-- name: partition_detach_now
+-- A parent with a default partition cannot detach concurrently: this takes its ACCESS
+-- EXCLUSIVE lock for the catalog change only (the caller's lock_timeout bounds the wait, and
+-- the job does not try while a long transaction holds the table).
+ALTER TABLE {parent} DETACH PARTITION {child};
+
+-- name: partition_carry_recent_keys
+-- Keys of a detached day partition of processed_webhook_events processed within the dedup
+-- retention ($1 days; events stamped long before they came, if any) go to the default
+-- partition, where their redeliveries look for them now (found on the BRIN index).
+INSERT INTO processed_webhook_events
+SELECT * FROM {child} WHERE processed_at > now() - make_interval(days => $1);
+
 -- name: maintenance_try_lock
 SELECT pg_try_advisory_lock($1);
 
@@ -47,13 +75,18 @@ UPDATE webhook_inbox SET received_at = clock_timestamp()
 WHERE received_at < $1 AND state IN ('pending', 'dead');
 
 -- name: processed_webhook_events_purge_untimed
--- Keys with no event day share one partition: trimmed by age, on its processed_at index.
-DELETE FROM processed_webhook_events
-WHERE event_day = DATE '1970-01-01' AND event_key IN (
-    SELECT event_key FROM processed_webhook_events
-    WHERE event_day = DATE '1970-01-01' AND processed_at < now() - make_interval(days => $1)
-    LIMIT $2
-);
+-- Keys with no event day (the untimed partition) and keys whose day has no partition (the
+-- default one) are trimmed by age, on their processed_at indexes; day partitions are dropped.
+WITH old AS (
+    (SELECT event_key, event_day, subject FROM processed_webhook_events_untimed
+     WHERE processed_at < now() - make_interval(days => $1) LIMIT $2)
+    UNION ALL
+    (SELECT event_key, event_day, subject FROM processed_webhook_events_default
+     WHERE processed_at < now() - make_interval(days => $1) LIMIT $2)
+)
+DELETE FROM processed_webhook_events p
+USING old
+WHERE p.event_key = old.event_key AND p.event_day = old.event_day AND p.subject = old.subject;
 
 -- name: reply_claims_purge
 DELETE FROM reply_claims

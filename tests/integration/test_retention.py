@@ -52,12 +52,13 @@ def test_outbox_retention_must_cover_the_idempotency_window() -> None:
         Settings.from_env({"GATEWAY_OUTBOX_RETENTION_DAYS": "2", "GATEWAY_IDEMPOTENCY_TTL_H": "72"})
 
 
-async def redeliver(pool: asyncpg.Pool, body: bytes, *, today: date, window_days: int = 7) -> inbox.Applied:
-    """Stage ``body`` again and process it as a consumer would on ``today``."""
+async def redeliver(pool: asyncpg.Pool, body: bytes) -> inbox.Applied:
+    """Stage ``body`` again and process it as a consumer would (whatever the day: a key's day
+    is its event's)."""
     await stage(pool, body)
     async with pool.acquire() as conn, conn.transaction():
         rows, _ = await inbox.claim_batch(conn, limit=100, max_bytes=1 << 20)
-        return await inbox.apply_plan(conn, plan_batch(rows, today=today, window_days=window_days))
+        return await inbox.apply_plan(conn, plan_batch(rows))
 
 
 async def test_a_redelivery_six_days_later_is_still_deduplicated(
@@ -70,9 +71,9 @@ async def test_a_redelivery_six_days_later_is_still_deduplicated(
         )
     )
     status = to_bytes(statuses_payload(status_obj("wamid.OUT6", "read", timestamp=ts)))
-    first = await redeliver(pool, body, today=TODAY)
+    first = await redeliver(pool, body)
     assert (first.fresh, first.messages_inserted) == (1, 1)
-    assert (await redeliver(pool, status, today=TODAY)).fresh == 1
+    assert (await redeliver(pool, status)).fresh == 1
     assert (
         await pool.fetchval(
             "SELECT event_day FROM processed_webhook_events WHERE event_key = 'msg:wamid.SIX'"
@@ -85,7 +86,7 @@ async def test_a_redelivery_six_days_later_is_still_deduplicated(
     for offset in range(1, 7):
         await retention.run_once(pool, s, today=TODAY + timedelta(days=offset))
     for again in (body, status):
-        later = await redeliver(pool, again, today=TODAY + timedelta(days=6))
+        later = await redeliver(pool, again)
         assert (later.fresh, later.messages_inserted, later.statuses_inserted) == (0, 0, 0)
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages WHERE wamid = 'wamid.SIX'") == 1
     assert await pool.fetchval("SELECT count(*) FROM message_statuses WHERE wamid = 'wamid.OUT6'") == 1
@@ -98,12 +99,17 @@ async def test_dropping_partitions_keeps_every_key_younger_than_the_window(
     days = [TODAY + timedelta(days=d) for d in range(-12, 2)]
     for day in days:
         await ensure_day(pool, "processed_webhook_events", day)
+    # Each processed on its event's day, as a consumer does.
     await pool.execute(
-        "INSERT INTO processed_webhook_events (event_key, event_day, subject)"
-        " SELECT 'k:' || d || ':' || n, d, 's'"
+        "INSERT INTO processed_webhook_events (event_key, event_day, processed_at, subject)"
+        " SELECT 'k:' || d || ':' || n, d, d + time '12:00', 's'"
         " FROM unnest($1::date[]) d, generate_series(1, 5) n",
         days,
     )
+    # An event stamped twelve days back that came just now: kept for the retention, by when
+    # it was processed (its redeliveries may come for a week).
+    late = "INSERT INTO processed_webhook_events (event_key, event_day, subject) VALUES ('late', $1, 's')"
+    await pool.execute(late, days[0])
     # Untimed keys: trimmed by age, in bounded batches.
     await pool.execute(
         "INSERT INTO processed_webhook_events (event_key, event_day, processed_at, subject)"
@@ -115,8 +121,11 @@ async def test_dropping_partitions_keeps_every_key_younger_than_the_window(
     assert report.ran
     # Keys of an event day >= today - 7 are consulted (plus a day of slack): kept.
     kept = {r[0] for r in await pool.fetch("SELECT DISTINCT event_day FROM processed_webhook_events")}
-    assert kept == {UNTIMED_DAY} | {d for d in days if d >= TODAY - timedelta(days=8)}
+    assert kept == {UNTIMED_DAY, days[0]} | {d for d in days if d >= TODAY - timedelta(days=8)}
     assert sorted(report.dropped) == [f"processed_webhook_events_p{d:%Y%m%d}" for d in days[:4]]
+    assert await pool.fetchval(
+        "SELECT array_agg(event_key) FROM processed_webhook_events_default WHERE event_day = $1", days[0]
+    ) == ["late"]
     assert (
         await pool.fetchval("SELECT count(*) FROM processed_webhook_events WHERE event_day = $1", UNTIMED_DAY)
         == 4

@@ -86,3 +86,57 @@ async def test_two_workers_share_one_port_and_stop_together(db_dsn: str, pool: a
         for c in children:
             if c.is_running():
                 c.kill()
+
+
+async def test_a_stopped_worker_is_replaced_and_webhooks_keep_being_taken(db_dsn: str) -> None:
+    """SIGSTOP one worker: it holds its listening socket and takes no request, so the parent,
+    whose health check of it stops answering, kills it and starts another."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {
+        "DATABASE_URL": db_dsn,
+        "GATEWAY_PORT": str(port),
+        "GATEWAY_META_APP_SECRETS": META_SECRET,
+        "GATEWAY_RUN_CONSUMERS": "false",
+        "GATEWAY_RUN_SENDER": "false",
+        "GATEWAY_RUN_FORWARDER": "false",
+        "GATEWAY_WORKER_UNRESPONSIVE_S": "3",
+        "GATEWAY_DB_WAIT_S": "1",  # a new worker's grace before its first answer, beyond that
+    }
+    proc = spawn(["serve", "--workers", "2"], env)
+    stopped: psutil.Process | None = None
+    try:
+        await wait_healthy(base, proc)
+        deadline = time.monotonic() + 30
+        while len(psutil.Process(proc.pid).children()) < 2:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+        stopped = psutil.Process(proc.pid).children()[0]
+        await asyncio.sleep(4)  # both answered their parent for a while: no false alarm
+        assert stopped.is_running() and stopped.status() != psutil.STATUS_ZOMBIE
+        stopped.send_signal(signal.SIGSTOP)
+        # Replaced within the unresponsive bound plus a health interval or two.
+        deadline = time.monotonic() + 20
+        while stopped.is_running() and stopped.status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the stopped worker was not replaced"
+            await asyncio.sleep(0.2)
+        while len(psutil.Process(proc.pid).children()) < 2:
+            assert time.monotonic() < deadline, "no worker took its place"
+            await asyncio.sleep(0.2)
+        await wait_healthy(base, proc)
+        # Every connection reaches a live worker again.
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+            for i in range(20):
+                body = meta_bytes(message_payload(f"wamid.S{i}"))
+                headers = {"X-Hub-Signature-256": sign_meta(body, META_SECRET)}
+                wait = aiohttp.ClientTimeout(total=5)
+                async with http.post(f"{base}/webhooks/meta", data=body, headers=headers, timeout=wait) as r:
+                    assert r.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        if stopped is not None and stopped.is_running():
+            stopped.kill()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -17,6 +17,11 @@ async def on_message(event: InboundMessage, conn: Any) -> None:
     await conn.execute(RECORD, event.key, "message")
     if event.wamid.startswith("wamid.RAISE"):
         raise ValueError(f"cannot handle {event.wamid}")
+    # Broken until the test "fixes the cause" by dropping the table.
+    if event.wamid.startswith("wamid.BROKEN") and await conn.fetchval(
+        "SELECT to_regclass('handler_broken') IS NOT NULL"
+    ):
+        raise ValueError(f"cannot handle {event.wamid} while handler_broken exists")
     if event.wamid.startswith("wamid.SLOWSQL"):
         await conn.execute("SELECT pg_sleep(30)")
     if event.wamid.startswith("wamid.SLOW"):

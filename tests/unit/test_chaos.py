@@ -3,6 +3,7 @@ import math
 import pytest
 
 from loadtest.chaos import TENANT, outage_figures, send_checks
+from loadtest.harness import poison
 
 
 def rec(cb: str, to: str, at: float) -> dict[str, object]:
@@ -54,3 +55,29 @@ def test_outage_figures_count_503s_until_the_first_200_after_the_restart() -> No
     assert first == pytest.approx(1.2)
     n503, _, first = outage_figures([(2.0, 503)], [], stopped=1.0, started=3.0)
     assert n503 == 1 and math.isnan(first)
+
+
+def test_poison_checks_want_exactly_the_poisoned_fragments_dead() -> None:
+    a, b, other = b"a" * 32, b"b" * 32, b"c" * 32
+    expected = {a: ("message",), b: ("bad",), b"t" * 32: ()}
+    good = [(a, "message", "dead"), (b, "bad", "dead")]
+    assert all(c.ok for c in poison.checks(expected, good, 0))
+    failing = {
+        "missing": (
+            [(a, "message", "dead")],
+            0,
+            {"poison: each poisoned fragment is a dead item, with its bytes"},
+        ),
+        "retrying": (
+            [(a, "message", "retry"), (b, "bad", "dead")],
+            0,
+            {
+                "poison: each poisoned fragment is a dead item, with its bytes",
+                "poison: nothing else is dead or still retrying",
+            },
+        ),
+        "stray": ([*good, (other, "status", "dead")], 0, {"poison: nothing else is dead or still retrying"}),
+        "old partitions": (good, 2, {"maintenance: old partitions dropped once the forgotten session ended"}),
+    }
+    for name, (items, old, want) in failing.items():
+        assert {c.name for c in poison.checks(expected, items, old) if not c.ok} == want, name

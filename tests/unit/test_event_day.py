@@ -1,15 +1,17 @@
-"""Each dedup key's partition day: a pure function of the event and today's date."""
+"""Each dedup key's partition day: a pure function of the event, whatever the clock says."""
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 
 import orjson
 import pytest
 
+from gateway.core import planning
 from gateway.core.events import UNTIMED_DAY, event_day
 from gateway.core.parsing import parse
 from gateway.core.planning import StagedRow, plan_batch
+from tests.support.clock import MovedClock
 
 TODAY = date(2026, 11, 30)
 
@@ -42,25 +44,22 @@ def status(timestamp: object) -> dict[str, object]:
 
 
 @pytest.mark.parametrize(
-    ("source", "body", "window", "want"),
+    ("source", "body", "want"),
     [
         # Meta messages and statuses: the UTC day of their own timestamp.
-        ("meta", meta([msg(ts(TODAY))]), 7, TODAY),
-        ("meta", meta(statuses=[status(ts(date(2026, 11, 29), 23))]), 7, date(2026, 11, 29)),
-        ("meta", meta([msg(ts(TODAY, 0))]), 7, TODAY),  # midnight UTC is the new day
-        ("meta", meta([msg(str(int(ts(TODAY, 0)) - 1))]), 7, date(2026, 11, 29)),
-        # A redelivery 7 days later (the edge of Meta's window) keeps its day ...
-        ("meta", meta([msg(ts(date(2026, 11, 23), 0))]), 7, date(2026, 11, 23)),
-        # ... and a longer dedup retention widens the window.
-        ("meta", meta([msg(ts(date(2026, 11, 1)))]), 30, date(2026, 11, 1)),
-        # Older than the window, or beyond tomorrow: untimed, on every later delivery too.
-        ("meta", meta([msg(ts(date(2026, 11, 22)))]), 7, UNTIMED_DAY),
-        ("meta", meta([msg(ts(date(2026, 12, 1)))]), 7, date(2026, 12, 1)),
-        ("meta", meta([msg(ts(date(2026, 12, 2)))]), 7, UNTIMED_DAY),
+        ("meta", meta([msg(ts(TODAY))]), TODAY),
+        ("meta", meta(statuses=[status(ts(date(2026, 11, 29), 23))]), date(2026, 11, 29)),
+        ("meta", meta([msg(ts(TODAY, 0))]), TODAY),  # midnight UTC is the new day
+        ("meta", meta([msg(str(int(ts(TODAY, 0)) - 1))]), date(2026, 11, 29)),
+        # However far from today: a day without a partition goes to the default partition.
+        ("meta", meta([msg(ts(date(2026, 11, 1)))]), date(2026, 11, 1)),
+        ("meta", meta([msg(ts(date(2031, 5, 2)))]), date(2031, 5, 2)),
+        ("meta", meta(statuses=[status("99999999999")]), date(5138, 11, 16)),
         # No usable timestamp.
-        ("meta", meta([msg(None)]), 7, UNTIMED_DAY),
-        ("meta", meta([msg("soon")]), 7, UNTIMED_DAY),
-        ("meta", meta(statuses=[{"id": "wamid.C", "status": "sent"}]), 7, UNTIMED_DAY),
+        ("meta", meta([msg(None)]), UNTIMED_DAY),
+        ("meta", meta([msg("soon")]), UNTIMED_DAY),
+        ("meta", meta([msg("²")]), UNTIMED_DAY),
+        ("meta", meta(statuses=[{"id": "wamid.C", "status": "sent"}]), UNTIMED_DAY),
         # Account-level changes carry no event time.
         (
             "meta",
@@ -70,7 +69,6 @@ def status(timestamp: object) -> dict[str, object]:
                     "entry": [{"id": "w", "changes": [{"field": "account_update", "value": {"x": 1}}]}],
                 }
             ),
-            7,
             UNTIMED_DAY,
         ),
         # Tenashi: whether a resend keeps `created` is not published, so never trusted.
@@ -84,22 +82,29 @@ def status(timestamp: object) -> dict[str, object]:
                     "data": {"message_id": "m", "status": "read"},
                 }
             ),
-            7,
             UNTIMED_DAY,
         ),
     ],
 )
-def test_event_day(source: str, body: bytes, window: int, want: date) -> None:
+def test_event_day(source: str, body: bytes, want: date) -> None:
     (ev,) = parse(source, body)
-    assert event_day(ev, source, today=TODAY, window_days=window) == want
+    assert event_day(ev, source) == want
 
 
-def test_a_redelivery_computes_the_same_day_on_every_day_of_the_window() -> None:
-    body = meta([msg(ts(date(2026, 11, 24), 23))], [status(ts(date(2026, 11, 24), 23))])
-    for offset in range(0, 8):
-        today = date(2026, 11, 24 + offset) if 24 + offset <= 30 else date(2026, 12, 24 + offset - 30)
-        plan = plan_batch([StagedRow(1, "meta", body, None)], today=today, window_days=7)
-        assert plan.key_days == [date(2026, 11, 24)] * 2, today
+@pytest.mark.parametrize("hours_ahead", [0, 20, 36, 60, 24 * 9])
+def test_a_redelivery_plans_the_same_day_whatever_the_clock_did(
+    monkeypatch: pytest.MonkeyPatch, hours_ahead: int
+) -> None:
+    """A status stamped ahead of our clock (36 h is the issue's case), and its redelivery a
+    day, two, eight later: the same key on the same day each time."""
+    monkeypatch.setattr(planning, "datetime", MovedClock, raising=False)
+    stamp = datetime.now(UTC) + timedelta(hours=hours_ahead)
+    body = meta([msg(str(int(stamp.timestamp())))], [status(str(int(stamp.timestamp())))])
+    days = []
+    for later in range(0, 9):
+        MovedClock.shift = timedelta(days=later)
+        days.append(plan_batch([StagedRow(1, "meta", body, None)]).key_days)
+    assert days == [[stamp.date()] * 2] * 9
 
 
 def test_plan_carries_one_day_per_key() -> None:
@@ -107,7 +112,7 @@ def test_plan_carries_one_day_per_key() -> None:
         StagedRow(1, "meta", meta([msg(ts(TODAY))], [status(None)]), None),
         StagedRow(2, "meta", meta([msg(ts(TODAY))]), None),  # same key in the batch: once
     ]
-    plan = plan_batch(rows, today=TODAY)
+    plan = plan_batch(rows)
     assert list(zip(plan.keys, plan.key_days, strict=True)) == [
         ("msg:wamid.A", TODAY),
         ("status:wamid.B:read:", UNTIMED_DAY),

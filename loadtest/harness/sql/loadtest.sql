@@ -67,3 +67,21 @@ SELECT count(*) FROM outbox WHERE state IN ('pending', 'sending');
 
 -- name: lt_outbox_states_all
 SELECT callback_data, state FROM outbox;
+
+-- name: lt_old_partition
+-- Chaos: a partition $2 days back (far behind every horizon: the next pass drops it).
+SELECT partition_ensure_day($1, current_date - $2::int);
+
+-- name: lt_old_partitions_left
+-- Chaos: partitions of any table at least $1 days back.
+SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE c.relname ~ '_p[0-9]{8}$' AND to_date(right(c.relname, 8), 'YYYYMMDD') <= current_date - $1::int;
+
+-- name: lt_dead_items
+-- Chaos: every dead item of the run, with the digest of the body it came from.
+SELECT sha256(w.body) AS digest, d.kind, d.state
+FROM dead_events d JOIN webhook_inbox w ON w.id = d.inbox_id
+WHERE d.inbox_id > $1;
+
+-- name: lt_dead_items_retrying
+SELECT count(*) FROM dead_events WHERE inbox_id > $1 AND state = 'retry';

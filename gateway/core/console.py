@@ -1,0 +1,235 @@
+"""The operator console's pure parts: who a token is, login rate limits, page cursors, the
+redirect after login, how a dead event's bytes are shown, and what on the overview needs a
+person. No I/O."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from urllib.parse import urlsplit
+
+import orjson
+
+
+@dataclass(frozen=True, slots=True)
+class Login:
+    name: str
+    read_only: bool
+    fingerprint: str  # of the token: a session outlives neither its token nor a change of it
+
+
+def fingerprint(token: str) -> str:
+    return hashlib.sha256(b"gateway-console-token\0" + token.encode()).hexdigest()[:32]
+
+
+def who(given: str, tokens: Sequence[tuple[str, str, str]]) -> Login | None:
+    """The login whose token is ``given``, in constant time: every token is compared (as
+    digests, so neither the length nor the first differing byte of any shows in the time)."""
+    digest = hashlib.sha256(given.encode()).digest()
+    found: Login | None = None
+    for name, token, role in tokens:
+        if hmac.compare_digest(digest, hashlib.sha256(token.encode()).digest()):
+            found = Login(name, role == "ro", fingerprint(token))
+    return found
+
+
+def session_key(tokens: Sequence[tuple[str, str, str]]) -> bytes:
+    """The key sessions are signed with, derived from every token: every process with the same
+    configuration accepts the others' sessions, and changing the tokens ends them all."""
+    material = "\n".join(sorted(f"{n}:{t}:{r}" for n, t, r in tokens)).encode()
+    return hmac.new(b"gateway console session key v1", material, hashlib.sha256).digest()
+
+
+class FailureLimit:
+    """Failed logins allowed per client (and in all) within a sliding window. ``check`` says
+    how many seconds to wait (0: go on); ``failed`` counts one."""
+
+    def __init__(self, per_client: int = 10, total: int = 200, window_s: float = 300.0) -> None:
+        self.per_client = per_client
+        self.total = total
+        self.window_s = window_s
+        self._clients: dict[str, deque[float]] = {}
+        self._all: deque[float] = deque()
+
+    def _trim(self, q: deque[float], now: float) -> None:
+        while q and q[0] <= now - self.window_s:
+            q.popleft()
+
+    def check(self, client: str, now: float) -> float:
+        self._trim(self._all, now)
+        q = self._clients.get(client)
+        if q is not None:
+            self._trim(q, now)
+            if not q:
+                del self._clients[client]
+        waits = []
+        if q is not None and len(q) >= self.per_client:
+            waits.append(q[0] + self.window_s - now)
+        if len(self._all) >= self.total:
+            waits.append(self._all[0] + self.window_s - now)
+        return max(waits, default=0.0)
+
+    def failed(self, client: str, now: float) -> None:
+        if len(self._clients) > 100_000:  # a flood of addresses cannot grow it without bound
+            self._clients.clear()
+        self._clients.setdefault(client, deque()).append(now)
+        self._all.append(now)
+
+    def succeeded(self, client: str) -> None:
+        self._clients.pop(client, None)
+
+
+def safe_next(raw: str | None) -> str:
+    """Where to go after logging in: a path of this console only (never another site's,
+    ``//host``, a scheme, or a backslash some browsers read as a slash)."""
+    if not raw or not raw.startswith("/") or raw.startswith("//") or "\\" in raw:
+        return "/"
+    parts = urlsplit(raw)
+    if parts.scheme or parts.netloc or any(ord(c) < 0x20 for c in raw):
+        return "/"
+    return raw
+
+
+def parse_when(raw: str, now: datetime) -> datetime:
+    """ISO 8601 (a time without an offset is UTC), or an age before ``now``: 30m, 2h, 7d.
+    ValueError otherwise."""
+    raw = raw.strip()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if raw[-1:] in units and raw[:-1].replace(".", "", 1).isdigit():
+        return now - timedelta(seconds=float(raw[:-1]) * units[raw[-1]])
+    try:
+        value = datetime.fromisoformat(raw)
+    except ValueError:
+        raise ValueError(f"not a time: {raw!r} (ISO 8601, or 30m / 2h / 7d ago)") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+# --- cursors: an opaque "after" parameter naming the last row of a page -----------------------
+
+
+def cursor(at: datetime | None, ident: int) -> str:
+    """``<epoch microseconds>.<id>`` (or ``<id>`` alone for lists ordered by id)."""
+    if at is None:
+        return str(ident)
+    return f"{int(at.timestamp() * 1_000_000)}.{ident}"
+
+
+def parse_cursor(raw: str | None) -> tuple[datetime | None, int] | None:
+    """The (time, id) of a cursor; None for none or a malformed one (the first page)."""
+    if not raw or len(raw) > 40:
+        return None
+    left, dot, right = raw.partition(".")
+    try:
+        if not dot:
+            return None, int(left)
+        at = datetime.fromtimestamp(int(left) / 1_000_000, UTC)
+        return at, int(right)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+# --- a dead event's bytes -------------------------------------------------------------------
+
+SHOWN_BYTES = 256 * 1024  # shown on the page; the whole is downloadable
+
+
+def pretty_json(data: bytes) -> str | None:
+    """The bytes as indented JSON, or None when they are not JSON (or too large to show)."""
+    if len(data) > SHOWN_BYTES:
+        return None
+    try:
+        return orjson.dumps(orjson.loads(data), option=orjson.OPT_INDENT_2).decode()
+    except orjson.JSONDecodeError:
+        return None
+
+
+def shown_text(data: bytes) -> tuple[str, bool]:
+    """The bytes as text (undecodable bytes as U+FFFD), cut at SHOWN_BYTES; and whether cut."""
+    cut = len(data) > SHOWN_BYTES
+    return data[:SHOWN_BYTES].decode("utf-8", errors="replace"), cut
+
+
+# --- the overview: what needs a person ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    level: str  # "critical" or "warning"
+    what: str
+    link: str
+
+
+@dataclass(frozen=True, slots=True)
+class Numbers:
+    """What the overview reads from the database."""
+
+    inbox_pending: int
+    inbox_lag_s: float
+    dead_rows: int
+    dead_events: int
+    outbox_review: int
+    outbox_unknown: int
+    outbox_failed: int
+    failed_deliveries: int
+    open_destination_breakers: int
+    disabled_destinations: int
+    open_sender_breakers: int
+    partitions_ahead_days: int | None  # None: no partitioned table has a day partition
+    maintenance_failing: bool  # the last pass failed, or none succeeded for a long time
+
+
+def needs(n: Numbers, cap: int | None = None) -> list[Need]:
+    """What a person should look at, the most urgent first (counts at ``cap`` read "cap+")."""
+
+    def count(value: int, *parts: int) -> str:
+        capped = cap is not None and any(p >= cap for p in parts or (value,))
+        return f"{value}+" if capped else str(value)
+
+    out: list[Need] = []
+    if n.partitions_ahead_days is not None and n.partitions_ahead_days < 1:
+        out.append(Need("critical", "no day partition ahead of today: ingest fails at midnight", "/"))
+    if n.maintenance_failing:
+        out.append(Need("critical", "the maintenance pass is failing", "/"))
+    if n.inbox_lag_s > 60:
+        out.append(Need("critical", f"consumers are {n.inbox_lag_s:.0f} s behind", "/"))
+    if n.open_sender_breakers:
+        out.append(Need("critical", f"{count(n.open_sender_breakers)} sender breaker(s) open", "/senders"))
+    if n.open_destination_breakers:
+        out.append(
+            Need(
+                "critical",
+                f"{count(n.open_destination_breakers)} destination breaker(s) open",
+                "/destinations",
+            )
+        )
+    if n.outbox_review:
+        out.append(
+            Need("warning", f"{count(n.outbox_review)} send(s) wait for review", "/outbox?state=review")
+        )
+    if n.dead_rows or n.dead_events:
+        out.append(
+            Need(
+                "warning",
+                f"{count(n.dead_rows + n.dead_events, n.dead_rows, n.dead_events)} dead item(s)",
+                "/dead",
+            )
+        )
+    if n.failed_deliveries:
+        out.append(Need("warning", f"{count(n.failed_deliveries)} failed deliveries", "/destinations"))
+    if n.outbox_failed:
+        out.append(Need("warning", f"{count(n.outbox_failed)} send(s) failed", "/outbox?state=failed"))
+    if n.outbox_unknown:
+        out.append(
+            Need("warning", f"{count(n.outbox_unknown)} send(s) of unknown fate", "/outbox?state=unknown")
+        )
+    if n.disabled_destinations:
+        out.append(
+            Need("warning", f"{count(n.disabled_destinations)} destination(s) disabled", "/destinations")
+        )
+    if n.partitions_ahead_days is not None and n.partitions_ahead_days == 1:
+        out.append(Need("warning", "only one day partition ahead of today", "/"))
+    return out

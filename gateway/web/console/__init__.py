@@ -1,0 +1,1 @@
+"""The operator console (GATEWAY_CONSOLE_PORT): pages, actions and logins."""

@@ -1,0 +1,124 @@
+-- bench-console: fill the tables the console pages through, server-side, in the order their
+-- keys grow (times and ids rise together, so each index is appended to, not written at
+-- random). $1..$2 is the range of row numbers a chunk writes, $3 how many rows in all (the
+-- time axis spans the last 14 days over them).
+
+-- name: console_fill_partitions
+SELECT count(*) FILTER (WHERE partition_ensure_day(t, d::date))
+FROM unnest(ARRAY['webhook_inbox', 'inbound_messages', 'message_statuses']) AS t,
+     generate_series(current_date - 15, current_date + 1, interval '1 day') AS d;
+
+-- name: console_secondary_indexes
+-- The indexes (other than those of constraints) of the filled tables, to drop before the fill
+-- and build again after it: a build sorts once, where row-by-row inserts would touch a random
+-- leaf page per row.
+SELECT c.relname AS table, i.relname AS name, pg_get_indexdef(x.indexrelid) AS def
+FROM pg_index x
+JOIN pg_class i ON i.oid = x.indexrelid
+JOIN pg_class c ON c.oid = x.indrelid
+WHERE c.relname IN ('outbox', 'deliveries', 'dead_events')
+  AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = x.indexrelid);
+
+-- name: console_fill_dead_events
+INSERT INTO dead_events (inbox_id, position, path, event_key, kind, source, received_at, unit, context,
+                         fragment, state, attempts, next_attempt_at, last_error)
+SELECT n, 0, '/entry/0/changes/0/value/messages/0',
+       CASE WHEN n % 100 < 99 THEN 'msg:wamid.D' || lpad(n::text, 9, '0') END,
+       CASE WHEN n % 100 < 60 THEN 'message' WHEN n % 100 < 90 THEN 'status'
+            WHEN n % 100 < 99 THEN 'bad' ELSE 'account_error' END,
+       'meta', now() - interval '14 days' + (n::float8 / $3) * interval '14 days', 'message', '{}',
+       convert_to('{"from":"4915100000001","id":"wamid.D' || lpad(n::text, 9, '0')
+                  || '","timestamp":"1764460800","type":"text","text":{"body":"hello ' || n || '"}}', 'UTF8'),
+       CASE WHEN n % 100 = 0 THEN 'retry' ELSE 'dead' END, 5,
+       now() + interval '1 hour', 'handler orders.on_message: ValueError: no order ' || n
+FROM generate_series($1::bigint, $2::bigint) AS n;
+
+-- name: console_fill_inbox
+-- Whole webhooks: every 10th dead (not JSON), the others done.
+INSERT INTO webhook_inbox (source, body, received_at, state, attempts, last_error, processed_at)
+SELECT 'meta', convert_to('not json ' || n, 'UTF8'),
+       now() - interval '14 days' + (n::float8 / $3) * interval '14 days',
+       CASE WHEN n % 10 = 0 THEN 'dead' ELSE 'done' END, 1,
+       CASE WHEN n % 10 = 0 THEN 'body is not JSON' END, now()
+FROM generate_series($1::bigint, $2::bigint) AS n;
+
+-- name: console_fill_outbox
+-- 97 % accepted, 1 % failed, 0.5 % review, 0.5 % cancelled, 0.2 % unknown, 0.8 % pending;
+-- a tenant with 0.1 % of the rows; about 2 M recipients.
+INSERT INTO outbox (tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload, state,
+                    attempts, wamid, delivery_status, last_error, last_error_code, created_at, updated_at,
+                    unknown_at, accepted_at)
+SELECT CASE WHEN n % 1000 = 999 THEN 'tiny' ELSE (ARRAY['acme', 'globex', 'initech', 'umbrella'])[n % 4 + 1] END,
+       'order-' || lpad(n::text, 10, '0'), 'cb-' || lpad(n::text, 10, '0'), 'meta', '1111',
+       '4915' || lpad((n % 2000003)::text, 8, '0'),
+       '{"type":"text","text":{"body":"Your order has shipped"}}'::jsonb, s.state,
+       1, CASE WHEN s.state = 'accepted' THEN 'wamid.O' || lpad(n::text, 10, '0') END,
+       CASE WHEN s.state = 'accepted' THEN 'delivered' END,
+       CASE WHEN s.state IN ('failed', 'review', 'unknown') THEN 'read timeout' END,
+       CASE WHEN s.state = 'failed' THEN 131026 END, t.at, t.at,
+       CASE WHEN s.state = 'unknown' THEN t.at END, CASE WHEN s.state = 'accepted' THEN t.at END
+FROM generate_series($1::bigint, $2::bigint) AS n
+CROSS JOIN LATERAL (SELECT now() - interval '14 days' + (n::float8 / $3) * interval '14 days' AS at) t
+CROSS JOIN LATERAL (SELECT CASE WHEN n % 1000 < 970 THEN 'accepted' WHEN n % 1000 < 980 THEN 'failed'
+                                WHEN n % 1000 < 985 THEN 'review' WHEN n % 1000 < 990 THEN 'cancelled'
+                                WHEN n % 1000 < 992 THEN 'unknown' ELSE 'pending' END AS state) s;
+
+-- name: console_fill_destinations
+INSERT INTO destinations (name, url, events, secret)
+SELECT 'dest' || i, 'https://receiver.example/hooks/' || i, '{message,status}',
+       'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw'
+FROM generate_series(1, 4) AS i
+ON CONFLICT (name) DO NOTHING;
+
+-- name: console_fill_deliveries
+-- Over 4 destinations: 98 % delivered, 1.5 % failed, 0.5 % pending.
+INSERT INTO deliveries (destination_id, event_key, webhook_id, kind, envelope, state, attempts,
+                        next_attempt_at, received_at, window_start, last_status, last_error, delivered_at,
+                        subject)
+SELECT d.id, 'msg:wamid.V' || lpad(n::text, 10, '0'), 'wh_' || md5(n::text), 'message', '{}'::jsonb, s.state,
+       1, t.at, t.at, t.at, CASE WHEN s.state = 'failed' THEN 500 ELSE 200 END,
+       CASE WHEN s.state = 'failed' THEN 'HTTP 500' END,
+       CASE WHEN s.state = 'delivered' THEN t.at END, 'wamid.V' || lpad(n::text, 10, '0')
+FROM generate_series($1::bigint, $2::bigint) AS n
+JOIN destinations d ON d.name = 'dest' || (n % 4 + 1)
+CROSS JOIN LATERAL (SELECT now() - interval '14 days' + (n::float8 / $3) * interval '14 days' AS at) t
+CROSS JOIN LATERAL (SELECT CASE WHEN n % 1000 < 980 THEN 'delivered' WHEN n % 1000 < 995 THEN 'failed'
+                                ELSE 'pending' END AS state) s;
+
+-- name: console_fill_inbound
+INSERT INTO inbound_messages (wamid, source, phone_number_id, sender, type, timestamp, contact_name, message,
+                              inbox_id, received_at, subject)
+SELECT 'wamid.I' || lpad(n::text, 10, '0'), 'meta', '1111', '4915' || lpad((n % 100003)::text, 8, '0'),
+       'text', t.at, 'Customer ' || n, '{"type":"text","text":{"body":"where is my order?"}}'::jsonb, n, t.at,
+       'wamid.I' || lpad(n::text, 10, '0')
+FROM generate_series($1::bigint, $2::bigint) AS n
+CROSS JOIN LATERAL (SELECT now() - interval '14 days' + (n::float8 / $3) * interval '14 days' AS at) t;
+
+-- name: console_fill_audit
+INSERT INTO operator_actions (actor, via, action, target, rows, outcome, at)
+SELECT (ARRAY['alice', 'bob', 'carol'])[n % 3 + 1], 'console', 'dead.replay', 'E' || n, 1, 'replayed 1 event(s)',
+       now() - interval '14 days' + (n::float8 / $3) * interval '14 days'
+FROM generate_series($1::bigint, $2::bigint) AS n;
+
+-- name: console_pick_dead
+-- A dead event from the middle of the table (its page, and the cursor of a page deep inside).
+SELECT id, received_at FROM dead_events WHERE id >= (SELECT max(id) / 2 FROM dead_events) AND state = 'dead'
+ORDER BY id LIMIT 1;
+
+-- name: console_pick_send
+SELECT id, tenant, idem_key, recipient, wamid FROM outbox
+WHERE id >= (SELECT max(id) / 2 FROM outbox) AND state = 'accepted' ORDER BY id LIMIT 1;
+
+-- name: console_pick_delivery
+SELECT d.name, dl.received_at, dl.id FROM deliveries dl JOIN destinations d ON d.id = dl.destination_id
+WHERE dl.id >= (SELECT max(id) / 2 FROM deliveries) ORDER BY dl.id LIMIT 1;
+
+-- name: console_pick_message
+SELECT id, wamid, sender FROM inbound_messages
+WHERE id >= (SELECT max(id) / 2 FROM inbound_messages) ORDER BY id LIMIT 1;
+
+-- name: console_pick_statuses
+-- A few statuses of the picked send, for its story.
+INSERT INTO message_statuses (event_key, wamid, status, recipient, timestamp, raw, subject)
+SELECT 'status:' || $1 || ':' || s || ':', $1, s, '4915100000001', now(), '{}'::jsonb, $1
+FROM unnest(ARRAY['sent', 'delivered', 'read']) AS s;

@@ -1,0 +1,315 @@
+-- What the operator console reads. Every list is keyset-paginated on an index: a page is one
+-- range scan from its cursor, however large the table. Filters that no index orders are
+-- applied to a bounded scan (at most $scan rows), and the page says how far it looked.
+-- Open bounds come as -infinity/infinity and the largest id, never as NULL, so that a
+-- generic plan still uses them as index conditions.
+
+-- name: console_dead_rows
+-- Whole webhooks parked dead (not JSON), newest id first, on webhook_inbox_dead per day
+-- partition; $1 before id, $2/$3 received in [since, until), $4 limit.
+SELECT id, source, received_at, delivery_id, attempts, octet_length(body) AS bytes, last_error
+FROM webhook_inbox
+WHERE state = 'dead' AND id < $1 AND received_at >= $2 AND received_at < $3
+ORDER BY id DESC
+LIMIT $4;
+
+-- name: console_dead_items
+-- Dead events (or waiting for a retry: $1 state), newest first, on dead_events_open;
+-- $2/$3 received in [since, until), ($4, $5) the cursor, $6 limit.
+SELECT id, inbox_id, path, event_key, kind, source, state, attempts, deferrals, received_at,
+       next_attempt_at, octet_length(fragment) AS bytes, last_error
+FROM dead_events
+WHERE state = $1 AND state <> 'done' AND received_at >= $2 AND received_at < $3
+  AND (received_at, id) < ($4, $5)
+ORDER BY received_at DESC, id DESC
+LIMIT $6;
+
+-- name: console_dead_items_kind
+-- As console_dead_items, of one kind ($7), on dead_events_open_kind.
+SELECT id, inbox_id, path, event_key, kind, source, state, attempts, deferrals, received_at,
+       next_attempt_at, octet_length(fragment) AS bytes, last_error
+FROM dead_events
+WHERE state = $1 AND state <> 'done' AND kind = $7 AND received_at >= $2 AND received_at < $3
+  AND (received_at, id) < ($4, $5)
+ORDER BY received_at DESC, id DESC
+LIMIT $6;
+
+-- name: console_dead_count
+-- What a replay of a range would touch, each counted up to $3: dead rows and dead events
+-- received in [$1, $2).
+SELECT (SELECT count(*) FROM (SELECT FROM webhook_inbox
+                              WHERE state = 'dead' AND received_at >= $1 AND received_at < $2
+                              LIMIT $3) r) AS rows,
+       (SELECT count(*) FROM (SELECT FROM dead_events
+                              WHERE state = 'dead' AND state <> 'done' AND received_at >= $1
+                                AND received_at < $2
+                              LIMIT $3) e) AS items;
+
+-- name: console_outbox_by_key
+-- Rows with key $1 of any tenant: the tenants are walked on (tenant, idem_key) one probe
+-- each (a loose index scan), and each probed for the key.
+WITH RECURSIVE t AS (
+    (SELECT tenant FROM outbox ORDER BY tenant LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.tenant FROM outbox o WHERE o.tenant > t.tenant ORDER BY o.tenant LIMIT 1)
+    FROM t WHERE t.tenant IS NOT NULL
+)
+SELECT o.id, o.tenant, o.idem_key, o.state, o.provider, o.phone_number_id, o.recipient, o.attempts,
+       o.wamid, o.delivery_status, o.last_error_code, o.last_error, o.updated_at
+FROM t JOIN outbox o ON o.tenant = t.tenant AND o.idem_key = $1
+ORDER BY o.id DESC;
+
+-- name: console_outbox_by_wamid
+SELECT id, tenant, idem_key, state, provider, phone_number_id, recipient, attempts, wamid,
+       delivery_status, last_error_code, last_error, updated_at
+FROM outbox WHERE wamid = $1
+ORDER BY id DESC;
+
+-- name: console_outbox_scan
+-- Newest first from before id $1: at most $2 rows scanned on the primary key, those of
+-- tenant $3 and state $4 (NULL: any) kept, $5 at most. With no match the single row has a
+-- NULL id and says how many rows were scanned down to which id.
+WITH scan AS (
+    SELECT id, tenant, idem_key, state, provider, phone_number_id, recipient, attempts, wamid,
+           delivery_status, last_error_code, last_error, updated_at
+    FROM outbox WHERE id < $1 ORDER BY id DESC LIMIT $2
+), hit AS (
+    SELECT * FROM scan WHERE ($3::text IS NULL OR tenant = $3) AND ($4::text IS NULL OR state = $4)
+    ORDER BY id DESC LIMIT $5
+)
+SELECT h.*, s.scanned, s.scanned_to
+FROM (SELECT count(*) AS scanned, min(id) AS scanned_to FROM scan) s LEFT JOIN hit h ON true
+ORDER BY h.id DESC;
+
+-- name: console_customer_ids
+-- Every identity of the customer named $1 (a phone number, a BSUID or a parent BSUID) as the
+-- consumers saw them together (customer_ids): the business numbers are walked one probe each
+-- on the primary key (a loose index scan), each probed by BSUID, by phone and by parent BSUID.
+WITH RECURSIVE n AS (
+    (SELECT phone_number_id FROM customer_ids ORDER BY phone_number_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT c.phone_number_id FROM customer_ids c WHERE c.phone_number_id > n.phone_number_id
+            ORDER BY c.phone_number_id LIMIT 1)
+    FROM n WHERE n.phone_number_id IS NOT NULL
+), found AS (
+    SELECT c.wa_id, c.user_id, c.parent_user_id FROM n
+    JOIN customer_ids c ON c.phone_number_id = n.phone_number_id AND c.user_id = $1
+    UNION
+    SELECT c.wa_id, c.user_id, c.parent_user_id FROM n
+    JOIN customer_ids c ON c.phone_number_id = n.phone_number_id AND c.wa_id = $1
+    UNION
+    SELECT c.wa_id, c.user_id, c.parent_user_id FROM n
+    JOIN customer_ids c ON c.phone_number_id = n.phone_number_id AND c.parent_user_id = $1
+)
+SELECT DISTINCT x FROM (
+    SELECT $1::text AS x
+    UNION ALL SELECT wa_id FROM found UNION ALL SELECT user_id FROM found
+    UNION ALL SELECT parent_user_id FROM found
+) ids WHERE x IS NOT NULL
+LIMIT 50;
+
+-- name: console_outbox_scan_recipient
+-- As console_outbox_scan, among the rows to any of the recipients $6 (one person's phone and
+-- BSUIDs), each read newest first on outbox_recipient.
+WITH scan AS (
+    SELECT o.* FROM unnest($6::text[]) AS r(recipient)
+    CROSS JOIN LATERAL (
+        SELECT id, tenant, idem_key, state, provider, phone_number_id, recipient, attempts, wamid,
+               delivery_status, last_error_code, last_error, updated_at
+        FROM outbox WHERE recipient = r.recipient AND id < $1 ORDER BY id DESC LIMIT $2) o
+    ORDER BY o.id DESC LIMIT $2
+), hit AS (
+    SELECT * FROM scan WHERE ($3::text IS NULL OR tenant = $3) AND ($4::text IS NULL OR state = $4)
+    ORDER BY id DESC LIMIT $5
+)
+SELECT h.*, s.scanned, s.scanned_to
+FROM (SELECT count(*) AS scanned, min(id) AS scanned_to FROM scan) s LEFT JOIN hit h ON true
+ORDER BY h.id DESC;
+
+-- name: console_outbox_scan_attention
+-- As console_outbox_scan, among the rows in state $6 (unknown, review, failed or cancelled),
+-- on outbox_attention.
+WITH scan AS (
+    SELECT id, tenant, idem_key, state, provider, phone_number_id, recipient, attempts, wamid,
+           delivery_status, last_error_code, last_error, updated_at
+    FROM outbox
+    WHERE state = $6 AND state IN ('unknown', 'review', 'failed', 'cancelled') AND id < $1
+    ORDER BY id DESC LIMIT $2
+), hit AS (
+    SELECT * FROM scan WHERE ($3::text IS NULL OR tenant = $3) AND ($4::text IS NULL OR state = $4)
+    ORDER BY id DESC LIMIT $5
+)
+SELECT h.*, s.scanned, s.scanned_to
+FROM (SELECT count(*) AS scanned, min(id) AS scanned_to FROM scan) s LEFT JOIN hit h ON true
+ORDER BY h.id DESC;
+
+-- name: console_outbox_bulk_count
+-- What a bulk release/cancel of state $1 changed in [$2, $3) of tenant $4 would select,
+-- counted up to $5.
+SELECT count(*) FROM (
+    SELECT FROM outbox
+    WHERE state = $1 AND state IN ('unknown', 'review', 'failed', 'cancelled', 'pending')
+      AND ($2::float8 IS NULL OR updated_at >= to_timestamp($2::float8))
+      AND ($3::float8 IS NULL OR updated_at < to_timestamp($3::float8))
+      AND ($4::text IS NULL OR tenant = $4)
+    LIMIT $5) x;
+
+-- name: console_statuses
+-- A sent message's statuses in the order they happened (then as they arrived).
+SELECT status, participant, recipient, timestamp, errors, recorded_at, source
+FROM message_statuses WHERE wamid = $1
+ORDER BY timestamp NULLS LAST, recorded_at, id
+LIMIT 200;
+
+-- name: console_attempts
+-- A send's attempts in order, and what operators did to it.
+SELECT 'attempt' AS what, a.at, a.sent_at, a.outcome AS detail, a.code, a.error, a.wamid
+FROM outbox_attempts a WHERE a.outbox_id = $1
+UNION ALL
+SELECT 'operator', x.at, NULL, x.actor || ' (' || x.via || '): ' || x.action, NULL, x.outcome, NULL
+FROM operator_actions x WHERE x.target IN ($2, $3)
+ORDER BY 2
+LIMIT 200;
+
+-- name: console_destinations
+-- Every destination with its breaker, backlog and failures, each counted up to $1 on its
+-- index (deliveries_due from due_from, deliveries_failed).
+SELECT d.name, d.url, d.events, d.secret, d.enabled, d.ordered, d.max_in_flight, d.breaker_state,
+       d.consecutive_failures, d.breaker_changed_at,
+       CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret END AS previous_secret,
+       CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret_until END
+           AS previous_secret_until,
+       (SELECT count(*) FROM (SELECT FROM deliveries x
+                              WHERE x.destination_id = d.id AND x.state = 'pending'
+                                AND x.next_attempt_at >= d.due_from LIMIT $1) c) AS backlog,
+       (SELECT count(*) FROM (SELECT FROM deliveries x
+                              WHERE x.destination_id = d.id AND x.state = 'failed' LIMIT $1) c) AS failed
+FROM destinations d
+ORDER BY d.name;
+
+-- name: console_deliveries_failed
+-- One destination's failed deliveries ($1 id), newest first, on deliveries_failed;
+-- received in [$2, $3), ($4, $5) the cursor, $6 limit.
+SELECT dl.id, dl.webhook_id, dl.event_key, dl.kind, dl.state, dl.attempts, dl.received_at,
+       dl.next_attempt_at, dl.last_status, dl.last_error, dl.delivered_at
+FROM deliveries dl
+WHERE dl.destination_id = $1 AND dl.state = 'failed' AND dl.received_at >= $2 AND dl.received_at < $3
+  AND (dl.received_at, dl.id) < ($4, $5)
+ORDER BY dl.received_at DESC, dl.id DESC
+LIMIT $6;
+
+-- name: console_deliveries
+-- One destination's deliveries ($1 id), newest first, on deliveries_received: at most $7
+-- scanned from the cursor ($4, $5) in [$2, $3), those in state $8 (NULL: any) kept, $6 at most.
+WITH scan AS (
+    SELECT dl.id, dl.webhook_id, dl.event_key, dl.kind, dl.state, dl.attempts, dl.received_at,
+           dl.next_attempt_at, dl.last_status, dl.last_error, dl.delivered_at
+    FROM deliveries dl
+    WHERE dl.destination_id = $1 AND dl.received_at >= $2 AND dl.received_at < $3
+      AND dl.received_at <= $4 AND (dl.received_at, dl.id) < ($4, $5)
+    ORDER BY dl.received_at DESC, dl.id DESC
+    LIMIT $7
+), hit AS (
+    SELECT * FROM scan WHERE $8::text IS NULL OR state = $8
+    ORDER BY received_at DESC, id DESC LIMIT $6
+), last AS (
+    SELECT received_at, id FROM scan ORDER BY received_at, id LIMIT 1
+)
+SELECT h.*, (SELECT count(*) FROM scan) AS scanned, l.received_at AS scanned_at, l.id AS scanned_id
+FROM (SELECT 1) one LEFT JOIN last l ON true LEFT JOIN hit h ON true
+ORDER BY h.received_at DESC, h.id DESC;
+
+-- name: console_deliveries_count
+-- What a replay of destination $1's deliveries in state $2 received in [$3, $4) touches,
+-- counted up to $5 ($1 NULL: every destination).
+SELECT count(*) FROM (
+    SELECT FROM deliveries dl JOIN destinations d ON d.id = dl.destination_id
+    WHERE ($1::text IS NULL OR d.name = $1) AND dl.state = $2
+      AND dl.received_at >= $3 AND dl.received_at < $4
+    LIMIT $5) x;
+
+-- name: console_inbound_by_wamid
+SELECT id, wamid, source, phone_number_id, sender, user_id, type, timestamp, contact_name, message,
+       inbox_id, received_at
+FROM inbound_messages WHERE wamid = $1
+ORDER BY id DESC
+LIMIT 20;
+
+-- name: console_inbound_scan
+-- Newest first from before id $1: at most $2 messages scanned, those from the customer's
+-- identities $3 (phone numbers or BSUIDs; NULL: any) kept, $4 at most; the single row of no
+-- match says how far the scan went.
+WITH scan AS (
+    SELECT id, wamid, source, phone_number_id, sender, user_id, type, timestamp, contact_name, received_at
+    FROM inbound_messages WHERE id < $1 ORDER BY id DESC LIMIT $2
+), hit AS (
+    SELECT * FROM scan
+    WHERE $3::text[] IS NULL OR sender = ANY($3::text[]) OR user_id = ANY($3::text[])
+    ORDER BY id DESC LIMIT $4
+)
+SELECT h.*, s.scanned, s.scanned_to
+FROM (SELECT count(*) AS scanned, min(id) AS scanned_to FROM scan) s LEFT JOIN hit h ON true
+ORDER BY h.id DESC;
+
+-- name: console_event_story
+-- What the gateway did with one event key ($1) of an inbound message received in inbox row
+-- $2: its dedup key, its deliveries (one probe per destination), the events of it that
+-- failed on their own.
+SELECT 'key' AS what, p.event_key AS name, NULL::text AS state, p.processed_at AS at, NULL::text AS detail
+FROM processed_webhook_events p WHERE p.event_key = $1
+UNION ALL
+SELECT 'delivery', d.name, dl.state, coalesce(dl.delivered_at, dl.next_attempt_at),
+       coalesce(dl.last_status::text || ' ', '') || coalesce(dl.last_error, '')
+FROM destinations d JOIN deliveries dl ON dl.destination_id = d.id AND dl.event_key = $1
+UNION ALL
+SELECT 'dead', 'E' || e.id, e.state, e.updated_at, e.last_error
+FROM dead_events e WHERE e.inbox_id = $2 AND coalesce(e.event_key, '') IN ($1, '');
+
+-- name: console_replies
+-- The replies claimed for an inbound message, with their outbox rows.
+SELECT c.claimed_by, c.claimed_at, c.tenant, c.idem_key, o.state, o.wamid, o.delivery_status
+FROM reply_claims c
+LEFT JOIN outbox o ON o.tenant = c.tenant AND o.idem_key = c.idem_key
+WHERE c.inbound_wamid = $1
+ORDER BY c.claimed_at;
+
+-- name: console_overview
+-- The overview's numbers, every count bounded by $1 on a partial index; the ingest rate
+-- counts the rows received in the last minute among the newest $2 ids.
+SELECT
+    (SELECT count(*) FROM (SELECT FROM webhook_inbox
+                           WHERE received_at >= now() - interval '60 seconds'
+                             AND id > (SELECT max(id) FROM webhook_inbox) - $2
+                           LIMIT $2) x) AS ingest_last_minute,
+    (SELECT count(*) FROM (SELECT FROM webhook_inbox WHERE state = 'pending' LIMIT $1) x) AS inbox_pending,
+    (SELECT coalesce(extract(epoch FROM clock_timestamp() - min(next_attempt_at)), 0)::float8
+     FROM (SELECT next_attempt_at FROM webhook_inbox WHERE state = 'pending'
+           AND next_attempt_at <= clock_timestamp()
+           ORDER BY next_attempt_at LIMIT 1) x) AS inbox_oldest_due_s,
+    (SELECT count(*) FROM (SELECT FROM webhook_inbox WHERE state = 'dead' LIMIT $1) x) AS dead_rows,
+    (SELECT count(*) FROM (SELECT FROM dead_events WHERE state = 'dead' AND state <> 'done' LIMIT $1) x)
+        AS dead_events,
+    (SELECT count(*) FROM (SELECT FROM dead_events WHERE state = 'retry' AND state <> 'done' LIMIT $1) x)
+        AS retry_events,
+    (SELECT min(received_at) FROM (SELECT received_at FROM dead_events
+                                   WHERE state = 'dead' AND state <> 'done'
+                                   ORDER BY received_at LIMIT 1) x) AS dead_oldest,
+    (SELECT count(*) FROM (SELECT FROM outbox WHERE state = 'pending' LIMIT $1) x) AS outbox_pending,
+    (SELECT min(next_attempt_at) FROM (SELECT next_attempt_at FROM outbox WHERE state = 'pending'
+                                       ORDER BY next_attempt_at LIMIT 1) x) AS outbox_next_due,
+    (SELECT count(*) FROM (SELECT FROM outbox WHERE state = 'sending' LIMIT $1) x) AS outbox_sending,
+    (SELECT count(*) FROM (SELECT FROM outbox
+                           WHERE state = 'unknown' AND state IN ('unknown', 'review', 'failed', 'cancelled')
+                           LIMIT $1) x) AS outbox_unknown,
+    (SELECT min(unknown_at) FROM outbox WHERE state = 'unknown') AS outbox_oldest_unknown,
+    (SELECT count(*) FROM (SELECT FROM outbox
+                           WHERE state = 'review' AND state IN ('unknown', 'review', 'failed', 'cancelled')
+                           LIMIT $1) x) AS outbox_review,
+    (SELECT count(*) FROM (SELECT FROM outbox
+                           WHERE state = 'failed' AND state IN ('unknown', 'review', 'failed', 'cancelled')
+                           LIMIT $1) x) AS outbox_failed,
+    (SELECT count(*) FROM send_breakers WHERE state <> 'closed') AS open_sender_breakers,
+    (SELECT min(coalesce((SELECT max(pd) FROM partition_days(t) AS pd) - current_date, -1))
+     FROM unnest(ARRAY['processed_webhook_events', 'webhook_inbox', 'inbound_messages',
+                       'message_statuses', 'account_errors', 'account_updates']) AS t
+     WHERE to_regclass(t) IS NOT NULL) AS partitions_ahead_days;

@@ -1,0 +1,260 @@
+"""The operator console over real HTTP (its own listener): logins, sessions, CSRF, headers,
+escaping, keyset pages. The browser scenarios are in tests/process/test_console_browser.py."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+import aiohttp
+import asyncpg
+import pytest
+
+from gateway.core.settings import Settings
+from gateway.web.console.app import CSP, console_listener
+from tests.support.config import replace
+
+OPS = "ops-token-0123456789abcdef"
+VIEWER = "viewer-token-0123456789abcdef"
+XSS = b'{"id":"wamid.X","text":{"body":"</pre><script>alert(1)</script><img src=x onerror=alert(2)>"}}'
+
+
+def console_settings(settings: Settings, tokens: str = f"ops:{OPS},viewer:{VIEWER}:ro") -> Settings:
+    parsed = Settings.from_env({"GATEWAY_CONSOLE_TOKENS": tokens}).console_tokens
+    return replace(settings, console_port=0, console_tokens=parsed)
+
+
+@pytest.fixture
+async def console(settings: Settings) -> AsyncIterator[str]:
+    s = console_settings(settings)
+    async with console_listener(s) as listening:
+        yield f"http://127.0.0.1:{listening.port}"
+
+
+async def log_in(http: aiohttp.ClientSession, base: str, token: str) -> aiohttp.ClientResponse:
+    async with http.get(f"{base}/login") as r:
+        nonce = re.search(r'name="_nonce" value="([^"]+)"', await r.text())
+    assert nonce
+    return await http.post(
+        f"{base}/login", data={"token": token, "_nonce": nonce.group(1)}, allow_redirects=False
+    )
+
+
+async def csrf_of(http: aiohttp.ClientSession, base: str) -> str:
+    async with http.get(f"{base}/") as r:
+        found = re.search(r'name="_csrf" value="([^"]+)"', await r.text())
+    assert found
+    return found.group(1)
+
+
+@pytest.fixture
+async def ops(console: str) -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        r = await log_in(http, console, OPS)
+        assert r.status == 303
+        yield http
+
+
+async def seed(pool: asyncpg.Pool) -> int:
+    await pool.execute(
+        "INSERT INTO outbox (tenant, idem_key, callback_data, recipient, payload, state)"
+        " VALUES ('acme', 'order-7', 'cb-7', '4915100000001', '{}', 'review')"
+    )
+    return int(
+        await pool.fetchval(
+            "INSERT INTO dead_events (inbox_id, position, path, event_key, kind, source, received_at, unit,"
+            " fragment, state, last_error) VALUES (1, 0, '/entry/0', 'msg:wamid.X', 'message', 'meta', now(),"
+            " 'message', $1, 'dead', '<b>boom</b>') RETURNING id",
+            XSS,
+        )
+    )
+
+
+async def test_every_page_renders_and_escapes_what_came_from_a_webhook(
+    pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
+) -> None:
+    item = await seed(pool)
+    for path in (
+        "/", "/dead", "/dead?kind=message&since=2h", f"/dead/E{item}", "/outbox", "/outbox?state=review",
+        "/outbox?recipient=4915100000001", "/outbox?key=order-7", "/outbox?tenant=acme&state=pending",
+        "/outbox/send?tenant=acme&key=order-7", "/destinations", "/senders", "/inbound",
+        "/inbound?customer=49", "/audit", "/static/console.css",
+    ):  # fmt: skip
+        async with ops.get(f"{console}{path}") as r:
+            assert r.status == 200, path
+            page = await r.text()
+            assert "<script" not in page, path
+    async with ops.get(f"{console}/dead/E{item}") as r:
+        page = await r.text()
+    assert "&lt;/pre&gt;&lt;script&gt;alert(1)&lt;/script&gt;&lt;img src=x onerror=alert(2)&gt;" in page
+    assert "&lt;b&gt;boom&lt;/b&gt;" in page and "<b>boom" not in page
+    async with ops.get(f"{console}/dead/E{item}/raw") as r:
+        assert r.headers["Content-Type"] == "application/octet-stream"
+        assert r.headers["Content-Disposition"].startswith("attachment")
+        assert await r.read() == XSS
+    async with ops.get(f"{console}/dead?since=yesterday") as r:
+        assert r.status == 400 and "not a time" in await r.text()
+
+
+async def test_headers_and_cookie_flags(console: str) -> None:
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        async with http.get(f"{console}/login") as r:
+            assert r.headers["Content-Security-Policy"] == CSP
+            assert "script-src" not in CSP and "default-src 'none'" in CSP
+            assert r.headers["X-Frame-Options"] == "DENY" and r.headers["Cache-Control"] == "no-store"
+        done = await log_in(http, console, OPS)
+        cookie = done.headers.getall("Set-Cookie")
+        session = next(c for c in cookie if c.startswith("gw_console="))
+        assert "HttpOnly" in session and "SameSite=Strict" in session and "Secure" not in session
+    async with (
+        aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http,
+        http.get(f"{console}/login", headers={"X-Forwarded-Proto": "https"}) as r,
+    ):
+        assert "Secure" in r.headers["Set-Cookie"]
+        assert "Strict-Transport-Security" in r.headers
+
+
+async def test_nobody_gets_past_the_login_page(pool: asyncpg.Pool, console: str) -> None:
+    await seed(pool)
+    async with aiohttp.ClientSession() as http:
+        for path in ("/", "/outbox/send?tenant=acme&key=order-7", "/dead/E1/raw", "/audit", "/no-such-page"):
+            async with http.get(f"{console}{path}", allow_redirects=False) as r:
+                assert r.status == 303 and r.headers["Location"].startswith("/login?next="), path
+        async with http.post(f"{console}/outbox/release", data={"tenant": "acme", "key": "order-7"}) as r:
+            assert r.status == 403
+        forged = {"gw_console": "eyJuIjoib3BzIn0.forged.sig"}
+        async with http.get(f"{console}/", cookies=forged, allow_redirects=False) as r:
+            assert r.status == 303
+    assert await pool.fetchval("SELECT state FROM outbox") == "review"
+
+
+async def test_csrf_origin_and_read_only_are_refused_and_change_nothing(
+    pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
+) -> None:
+    await seed(pool)
+    form = {"tenant": "acme", "key": "order-7"}
+    async with ops.post(f"{console}/outbox/release", data=form) as r:
+        assert r.status == 403 and "stale or forged" in await r.text()
+    csrf = await csrf_of(ops, console)
+    async with ops.post(f"{console}/outbox/release", data={**form, "_csrf": "0" * 64}) as r:
+        assert r.status == 403
+    headers = {"Origin": "https://evil.example"}
+    async with ops.post(f"{console}/outbox/release", data={**form, "_csrf": csrf}, headers=headers) as r:
+        assert r.status == 403 and "another site" in await r.text()
+    async with ops.post(
+        f"{console}/outbox/release", data={**form, "_csrf": csrf}, headers={"Sec-Fetch-Site": "cross-site"}
+    ) as r:
+        assert r.status == 403
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as viewer:
+        assert (await log_in(viewer, console, VIEWER)).status == 303
+        viewer_csrf = await csrf_of(viewer, console)
+        async with viewer.post(f"{console}/outbox/release", data={**form, "_csrf": viewer_csrf}) as r:
+            assert r.status == 403 and "read-only" in await r.text()
+    assert await pool.fetchval("SELECT state FROM outbox") == "review"
+    assert await pool.fetchval("SELECT count(*) FROM operator_actions") == 0
+    # With everything right, it goes (and is audited under the token's name).
+    async with ops.post(f"{console}/outbox/release", data={**form, "_csrf": csrf}) as r:
+        assert r.status == 200 and "now pending" in await r.text()
+    assert await pool.fetchval("SELECT actor FROM operator_actions") == "ops"
+
+
+async def test_failed_logins_are_rate_limited(console: str) -> None:
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        for _ in range(10):
+            assert (await log_in(http, console, "wrong-token-0123456789")).status == 401
+        limited = await log_in(http, console, OPS)  # even the right token waits now
+        assert limited.status == 429 and int(limited.headers["Retry-After"]) > 0
+
+
+async def test_a_session_ends_when_its_token_changes(settings: Settings) -> None:
+    before = console_settings(settings)
+    after = console_settings(settings, tokens=f"ops:{'n' * 24}")
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        async with console_listener(before) as one:
+            base = f"http://127.0.0.1:{one.port}"
+            assert (await log_in(http, base, OPS)).status == 303
+            cookie = http.cookie_jar.filter_cookies(base)["gw_console"].value
+        async with console_listener(after) as two:
+            base = f"http://127.0.0.1:{two.port}"
+            async with http.get(f"{base}/", cookies={"gw_console": cookie}, allow_redirects=False) as r:
+                assert r.status == 303  # the old token's session is not the new token's
+
+
+async def test_dead_items_page_through_both_kinds_without_gaps_or_repeats(
+    pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
+) -> None:
+    await pool.execute(
+        "INSERT INTO webhook_inbox (source, body, state, received_at)"
+        " SELECT 'meta', 'not json', 'dead', now() - i * interval '1 minute' FROM generate_series(1, 37) i"
+    )
+    await pool.execute(
+        "INSERT INTO dead_events (inbox_id, position, path, kind, source, received_at, unit, fragment, state)"
+        " SELECT i, 0, '/x', 'bad', 'meta', now() - i * interval '40 seconds', 'message', '{}', 'dead'"
+        " FROM generate_series(1, 88) i"
+    )
+    seen: list[str] = []
+    url: str | None = f"{console}/dead"
+    while url:
+        async with ops.get(url) as r:
+            page = await r.text()
+        seen += re.findall(r'href="/dead/([RE]\d+)"', page)
+        more = re.search(r'href="(/dead\?[^"]+)" id="next"', page)
+        url = f"{console}{more.group(1).replace('&amp;', '&')}" if more else None
+    assert len(seen) == 37 + 88 and len(set(seen)) == len(seen)
+
+
+async def test_keys_and_wamids_with_any_visible_character_have_working_links(
+    pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
+) -> None:
+    key = "a/b?c#d&e=%2F"
+    await pool.execute(
+        "INSERT INTO outbox (tenant, idem_key, callback_data, recipient, payload, state)"
+        " VALUES ('acme', $1, 'cb-odd', '4915100000001', '{}', 'review')",
+        key,
+    )
+    async with ops.get(f"{console}/outbox?state=review") as r:
+        link = re.search(r'href="(/outbox/send\?[^"]+)"', await r.text())
+    assert link
+    async with ops.get(f"{console}{link.group(1).replace('&amp;', '&')}") as r:
+        assert r.status == 200 and "a/b?c#d&amp;e=%2F" in await r.text()
+    for bad in ("/outbox?after=99999999999999999999", "/outbox?after=-1", "/outbox/send?tenant=acme"):
+        async with ops.get(f"{console}{bad}") as r:
+            assert r.status == 400, bad
+
+
+async def test_a_failing_database_is_a_503_page_without_details(
+    pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
+) -> None:
+    await pool.execute("ALTER TABLE outbox RENAME TO outbox_away")
+    async with ops.get(f"{console}/outbox?state=review") as r:
+        page = await r.text()
+    assert r.status == 503 and r.headers["Retry-After"] == "5"
+    assert "Database unavailable" in page and "outbox" not in page.split("<main>")[1].split("</main>")[0]
+
+
+async def test_a_customer_is_found_by_phone_or_bsuid(
+    pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
+) -> None:
+    phone, bsuid = "4915100000009", "US.13491208655302741918"
+    await pool.execute(
+        "INSERT INTO customer_ids (phone_number_id, user_id, wa_id) VALUES ('1111', $1, $2)", bsuid, phone
+    )
+    await pool.execute(
+        "INSERT INTO outbox (tenant, idem_key, callback_data, recipient, payload, state) VALUES"
+        " ('acme', 'by-phone', 'cb-p', $1, '{}', 'accepted'),"
+        " ('acme', 'by-bsuid', 'cb-b', $2, '{}', 'accepted'),"
+        " ('acme', 'someone-else', 'cb-x', '4915100000001', '{}', 'accepted')",
+        phone,
+        bsuid,
+    )
+    await pool.execute(
+        "INSERT INTO inbound_messages (wamid, sender, user_id, message, subject)"
+        " VALUES ('wamid.U1', NULL, $1, '{}', 'wamid.U1')",
+        bsuid,
+    )
+    for who in (phone, bsuid):
+        async with ops.get(f"{console}/outbox", params={"recipient": who}) as r:
+            page = await r.text()
+        assert "by-phone" in page and "by-bsuid" in page and "someone-else" not in page, who
+    async with ops.get(f"{console}/inbound", params={"customer": phone}) as r:
+        assert "wamid.U1" in await r.text()

@@ -1,0 +1,36 @@
+"""bench-console end to end on small tables: it fills them, serves the console, asks every
+page (each must answer 200) and reports each page against the target. (It says nothing about
+speed here: the figures come from a run at full size, docs/console.md.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def test_bench_console_asks_every_page(pg_admin_dsn: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env["DATABASE_URL"] = pg_admin_dsn
+    args = ["bench-console", "--dead", "3000", "--outbox", "5000", "--deliveries", "5000", "--rounds", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "loadtest", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert "answered" not in done.stdout + done.stderr, done.stdout + done.stderr  # every page: 200
+    lines = done.stdout.splitlines()
+    summary = lines[-1]
+    assert summary.endswith("pages within 200 ms") or "missed:" in summary, done.stdout[-2000:]
+    assert done.returncode == (0 if "missed:" not in summary else 1)
+    for page in (
+        "overview",
+        "dead items, deep page",
+        "outbox by recipient",
+        "deliveries failed",
+        "audit log",
+    ):
+        assert any(line.startswith(page + " ") for line in lines), page

@@ -1,0 +1,135 @@
+"""The console's pure parts: tokens, login limits, redirects, cursors, bytes, what needs a person."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gateway.core import console
+from gateway.core.settings import Settings, SettingsError
+
+TOKENS = (("alice", "a" * 20, "rw"), ("bob", "b" * 20, "ro"))
+
+
+@pytest.mark.parametrize(
+    ("given", "name", "read_only"),
+    [("a" * 20, "alice", False), ("b" * 20, "bob", True), ("a" * 19, None, None), ("", None, None),
+     ("a" * 21, None, None), ("A" * 20, None, None)],
+)  # fmt: skip
+def test_who_a_token_is(given: str, name: str | None, read_only: bool | None) -> None:
+    found = console.who(given, TOKENS)
+    assert (found.name if found else None, found.read_only if found else None) == (name, read_only)
+
+
+def test_the_session_key_changes_with_any_token() -> None:
+    assert console.session_key(TOKENS) == console.session_key(tuple(reversed(TOKENS)))
+    assert console.session_key(TOKENS) != console.session_key((TOKENS[0], ("bob", "c" * 20, "ro")))
+    assert console.fingerprint("a" * 20) != console.fingerprint("b" * 20)
+
+
+def test_failed_logins_are_limited_per_client_and_in_all() -> None:
+    limit = console.FailureLimit(per_client=3, total=5, window_s=60)
+    for _ in range(3):
+        assert limit.check("1.2.3.4", 0) == 0
+        limit.failed("1.2.3.4", 0)
+    assert limit.check("1.2.3.4", 1) == pytest.approx(59)
+    assert limit.check("5.6.7.8", 1) == 0  # another client is not held back by it
+    limit.failed("5.6.7.8", 1)
+    limit.failed("9.9.9.9", 1)
+    assert limit.check("7.7.7.7", 2) == pytest.approx(58)  # five failures in all: everyone waits
+    assert limit.check("1.2.3.4", 61) == 0  # the window passed
+    limit.succeeded("5.6.7.8")
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("/outbox?state=review", "/outbox?state=review"),
+        ("/", "/"),
+        (None, "/"),
+        ("", "/"),
+        ("https://evil.example/", "/"),
+        ("//evil.example/x", "/"),
+        ("/\\evil.example", "/"),
+        ("javascript:alert(1)", "/"),
+        ("/dead\r\nSet-Cookie: x=1", "/"),
+        ("dead", "/"),
+    ],
+)
+def test_after_login_only_a_path_of_the_console(raw: str | None, expected: str) -> None:
+    assert console.safe_next(raw) == expected
+
+
+def test_cursors_round_trip_and_malformed_ones_start_over() -> None:
+    at = datetime(2026, 11, 30, 8, 15, 2, 123456, tzinfo=UTC)
+    assert console.parse_cursor(console.cursor(at, 42)) == (at, 42)
+    assert console.parse_cursor(console.cursor(None, 42)) == (None, 42)
+    for bad in ("x", "1.x", "9" * 50, "", None, "-5.3.2"):
+        assert console.parse_cursor(bad) is None
+
+
+def test_times_are_iso_or_ages() -> None:
+    now = datetime(2026, 12, 1, 12, tzinfo=UTC)
+    assert console.parse_when("2h", now) == now - timedelta(hours=2)
+    assert console.parse_when("2026-11-30T08:00", now) == datetime(2026, 11, 30, 8, tzinfo=UTC)
+    with pytest.raises(ValueError):
+        console.parse_when("yesterday", now)
+
+
+def test_bytes_are_shown_as_text_and_json_when_they_are() -> None:
+    assert console.pretty_json(b'{"a":[1,"<b>"]}') == '{\n  "a": [\n    1,\n    "<b>"\n  ]\n}'
+    assert console.pretty_json(b"not json") is None
+    text, cut = console.shown_text(b"\xff<script>")
+    assert (text, cut) == ("\ufffd<script>", False)
+    assert console.shown_text(b"x" * (console.SHOWN_BYTES + 1))[1] is True
+
+
+QUIET = console.Numbers(0, 0.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, False)
+
+
+@pytest.mark.parametrize(
+    ("changes", "first"),
+    [
+        ({}, None),
+        ({"outbox_review": 2}, ("warning", "2 send(s) wait for review")),
+        ({"dead_events": 1, "partitions_ahead_days": 0}, ("critical", "no day partition ahead")),
+        ({"open_sender_breakers": 1, "dead_rows": 3}, ("critical", "1 sender breaker(s) open")),
+        ({"maintenance_failing": True}, ("critical", "the maintenance pass is failing")),
+        ({"inbox_lag_s": 120.0}, ("critical", "consumers are 120 s behind")),
+    ],
+)
+def test_what_needs_a_person_comes_first(changes: dict[str, object], first: tuple[str, str] | None) -> None:
+    got = console.needs(replace(QUIET, **changes))  # type: ignore[arg-type]
+    assert (got[0].level, got[0].what[: len(first[1])]) == first if first else got == []
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        ({"GATEWAY_CONSOLE_PORT": "8081"}, "GATEWAY_CONSOLE_TOKENS: must be set"),
+        ({"GATEWAY_CONSOLE_TOKENS": "alice:short"}, "at least 16 characters"),
+        ({"GATEWAY_CONSOLE_TOKENS": "al ice:" + "x" * 16}, "name:token[:ro]"),
+        ({"GATEWAY_CONSOLE_TOKENS": "alice:" + "x" * 16 + ":admin"}, "ro (read-only)"),
+        ({"GATEWAY_CONSOLE_TOKENS": f"a:{'x' * 16},b:{'x' * 16}"}, "given twice"),
+        ({"GATEWAY_CONSOLE_PORT": "8080", "GATEWAY_CONSOLE_TOKENS": "a:" + "x" * 16}, "must differ"),
+    ],
+)
+def test_console_settings_are_checked(env: dict[str, str], problem: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env(env)
+    assert problem in str(err.value)
+    assert "x" * 16 not in str(err.value)  # a token is never echoed
+
+
+def test_console_tokens_parse_and_stay_secret() -> None:
+    s = Settings.from_env({"GATEWAY_CONSOLE_PORT": "8081", "GATEWAY_CONSOLE_TOKENS": f"alice:{'t' * 20}:ro"})
+    assert s.console_tokens == (("alice", "t" * 20, "ro"),)
+    assert "t" * 20 in s.secret_values()
+    assert "t" * 20 not in str(s.redacted())
+
+
+def test_counts_at_the_cap_read_as_at_least() -> None:
+    got = console.needs(replace(QUIET, outbox_review=10_000, dead_events=3), cap=10_000)
+    assert [n.what for n in got] == ["10000+ send(s) wait for review", "3 dead item(s)"]
