@@ -98,12 +98,12 @@ class GraphApi:
         return self.pool
 
     def _tenant(self, request: web.Request, trace: str) -> str | web.Response:
-        version = request.match_info["version"]
-        if not graphcompat.version_ok(version):
-            return _error(graphcompat.unknown_path(request.path, trace))
+        # The key first: a caller without one learns nothing, not even which paths exist.
         tenant = bearer_tenant(self.settings.api_keys, request.headers.get("Authorization"))
         if tenant is None:
             return _error(graphcompat.bad_token(trace), {"WWW-Authenticate": 'Bearer realm="gateway"'})
+        if not graphcompat.version_ok(request.match_info["version"]):
+            return _error(graphcompat.unknown_path(request.path, trace))
         return tenant
 
     # -- messages --------------------------------------------------------------------------

@@ -163,6 +163,7 @@ async def test_the_wait_ends_on_the_notify_of_a_sender_elsewhere(
         ("/v99.0/1111/messages", text(), ACME, 200, None),  # any vNN.N
         ("/v1/1111/messages", text(), ACME, 400, 2500),
         ("/vx/1111/messages", text(), ACME, 400, 2500),
+        ("/0/1111/messages", text(), {}, 401, 190),  # no key: nothing said about the path
         ("/v23.0/1111/messages", text(), {}, 401, 190),
         ("/v23.0/1111/messages", text(), {"Authorization": "Bearer nope-nope-nope-nope"}, 401, 190),
         ("/v23.0/2222/messages", text(), ACME, 400, 100),  # another tenant's number
@@ -274,6 +275,7 @@ async def test_media_pass_through_with_the_numbers_token(
         (f"/v23.0/{media_id}", {}, 401, 190),
         (f"/v2/{media_id}", ACME, 400, 2500),
         (f"/x/{media_id}", ACME, 400, 2500),
+        (f"/x/{media_id}", {}, 401, 190),
     ):
         async with http.get(gw.make_url(path), headers=auth) as r:
             assert r.status == status, path
