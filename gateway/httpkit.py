@@ -66,9 +66,18 @@ async def problem_errors(request: web.Request, handler: Handler) -> web.StreamRe
     except web.HTTPException as exc:
         if exc.status < 400:
             raise  # redirects and the like are not errors
-        headers = {k: v for k, v in exc.headers.items() if k.lower() not in _BODY_HEADERS}
-        return problem(exc.status, exc.reason, headers=headers)
+        return raised_problem(exc)
     except Exception:
-        # The traceback stays in the log; the client learns nothing about the internals.
-        log.exception("unhandled error answering %s %s", request.method, request.rel_url.path)
-        return problem(500, "internal server error")
+        return crash_problem(request)
+
+
+def raised_problem(exc: web.HTTPException) -> web.Response:
+    """The problem document of a raised HTTP error (status >= 400), its headers kept."""
+    headers = {k: v for k, v in exc.headers.items() if k.lower() not in _BODY_HEADERS}
+    return problem(exc.status, exc.reason, headers=headers)
+
+
+def crash_problem(request: web.Request) -> web.Response:
+    """A 500 for the exception being handled; its traceback goes to the log, not the client."""
+    log.exception("unhandled error answering %s %s", request.method, request.rel_url.path)
+    return problem(500, "internal server error")

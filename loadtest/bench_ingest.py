@@ -1,16 +1,25 @@
-"""``python -m loadtest bench-ingest``: the gateway against two baselines, side by side, in one run.
+"""``python -m loadtest bench-ingest``: the gateway against baselines, side by side, in one run.
 
 * ``bare``   verifies the signature and answers 200: nothing stored (the ceiling);
 * ``insert`` verifies, then one INSERT + COMMIT per request (the naive durable handler);
-* ``gateway`` the real ``gateway serve`` (group commit), consumers off.
+* ``gateway`` the real ``gateway serve`` (group commit), one process, no background services.
 
 Each runs as its own process (aiohttp, uvloop, access log off) on the same embedded
-PostgreSQL, driven by the same generator with the same pre-built, pre-signed payloads.
-First the saturation throughput of each (closed loop, the best of the ``--concurrency``
-client counts, since a server that answers after a commit needs more requests in flight
-to fill its batches; rounds interleaved so machine noise hits all three alike), then the
-open-model latency of each at half of the gateway's saturation rate. Ratios are printed
-against the targets in the README.
+PostgreSQL. Phases (``--phases``):
+
+* ``saturation``: the saturation throughput of each, driven by the project's generator with
+  the same pre-built, pre-signed payloads (closed loop, the best of the ``--concurrency``
+  client counts, since a server that answers after a commit needs more requests in flight to
+  fill its batches; rounds interleaved so machine noise hits all three alike; ``--pin`` puts
+  the servers on CPU 0 and the generator and PostgreSQL on the rest);
+* ``half``: the open-model latency of each at half of the gateway's saturation rate;
+* ``fixed``: ``wrk -t1 -cN`` (Debian's package) for each ``--fixed`` connection count against
+  ``bare``, ``edge`` (the gateway, one process, nothing else) and ``serve`` (``gateway serve``
+  as a user runs it, consumers, sender and forwarder on, which must keep up: see
+  loadtest.harness.fixed).
+
+Ratios are taken within each round and printed against the targets of docs/benchmarks.md;
+a missed target exits 1.
 """
 
 from __future__ import annotations
@@ -28,10 +37,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from gateway.store.db import connect
-from loadtest.harness import driver, plan, processes, report
+from loadtest.harness import driver, fixed, plan, processes, report, wrk
+from loadtest.harness.cpu import CpuMeter, postgres_pids
 from loadtest.harness.httpclient import Pool
 from loadtest.harness.ingest_report import (
     SERVERS,
@@ -48,7 +56,8 @@ from loadtest.harness.payloads import PayloadFactory
 from loadtest.harness.scenarios import SCENARIOS, scenario
 from loadtest.harness.schedule import arrivals, constant
 
-HELP = "gateway vs bare verify-only vs insert-per-request handler"
+HELP = "gateway (edge, default serve) vs bare verify-only vs insert-per-request handler"
+PHASES = ("saturation", "half", "fixed")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -68,54 +77,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pin", action="store_true", help="servers on CPU 0, generator and PostgreSQL on the rest"
     )
+    p.add_argument(
+        "--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)} (default: all)"
+    )
+    p.add_argument("--fixed", default="64,256", help="wrk connection counts of the fixed phase")
+    p.add_argument("--fixed-duration", type=float, default=6.0, help="seconds per wrk run")
+    p.add_argument("--fixed-requests", type=int, default=200000, help="distinct requests per wrk file")
+    p.add_argument("--fixed-scenario", default="meta-status", choices=sorted(SCENARIOS))
+    p.add_argument("--serve-env", action="append", default=[], metavar="K=V", help="extra env of serve")
     p.add_argument("--name", default="bench-ingest")
     add_common_args(p)
-
-
-class CpuMeter:
-    """CPU seconds used over a phase by a server, by PostgreSQL (backends come and go), and by
-    the whole machine (shared: other work on it shows up as ``machine`` minus the rest)."""
-
-    def __init__(self, server_pid: int, pg: Any) -> None:
-        self.server_pid = server_pid
-        self.pg = pg
-        self.t0 = 0.0
-        self.c0: dict[int, float] = {}
-        self.m0 = psutil.cpu_times()
-
-    def _pids(self) -> dict[str, list[int]]:
-        return {"server": [self.server_pid], "postgres": postgres_pids(self.pg)}
-
-    @staticmethod
-    def _cpu(pid: int) -> float | None:
-        try:
-            t = psutil.Process(pid).cpu_times()
-        except psutil.Error:
-            return None
-        return float(t.user + t.system)
-
-    def start(self) -> None:
-        self.c0 = {
-            pid: c for pids in self._pids().values() for pid in pids if (c := self._cpu(pid)) is not None
-        }
-        self.t0 = time.monotonic()
-        self.m0 = psutil.cpu_times()
-
-    def shares(self) -> dict[str, float]:
-        """Cores used on average (1.0 = one core busy all the time)."""
-        wall = time.monotonic() - self.t0
-        out: dict[str, float] = {}
-        for k, pids in self._pids().items():
-            used = 0.0
-            for pid in pids:
-                c = self._cpu(pid)
-                if c is not None:
-                    used += c - self.c0.get(pid, 0.0)  # a backend born in the phase started at 0
-            out[k] = round(used / wall, 2)
-        m1 = psutil.cpu_times()
-        busy = sum(m1) - m1.idle - (sum(self.m0) - self.m0.idle)
-        out["machine"] = round(busy / wall, 2)
-        return out
 
 
 ALL_CPUS = sorted(os.sched_getaffinity(0))
@@ -138,17 +109,6 @@ def pin(ns: argparse.Namespace, server_pid: int, pg: Any, *, release: bool = Fal
             os.sched_setaffinity(pid, rest)  # backends forked later inherit the postmaster's
 
 
-def postgres_pids(server: Any) -> list[int]:
-    """The postmaster and its backends (the benchmark's database load)."""
-    if server is None:
-        return []
-    try:
-        root = psutil.Process(int(server.get_pid()))
-    except Exception:
-        return []
-    return [root.pid] + [c.pid for c in root.children(recursive=True)]
-
-
 async def truncate(dsn: str) -> None:
     conn = await connect(dsn)
     try:
@@ -159,6 +119,15 @@ async def truncate(dsn: str) -> None:
 
 
 async def main(ns: argparse.Namespace) -> int:
+    phases = {x.strip() for x in ns.phases.split(",") if x.strip()}
+    if unknown := phases - set(PHASES):
+        print(f"unknown phase(s): {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    ns.phase_set = phases
+    ns.wrk = wrk.path()
+    if "fixed" in phases and ns.wrk is None:
+        print(wrk.INSTALL, file=sys.stderr)
+        return 2
     ns.results.mkdir(parents=True, exist_ok=True)
     stem = f"{ns.name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     log_dir = ns.results / f"{stem}-logs"
@@ -175,16 +144,29 @@ async def main(ns: argparse.Namespace) -> int:
         await processes.migrate(dsn)
         extra = dict(kv.split("=", 1) for kv in ns.gateway_env)
         extra.setdefault("GATEWAY_DB_POOL_MAX", str(ns.pool_max))
+        extra.setdefault("GATEWAY_RUN_FORWARDER", "false")  # nothing but the edge
+        serve_extra = dict(kv.split("=", 1) for kv in ns.serve_env)
         starters: dict[str, Callable[[], processes.Proc]] = {
             "bare": lambda: processes.start_baseline("bare", dsn, secrets, log_dir, ns.pool_max),
             "insert": lambda: processes.start_baseline("insert", dsn, secrets, log_dir, ns.pool_max),
             "gateway": lambda: processes.start_gateway(dsn, secrets, log_dir, consumers=False, extra=extra),
+            "serve": lambda: processes.start_serve(dsn, secrets, log_dir, extra=serve_extra),
         }
+        starters["edge"] = starters["gateway"]
+        wanted = set()
+        if phases & {"saturation", "half"}:
+            wanted |= set(SERVERS)
+        if "fixed" in phases:
+            wanted |= set(fixed.SERVERS)
         for name, start in starters.items():
-            procs[name] = start()
-        for p in procs.values():
+            if name in wanted and name != "edge":
+                procs[name] = start()
+        if "edge" in wanted:
+            procs["edge"] = procs["gateway"] if "gateway" in procs else starters["edge"]()
+        for p in set(procs.values()):
             await p.wait_ready()
-            pin(ns, p.pid, server)
+            if p.name != "serve":
+                pin(ns, p.pid, server)
 
         async def ensure(name: str) -> processes.Proc:
             """A server that died (on this shared machine) is restarted, and that is reported."""
@@ -194,13 +176,23 @@ async def main(ns: argparse.Namespace) -> int:
                 restarts.append(f"{name} exited with rc={rc} and was restarted")
                 procs[name] = starters[name]()
                 await procs[name].wait_ready()
-                pin(ns, procs[name].pid, server)
+                if name != "serve":
+                    pin(ns, procs[name].pid, server)
             return procs[name]
 
-        result = await bench(ns, dsn, ensure, server)
+        result: dict[str, Any] = {"load_average": list(os.getloadavg())}
+        if phases & {"saturation", "half"}:
+            result.update(await bench(ns, dsn, ensure, server))
+        if "fixed" in phases:
+            for p in set(procs.values()):  # wrk runs are not pinned
+                pin(ns, p.pid, server, release=True)
+            ns.pin_phase = False
+            result["fixed"] = await fixed.phase(ns, dsn, ensure, server, truncate)
+            result.setdefault("parameters", _parameters(ns))
+        result["load_average_after"] = list(os.getloadavg())
         result["restarts"] = restarts
     finally:
-        for p in procs.values():
+        for p in set(procs.values()):
             p.stop()
         if server is not None:
             with contextlib.suppress(Exception):
@@ -285,7 +277,7 @@ async def bench(
         return {"target": goal, "value": value, "met": met}
 
     return {
-        "parameters": {k: str(v) if isinstance(v, Path) else v for k, v in vars(ns).items() if k != "func"},
+        "parameters": _parameters(ns),
         "mean_request_bytes": round(mean_body),
         "saturation_rounds": sat,
         "saturation": saturation,
@@ -344,6 +336,11 @@ async def half_load(
     row["warnings"] = res.warnings
     row["duration_s"] = duration
     return row
+
+
+def _parameters(ns: argparse.Namespace) -> dict[str, Any]:
+    skip = {"func", "main", "phase_set"}
+    return {k: str(v) if isinstance(v, Path | set) else v for k, v in vars(ns).items() if k not in skip}
 
 
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:

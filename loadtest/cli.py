@@ -22,6 +22,7 @@ COMMANDS = (
     "bench-send",
     "bench-forward",
     "bench-graph",
+    "bench-pipeline",
     "bench-growth",
     "bench-access",
     "bench-console",

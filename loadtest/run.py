@@ -109,7 +109,7 @@ async def self_contained(
             fmt = ns.forward_format
             secret = forwardcheck.new_secret(fmt)
             max_s = ns.duration + ns.drain_timeout + 600
-            rx = forwardcheck.start_receiver(secret, log_dir, max_s=max_s, fmt=fmt)
+            rx = forwardcheck.start_receiver(secret, log_dir, max_s=max_s, meta=fmt == "meta")
             procs.append(rx)
             await rx.wait_ready(path=None)
             receiver = rx.url

@@ -73,8 +73,8 @@ COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None
 HELP: dict[str, str] = {
     "serve": """Run the HTTP gateway: Meta's and Tenashi's webhooks (answered 200 only after the raw body
 is committed), the send API (/v1/messages), /healthz, /readyz and /metrics. Unless switched off
-(GATEWAY_RUN_CONSUMERS, GATEWAY_RUN_SENDER, GATEWAY_RUN_FORWARDER = false) the consumers, the
-sender and the forwarder run in the same process.
+(GATEWAY_RUN_CONSUMERS, GATEWAY_RUN_SENDER, GATEWAY_RUN_FORWARDER = false) it also runs the
+consumers, the sender and the forwarder.
 
 Listens on GATEWAY_HOST:GATEWAY_PORT (127.0.0.1:8080). Without DATABASE_URL it starts an
 embedded PostgreSQL under GATEWAY_DATA_DIR (./var). Migrations run at start-up unless
@@ -82,13 +82,16 @@ GATEWAY_MIGRATE_ON_START=false. Stops cleanly on SIGTERM/SIGINT (pending webhook
 first). Exit codes: 1 a background service failed, or the embedded PostgreSQL stayed down;
 2 invalid settings; 3 cannot start (database unreachable, port busy).
 
---workers N (GATEWAY_WORKERS; default 0 = one per core) runs N such processes on the one port
-(SO_REUSEPORT), supervised by a parent that starts the database and migrates once, restarts a
-worker that dies and forwards SIGTERM; /metrics on any of them reports all (docs/scaling.md).
+Processes, by core count unless set: with two cores or more, HTTP workers on the one port
+(--workers N, GATEWAY_WORKERS; default 0 = one per core less one) and one process of its own
+for the consumers, sender and forwarder (GATEWAY_SERVE_SERVICES=process); on one core, one
+process runs everything (inline). A parent starts the database and migrates once, restarts a
+child that dies and forwards SIGTERM; /metrics on any worker reports all (docs/scaling.md).
 
 Examples:
   GATEWAY_META_APP_SECRETS=<app secret> GATEWAY_META_VERIFY_TOKEN=<token> gateway serve
-  GATEWAY_WORKERS=4 gateway serve          # or: gateway serve --workers 4""",
+  GATEWAY_WORKERS=4 gateway serve          # or: gateway serve --workers 4
+  GATEWAY_SERVE_SERVICES=inline gateway serve --workers 1   # one process, everything in it""",
     "migrate": """Apply the pending database migrations and exit (0). Safe to run from several places at
 once: migrations are serialised by an advisory lock. Compose runs it once before the other
 services; with GATEWAY_MIGRATE_ON_START=false the other commands do not migrate themselves.""",

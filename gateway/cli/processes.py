@@ -25,26 +25,31 @@ def serve_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="processes sharing the port (SO_REUSEPORT); default GATEWAY_WORKERS, 0: one per core",
     )
-    # Internal: a worker started by the parent of `serve --workers N`.
+    # Internal: the children of a serve parent (gateway.runtime.workers): an HTTP worker, and
+    # the process of the background services.
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--services", action="store_true", help=argparse.SUPPRESS)
 
 
 def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
     from gateway.runtime import services, workers
 
-    if ns.worker:
+    if ns.worker or ns.services:
         workers.die_with_parent()
+    if ns.services:
+        return runtime.run_services(settings, services.Roles.of_serve(settings))
     if ns.workers is not None and ns.workers < 0:
         print("gateway serve: --workers must be >= 0", file=sys.stderr)
         return 2
-    n = 1 if ns.worker else workers.count(settings, ns.workers)
-    if n > 1 and settings.port == 0:
+    roles = services.Roles.of_serve(settings)
+    lay = workers.Layout(1, False) if ns.worker else workers.plan(settings, ns.workers, bool(roles))
+    if lay.http > 1 and settings.port == 0:
         print("gateway serve: several workers need a fixed GATEWAY_PORT, not 0", file=sys.stderr)
         return 2
     settings, server = runtime.resolve_database(settings)
-    if n > 1:
+    if lay.processes > 1:
         log.info("settings: %s", settings.redacted())
-        return runtime.serve_workers(settings, n, embedded=server)
+        return runtime.serve_workers(settings, lay, embedded=server)
     runtime.install_uvloop()
     asyncio.run(runtime.wait_for(settings, schema=True))
     stop = asyncio.Event()  # set by a background service that fails: the process exits 1

@@ -292,7 +292,8 @@ class Settings:
         "GATEWAY_COMMIT_WINDOW_MS",
         2.0,
         _float(0, 1000),
-        "how long a group-commit batch collects webhooks before it is written",
+        "while a group-commit batch is being written, how long new webhooks wait for it before "
+        "they are written as a batch of their own (an idle database writes them at once)",
     )
     commit_max_batch: int = _env(
         "GATEWAY_COMMIT_MAX_BATCH",
@@ -411,19 +412,28 @@ class Settings:
         "GATEWAY_CONSOLE_SESSION_H", 8.0, _float(0.01, 24 * 7), "hours a console login lasts"
     )
 
-    # Processes of `gateway serve`: 0 = one per core. Each runs HTTP, its own group
-    # committer, consumers, sender and forwarder as configured below (sizes are per process).
+    # Processes of `gateway serve`: HTTP workers, each with its own group committer, and the
+    # background services below, either in a process of their own or inside each worker
+    # (sizes are per process). 0 workers: by core count (gateway.runtime.workers.layout).
     workers: int = _env(
         "GATEWAY_WORKERS",
         0,
         _int(0, 256),
-        "gateway serve processes sharing the port (SO_REUSEPORT); 0: one per core",
+        "gateway serve HTTP processes sharing the port (SO_REUSEPORT); 0: by core count "
+        "(one per core, less the services process)",
+    )
+    serve_services: str = _env(
+        "GATEWAY_SERVE_SERVICES",
+        "auto",
+        _choice("auto", "process", "inline"),
+        "where gateway serve runs consumers, sender and forwarder: process (one of their own beside "
+        "the HTTP workers), inline (inside each HTTP worker), auto (process with 2+ cores, else inline)",
     )
     worker_unresponsive_s: float = _env(
         "GATEWAY_WORKER_UNRESPONSIVE_S",
         20.0,
         _float(1, 3600),
-        "the serve parent replaces a worker whose /healthz has not answered 200 for this long",
+        "the serve parent replaces a child process whose /healthz has not answered 200 for this long",
     )
     liveness_s: float = _env(
         "GATEWAY_LIVENESS_S",

@@ -56,7 +56,21 @@ def meta_header_ok(header: str | None) -> bool:
 
     Checked before the body is read: a request that cannot be valid costs no body bytes.
     """
-    return header is not None and _parse_hex(header.strip().lower(), META_PREFIX) is not None
+    return meta_digest(header) is not None
+
+
+def meta_digest(header: str | None) -> bytes | None:
+    """The digest Meta's signature header carries (``sha256=`` + 64 hex digits), or None when
+    it has not that shape. Parsed once, before the body is read, and checked against the body
+    with ``meta_digest_matches``."""
+    if header is None:
+        return None
+    return _parse_hex(header.strip().lower(), META_PREFIX)
+
+
+def meta_digest_matches(expected: bytes, body: bytes, secrets: Iterable[str]) -> bool:
+    """True when ``expected`` (from ``meta_digest``) is the HMAC of ``body`` under any secret."""
+    return _matches_any(expected, body, secrets)
 
 
 def tenashi_header_ok(header: str | None, scheme: str = "hmac-sha256-hex", prefix: str = "sha256=") -> bool:
@@ -71,9 +85,7 @@ def tenashi_header_ok(header: str | None, scheme: str = "hmac-sha256-hex", prefi
 
 def verify_meta(body: bytes, header: str | None, secrets: Iterable[str]) -> bool:
     """True when ``header`` is a valid ``sha256=<hex>`` HMAC of ``body`` under any secret."""
-    if not header:
-        return False
-    expected = _parse_hex(header.strip().lower(), META_PREFIX)
+    expected = meta_digest(header) if header else None
     if expected is None:
         return False
     return _matches_any(expected, body, secrets)

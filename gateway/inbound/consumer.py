@@ -35,6 +35,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -88,6 +89,15 @@ ITEMS_EVERY_S = 1.0
 PARTITION_RETRY_S = 0.05
 
 
+class DueFrom:
+    """A lower bound of every pending row's next_attempt_at, shared by a process's consumers
+    (``inbox.due_from``, read every ``DUE_FROM_S`` by their group): their claims start there,
+    past the dead index entries of rows done since the last vacuum. None: from the start."""
+
+    def __init__(self) -> None:
+        self.at: datetime | None = None
+
+
 class Consumer:
     """One claim-process-commit loop over ``webhook_inbox`` and its dead items."""
 
@@ -99,8 +109,10 @@ class Consumer:
         rand: Callable[[], float] = random.random,
         health: Health | None = None,
         handlers: Registry | None = None,
+        due: DueFrom | None = None,
     ) -> None:
         self._pool = pool
+        self._due = due
         self._s = settings
         self._rand = rand
         self._health = HEALTH if health is None else health
@@ -188,7 +200,10 @@ class Consumer:
         started = time.perf_counter()
         async with self._pool.acquire() as conn, conn.transaction():
             rows, more = await inbox.claim_batch(
-                conn, limit=self._s.consumer_batch, max_bytes=self._s.consumer_batch_bytes
+                conn,
+                limit=self._s.consumer_batch,
+                max_bytes=self._s.consumer_batch_bytes,
+                due_from=None if self._due is None else self._due.at,
             )
             if not rows:
                 return 0

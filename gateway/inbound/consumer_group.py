@@ -11,14 +11,19 @@ from typing import Any
 
 import asyncpg
 
+from gateway.core.aio import sleep_unless_stopped
+from gateway.core.limits import LogThrottle
 from gateway.core.settings import Settings
 from gateway.handlers import Registry
 from gateway.handlers import load as load_handlers
-from gateway.inbound.consumer import Consumer
+from gateway.inbound.consumer import Consumer, DueFrom
 from gateway.store import inbox
 from gateway.store.listen import listen, own_connection
 
 log = logging.getLogger(__name__)
+# How often the consumers' claim bound is read again (a row below it waits at most this long).
+DUE_FROM_S = 0.5
+_WARN = LogThrottle(60.0)
 
 
 class ConsumerGroup:
@@ -34,8 +39,10 @@ class ConsumerGroup:
         self._s = settings
         if handlers is None and settings.handlers:
             handlers = load_handlers(settings.handlers)  # an import error stops the start-up
+        self.due = DueFrom()
         self.consumers = [
-            Consumer(pool, settings, handlers=handlers) for _ in range(settings.consumer_concurrency)
+            Consumer(pool, settings, handlers=handlers, due=self.due)
+            for _ in range(settings.consumer_concurrency)
         ]
         for c in self.consumers:
             c.on_more = self._wake_one
@@ -66,6 +73,7 @@ class ConsumerGroup:
         """Consume until ``stop`` is set; then each consumer finishes its batch."""
         tasks = [asyncio.create_task(c.run(stop)) for c in self.consumers]
         tasks.append(asyncio.create_task(self._listen(stop)))
+        tasks.append(asyncio.create_task(self._due_from(stop)))
         stopped = asyncio.create_task(stop.wait())
         stopped.add_done_callback(self._wake_all)  # idle consumers wait on their wake-up
         try:
@@ -78,6 +86,20 @@ class ConsumerGroup:
 
     async def close(self) -> None:
         """Nothing to release: the consumers use the pool, the listener closed its connection."""
+
+    async def _due_from(self, stop: asyncio.Event) -> None:
+        """Keep the claims' lower bound current; when it cannot be read, claims scan from the
+        head of the index (slower, never wrong)."""
+        while not stop.is_set():
+            try:
+                self.due.at = await inbox.due_from(self._pool)
+            except Exception as exc:  # the database is failing: the consumers say so themselves
+                self.due.at = None
+                held = _WARN.allow("due_from", asyncio.get_running_loop().time())
+                if held is not None:
+                    log.info("claim bound not read: %s%s", type(exc).__name__, _WARN.suffix(held))
+            if await sleep_unless_stopped(stop, DUE_FROM_S):
+                break
 
     async def _listen(self, stop: asyncio.Event) -> None:
         """Wake the consumers on NOTIFY (polling covers the gaps)."""

@@ -1,8 +1,12 @@
 """Group commit: rows from concurrent requests share one INSERT and one COMMIT.
 
-A batch is cut when it reaches ``max_batch`` rows or ``window`` seconds after its first
-row, whichever comes first. While ``max_inflight`` batches are being written the next
-one keeps growing, so batches get bigger exactly when the database is the bottleneck.
+When no batch is being written (the database is idle), rows are written at once: at the end
+of the event-loop pass that staged them, so the requests read in one pass share a batch and
+none waits for a timer. While a batch is being written, new rows wait for it: they go as one
+batch when it is done, or as a batch of their own (up to ``max_inflight`` in flight) once the
+first of them has waited ``window`` seconds, or as soon as ``max_batch`` rows wait. So the
+batch size follows the commit latency, and batches get bigger exactly when the database is the
+bottleneck.
 
 Every row carries its acknowledgement deadline. The deadline is enforced per batch (one
 timer for the whole write) and for rows still waiting for a free slot, not per request:
@@ -70,7 +74,7 @@ class GroupCommitter:
         self._max_inflight = max_inflight
         self._deadline = deadline_s
         self._pending: list[_Item] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None  # the next flush: this pass's end, or the window
         self._overdue = False  # pending rows whose window passed while every slot was busy
         self._expiry: asyncio.TimerHandle | None = None
         self._inflight = 0
@@ -95,7 +99,10 @@ class GroupCommitter:
         if len(self._pending) >= self._max_batch:
             self._flush()
         elif self._timer is None and not self._overdue:
-            self._timer = loop.call_later(self._window, self._flush)
+            if self._inflight:
+                self._timer = loop.call_later(self._window, self._flush)
+            else:  # nothing being written: at the end of this pass, not after a window
+                self._timer = loop.call_soon(self._flush)
         return fut
 
     def _flush(self, force: bool = False) -> None:
@@ -154,23 +161,41 @@ class GroupCommitter:
             _fail(batch, Unavailable(reason))
         else:
             self.batches_written += 1
-            metrics.COMMIT_BATCH_SIZE.observe(len(batch))
-            metrics.COMMIT_SECONDS.observe(time.perf_counter() - started)
             for item in batch:
                 if not item.future.done():
                     item.future.set_result(None)
+            self._account(batch, started)
         finally:
             if conn is not None:
                 self._idle.append(conn)
             self._inflight -= 1
-            # Not a flush of whatever is pending: that would cut tiny batches whenever
-            # commits are fast. Only rows past their window, or a full batch, go now.
+            # Rows that waited for this batch go now if nothing else is being written (they
+            # waited for the database, and it is idle now), or if their window passed or a
+            # batch is full; otherwise their window's timer sends them.
             if (
                 self._pending
                 and not self._closed
-                and (self._overdue or len(self._pending) >= self._max_batch)
+                and (not self._inflight or self._overdue or len(self._pending) >= self._max_batch)
             ):
                 self._flush()
+
+    def _account(self, batch: list[_Item], started: float) -> None:
+        """Metrics of a committed batch: per batch, not per request (an observation takes a
+        lock, and writes a shared file under ``serve --workers``). A row's ack latency runs from
+        its staging to the commit's confirmation."""
+        metrics.COMMIT_BATCH_SIZE.observe(len(batch))
+        metrics.COMMIT_SECONDS.observe(time.perf_counter() - started)
+        # A row's deadline is its staging time + the ack deadline: its age is base - deadline.
+        base = self._loop.time() + self._deadline
+        source = batch[0].source
+        if all(i.source == source for i in batch):
+            groups = [(source, batch)]
+        else:
+            groups = [(src, [i for i in batch if i.source == src]) for src in {i.source for i in batch}]
+        for src, rows in groups:
+            ack, stored = _metrics(src)
+            metrics.observe_many(ack, [base - i.deadline for i in rows])
+            stored.inc(len(rows))
 
     @staticmethod
     async def _insert(conn: asyncpg.Connection, batch: list[_Item]) -> None:
@@ -200,6 +225,21 @@ class GroupCommitter:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         idle, self._idle = self._idle, []
         await asyncio.gather(*(c.close(timeout=2) for c in idle), return_exceptions=True)
+
+
+# Label lookups resolved once per source (``labels()`` takes a lock).
+_SOURCE_METRICS: dict[str, tuple[Any, Any]] = {}
+
+
+def _metrics(source: str) -> tuple[Any, Any]:
+    """The ack-latency histogram and the stored counter of ``source``."""
+    found = _SOURCE_METRICS.get(source)
+    if found is None:
+        found = _SOURCE_METRICS[source] = (
+            metrics.ACK_LATENCY.labels(source),
+            metrics.WEBHOOK_REQUESTS.labels(source, "stored"),
+        )
+    return found
 
 
 def _fail(items: list[_Item], exc: Unavailable) -> None:

@@ -250,9 +250,11 @@ async def wait_for(settings: Settings, *, schema: bool = False) -> None:
         await wait_for_schema(dsn, wait_s=settings.db_wait_s, connect_timeout_s=timeout_s)
 
 
-def serve_workers(settings: Settings, n: int, *, embedded: Any = None) -> int:
-    """The parent of ``gateway serve --workers N``: migrate once, then run and supervise N
-    worker processes on one port (gateway.runtime.workers) until SIGTERM/SIGINT."""
+def serve_workers(settings: Settings, lay: workers.Layout, *, embedded: Any = None) -> int:
+    """The parent of ``gateway serve`` as several processes: migrate once, then run and
+    supervise the HTTP workers on one port and the services process, if apart
+    (gateway.runtime.workers), until SIGTERM/SIGINT."""
+
     async def go() -> int:
         assert settings.database_url
         await wait_for(settings, schema=True)
@@ -267,13 +269,21 @@ def serve_workers(settings: Settings, n: int, *, embedded: Any = None) -> int:
         try:
             stop = asyncio.Event()
             _stop_on_signals(stop)
-            env = workers.child_env(settings, metrics_dir)
             supervisor = workers.Supervisor(
-                n, env, metrics_dir, settings.worker_unresponsive_s, startup_s=settings.db_wait_s
+                workers.children(settings, lay, metrics_dir),
+                metrics_dir,
+                settings.worker_unresponsive_s,
+                startup_s=settings.db_wait_s,
             )
             watch = asyncio.create_task(supervise_embedded(embedded, stop))
-            log.info("serving http://%s:%d with %d worker processes", settings.host, settings.port, n)
-            # The console runs here, in the parent, once: the workers are started without it.
+            log.info(
+                "serving http://%s:%d with %d HTTP worker process(es)%s",
+                settings.host,
+                settings.port,
+                lay.http,
+                " and a process for consumers, sender and forwarder" if lay.services_apart else "",
+            )
+            # The console runs here, in the parent, once: the children are started without it.
             async with _console(settings):
                 await supervisor.run(stop)
             if supervisor.fatal is not None:
@@ -331,6 +341,10 @@ def run_services(settings: Settings, roles: Roles) -> int:
             size = services.pool_size(settings, roles)
             pool = await create_pool(settings.database_url, *size, timeout=settings.db_connect_timeout_s)
             stack.push_async_callback(pool.close)
+            # The services process of `gateway serve` answers its parent's health checks.
+            sock = os.environ.get(workers.HEALTH_SOCKET_ENV)
+            if sock:
+                await stack.enter_async_context(health_socket(sock))
             running = services.build(pool, settings, roles).all()
             stop = asyncio.Event()
             _stop_on_signals(stop)

@@ -1,18 +1,22 @@
-"""``gateway serve --workers N``: one parent, N HTTP worker processes on one port.
+"""``gateway serve`` as several processes: one parent, N HTTP workers on one port and, by
+default on two cores or more, one process of its own for the background services.
 
 The parent resolves the database once (it starts the embedded PostgreSQL, if any, and
-applies the migrations), then starts N children with ``gateway serve --worker``. Each child
-binds the same host:port with SO_REUSEPORT (the kernel spreads connections over them) and
-runs a whole gateway: HTTP, its own group committer, consumers, sender, forwarder and
-maintenance jobs, sized per process by the usual settings. The parent supervises: a child
-that dies is started again (after a pause), SIGTERM/SIGINT is forwarded to every child, and
-the parent exits once all of them have. Each child also serves ``/healthz`` on a Unix socket
-of its own (``GATEWAY_WORKER_HEALTH_SOCKET``, in the metrics directory; the shared port would
-reach any of them), which the parent asks every few seconds: a child whose health has not
-answered 200 for ``GATEWAY_WORKER_UNRESPONSIVE_S`` (stopped, its event loop stuck, a loop of it
-stuck: see ``gateway.core.heartbeat``) is killed with SIGKILL (a stopped process takes no
-SIGTERM) and started again, since the kernel keeps handing it connections on the shared
-port. A child whose parent disappears (even by SIGKILL) gets SIGTERM from the kernel
+applies the migrations), then starts the children: N with ``gateway serve --worker``, each
+binding the same host:port with SO_REUSEPORT (the kernel spreads connections over them) with
+its own group committer; and, when the services run apart (``layout``), one with ``gateway
+serve --services``: the consumers, sender, forwarder and maintenance jobs that serve runs
+(GATEWAY_RUN_*), with no HTTP. Apart, a worker's event loop only serves requests, and the
+consumers wake the forwarder of their own process right after their commits. Inline, each
+worker runs the services too. The parent supervises: a child that dies is started again
+(after a pause), SIGTERM/SIGINT is forwarded to every child, and the parent exits once all of
+them have. Each child also serves ``/healthz`` on a Unix socket of its own
+(``GATEWAY_WORKER_HEALTH_SOCKET``, in the metrics directory; the shared port would reach any
+worker), which the parent asks every few seconds: a child whose health has not answered 200
+for ``GATEWAY_WORKER_UNRESPONSIVE_S`` (stopped, its event loop stuck, a loop of it stuck: see
+``gateway.core.heartbeat``) is killed with SIGKILL (a stopped process takes no SIGTERM) and
+started again, since the kernel keeps handing a worker connections on the shared port. A
+child whose parent disappears (even by SIGKILL) gets SIGTERM from the kernel
 (PR_SET_PDEATHSIG) and stops.
 
 Metrics: the children share one PROMETHEUS_MULTIPROC_DIR (made fresh by the parent, removed
@@ -32,6 +36,7 @@ import socket
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 import aiohttp
 from prometheus_client import multiprocess
@@ -50,10 +55,36 @@ UNRESPONSIVE_S = 20.0
 PR_SET_PDEATHSIG = 1
 
 
-def count(settings: Settings, asked: int | None) -> int:
-    """Workers to run: ``--workers``, else GATEWAY_WORKERS, where 0 means one per core."""
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The processes of ``gateway serve``."""
+
+    http: int  # HTTP workers
+    services_apart: bool  # the background services in a process of their own
+
+    @property
+    def processes(self) -> int:
+        return self.http + self.services_apart
+
+
+def layout(cores: int, workers: int, services: str, has_services: bool) -> Layout:
+    """The processes for ``cores`` cores: ``workers`` HTTP workers (0: by core count) and the
+    services (GATEWAY_SERVE_SERVICES: process, inline or auto) apart or inside each worker.
+
+    Auto puts them apart from two cores on: the services' CPU then runs beside the HTTP
+    workers instead of taking turns with requests on their event loops, and there is a core
+    for it. On one core a second process would only add switches between them. Counted by
+    core count, the HTTP workers are one per core, less one for the services process."""
+    apart = has_services and (services == "process" or (services == "auto" and cores >= 2))
+    if workers > 0:
+        return Layout(workers, apart)
+    return Layout(max(1, cores - 1) if apart else max(1, cores), apart)
+
+
+def plan(settings: Settings, asked: int | None, has_services: bool) -> Layout:
+    """The layout of this machine: ``--workers`` (else GATEWAY_WORKERS) and GATEWAY_SERVE_SERVICES."""
     n = settings.workers if asked is None else asked
-    return n if n > 0 else (os.cpu_count() or 1)
+    return layout(os.cpu_count() or 1, n, settings.serve_services, has_services)
 
 
 def die_with_parent() -> None:
@@ -63,7 +94,8 @@ def die_with_parent() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def child_env(settings: Settings, metrics_dir: str) -> dict[str, str]:
+def child_env(settings: Settings, metrics_dir: str, *, services_apart: bool = False) -> dict[str, str]:
+    """The environment of an HTTP worker (without the services when they run apart)."""
     assert settings.database_url
     env = dict(os.environ)
     env.update(
@@ -75,6 +107,16 @@ def child_env(settings: Settings, metrics_dir: str) -> dict[str, str]:
             "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
         }
     )
+    if services_apart:
+        env.update({f"GATEWAY_RUN_{role}": "false" for role in ("CONSUMERS", "SENDER", "FORWARDER")})
+    return env
+
+
+def services_env(settings: Settings, metrics_dir: str) -> dict[str, str]:
+    """The environment of the services process: its metrics are reported by the workers'
+    /metrics (the shared directory), so it listens on no port of its own."""
+    env = child_env(settings, metrics_dir)
+    env["GATEWAY_METRICS_PORT"] = "0"
     return env
 
 
@@ -101,43 +143,61 @@ def check_free(host: str, port: int, variable: str) -> None:
             raise
 
 
+@dataclass(frozen=True, slots=True)
+class Child:
+    """What one slot of the supervisor runs."""
+
+    name: str
+    flag: str  # gateway serve --worker | --services
+    env: dict[str, str]
+
+
+def children(settings: Settings, lay: Layout, metrics_dir: str) -> list[Child]:
+    workers = [
+        Child(f"worker {i}", "--worker", child_env(settings, metrics_dir, services_apart=lay.services_apart))
+        for i in range(lay.http)
+    ]
+    if lay.services_apart:
+        workers.append(Child("services", "--services", services_env(settings, metrics_dir)))
+    return workers
+
+
 class Supervisor:
-    """Starts, restarts and stops the worker processes, and replaces one whose health stops
+    """Starts, restarts and stops the child processes, and replaces one whose health stops
     answering."""
 
     def __init__(
         self,
-        n: int,
-        env: dict[str, str],
+        slots: list[Child],
         metrics_dir: str,
         unresponsive_s: float = UNRESPONSIVE_S,
         startup_s: float = 0.0,
     ) -> None:
-        self.n = n
-        self.env = env
+        self.slots = slots
         self.metrics_dir = metrics_dir
         self.unresponsive_s = unresponsive_s
         # A worker first waits for the database (GATEWAY_DB_WAIT_S) and only then answers.
         self.startup_s = startup_s
         self.procs: dict[int, asyncio.subprocess.Process] = {}
-        self.fatal: int | None = None  # the exit code of a worker that could not start
-        self.replaced = 0  # workers killed because their health stopped answering
+        self.fatal: int | None = None  # the exit code of a child that could not start
+        self.replaced = 0  # children killed because their health stopped answering
 
     def health_socket(self, slot: int) -> str:
-        return os.path.join(self.metrics_dir, f"worker-{slot}.sock")
+        return os.path.join(self.metrics_dir, f"child-{slot}.sock")
 
     async def _start(self, slot: int) -> None:
+        child = self.slots[slot]
         sock = self.health_socket(slot)
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(sock)  # a killed worker's
-        env = {**self.env, HEALTH_SOCKET_ENV: sock}
-        argv = (sys.executable, "-m", "gateway", "serve", "--worker")
+            os.unlink(sock)  # a killed child's
+        env = {**child.env, HEALTH_SOCKET_ENV: sock}
+        argv = (sys.executable, "-m", "gateway", "serve", child.flag)
         proc = await asyncio.create_subprocess_exec(*argv, env=env)
         self.procs[slot] = proc
-        log.info("worker %d started (pid %d)", slot, proc.pid)
+        log.info("%s started (pid %d)", child.name, proc.pid)
 
     async def _watch(self, slot: int, proc: asyncio.subprocess.Process) -> None:
-        """Ask the worker's health every few seconds; kill it when it has not answered 200 for
+        """Ask the child's health every few seconds; kill it when it has not answered 200 for
         ``unresponsive_s`` (before its first answer: ``startup_s`` more, its wait for the
         database)."""
         every = min(HEALTH_EVERY_S, self.unresponsive_s / 3)
@@ -148,7 +208,7 @@ class Supervisor:
                 await asyncio.sleep(every)
                 try:
                     timeout = aiohttp.ClientTimeout(total=every)
-                    async with http.get("http://worker/healthz", timeout=timeout) as r:
+                    async with http.get("http://child/healthz", timeout=timeout) as r:
                         if r.status == 200:
                             last_ok = time.monotonic()
                 except (aiohttp.ClientError, OSError, TimeoutError):
@@ -156,8 +216,8 @@ class Supervisor:
                 silent = time.monotonic() - last_ok
                 if silent > self.unresponsive_s and proc.returncode is None:
                     log.error(
-                        "worker %d (pid %d): its health has not answered 200 for %.0f s; replacing it",
-                        slot,
+                        "%s (pid %d): its health has not answered 200 for %.0f s; replacing it",
+                        self.slots[slot].name,
                         proc.pid,
                         silent,
                     )
@@ -185,12 +245,13 @@ class Supervisor:
                 self.fatal = code  # it said why on stderr; the others are stopped
                 stop.set()
                 break
-            log.error("worker %d (pid %d) exited with %s; starting it again", slot, proc.pid, code)
+            name = self.slots[slot].name
+            log.error("%s (pid %d) exited with %s; starting it again", name, proc.pid, code)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), RESTART_DELAY_S)
 
     async def run(self, stop: asyncio.Event) -> None:
-        slots = [asyncio.create_task(self._keep(i, stop)) for i in range(self.n)]
+        slots = [asyncio.create_task(self._keep(i, stop)) for i in range(len(self.slots))]
         await stop.wait()
         for proc in self.procs.values():
             if proc.returncode is None:
@@ -198,7 +259,7 @@ class Supervisor:
                     proc.send_signal(signal.SIGTERM)
         _done, pending = await asyncio.wait(slots, timeout=STOP_TIMEOUT_S)
         if pending:
-            log.error("%d worker(s) did not stop in %.0f s: killing them", len(pending), STOP_TIMEOUT_S)
+            log.error("%d child(ren) did not stop in %.0f s: killing them", len(pending), STOP_TIMEOUT_S)
             for proc in self.procs.values():
                 if proc.returncode is None:
                     with contextlib.suppress(ProcessLookupError):

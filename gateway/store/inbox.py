@@ -61,13 +61,22 @@ async def insert_batch(
     await conn.execute(q("inbox_insert_batch"), sources, bodies, delivery_ids)
 
 
-async def claim_batch(conn: Conn, *, limit: int, max_bytes: int) -> tuple[list[StagedRow], bool]:
+async def claim_batch(
+    conn: Conn, *, limit: int, max_bytes: int, due_from: datetime | None = None
+) -> tuple[list[StagedRow], bool]:
     """Due pending rows, locked for the caller's transaction (SKIP LOCKED), and whether more
     may be due right now: the claim was full, or the byte budget left some of the rows it
-    locked."""
-    recs = await conn.fetch(q("inbox_claim_batch"), limit, max_bytes)
+    locked. ``due_from``: a lower bound of every pending row's next_attempt_at (``due_from``),
+    None to scan from the head of the due index."""
+    recs = await conn.fetch(q("inbox_claim_batch"), limit, max_bytes, due_from)
     more = len(recs) >= limit or (bool(recs) and recs[0]["locked"] > len(recs))
     return [_staged(r) for r in recs], more
+
+
+async def due_from(conn: Conn) -> datetime:
+    """A lower bound of every pending row's next_attempt_at, for ``claim_batch``."""
+    at: datetime = await conn.fetchval(q("inbox_due_from"))
+    return at
 
 
 async def claim_row(conn: Conn, *, inbox_id: int) -> StagedRow | None:

@@ -12,7 +12,7 @@ Control endpoints for other processes (loopback only): ``GET /_fake/state`` (``?
 processed id with the wall time it arrived), ``GET /_fake/wait?processed=N&timeout=S`` (the
 state once N distinct ids were processed, or at the timeout: one request instead of polling),
 ``POST /_fake/config`` (any of ``p_5xx``, ``p_timeout``, ``timeout_s``, ``latency_ms``,
-``outage``), ``DELETE /_fake/state``.
+``outage``, ``count_only``: keep no id, for long runs), ``DELETE /_fake/state``.
 
 As its own process (benchmarks, the load harness)::
 
@@ -59,6 +59,8 @@ class ReceiverState:
     answered: Counter[int] = field(default_factory=Counter)
     in_flight: int = 0
     max_in_flight: int = 0
+    attempt_count: int = 0
+    counted: int = 0  # processed while count_only (no id kept)
 
 
 class FakeReceiver:
@@ -83,6 +85,9 @@ class FakeReceiver:
         self.latency_ms = latency_ms
         self.verify = verify
         self.outage = False
+        # A long run: count what arrives, keep no id or body (memory stays flat); copies are
+        # not told apart.
+        self.count_only = False
         self.script: list[Scripted] = []
         self.rand = random.Random(seed)
         self.state = ReceiverState()
@@ -136,9 +141,11 @@ class FakeReceiver:
         st = self.state
         body = await request.read()
         msg_id = request.headers.get("webhook-id", "")
-        st.attempts.append(msg_id)
-        if self.meta:
-            st.digests.append(hashlib.sha256(body).hexdigest())
+        st.attempt_count += 1
+        if not self.count_only:
+            st.attempts.append(msg_id)
+            if self.meta:
+                st.digests.append(hashlib.sha256(body).hexdigest())
         if self.verify and not self._verified(body, request):
             st.bad_signatures += 1
             return self._answer(401)
@@ -168,6 +175,9 @@ class FakeReceiver:
 
     def _process(self, msg_id: str, body: bytes) -> None:
         st = self.state
+        if self.count_only:
+            st.counted += 1
+            return
         if msg_id in st.processed:
             st.duplicates[msg_id] += 1
             return
@@ -186,8 +196,8 @@ class FakeReceiver:
     def summary(self) -> dict[str, Any]:
         st = self.state
         return {
-            "attempts": len(st.attempts),
-            "processed": len(st.processed),
+            "attempts": st.attempt_count,
+            "processed": len(st.processed) + st.counted,
             "duplicates": sum(st.duplicates.values()),
             "bad_signatures": st.bad_signatures,
             "answered": {str(k): v for k, v in st.answered.items()},
@@ -228,6 +238,8 @@ class FakeReceiver:
                 setattr(self, name, float(cfg[name]))
         if "outage" in cfg:
             self.outage = bool(cfg["outage"])
+        if "count_only" in cfg:
+            self.count_only = bool(cfg["count_only"])
         return web.json_response(self.summary())
 
     async def wait_for(self, processed: int, timeout_s: float) -> bool:

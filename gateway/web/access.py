@@ -18,13 +18,12 @@ import os
 import re
 import time
 from collections.abc import Callable
-from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from gateway import metrics, tracing
-from gateway.httpkit import problem_errors
+from gateway.httpkit import crash_problem, raised_problem
 
 log = logging.getLogger("gateway.access")
 
@@ -76,6 +75,10 @@ _ids = itertools.count(1)
 def request_id(given: str | None) -> str:
     if given is not None and _SANE_ID.match(given):
         return given
+    return _new_id()
+
+
+def _new_id() -> str:
     return f"{_ID_PREFIX}{next(_ids) & 0xFFFFFFFF:08x}"
 
 
@@ -112,40 +115,58 @@ def _route(request: web.Request) -> str:
 def middleware(rate: float) -> Middleware:
     """The middleware; ``rate`` is access-log lines a second before sampling (0: no access log).
 
-    It also answers what a handler or the router raises as a problem document, calling
-    ``httpkit.problem_errors`` itself, so that every request goes through one layer, not two.
+    It also answers what a handler or the router raises as a problem document (as
+    ``httpkit.problem_errors`` does), so that every request goes through one layer, not two.
+    Untraced, it is one coroutine: a webhook waits for its commit inside it, and every frame
+    between the handler and the event loop is suspended and resumed around that wait. With
+    tracing on when the app is built (``tracing.configure`` first), a server span wraps it.
     """
     sampler = Sampler(rate) if rate > 0 else None
 
-    async def serve(request: web.Request, handler: Handler, span: Any) -> web.StreamResponse:
-        rid = request_id(request.headers.get("X-Request-Id"))
+    @web.middleware
+    async def access(request: web.Request, handler: Handler) -> web.StreamResponse:
+        given = request.headers.get("X-Request-Id")
+        rid = given if given is not None and _SANE_ID.match(given) else _new_id()
         token = REQUEST_ID.set(rid)
         started = time.perf_counter()
         status = 500
         try:
-            response = await problem_errors(request, handler)
+            try:
+                response = await handler(request)
+            except web.HTTPException as exc:
+                if exc.status < 400:  # redirects and the like are not errors
+                    status = exc.status
+                    exc.headers["X-Request-Id"] = rid
+                    raise
+                response = raised_problem(exc)
+            except Exception:
+                response = crash_problem(request)
             status = response.status
             response.headers["X-Request-Id"] = rid
             return response
-        except web.HTTPException as exc:
-            status = exc.status
-            exc.headers["X-Request-Id"] = rid
-            raise
         finally:
-            if span is not None:
-                span.set_attribute("http.response.status_code", status)
-            elapsed = time.perf_counter() - started
             REQUEST_ID.reset(token)
-            _account(request, rid, status, elapsed, sampler)
+            _account(request, rid, status, time.perf_counter() - started, sampler)
+
+    if not tracing.enabled:
+        return access
 
     @web.middleware
-    async def access(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not tracing.enabled:  # the usual case: no span machinery on the ack path
-            return await serve(request, handler, None)
+    async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
         with tracing.server_span(request.method, _route(request), request.headers) as span:
-            return await serve(request, handler, span)
+            status = 500
+            try:
+                response = await access(request, handler)
+                status = response.status
+                return response
+            except web.HTTPException as exc:
+                status = exc.status
+                raise
+            finally:
+                if span is not None:  # None once tracing has been shut down
+                    span.set_attribute("http.response.status_code", status)
 
-    return access
+    return traced
 
 
 def _account(request: web.Request, rid: str, status: int, elapsed: float, sampler: Sampler | None) -> None:

@@ -34,6 +34,7 @@ class OpenResult:
     late_dispatches: int
     warnings: list[str] = field(default_factory=list)
     samples: list[dict[str, float]] = field(default_factory=list)
+    started_wall: float = 0.0  # time.time() of the run's start: a shot is due at started_wall + t
 
 
 class _Cpu:
@@ -132,6 +133,7 @@ async def run_open(
     gc.collect()
     gc.freeze()
     t0 = clock() + 0.05
+    started_wall = time.time() + (t0 - clock())
     tick = loop.create_task(ticker())
     try:
         while not pacer.done:
@@ -161,7 +163,9 @@ async def run_open(
             f"{lag.late} of {lag.total} requests left the generator > {warn_after_s * 1000:.0f} ms late "
             f"(max {lag.max * 1000:.0f} ms): the generator fell behind the schedule"
         )
-    return OpenResult(rec, elapsed, last_sent, cpu.share(), lag.max * 1000, lag.late, warnings, samples)
+    return OpenResult(
+        rec, elapsed, last_sent, cpu.share(), lag.max * 1000, lag.late, warnings, samples, started_wall
+    )
 
 
 @dataclass

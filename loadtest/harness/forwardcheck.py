@@ -48,7 +48,10 @@ def new_secret(fmt: str) -> str:
     return forwarding.new_secret(fmt)
 
 
-def start_receiver(secret: str, log_dir: Path, max_s: float, fmt: str = "standard") -> processes.Proc:
+def start_receiver(
+    secret: str, log_dir: Path, max_s: float, *, meta: bool = False, name: str = "receiver"
+) -> processes.Proc:
+    """The fake receiver in its own process (``meta``: of a Meta-format destination)."""
     port = free_port()
     env = {
         **processes.gateway_env("", 0, processes.DEFAULT_SECRETS, consumers=False),
@@ -62,9 +65,9 @@ def start_receiver(secret: str, log_dir: Path, max_s: float, fmt: str = "standar
         str(port),
         "--max-seconds",
         str(max_s),
-        *(["--meta"] if fmt == "meta" else []),
+        *(["--meta"] if meta else []),
     ]
-    return processes.Proc("fake-receiver", argv, env, log_dir / "receiver.log", port)
+    return processes.Proc(f"fake-{name}", argv, env, log_dir / f"{name}.log", port)
 
 
 async def register(dsn: str, url: str, secret: str, fmt: str = "standard") -> None:

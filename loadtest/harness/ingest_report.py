@@ -3,9 +3,10 @@ terminal table and its charts (also used to re-draw a saved result, loadtest.har
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
-from loadtest.harness import report
+from loadtest.harness import fixed, report
 from loadtest.harness.charts import bar_chart, complete_seconds, line_chart, series
 
 TARGET_VS_BARE = 0.85
@@ -16,10 +17,11 @@ SERVERS = ("bare", "insert", "gateway")
 
 
 def bench_verdict(result: dict[str, Any]) -> report.Verdict:
-    """PASS when every target of the README is met (ratios against baselines of the same run)."""
-    t = result["targets"]
-    v = report.Verdict(
-        targets=[
+    """PASS when every target of the phases run is met (ratios against baselines of the same run)."""
+    v = report.Verdict()
+    t = result.get("targets") or {}
+    if "gateway_vs_bare" in t:
+        v.targets += [
             report.Target(
                 "gateway / bare throughput", t["gateway_vs_bare"]["value"], TARGET_VS_BARE, ">=", "x"
             ),
@@ -30,6 +32,9 @@ def bench_verdict(result: dict[str, Any]) -> report.Verdict:
                 ">=",
                 "x",
             ),
+        ]
+    if "p99_ms_at_half" in t:
+        v.targets += [
             report.Target(
                 "gateway p99 ack at half load", t["p99_ms_at_half"]["value"], TARGET_P99_MS, "<=", " ms"
             ),
@@ -37,18 +42,54 @@ def bench_verdict(result: dict[str, Any]) -> report.Verdict:
                 "gateway p50 ack at half load", t["p50_ms_at_half"]["value"], TARGET_P50_MS, "<=", " ms"
             ),
         ]
-    )
-    errors = {name: h["errors"] for name, h in result["half"].items() if h.get("errors")}
-    if errors.get("gateway"):
-        v.failed_checks.append(f"gateway errors at half load: {errors['gateway']}")
+        errors = {name: h["errors"] for name, h in result["half"].items() if h.get("errors")}
+        if errors.get("gateway"):
+            v.failed_checks.append(f"gateway errors at half load: {errors['gateway']}")
+    if "fixed" in result:
+        fx = result["fixed"]
+        for key, ratio in fx["ratios"].items():
+            goal = fixed.TARGET_EDGE if key.startswith("edge") else fixed.TARGET_SERVE
+            v.targets.append(report.Target(f"wrk {key}", ratio["median"], goal, ">=", "x"))
+        for run in fx["runs"]:
+            if run["non2xx"] or run["socket_errors"]:
+                v.failed_checks.append(
+                    f"wrk {run['server']} -c{run['connections']} round {run['round'] + 1}: "
+                    f"{run['non2xx']} non-2xx, {run['socket_errors']} socket errors"
+                )
+            if run["server"] == "serve" and not fixed.kept_up(run):
+                v.failed_checks.append(
+                    f"serve -c{run['connections']} round {run['round'] + 1}: the consumers fell behind "
+                    f"({run['backlog_end']} rows pending at the end of the run, at {run['rate']:.0f}/s)"
+                )
     v.notes += list(result.get("restarts") or [])
     return v
 
 
 def bench_charts(result: dict[str, Any]) -> list[str]:
     """The headline first: saturation throughput of the three servers, the targets as lines."""
+    charts: list[str] = []
+    if "fixed" in result:
+        fx = result["fixed"]
+        for c in fx["levels"]:
+            runs = [r for r in fx["runs"] if r["connections"] == c]
+            rates = {name: [r["rate"] for r in runs if r["server"] == name] for name in fixed.SERVERS}
+            med = {name: statistics.median(v) if v else 0.0 for name, v in rates.items()}
+            charts.append(
+                bar_chart(
+                    f"wrk -t1 -c{c}: requests/s (median of rounds)",
+                    [(name, med[name]) for name in fixed.SERVERS],
+                    "requests/s",
+                    targets=[
+                        (f"edge target {fixed.TARGET_EDGE} x bare", fixed.TARGET_EDGE * med["bare"]),
+                        (f"serve target {fixed.TARGET_SERVE} x bare", fixed.TARGET_SERVE * med["bare"]),
+                    ],
+                    highlight="serve",
+                )
+            )
+    if "saturation" not in result:
+        return charts
     sat = result["saturation"]
-    charts = [
+    charts += [
         bar_chart(
             "Saturation throughput (closed loop, median of rounds)",
             [(name, sat[name]) for name in SERVERS],
@@ -59,6 +100,10 @@ def bench_charts(result: dict[str, Any]) -> list[str]:
             ],
             highlight="gateway",
         ),
+    ]
+    if not result.get("half"):
+        return charts
+    charts += [
         bar_chart(
             f"Ack p99 at {result['half_rate']:.0f}/s (half the gateway's saturation)",
             [(name, float(result["half"][name]["ack_ms"].get("p99") or 0.0)) for name in SERVERS],
@@ -86,6 +131,60 @@ def bench_charts(result: dict[str, Any]) -> list[str]:
 
 
 def bench_table(r: dict[str, Any]) -> str:
+    start, end = _load(r.get("load_average")), _load(r.get("load_average_after"))
+    out = f"load average (1, 5, 15 min) at the start {start}, at the end {end}\n\n"
+    if "saturation" in r:
+        out += _closed_loop_table(r)
+    if "fixed" in r:
+        out += ("\n\n" if "saturation" in r else "") + fixed_table(r["fixed"])
+    return out
+
+
+def _load(avg: list[float] | None) -> str:
+    return "-" if not avg else " / ".join(f"{x:.2f}" for x in avg)
+
+
+def fixed_table(fx: dict[str, Any]) -> str:
+    """One row per wrk run; then the ratios, taken within each round."""
+    rows = []
+    for run in fx["runs"]:
+        cpu = run["cpu"]
+        backlog = "-"
+        if run["server"] == "serve":
+            backlog = f"max {run['backlog_max']}, end {run['backlog_end']}, drained {run['drain_s']} s"
+        rows.append(
+            (
+                f"{run['round'] + 1}",
+                f"{run['connections']}",
+                run["server"],
+                f"{run['rate']:.0f}",
+                f"{run['p50_ms']:.2f}",
+                f"{run['p99_ms']:.2f}",
+                f"{cpu.get('server', 0):.2f} / {cpu.get('postgres', 0):.2f} / {cpu.get('machine', 0):.2f}",
+                f"{run['non2xx']}/{run['socket_errors']}",
+                str(run["repeats"]),
+                backlog,
+            )
+        )
+    out = "fixed connections (wrk -t1; cores used: server tree / postgres / machine)\n"
+    head = ("round", "conns", "server", "req/s", "p50 ms", "p99 ms", "cores", "non2xx/err", "repeats")
+    out += report.table((*head, "backlog"), rows)
+    ratio_rows = []
+    for key, ratio in fx["ratios"].items():
+        goal = fixed.TARGET_EDGE if key.startswith("edge") else fixed.TARGET_SERVE
+        ratio_rows.append(
+            (
+                key,
+                f"{ratio['median']:.2f}",
+                " / ".join(f"{x:.2f}" for x in ratio["rounds"]),
+                f">= {goal}",
+                _yes(ratio["median"] >= goal),
+            )
+        )
+    return out + "\n\n" + report.table(("ratio", "median", "rounds", "goal", "met"), ratio_rows)
+
+
+def _closed_loop_table(r: dict[str, Any]) -> str:
     sat_rows = []
     half_rows = []
     for name in SERVERS:
@@ -116,6 +215,10 @@ def bench_table(r: dict[str, Any]) -> str:
         )
     out = table_head(r)
     out += "saturation (closed loop; cores used per round: server, postgres, whole machine, generator)\n"
+    if not r.get("half"):
+        return out + report.table(
+            ("server", "median/s", "rounds/s", "server", "postgres", "machine", "generator"), sat_rows
+        )
     out += report.table(
         ("server", "median/s", "rounds/s", "server", "postgres", "machine", "generator"), sat_rows
     )

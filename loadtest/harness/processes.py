@@ -114,12 +114,24 @@ def gateway_env(
             "GATEWAY_LOG_LEVEL": "warning",
             "GATEWAY_RUN_CONSUMERS": "true" if consumers else "false",
             "GATEWAY_RUN_SENDER": "false",
-            # The figures are per process unless a run asks for more (`serve` defaults to one per core).
+            # The figures are per process unless a run asks for more (`serve` defaults to a
+            # layout by core count: start_serve).
             "GATEWAY_WORKERS": "1",
+            "GATEWAY_SERVE_SERVICES": "inline",
         }
     )
     env.update(extra or {})
     return env
+
+
+# What `gateway serve` runs when nothing is set: its processes by core count, every service on.
+DEFAULT_SERVE = {
+    "GATEWAY_WORKERS": "0",
+    "GATEWAY_SERVE_SERVICES": "auto",
+    "GATEWAY_RUN_CONSUMERS": "true",
+    "GATEWAY_RUN_SENDER": "true",
+    "GATEWAY_RUN_FORWARDER": "true",
+}
 
 
 def start_gateway(
@@ -128,6 +140,14 @@ def start_gateway(
     port = free_port()
     env = gateway_env(dsn, port, secrets, consumers=consumers, extra=extra)
     return Proc("gateway", [sys.executable, "-m", "gateway", "serve"], env, log_dir / "gateway.log", port)
+
+
+def start_serve(dsn: str, secrets: Secrets, log_dir: Path, extra: dict[str, str] | None = None) -> Proc:
+    """``gateway serve`` as a user runs it (DEFAULT_SERVE): a parent and its children; their CPU
+    is the process tree's."""
+    port = free_port()
+    env = gateway_env(dsn, port, secrets, consumers=True, extra={**DEFAULT_SERVE, **(extra or {})})
+    return Proc("serve", [sys.executable, "-m", "gateway", "serve"], env, log_dir / "serve.log", port)
 
 
 def start_fake_provider(dsn: str, secrets: Secrets, log_dir: Path, webhook_url: str) -> Proc:

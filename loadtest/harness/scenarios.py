@@ -147,6 +147,7 @@ SCENARIOS: dict[str, list[type[WebhookUser]]] = {
     "batched": [MetaBatchUser],
     "tenashi": [TenashiUser],
     "meta-text": [],  # filled below: the smallest realistic payload, for raw ingest benchmarks
+    "meta-status": [],  # filled below
 }
 
 
@@ -157,6 +158,16 @@ class TextOnlyUser(WebhookUser):
 
 
 SCENARIOS["meta-text"] = [TextOnlyUser]
+
+
+class StatusOnlyUser(WebhookUser):
+    @task(1)
+    def status(self) -> Delivery:
+        return self.f.status()
+
+
+# One status per POST, as Meta sends most webhooks (three per outgoing message).
+SCENARIOS["meta-status"] = [StatusOnlyUser]
 
 
 class Scenario:

@@ -15,10 +15,14 @@ ORDER BY n;
 -- The join carries received_at (the partition key) so each row is read from its partition.
 -- Each row also says how many rows the claim locked: more than it returned means the budget
 -- left some (more are due at once).
+-- $3 (NULL: none) is a lower bound of every pending row's next_attempt_at (inbox_due_from):
+-- the scan of webhook_inbox_due starts there, past the entries that rows done since the last
+-- vacuum left dead at the head of the index, which every claim would otherwise walk again.
 WITH claimed AS (
     SELECT id, received_at, next_attempt_at, octet_length(body) AS size
     FROM webhook_inbox
-    WHERE state = 'pending' AND next_attempt_at <= clock_timestamp()
+    WHERE state = 'pending' AND next_attempt_at >= coalesce($3, '-infinity'::timestamptz)
+      AND next_attempt_at <= clock_timestamp()
     ORDER BY next_attempt_at, id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -30,6 +34,15 @@ SELECT w.id, w.source, w.body, w.delivery_id, w.attempts, (SELECT count(*) FROM 
 FROM budget b JOIN webhook_inbox w ON w.id = b.id AND w.received_at = b.received_at
 WHERE b.before = 0 OR b.before + octet_length(w.body) <= $2
 ORDER BY b.next_attempt_at, b.id;
+
+-- name: inbox_due_from
+-- The bound a claim starts from ($3 above): the oldest pending row's next_attempt_at, at most
+-- a second ago. Read on the due index from its head (this walks the dead entries once, not
+-- once per claim). A row is written pending with a next_attempt_at of its transaction's start
+-- or later (insert, defer, replay, a failed attempt), so only a row whose insert took longer
+-- than the second to commit can fall below the bound, and the next reading sees it.
+SELECT least(min(next_attempt_at), clock_timestamp() - interval '1 second')
+FROM webhook_inbox WHERE state = 'pending';
 
 -- name: inbox_claim_row
 -- One row again, for the one-by-one fallback after a batch failed.

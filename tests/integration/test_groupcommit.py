@@ -15,15 +15,59 @@ from gateway.store.db import connect
 async def test_size_bound_cuts_batches(pool: asyncpg.Pool, db_dsn: str) -> None:
     gc = GroupCommitter(partial(connect, db_dsn), window_s=10.0, max_batch=10, max_inflight=100)
     futs = [gc.stage("meta", f"b{i}".encode()) for i in range(35)]
-    # 30 rows filled three batches at once; the last 5 wait for their window or close().
+    # 30 rows filled three batches at once; the last 5 wait (a batch is being written) for
+    # those to be done, not for their 10 s window.
     assert gc.pending == 5
-    await asyncio.wait_for(asyncio.gather(*futs[:30]), 5)
-    assert gc.pending == 5 and not any(f.done() for f in futs[30:])
-    await gc.close()
-    assert all(f.done() and f.exception() is None for f in futs)
+    await asyncio.wait_for(asyncio.gather(*futs), 5)
+    assert all(f.exception() is None for f in futs)
     assert await pool.fetchval("SELECT count(*) FROM webhook_inbox") == 35
     assert gc.batches_written == 4
     assert await pool.fetchval("SELECT count(DISTINCT xmin::text) FROM webhook_inbox") == 4
+    await gc.close()
+
+
+async def test_idle_database_writes_at_once(pool: asyncpg.Pool, db_dsn: str) -> None:
+    """Nothing being written: the rows staged in one pass of the event loop go at its end, as
+    one batch, without waiting for the window."""
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=60.0, max_batch=1000)
+    futs = [gc.stage("meta", f"idle{i}".encode()) for i in range(3)]
+    await asyncio.wait_for(asyncio.gather(*futs), 5)
+    assert gc.batches_written == 1
+    # The next row finds nothing in flight either.
+    await asyncio.wait_for(gc.stage("meta", b"later"), 5)
+    assert gc.batches_written == 2
+    await gc.close()
+
+
+async def test_rows_staged_during_a_write_wait_for_it(pool: asyncpg.Pool, db_dsn: str) -> None:
+    """While a batch is being written, new rows wait for it (not for their window) and then
+    go together as one batch."""
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=60.0, max_batch=1000, max_inflight=4)
+    async with pool.acquire() as blocker, blocker.transaction():
+        await blocker.execute("LOCK TABLE webhook_inbox IN ACCESS EXCLUSIVE MODE")
+        first = gc.stage("meta", b"first")
+        await asyncio.sleep(0.05)  # the first batch is being written (stuck on the lock)
+        rest = [gc.stage("meta", b"rest") for _ in range(20)]
+        await asyncio.sleep(0.05)
+        assert gc.pending == 20 and gc.batches_written == 0
+    await asyncio.wait_for(asyncio.gather(first, *rest), 5)
+    assert gc.batches_written == 2
+    await gc.close()
+
+
+async def test_window_starts_a_parallel_batch(pool: asyncpg.Pool, db_dsn: str) -> None:
+    """Rows that waited a window for a slow write go as a batch of their own."""
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=0.02, max_batch=1000, max_inflight=4)
+    async with pool.acquire() as blocker, blocker.transaction():
+        await blocker.execute("LOCK TABLE webhook_inbox IN ACCESS EXCLUSIVE MODE")
+        first = gc.stage("meta", b"first")
+        await asyncio.sleep(0.05)
+        second = gc.stage("meta", b"second")
+        await asyncio.sleep(0.1)  # past the window: a second batch is being written too
+        assert gc.pending == 0
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert gc.batches_written == 2
+    await gc.close()
 
 
 async def test_window_flushes_a_partial_batch(pool: asyncpg.Pool, db_dsn: str) -> None:

@@ -88,6 +88,90 @@ async def test_two_workers_share_one_port_and_stop_together(db_dsn: str, pool: a
                 c.kill()
 
 
+def _counter(metrics_text: str, name: str, **labels: str) -> float:
+    for line in metrics_text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def _processed(pool: asyncpg.Pool, n: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while await pool.fetchval("SELECT count(*) FROM processed_webhook_events") < n:
+        assert time.monotonic() < deadline, f"fewer than {n} events processed in {timeout_s} s"
+        await asyncio.sleep(0.1)
+
+
+async def test_services_apart_from_the_http_worker(db_dsn: str, pool: asyncpg.Pool) -> None:
+    """GATEWAY_SERVE_SERVICES=process (the default from two cores on): the HTTP worker runs
+    no consumers; a process of their own does, its metrics are on the worker's /metrics, and
+    it is started again when it dies (SIGKILL) without the worker noticing."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {
+        "DATABASE_URL": db_dsn,
+        "GATEWAY_PORT": str(port),
+        "GATEWAY_META_APP_SECRETS": META_SECRET,
+        "GATEWAY_SERVE_SERVICES": "process",
+        "GATEWAY_RUN_SENDER": "false",
+        "GATEWAY_CONSUMER_POLL_MS": "100",
+    }
+    proc = spawn(["serve"], env)
+    kids: list[psutil.Process] = []
+
+    def services_child() -> psutil.Process:
+        found = [c for c in psutil.Process(proc.pid).children() if "--services" in c.cmdline()]
+        assert len(found) == 1, found
+        return found[0]
+
+    async def post(http: aiohttp.ClientSession, wamids: list[str]) -> None:
+        for wamid in wamids:
+            body = meta_bytes(message_payload(wamid))
+            headers = {"X-Hub-Signature-256": sign_meta(body, META_SECRET)}
+            async with http.post(f"{base}/webhooks/meta", data=body, headers=headers) as r:
+                assert r.status == 200
+
+    try:
+        await wait_healthy(base, proc)
+        kids = psutil.Process(proc.pid).children()
+        assert len(kids) == 2
+        worker = next(c for c in kids if "--worker" in c.cmdline())
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/healthz") as r:
+                assert (await r.json())["pid"] == worker.pid  # the services process has no HTTP
+            await post(http, [f"wamid.S{i}" for i in range(20)])
+            await _processed(pool, 20)
+            # Counted in the services process, reported by the worker (one metrics directory).
+            deadline = time.monotonic() + 10
+            while True:
+                async with http.get(f"{base}/metrics") as r:
+                    text = await r.text()
+                if _counter(text, "gateway_consumer_events_total", kind="message", outcome="processed") == 20:
+                    break
+                assert time.monotonic() < deadline, "the consumers' events never reached /metrics"
+                await asyncio.sleep(0.2)
+
+            first = services_child()
+            first.kill()
+            await post(http, [f"wamid.T{i}" for i in range(10)])  # the worker answers meanwhile
+            await _processed(pool, 30)  # by the services process started again
+            second = services_child()
+            assert second.pid != first.pid and worker.is_running()
+            kids = [worker, second]
+
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+        for c in kids:
+            assert not c.is_running() or c.status() == psutil.STATUS_ZOMBIE
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for c in kids:
+            if c.is_running():
+                c.kill()
+
+
 async def test_a_stopped_worker_is_replaced_and_webhooks_keep_being_taken(db_dsn: str) -> None:
     """SIGSTOP one worker: it holds its listening socket and takes no request, so the parent,
     whose health check of it stops answering, kills it and starts another."""

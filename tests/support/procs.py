@@ -19,8 +19,9 @@ __all__ = ["closed_port", "free_port", "gateway_cli", "gateway_ok", "spawn", "wa
 
 def spawn(args: list[str], env: Mapping[str, str], log_path: str | None = None) -> subprocess.Popen[bytes]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    # One process unless a test asks for more (`serve` defaults to one per core).
+    # One process unless a test asks for more (`serve` defaults to a layout by core count).
     full_env["GATEWAY_WORKERS"] = "1"
+    full_env["GATEWAY_SERVE_SERVICES"] = "inline"
     full_env.update(env)
     out = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen(

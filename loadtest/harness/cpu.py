@@ -1,0 +1,74 @@
+"""CPU used over a phase, per process group: a server (with its children: ``gateway serve`` is a
+parent and its workers), PostgreSQL (backends come and go) and the whole machine (shared: other
+work on it shows up as ``machine`` minus the rest)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psutil
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants now (empty once it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return [root.pid] + [c.pid for c in root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def postgres_pids(server: Any) -> list[int]:
+    """The postmaster and its backends (the benchmark's database load)."""
+    if server is None:
+        return []
+    try:
+        return tree(int(server.get_pid()))
+    except Exception:
+        return []
+
+
+def _cpu(pid: int) -> float | None:
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return float(t.user + t.system)
+
+
+class CpuMeter:
+    """Cores used over a phase by a server's process tree, by PostgreSQL and by the machine."""
+
+    def __init__(self, server_pid: int, pg: Any) -> None:
+        self.server_pid = server_pid
+        self.pg = pg
+        self.t0 = 0.0
+        self.c0: dict[int, float] = {}
+        self.m0 = psutil.cpu_times()
+
+    def _pids(self) -> dict[str, list[int]]:
+        return {"server": tree(self.server_pid), "postgres": postgres_pids(self.pg)}
+
+    def start(self) -> None:
+        self.c0 = {
+            pid: c for pids in self._pids().values() for pid in pids if (c := _cpu(pid)) is not None
+        }
+        self.t0 = time.monotonic()
+        self.m0 = psutil.cpu_times()
+
+    def shares(self) -> dict[str, float]:
+        """Cores used on average (1.0 = one core busy all the time)."""
+        wall = time.monotonic() - self.t0
+        out: dict[str, float] = {}
+        for k, pids in self._pids().items():
+            used = 0.0
+            for pid in pids:
+                c = _cpu(pid)
+                if c is not None:
+                    used += c - self.c0.get(pid, 0.0)  # a process born in the phase started at 0
+            out[k] = round(used / wall, 2)
+        m1 = psutil.cpu_times()
+        busy = sum(m1) - m1.idle - (sum(self.m0) - self.m0.idle)
+        out["machine"] = round(busy / wall, 2)
+        return out
