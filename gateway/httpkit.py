@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 from aiohttp.typedefs import Handler
 
 PROBLEM_JSON = "application/problem+json"
@@ -19,19 +20,51 @@ _BODY_HEADERS = frozenset({"content-type", "content-length", "content-encoding"}
 log = logging.getLogger(__name__)
 
 
+class ClosingResponse(web.Response):
+    """An answer after which the connection is closed, given before the request's body was
+    read whole (an early refusal).
+
+    Closing a socket that still has unread bytes makes the kernel answer them with a reset, and
+    a client still sending its body (most send all of it before they read) can then lose the
+    answer. So the connection is half-closed right after the answer's last byte (the "lingering
+    close" of RFC 9112, section 9.6): the client sees the answer and end-of-file at once, while
+    aiohttp reads and discards what still comes for at most its ``lingering_time``
+    (gateway.web.server.LINGER_S), then closes.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.force_close()
+        self._closing: web.BaseRequest | None = None
+
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
+        self._closing = request
+        return await super().prepare(request)
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        await super().write_eof(data)
+        transport = self._closing.transport if self._closing is not None else None
+        self._closing = None
+        if transport is not None and not transport.is_closing() and transport.can_write_eof():
+            transport.write_eof()
+
+
 def problem(
     status: int,
     title: str,
     detail: str | None = None,
     headers: dict[str, str] | None = None,
+    *,
+    close: bool = False,
     **extra: Any,
 ) -> web.Response:
-    """An RFC 9457 problem document."""
+    """An RFC 9457 problem document; ``close``: a ``ClosingResponse``."""
     body: dict[str, Any] = {"type": "about:blank", "title": title, "status": status}
     if detail:
         body["detail"] = detail
     body.update(extra)
-    return web.Response(body=orjson.dumps(body), status=status, content_type=PROBLEM_JSON, headers=headers)
+    cls = ClosingResponse if close else web.Response
+    return cls(body=orjson.dumps(body), status=status, content_type=PROBLEM_JSON, headers=headers)
 
 
 def bearer_tenant(api_keys: Iterable[tuple[str, str]], authorization: str | None) -> str | None:

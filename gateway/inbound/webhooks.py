@@ -130,12 +130,10 @@ class Webhooks:
         return web.Response(body=b"OK", content_type="text/plain")
 
     def _refuse(self, source: Source, outcome: str, status: int, title: str, **headers: str) -> web.Response:
-        """An answer given without reading the body: the connection is closed after it (aiohttp
-        reads and discards for a moment first, so the client sees this rather than a reset)."""
+        """An answer given without reading the body: the connection is closed after it, with a
+        lingering close (``httpkit.ClosingResponse``), so the client sees this, not a reset."""
         metrics.WEBHOOK_REQUESTS.labels(source.value, outcome).inc()
-        resp = problem(status, title, headers=headers or None)
-        resp.force_close()
-        return resp
+        return problem(status, title, headers=headers or None, close=True)
 
     async def _read_body(
         self, request: web.Request, source: Source, signed: bool | None = None

@@ -14,9 +14,10 @@ an ERROR traceback. Here:
 - ``auto_decompress=False``: a ``Content-Encoding: gzip`` body stays as sent (the webhook
   routes refuse it with 415), so no CPU is spent inflating, and a signature is only ever
   checked over the bytes on the wire.
-- After an early answer (401, 413, 415, 503 before the body is read) aiohttp keeps reading
-  and discarding for ``LINGER_S`` so the client sees the answer rather than a reset, then
-  closes.
+- After an early answer (401, 408, 413, 415, 503 before the body is read whole) the
+  connection is half-closed (``httpkit.ClosingResponse``) and aiohttp keeps reading and
+  discarding for at most ``LINGER_S``, then closes: the client sees the answer and its end
+  rather than a reset, and a slow client holds the connection that much longer at most.
 - Client faults (malformed requests, disconnects) are logged at DEBUG without a traceback.
 """
 

@@ -5,16 +5,19 @@ woken (one idle consumer per NOTIFY, more for a backlog)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
 import pytest
 
 from gateway.core.settings import Settings
+from gateway.inbound import consumer_group
 from gateway.inbound.consumer import Consumer
 from gateway.inbound.consumer_group import ConsumerGroup
 from gateway.runtime import services
 from gateway.store import inbox
+from gateway.store import listen as store_listen
 from gateway.store.db import create_pool
 from gateway.testing.payloads import (
     message_obj,
@@ -26,6 +29,7 @@ from gateway.testing.payloads import (
 )
 from tests.support.config import replace
 from tests.support.consume import inbox_states, stage
+from tests.support.forward import until
 
 
 async def test_batch_reads_bodies_up_to_a_byte_budget(pool: asyncpg.Pool, settings: Settings) -> None:
@@ -100,6 +104,10 @@ async def test_after_a_batch_that_left_nothing_due_the_loop_waits(db_dsn: str, s
 
     pool = await create_pool(db_dsn, 1, 1)
     stop = asyncio.Event()
+
+    async def done(n: int) -> bool:
+        return await inbox_states(pool) == {"done": n}
+
     try:
         claims: list[str] = []
         async with pool.acquire() as conn:
@@ -109,19 +117,13 @@ async def test_after_a_batch_that_left_nothing_due_the_loop_waits(db_dsn: str, s
         await stage(pool, to_bytes(messages_payload(message_obj("wamid.W1"))))
         consumer = Consumer(pool, replace(settings, consumer_poll_ms=60_000))
         task = asyncio.create_task(consumer.run(stop))
-        for _ in range(200):
-            if await inbox_states(pool) == {"done": 1}:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: done(1), what="the first row")
         await asyncio.sleep(0.3)
         assert len(claims) == 1
         await stage(pool, to_bytes(messages_payload(message_obj("wamid.W2"))))
         consumer.wake.set()  # as a NOTIFY does
-        for _ in range(200):
-            if await inbox_states(pool) == {"done": 2}:
-                break
-            await asyncio.sleep(0.01)
-        assert await inbox_states(pool) == {"done": 2} and len(claims) == 2
+        await until(lambda: done(2), what="the second row")
+        assert len(claims) == 2
     finally:
         stop.set()
         consumer.wake.set()
@@ -129,57 +131,102 @@ async def test_after_a_batch_that_left_nothing_due_the_loop_waits(db_dsn: str, s
         await pool.close()
 
 
-def _counting(group: ConsumerGroup) -> list[list[int]]:
-    """Each consumer's batches (rows claimed), as they happen."""
-    seen: list[list[int]] = []
-    for c in group.consumers:
-        batches: list[int] = []
-        seen.append(batches)
+class _Batches:
+    """Each consumer's batches (rows claimed), as they happen, and the LISTEN connection's
+    wake-ups (the first comes when it connects: a look that could land at any moment).
 
-        async def counted(orig: Any = c.process_batch, batches: list[int] = batches) -> int:
-            n: int = await orig()
-            batches.append(n)
-            return n
+    While ``hold`` is set, a consumer that has claimed rows waits before its next claim until
+    a sibling has claimed some too (once, at most ``HOLD_S``): whether a sibling takes part in
+    a backlog then depends on whether it was woken, not on which task the event loop happens
+    to run first (under load, one consumer used to drain all 40 rows before a woken sibling
+    had claimed)."""
 
-        c.process_batch = counted  # type: ignore[method-assign]
-    return seen
+    HOLD_S = 10.0
 
+    def __init__(self, group: ConsumerGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.seen: list[list[int]] = []
+        self.notified = 0
+        self.hold = False
+        self._helped = asyncio.Event()
+        for c in group.consumers:
+            batches: list[int] = []
+            self.seen.append(batches)
 
-async def _all_idle(group: ConsumerGroup, seen: list[list[int]]) -> None:
-    """Wait until every consumer has had its first look and waits; forget those looks."""
-    for _ in range(300):
-        if all(c.idle for c in group.consumers):
-            break
-        await asyncio.sleep(0.01)
-    for batches in seen:
-        batches.clear()
+            async def counted(orig: Any = c.process_batch, batches: list[int] = batches) -> int:
+                if self.hold and any(batches) and not self._helped.is_set():
+                    try:
+                        await asyncio.wait_for(self._helped.wait(), self.HOLD_S)
+                    except TimeoutError:
+                        self.hold = False  # no sibling came: this one drains the rest
+                n: int = await orig()
+                batches.append(n)
+                if self.busy() >= 2:
+                    self._helped.set()
+                return n
+
+            c.process_batch = counted  # type: ignore[method-assign]
+
+        async def listen(
+            opener: Any, channel: str, on_notify: Callable[[], None], stop: asyncio.Event, **kw: Any
+        ) -> None:
+            def counted() -> None:
+                self.notified += 1
+                on_notify()
+
+            await store_listen.listen(opener, channel, counted, stop, **kw)
+
+        monkeypatch.setattr(consumer_group, "listen", listen)
+
+    def rows(self) -> list[int]:
+        return sorted(n for batches in self.seen for n in batches)
+
+    def busy(self) -> int:
+        """How many consumers claimed rows."""
+        return sum(1 for batches in self.seen if any(batches))
+
+    def forget(self) -> None:
+        for batches in self.seen:
+            batches.clear()
+
+    def hold_from_now(self) -> None:
+        """Forget the batches so far and hold (see the class)."""
+        self.forget()
+        self.hold = True
+
+    async def all_idle(self, group: ConsumerGroup) -> None:
+        """Wait until the listener is up and every consumer has had its looks and waits;
+        forget those looks."""
+
+        async def idle() -> bool:
+            return self.notified > 0 and all(c.idle for c in group.consumers)
+
+        await until(idle, what="the listener and idle consumers")
+        self.forget()
 
 
 async def test_a_notify_wakes_one_idle_consumer_and_a_backlog_wakes_more(
-    pool: asyncpg.Pool, settings: Settings
+    pool: asyncpg.Pool, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     group = ConsumerGroup(
         pool, replace(settings, consumer_concurrency=3, consumer_batch=10, consumer_poll_ms=60_000)
     )
-    seen = _counting(group)
+    batches = _Batches(group, monkeypatch)
+
+    async def done(n: int) -> bool:
+        return await inbox_states(pool) == {"done": n}
+
     async with services.running(group):
-        await _all_idle(group, seen)
+        await batches.all_idle(group)
         await stage(pool, to_bytes(messages_payload(message_obj("wamid.N1"))))  # one NOTIFY
-        for _ in range(300):
-            if await inbox_states(pool) == {"done": 1}:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: done(1), what="the first row")
         await asyncio.sleep(0.2)
         # One consumer claimed it; the others were not woken to claim nothing.
-        assert sorted(b for batches in seen for b in batches) == [1]
+        assert batches.rows() == [1]
         # 40 rows in one statement (one NOTIFY): each full batch wakes an idle sibling.
+        batches.hold_from_now()
         bodies = [to_bytes(messages_payload(message_obj(f"wamid.N{i}"))) for i in range(2, 42)]
         await pool.execute(
             "INSERT INTO webhook_inbox (source, body) SELECT 'meta', b FROM unnest($1::bytea[]) b", bodies
         )
-        for _ in range(500):
-            if await inbox_states(pool) == {"done": 41}:
-                break
-            await asyncio.sleep(0.01)
-        assert await inbox_states(pool) == {"done": 41}
-        assert sum(1 for batches in seen if any(batches)) >= 2
+        await until(lambda: done(41), timeout_s=60, what="the backlog")
+        assert batches.busy() >= 2, batches.seen

@@ -15,6 +15,7 @@ from aiohttp import ClientSession
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
 from gateway.testing.payloads import message_payload, meta_bytes
+from gateway.web.app import WEBHOOKS
 from gateway.web.server import Listening
 from tests.support.config import META_SECRET, VERIFY_TOKEN, replace
 
@@ -60,6 +61,13 @@ def quiet(caplog: pytest.LogCaptureFixture) -> None:
     assert loud == [], [r.getMessage() for r in loud]
 
 
+async def answer_of(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """The status and the rest of an answer, read up to the server's end of the connection."""
+    status = await status_of(reader)
+    async with asyncio.timeout(GIVE_UP_S):
+        return status, await reader.read()
+
+
 async def test_slow_body_is_cut_off_while_signed_posts_succeed(
     http: ClientSession,
     start_gateway: object,
@@ -72,11 +80,14 @@ async def test_slow_body_is_cut_off_while_signed_posts_succeed(
     length = 200
     reader, writer = await raw(gw)
     writer.write(head("/webhooks/meta", length, X_Hub_Signature_256=FORGED))
+    # Read as it comes, like a client that sends and reads at once (not after the signed POST
+    # below, however long that takes); the drip stops when the server has ended its side.
+    answer = asyncio.create_task(answer_of(reader))
     sent = 0
 
     async def drip() -> None:
         nonlocal sent
-        while sent < length and not writer.is_closing():
+        while sent < length and not answer.done():
             writer.write(b" ")
             sent += 1
             await asyncio.sleep(0.1)
@@ -84,15 +95,51 @@ async def test_slow_body_is_cut_off_while_signed_posts_succeed(
     dripping = asyncio.create_task(drip())
     # Meanwhile a signed POST is served as usual.
     assert await signed_post(http, gw, "wamid.during-drip") == 200
-    assert await status_of(reader) == 408
-    async with asyncio.timeout(GIVE_UP_S):
-        rest = await reader.read()  # the server closes the connection
+    status, rest = await answer
+    assert status == 408
     assert b"not received within" in rest
     assert sent < length, "the server waited for the whole slow body"
     dripping.cancel()
     writer.close()
     assert len(await stored(pool)) == 1
     quiet(caplog)
+
+
+@pytest.mark.parametrize(("header", "status"), [(None, 401), (FORGED, 408)])
+async def test_a_client_still_sending_gets_its_early_answer_then_the_end(
+    start_gateway: object, settings: Settings, header: str | None, status: int
+) -> None:
+    """An answer given before the body was read whole: the connection is half-closed after
+    it, so a client that keeps sending reads the whole answer and a clean end-of-file (closing
+    with its bytes unread would answer them with a reset, which loses the answer); then the
+    server closes, however long the client goes on."""
+    gw: Listening = await start_gateway(replace(settings, body_timeout_s=1.0))  # type: ignore[operator]
+    length = settings.max_body_bytes
+    reader, writer = await raw(gw)
+    extra = {} if header is None else {"X_Hub_Signature_256": header}
+    writer.write(head("/webhooks/meta", length, **extra))
+    stop = asyncio.Event()
+    sent = 0
+
+    async def flood() -> None:
+        nonlocal sent
+        while not stop.is_set() and not writer.is_closing() and sent < length - 1:
+            writer.write(b" ")  # a byte every turn of the loop: some always unread
+            sent += 1
+            await asyncio.sleep(0)
+
+    sending = asyncio.create_task(flood())
+    try:
+        got, rest = await answer_of(reader)
+        assert got == status and b"connection: close" in rest.lower()
+        assert not sending.done(), "the client was meant to be still sending"
+        async with asyncio.timeout(GIVE_UP_S):  # not held open by a client that goes on
+            while gw.site.open:
+                await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await sending
+        writer.close()
 
 
 async def test_slow_headers_are_cut_off(start_gateway: object, settings: Settings) -> None:
@@ -179,7 +226,10 @@ async def test_bytes_being_read_at_once_are_bounded(
     a_reader, a_writer = await raw(gw)
     a_writer.write(head("/webhooks/meta", big, X_Hub_Signature_256=FORGED) + b"{")
     await a_writer.drain()
-    await asyncio.sleep(0.2)  # let the server take A's reservation
+    budget = gw.app[WEBHOOKS].budget
+    async with asyncio.timeout(GIVE_UP_S):  # the server has taken A's reservation
+        while not budget.in_use:
+            await asyncio.sleep(0.01)
     b_reader, b_writer = await raw(gw)
     b_writer.write(head("/webhooks/meta", big, X_Hub_Signature_256=FORGED))
     assert await status_of(b_reader) == 503

@@ -110,10 +110,14 @@ async def test_tenashi_idempotency(http: ClientSession, fake: FakeProvider) -> N
         assert r.status == 401
     async with http.post(url, json=body, headers=BEARER) as r:
         assert r.status == 400  # no key
-    # While the first request runs, a repeat gets 409 idempotency_in_progress.
-    fake.add_fault("latency", latency_ms=300)
+    # While the first request runs, a repeat gets 409 idempotency_in_progress. The repeat
+    # goes once the fake holds the first (not after a guessed delay), and the first is held
+    # long enough for a loaded machine.
+    fake.add_fault("latency", latency_ms=2000)
     first = asyncio.ensure_future(http.post(url, json=body, headers=headers))
-    await asyncio.sleep(0.1)
+    async with asyncio.timeout(30):
+        while "acme:t1" not in fake.tenashi.keys:
+            await asyncio.sleep(0.01)
     async with http.post(url, json=body, headers=headers) as r:
         assert r.status == 409
         assert (await r.json())["error"]["code"] == "idempotency_in_progress"

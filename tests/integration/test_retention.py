@@ -21,6 +21,7 @@ from gateway.store.db import create_pool
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
 from tests.support.config import replace
 from tests.support.consume import drain, stage
+from tests.support.forward import until
 
 TODAY = datetime.now(UTC).date()
 
@@ -191,10 +192,25 @@ async def test_creating_and_dropping_partitions_never_blocks_writers(
         # every table and detaches an old one ...
         s = replace(settings, inbox_retention_days=7, partitions_ahead_days=5)
         job = asyncio.create_task(retention.run_once(pool, s, today=TODAY))
-        await asyncio.sleep(0.5)
-        # ... and writers are not queued behind it.
-        for _ in range(3):
-            await asyncio.wait_for(stage(pool, b"{}"), 1.0)
+
+        async def detach_waits() -> bool:
+            n = await pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%DETACH PARTITION%'"
+                " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            )
+            return bool(n)
+
+        # The job has created the new days and waits in DETACH ... CONCURRENTLY for the
+        # holder ...
+        await until(detach_waits, timeout_s=30, what="the detach waiting for the holder")
+        # ... and writers are not queued behind it: a writer that had to wait for any lock
+        # would fail at once (so the check does not depend on how fast the machine is).
+        writer = await asyncpg.connect(db_dsn, server_settings={"lock_timeout": "10ms"})
+        try:
+            for _ in range(3):
+                await writer.execute("INSERT INTO webhook_inbox (source, body) VALUES ('meta', '{}')")
+        finally:
+            await writer.close()
         await tr.commit()
         report = await asyncio.wait_for(job, 30)
     finally:

@@ -89,7 +89,11 @@ async def holds_claimed_rows(pool: asyncpg.Pool, name: str) -> bool:
     return bool(n)
 
 
-async def wait_for(cond: Any, what: str, timeout_s: float = 10.0) -> None:
+# Bounds on the test, not claims about speed: a process starting on a loaded machine is slow.
+GIVE_UP_S = 60.0
+
+
+async def wait_for(cond: Any, what: str, timeout_s: float = GIVE_UP_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not await cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -132,7 +136,7 @@ async def test_sigkill_mid_batch_every_event_exactly_once(
             victim.send_signal(signal.SIGKILL)
             await victim.wait()
             victim = await start(db_dsn, "crash-victim", handlers)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 2 * GIVE_UP_S
         while await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state <> 'done'"):
             assert time.monotonic() < deadline, await inbox_states(pool)
             await asyncio.sleep(0.05)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +18,9 @@ import pytest
 from gateway.store.db import MIGRATION_LOCK_ID, latest_version, migrate
 from gateway.testing.scratch import scratch_database
 from tests.support.procs import free_port, spawn
+
+# Bounds on the test, not claims about speed: a hang must fail, not block CI.
+GIVE_UP_S = 60
 
 
 @pytest.fixture
@@ -40,6 +44,13 @@ async def status(url: str) -> int | None:
             return r.status
     except aiohttp.ClientError:
         return None
+
+
+async def logged(log: Path, text: str) -> None:
+    """Wait until ``log`` has ``text`` (a process starting on a loaded machine takes a while)."""
+    async with asyncio.timeout(GIVE_UP_S):
+        while text not in log.read_text():
+            await asyncio.sleep(0.1)
 
 
 def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -68,10 +79,8 @@ async def test_serve_and_workers_wait_for_the_schema_then_start(empty_dsn: str, 
     healthy = f"http://127.0.0.1:{consume_metrics}/healthz"
     try:
         # Before the migration: both wait, say why, and serve nothing (their health checks fail).
-        for _ in range(100):
-            if "waiting for `gateway migrate`" in serve_log.read_text() + consume_log.read_text():
-                break
-            await asyncio.sleep(0.1)
+        await logged(serve_log, "waiting for `gateway migrate`")
+        await logged(consume_log, "waiting for `gateway migrate`")
         await asyncio.sleep(1.0)
         assert serve.poll() is None and consume.poll() is None
         for log in (serve_log, consume_log):
@@ -82,7 +91,8 @@ async def test_serve_and_workers_wait_for_the_schema_then_start(empty_dsn: str, 
         done = run_cli("migrate", env=env)
         assert done.returncode == 0, done.stderr
 
-        for _ in range(150):
+        deadline = time.monotonic() + GIVE_UP_S
+        while time.monotonic() < deadline:
             if await status(ready) == 200 and await status(healthy) == 200:
                 break
             assert serve.poll() is None and consume.poll() is None
@@ -137,16 +147,14 @@ async def test_a_running_migration_is_waited_for(db_dsn: str, tmp_path: Path) ->
         env = {**base_env(db_dsn, "60"), "GATEWAY_METRICS_PORT": str(consume_metrics)}
         consume = spawn(["consume"], env, str(log))
         try:
-            for _ in range(100):
-                if "a migration still running" in log.read_text():
-                    break
-                await asyncio.sleep(0.1)
+            await logged(log, "a migration still running")
             await asyncio.sleep(1.0)
             assert consume.poll() is None
             assert f"schema at version {latest_version()}, a migration still running" in log.read_text()
             assert await status(healthy) is None
             await holder.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)
-            for _ in range(150):
+            deadline = time.monotonic() + GIVE_UP_S
+            while time.monotonic() < deadline:
                 if await status(healthy) == 200:
                     break
                 assert consume.poll() is None
