@@ -32,6 +32,7 @@ from gateway.runtime.startup import (
     wait_for_database,
     wait_for_schema,
 )
+from gateway.store import sqlfiles
 from gateway.store.db import connect, create_pool, migrate_dsn
 from gateway.web import server
 from gateway.web.console.app import console_listener
@@ -244,6 +245,12 @@ async def wait_for(settings: Settings, *, schema: bool = False) -> None:
     """Wait (GATEWAY_DB_WAIT_S) for the database the settings name and, with ``schema`` where
     this process does not migrate itself (GATEWAY_MIGRATE_ON_START=false), for its schema."""
     assert settings.database_url
+    lacking = sqlfiles.missing()
+    if lacking:
+        raise StartupError(
+            f"this installation lacks {len(lacking)} of its SQL files (sql/): "
+            f"{', '.join(lacking[:5])}; rebuild the image or reinstall the package"
+        )
     dsn, timeout_s = settings.database_url, settings.db_connect_timeout_s
     await wait_for_database(dsn, wait_s=settings.db_wait_s, connect_timeout_s=timeout_s)
     if schema and not settings.migrate_on_start:

@@ -102,3 +102,33 @@ def functions() -> tuple[Function, ...]:
             raise ValueError(f"function file {path.name!r} is not named <function>.sql")
         found.append(Function(path.stem, path.read_text()))
     return tuple(found)
+
+
+def present() -> list[str]:
+    """Every ``.sql`` file under ``sql/``, as a path relative to it."""
+    root = sql_dir()
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*.sql"))
+
+
+def missing() -> list[str]:
+    """The files the manifest names that this installation lacks."""
+    from gateway.store.sql_manifest import FILES
+
+    try:
+        root = sql_dir()
+    except FileNotFoundError:
+        return list(FILES)
+    return [name for name in FILES if not (root / name).is_file()]
+
+
+def manifest_source(files: list[str]) -> str:
+    """The text of ``gateway/store/sql_manifest.py`` for ``files``."""
+    from gateway.store import sql_manifest
+
+    doc = (sql_manifest.__doc__ or "").strip()
+    lines = "".join(f'    "{name}",\n' for name in files)
+    return f'"""{doc}"""\n\nFILES: tuple[str, ...] = (\n{lines})\n'
+
+
+if __name__ == "__main__":
+    print(manifest_source(present()), end="")

@@ -1,6 +1,6 @@
 import pytest
 
-from gateway.store.sqlfiles import migrations, parse_queries, queries
+from gateway.store.sqlfiles import migrations, missing, parse_queries, present, queries
 
 
 def test_parse_queries_splits_named_sections() -> None:
@@ -25,3 +25,13 @@ def test_repository_sql_loads() -> None:
     ms = migrations()
     assert ms[0].version == 1
     assert [m.version for m in ms] == sorted({m.version for m in ms})
+
+
+def test_the_manifest_names_every_sql_file_of_the_tree() -> None:
+    from gateway.store.sql_manifest import FILES
+
+    assert list(FILES) == present(), (
+        "gateway/store/sql_manifest.py is stale; regenerate it: "
+        "python -m gateway.store.sqlfiles > gateway/store/sql_manifest.py"
+    )
+    assert missing() == []
