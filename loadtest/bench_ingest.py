@@ -146,11 +146,14 @@ async def main(ns: argparse.Namespace) -> int:
         extra.setdefault("GATEWAY_DB_POOL_MAX", str(ns.pool_max))
         extra.setdefault("GATEWAY_RUN_FORWARDER", "false")  # nothing but the edge
         serve_extra = dict(kv.split("=", 1) for kv in ns.serve_env)
+        # serve's consumers would otherwise take the rows the edge and insert servers store,
+        # and load the machine while those are measured: serve gets a database of its own.
+        serve_dsn = await processes.sibling_database(dsn, "bench_serve") if "fixed" in phases else dsn
         starters: dict[str, Callable[[], processes.Proc]] = {
             "bare": lambda: processes.start_baseline("bare", dsn, secrets, log_dir, ns.pool_max),
             "insert": lambda: processes.start_baseline("insert", dsn, secrets, log_dir, ns.pool_max),
             "gateway": lambda: processes.start_gateway(dsn, secrets, log_dir, consumers=False, extra=extra),
-            "serve": lambda: processes.start_serve(dsn, secrets, log_dir, extra=serve_extra),
+            "serve": lambda: processes.start_serve(serve_dsn, secrets, log_dir, extra=serve_extra),
         }
         starters["edge"] = starters["gateway"]
         wanted = set()
@@ -187,7 +190,7 @@ async def main(ns: argparse.Namespace) -> int:
             for p in set(procs.values()):  # wrk runs are not pinned
                 pin(ns, p.pid, server, release=True)
             ns.pin_phase = False
-            result["fixed"] = await fixed.phase(ns, dsn, ensure, server, truncate)
+            result["fixed"] = await fixed.phase(ns, {"serve": serve_dsn}, dsn, ensure, server, truncate)
             result.setdefault("parameters", _parameters(ns))
         result["load_average_after"] = list(os.getloadavg())
         result["restarts"] = restarts

@@ -168,9 +168,15 @@ async def one(
 
 
 async def phase(
-    ns: Any, dsn: str, ensure: Ensure, pg: Any, truncate: Callable[[str], Awaitable[None]]
+    ns: Any,
+    dsns: dict[str, str],
+    default_dsn: str,
+    ensure: Ensure,
+    pg: Any,
+    truncate: Callable[[str], Awaitable[None]],
 ) -> dict[str, Any]:
-    """Every server at every connection count, ``ns.rounds`` times; ratios within each round."""
+    """Every server at every connection count, ``ns.rounds`` times; ratios within each round.
+    ``dsns``: a server's database where it has one of its own (else ``default_dsn``)."""
     levels = [int(x) for x in str(ns.fixed).split(",") if x.strip()]
     with tempfile.TemporaryDirectory(prefix="bench-fixed-") as tmp:
         reqs = Requests(ns, Path(tmp))
@@ -186,7 +192,8 @@ async def phase(
         for rnd in range(ns.rounds):
             for c in levels:
                 for name in SERVERS:
-                    runs.append(await one(ns, dsn, ensure, pg, reqs, name, c, rnd, truncate))
+                    db = dsns.get(name, default_dsn)
+                    runs.append(await one(ns, db, ensure, pg, reqs, name, c, rnd, truncate))
     return summarise(runs, levels)
 
 

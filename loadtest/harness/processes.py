@@ -39,6 +39,26 @@ async def migrate(dsn: str) -> None:
         await conn.close()
 
 
+async def sibling_database(dsn: str, name: str) -> str:
+    """A database ``name`` beside ``dsn``'s on the same server, migrated; returns its dsn.
+    Servers whose consumers must not take each other's rows each get one."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from gateway.store.db import connect
+
+    parts = urlsplit(dsn)
+    conn = await connect(dsn)
+    try:
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        if not exists:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    other = urlunsplit(parts._replace(path=f"/{name}"))
+    await migrate(other)
+    return other
+
+
 class Proc:
     """A child process with its log file; ``stop()`` sends SIGTERM, then SIGKILL."""
 
