@@ -21,6 +21,7 @@ COMMANDS = (
     "bench-consumers",
     "bench-send",
     "bench-forward",
+    "bench-graph",
     "bench-pipeline",
     "bench-growth",
     "bench-access",

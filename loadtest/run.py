@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from gateway.core import stdwebhooks
 from gateway.testing.ports import free_port
 from loadtest.harness import database, driver, forwardcheck, options, plan, processes, redact, report, verify
 from loadtest.harness.httpclient import Pool
@@ -70,6 +69,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--forward-faults", action="store_true", help="with --forward: 10%% 5xx, 2%% late answers, one outage"
     )
     p.add_argument("--forward-outage-s", type=float, default=30.0, help="receiver outage, seconds")
+    p.add_argument(
+        "--forward-format",
+        choices=("standard", "meta"),
+        default="standard",
+        help="with --forward: the destination's format (meta: Meta webhook bodies, X-Hub-Signature-256)",
+    )
     options.add_common_args(p)
 
 
@@ -101,12 +106,14 @@ async def self_contained(
         await processes.migrate(dsn)
         receiver: str | None = None
         if getattr(ns, "forward", False):
-            secret = stdwebhooks.generate_secret()
-            rx = forwardcheck.start_receiver(secret, log_dir, max_s=ns.duration + ns.drain_timeout + 600)
+            fmt = ns.forward_format
+            secret = forwardcheck.new_secret(fmt)
+            max_s = ns.duration + ns.drain_timeout + 600
+            rx = forwardcheck.start_receiver(secret, log_dir, max_s=max_s, meta=fmt == "meta")
             procs.append(rx)
             await rx.wait_ready(path=None)
             receiver = rx.url
-            await forwardcheck.register(dsn, f"{rx.url}/hooks", secret)
+            await forwardcheck.register(dsn, f"{rx.url}/hooks", secret, fmt)
             extra_env = {**forwardcheck.GATEWAY_ENV, **extra_env}
         fake_port = free_port()
         gw = processes.start_gateway(
@@ -215,7 +222,9 @@ async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> t
             await fault_task
         if target.receiver and target.dsn:
             sys.stderr.write("verifying forwarding (waiting for the forwarder to drain)...\n")
-            forwarding = await forwardcheck.verify(target.dsn, target.receiver, start_id, ns.drain_timeout)
+            forwarding = await forwardcheck.verify(
+                target.dsn, target.receiver, start_id, ns.drain_timeout, ns.forward_format
+            )
     finally:
         if db is not None:
             await db.close()

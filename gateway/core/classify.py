@@ -59,6 +59,9 @@ class Classified:
     maybe_sent: bool = False  # a retry that the provider may already have acted on
     reached: bool = True  # False: the request never reached the provider
     breaker: str | None = None  # "token" | "number": an account-level error; opens that breaker
+    # Meta's refusal as it answered it, {"status": <HTTP status>, "error": <its error object>}
+    # (the Graph-compatible endpoint answers a failed send with it).
+    refusal: dict[str, Any] | None = None
 
     @property
     def state(self) -> OutboxState:
@@ -93,6 +96,28 @@ def _meta_error(body: Any) -> tuple[int | None, str | None]:
     return code, str(message)[:500] if message is not None else None
 
 
+# What is kept of Meta's error object (the fields its reference documents), each value bounded.
+_ERROR_FIELDS = ("message", "type", "code", "error_subcode", "error_user_title", "error_user_msg",
+                 "error_data", "fbtrace_id", "is_transient")  # fmt: skip
+_MAX_KEPT = 1000
+
+
+def _kept(err: dict[str, Any]) -> dict[str, Any]:
+    """Meta's error object as it came, its documented fields only, strings cut at 1000 characters
+    (an answer is input from the network)."""
+    out: dict[str, Any] = {}
+    for name in _ERROR_FIELDS:
+        value = err.get(name)
+        if isinstance(value, str):
+            out[name] = value[:_MAX_KEPT]
+        elif isinstance(value, bool | int | float):
+            out[name] = value
+        elif name == "error_data" and isinstance(value, dict):
+            out[name] = {k[:100]: v[:_MAX_KEPT] for k, v in list(value.items())[:10]
+                         if isinstance(k, str) and isinstance(v, str)}  # fmt: skip
+    return out
+
+
 def _meta_wamid(body: Any) -> str | None:
     if not isinstance(body, dict):
         return None
@@ -115,13 +140,16 @@ def classify_meta(status: int, body: Any) -> Classified:
     code, message = _meta_error(body)
     if code is not None:
         error = message or f"error code {code}"
+        refusal = {"status": status, "error": _kept(body["error"])}
         if code in RETRYABLE_CODES:
-            return Classified(Outcome.RETRY, code=code, error=error, slow=code in SLOW_RETRY_FACTOR)
+            return Classified(
+                Outcome.RETRY, code=code, error=error, slow=code in SLOW_RETRY_FACTOR, refusal=refusal
+            )
         if code in TOKEN_CODES:
-            return Classified(Outcome.RETRY, code=code, error=error, breaker="token")
+            return Classified(Outcome.RETRY, code=code, error=error, breaker="token", refusal=refusal)
         if code in NUMBER_CODES:
-            return Classified(Outcome.RETRY, code=code, error=error, breaker="number")
-        return Classified(Outcome.FAILED, code=code, error=error)
+            return Classified(Outcome.RETRY, code=code, error=error, breaker="number", refusal=refusal)
+        return Classified(Outcome.FAILED, code=code, error=error, refusal=refusal)
     if status >= 500:
         return Classified(Outcome.UNKNOWN, error=f"HTTP {status}")
     if status == 429:
@@ -167,7 +195,9 @@ def finalize(c: Classified, attempts: int, max_attempts: int) -> Classified:
         return c
     if c.maybe_sent:
         return Classified(Outcome.UNKNOWN, code=c.code, error=f"{c.error}; gave up after {attempts}")
-    return Classified(Outcome.FAILED, code=c.code, error=f"{c.error}; gave up after {attempts} attempts")
+    return Classified(
+        Outcome.FAILED, code=c.code, error=f"{c.error}; gave up after {attempts} attempts", refusal=c.refusal
+    )
 
 
 def retry_delay_s(

@@ -354,6 +354,13 @@ class Settings:
         _float(1, 3600),
         "whole-transfer timeout of one media download or upload through the Graph API",
     )
+    graph_compat_wait_ms: int = _env(
+        "GATEWAY_GRAPH_COMPAT_WAIT_MS",
+        3000,
+        _int(0, 600000),
+        "how long POST /{version}/{phone_number_id}/messages waits for the send's outcome (pacing "
+        "included) before answering 202 with the gateway's key; below the client's timeout (httpx: 5 s)",
+    )
 
     # Tenashi
     tenashi_secret: str = _env("GATEWAY_TENASHI_SECRET", "", _str, "secret Tenashi signs its webhooks with")

@@ -124,12 +124,17 @@ class Graph:
             "POST", f"{self.settings.graph_url}/{phone_number_id}/messages", phone_number_id, body=body
         )
 
-    async def media_info(self, media_id: str, phone_number_id: str) -> MediaInfo:
-        """Where to download a media file from (a URL that expires within minutes)."""
+    async def media_object(self, media_id: str, phone_number_id: str) -> dict[str, Any]:
+        """Meta's media object: ``url`` (expires within minutes), ``mime_type``, ``sha256``, ..."""
         url = f"{self.settings.graph_url}/{media_id}"
         info = await self._json("GET", url, phone_number_id, params={"phone_number_id": phone_number_id})
         if not isinstance(info, dict):
             raise GraphError(502, "Graph API answered no media object")
+        return info
+
+    async def media_info(self, media_id: str, phone_number_id: str) -> MediaInfo:
+        """Where to download a media file from (a URL that expires within minutes)."""
+        info = await self.media_object(media_id, phone_number_id)
         target = download_target(info.get("url"), self.settings.graph_url)
         if isinstance(target, str):
             raise GraphError(502, target)

@@ -107,11 +107,8 @@ class MediaApi:
 
     # -- media -----------------------------------------------------------------------------
 
-    async def get_media(self, request: web.Request) -> web.StreamResponse:
-        tenant = bearer_tenant(self.settings.api_keys, request.headers.get("Authorization"))
-        if tenant is None:
-            return unauthorized()
-        media_id = request.match_info["media_id"]
+    async def media_number(self, tenant: str, media_id: str) -> str | web.Response:
+        """The number a media id belongs to, when the tenant may use it; else the 404 (or 503)."""
         if _MEDIA_ID.fullmatch(media_id) is None:
             return problem(404, "no media with this id")
         try:
@@ -120,9 +117,31 @@ class MediaApi:
         except DB_ERRORS:
             return problem(503, "database unavailable, retry later", headers={"Retry-After": "5"})
         number = row["phone_number_id"] if row is not None else None
-        if not self._allowed(tenant, number):
+        if number is None or not self._allowed(tenant, number):
             return problem(404, "no media with this id")
-        assert number is not None
+        return str(number)
+
+    async def media_object(self, tenant: str, media_id: str, url: str) -> web.Response:
+        """Meta's media object (``GET /<media_id>``) with its ``url`` replaced by ``url``: the
+        download goes through the gateway, with the number's token."""
+        number = await self.media_number(tenant, media_id)
+        if isinstance(number, web.Response):
+            return number
+        try:
+            found = await self.graph.media_object(media_id, number)
+        except GraphError as exc:
+            return _graph_problem(exc)
+        kept = {k: found[k] for k in ("messaging_product", "mime_type", "sha256", "file_size") if k in found}
+        return web.json_response({**kept, "url": url, "id": media_id})
+
+    async def get_media(self, request: web.Request) -> web.StreamResponse:
+        tenant = bearer_tenant(self.settings.api_keys, request.headers.get("Authorization"))
+        if tenant is None:
+            return unauthorized()
+        media_id = request.match_info["media_id"]
+        number = await self.media_number(tenant, media_id)
+        if isinstance(number, web.Response):
+            return number
         limit = self.settings.media_max_bytes
         try:
             info = await self.graph.media_info(media_id, number)
@@ -174,10 +193,15 @@ class MediaApi:
         tenant = bearer_tenant(self.settings.api_keys, request.headers.get("Authorization"))
         if tenant is None:
             return unauthorized()
+        return await self.upload(request, tenant)
+
+    async def upload(self, request: web.Request, tenant: str, number: str | None = None) -> web.Response:
+        """Upload the multipart body's ``file`` for ``number`` (None: the body's
+        ``phone_number_id`` field; the Graph-compatible path names it instead)."""
+        from_path = number is not None
         if not request.content_type.startswith("multipart/form-data"):
             return problem(400, "invalid upload", "Send multipart/form-data with phone_number_id and file.")
         limit = self.settings.media_max_bytes
-        number: str | None = None
         upload: tuple[Any, str, str] | None = None
         with tempfile.SpooledTemporaryFile(max_size=_SPOOL) as spool:
             try:
@@ -185,7 +209,7 @@ class MediaApi:
                 async for part in reader:
                     if not isinstance(part, BodyPartReader):
                         continue
-                    if part.name == "phone_number_id" and number is None:
+                    if part.name == "phone_number_id" and number is None and not from_path:
                         number = await _small(part, 65)
                     elif part.name == "file" and upload is None:
                         if not await _spool(part, spool, limit):

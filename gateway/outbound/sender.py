@@ -211,6 +211,7 @@ class Sender:
                     sent_at,
                     counted=c.breaker is None,
                     maybe_sent=raw_c.maybe_sent,
+                    refusal=c.refusal,
                 )
             )
             metrics.SENDS.labels(r["provider"], c.state.value, str(c.code or "")).inc()

@@ -46,18 +46,23 @@ async def listen(
     channel: str,
     on_notify: Callable[[], None],
     stop: asyncio.Event,
+    on_payload: Callable[[str], None] | None = None,
     *,
     keepalive_s: float = KEEPALIVE_S,
     liveness_s: float = 120.0,
 ) -> None:
-    """Call ``on_notify`` on every NOTIFY on ``channel``, and once on each (re)connection (rows
-    may have come while nobody listened), until ``stop`` is set. A failed or lost connection is
-    retried with backoff (0.5 s doubling to 30 s), one warning per failure. An idle connection
-    is asked ``SELECT 1`` every ``keepalive_s``: a half-open one (a peer gone without a word)
-    never reports its loss, and would stop the wake-ups for good; each answer is a heartbeat."""
+    """Call ``on_notify`` on every NOTIFY on ``channel`` (``on_payload`` with its payload
+    instead, when given), and ``on_notify`` once on each (re)connection (rows may have come
+    while nobody listened), until ``stop`` is set. A failed or lost connection is retried with
+    backoff (0.5 s doubling to 30 s), one warning per failure. An idle connection is asked
+    ``SELECT 1`` every ``keepalive_s``: a half-open one (a peer gone without a word) never
+    reports its loss, and would stop the wake-ups for good; each answer is a heartbeat."""
 
-    def callback(*_: object) -> None:
-        on_notify()
+    def callback(_conn: object, _pid: object, _channel: object, payload: object) -> None:
+        if on_payload is None:
+            on_notify()
+        else:
+            on_payload(str(payload))
 
     beat = HEARTBEATS.loop(f"LISTEN {channel}", liveness_s + 2 * keepalive_s + MAX_BACKOFF_S)
     attempt = 0

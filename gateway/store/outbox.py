@@ -30,6 +30,9 @@ class NewMessage:
     unknown_policy: UnknownPolicy | str = UnknownPolicy.REVIEW
     fingerprint: str | None = None  # the send API's body fingerprint (None: not from the API)
     biz_opaque_callback_data: str | None = None  # the caller's own, returned with its statuses
+    # A request waits for the outcome (the Graph-compatible endpoint): state changes are
+    # announced on NOTIFY outbox_outcome.
+    notify_outcome: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,7 @@ class Result:
     sent_at: float
     counted: bool = True  # False: an account-level refusal, which counts no attempt
     maybe_sent: bool = False  # the provider may have acted on it (sets ambiguous_at, retry_until)
+    refusal: dict[str, Any] | None = None  # the provider's refusal as it answered (provider_error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +60,7 @@ class Reconciled:
 
 
 def _columns(m: NewMessage, generation: int) -> tuple[Any, ...]:
-    """$1-$10 of outbox_enqueue and outbox_renew."""
+    """$1-$11 of outbox_enqueue and outbox_renew."""
     policy = UnknownPolicy(m.unknown_policy)  # ValueError on anything else
     return (
         m.tenant,
@@ -69,15 +73,19 @@ def _columns(m: NewMessage, generation: int) -> tuple[Any, ...]:
         str(policy),
         m.fingerprint,
         m.biz_opaque_callback_data,
+        m.notify_outcome,
     )
 
 
 async def enqueue(conn: Conn, m: NewMessage) -> tuple[bool, OutboxRow]:
-    """Insert the row unless (tenant, key) exists; returns (created, row)."""
-    created = await conn.fetchrow(q("outbox_enqueue"), *_columns(m, 0))
+    """Insert the row unless (tenant, key) exists; returns (created, row). One statement when
+    it is new (it commits on its own outside a transaction)."""
+    created: OutboxRow | None = await conn.fetchrow(q("outbox_enqueue"), *_columns(m, 0))
+    if created is not None:
+        return True, created
     row = await get(conn, tenant=m.tenant, key=m.key)
     assert row is not None
-    return created is not None, row
+    return False, row
 
 
 async def renew(conn: Conn, m: NewMessage, *, generation: int) -> OutboxRow | None:
@@ -137,6 +145,7 @@ async def record_results(conn: Conn, results: Sequence[Result], *, now: float, k
         [r.counted for r in results],
         [r.maybe_sent for r in results],
         key_window_s,
+        [r.refusal for r in results],
     )
 
 

@@ -13,7 +13,9 @@ from aiohttp import web
 from gateway.core.settings import Settings
 from gateway.inbound.groupcommit import GroupCommitter
 from gateway.inbound.webhooks import Webhooks
+from gateway.outbound.graph_api import GraphApi
 from gateway.outbound.media_api import MediaApi
+from gateway.outbound.outcomes import OutcomeWaiter, running
 from gateway.outbound.send_api import SendApi
 from gateway.store.db import connect, create_pool, migrate_dsn
 from gateway.web import access
@@ -27,6 +29,7 @@ COMMITTER = web.AppKey("committer", GroupCommitter)
 WEBHOOKS = web.AppKey("webhooks", Webhooks)
 SEND_API = web.AppKey("send_api", SendApi)
 MEDIA_API = web.AppKey("media_api", MediaApi)
+GRAPH_API = web.AppKey("graph_api", GraphApi)
 HEALTH = web.AppKey("health", Health)
 
 
@@ -39,11 +42,18 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     app[POOL] = pool
     app[SEND_API].pool = pool
     app[MEDIA_API].pool = pool
+    app[GRAPH_API].pool = pool
     app[HEALTH].pool = pool
     # /readyz answers from a probe run once a second, not per request.
     async with app[HEALTH].probing():
         yield
     await pool.close()
+
+
+async def _outcomes(app: web.Application) -> AsyncIterator[None]:
+    """The LISTEN the Graph-compatible endpoint's waiting requests are woken by."""
+    async with running(app[GRAPH_API].waiter):
+        yield
 
 
 async def _metrics_listener(app: web.Application) -> AsyncIterator[None]:
@@ -86,15 +96,19 @@ def build_app(settings: Settings) -> web.Application:
     app[WEBHOOKS] = Webhooks(settings)
     app[SEND_API] = SendApi(settings)
     app[MEDIA_API] = MediaApi(settings)
+    app[GRAPH_API] = GraphApi(settings, app[MEDIA_API], OutcomeWaiter(settings))
     app[HEALTH] = Health()
     app.router.add_routes(app[WEBHOOKS].routes())
     app.router.add_routes(app[HEALTH].routes(metrics=not settings.metrics_port))
     app.router.add_routes(app[SEND_API].routes())
     app.router.add_routes(app[MEDIA_API].routes())
+    # Last: its paths (/{version}/...) take only what no other route matched.
+    app.router.add_routes(app[GRAPH_API].routes())
     app.on_cleanup.append(app[MEDIA_API].close)
     if settings.metrics_port:
         app.cleanup_ctx.append(_metrics_listener)
     app.cleanup_ctx.append(_database)
+    app.cleanup_ctx.append(_outcomes)
     app.cleanup_ctx.append(_committer)
     if not settings.meta_app_secrets:
         log.warning("GATEWAY_META_APP_SECRETS is empty: every Meta webhook POST will get 401")

@@ -1,12 +1,16 @@
 """``run --forward``: Meta -> gateway -> forwarder -> fake receiver, through receiver faults.
 
 The fake receiver runs in its own process (``python -m gateway.testing.fake_receiver``) and is
-registered as a destination for every event kind before the run. With ``--forward-faults`` it
+registered as a destination for every event kind before the run: a Standard Webhooks
+destination, or with ``--forward-format meta`` a Meta-format one (each event as its own Meta
+webhook body signed X-Hub-Signature-256: the receiver verifies it as a bot built on Meta's
+webhooks does, and stands for that bot's handler). With ``--forward-faults`` it
 answers 10 % of requests 5xx, answers 2 % only after the forwarder's timeout (having
 processed them) and is down for ``--forward-outage-s`` in the middle of the run. Afterwards
 every event the consumers processed during the run must have been processed by the receiver
 exactly once (it deduplicates copies by ``webhook-id``), and every delivery must be
-``delivered``.
+``delivered``. Reported: receipt -> handler latency, from the gateway's receipt of each event
+(``deliveries.received_at``) to the receiver processing it (its first arrival), p50/p99/max.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from typing import Any
 
 import aiohttp
 
-from gateway.core import stdwebhooks
+from gateway.core import forwarding, stdwebhooks
 from gateway.store import deliveries
 from gateway.store.db import connect
 from gateway.testing.ports import free_port
 from loadtest.harness import processes
+from loadtest.harness.stats import percentile
 
 DEST = "loadtest"
 
@@ -37,6 +42,10 @@ GATEWAY_ENV = {
     "GATEWAY_FORWARD_POLL_MS": "200",
     "GATEWAY_FORWARD_ALLOW_PRIVATE": "1",  # the fake receiver listens on 127.0.0.1
 }
+
+
+def new_secret(fmt: str) -> str:
+    return forwarding.new_secret(fmt)
 
 
 def start_receiver(
@@ -61,12 +70,12 @@ def start_receiver(
     return processes.Proc(f"fake-{name}", argv, env, log_dir / f"{name}.log", port)
 
 
-async def register(dsn: str, url: str, secret: str) -> None:
+async def register(dsn: str, url: str, secret: str, fmt: str = "standard") -> None:
     conn = await connect(dsn)
     try:
         await deliveries.add_destination(
             conn, name=DEST, url=url, events=["message", "status", "account"], secret=secret,
-            max_in_flight=64, ordered=False,
+            max_in_flight=64, ordered=False, format=fmt,
         )  # fmt: skip
     finally:
         await conn.close()
@@ -92,8 +101,11 @@ async def faults(base: str, duration_s: float, outage_s: float) -> None:
     await _post(base, "/_fake/config", {"outage": False})
 
 
-async def verify(dsn: str, base: str, start_inbox_id: int, timeout_s: float) -> dict[str, Any]:
-    """Every key processed in the run reached the receiver once; every delivery delivered."""
+async def verify(
+    dsn: str, base: str, start_inbox_id: int, timeout_s: float, fmt: str = "standard"
+) -> dict[str, Any]:
+    """Every key processed in the run reached the receiver once (a Meta-format destination: every
+    Meta event's; Tenashi events, evt: keys, have no Meta shape); every delivery delivered."""
     conn = await connect(dsn)
     try:
         keys = {
@@ -101,6 +113,7 @@ async def verify(dsn: str, base: str, start_inbox_id: int, timeout_s: float) -> 
             for r in await conn.fetch(
                 "SELECT event_key FROM processed_webhook_events WHERE inbox_id > $1", start_inbox_id
             )
+            if fmt == "standard" or not r["event_key"].startswith("evt:")
         }
         deadline = time.monotonic() + timeout_s
         while True:
@@ -111,11 +124,19 @@ async def verify(dsn: str, base: str, start_inbox_id: int, timeout_s: float) -> 
             if set(states) <= {"delivered"} or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.5)
+        received = {
+            r["webhook_id"]: r["at"]
+            for r in await conn.fetch(
+                "SELECT webhook_id, extract(epoch FROM received_at)::float8 AS at FROM deliveries"
+            )
+        }
         delivered_keys = {r["event_key"] for r in await conn.fetch("SELECT event_key FROM deliveries")}
     finally:
         await conn.close()
     rx = await _post(base, "/_fake/state")
     processed = set(rx["ids"])
+    # Receipt by the gateway -> processed by the receiver (the bot's handler), per event.
+    latency = sorted((rx["ids"][i] - received[i]) * 1000 for i in processed if i in received)
     expected = {stdwebhooks.webhook_id(DEST, k) for k in keys}
     result = {
         "events": len(keys),
@@ -128,6 +149,12 @@ async def verify(dsn: str, base: str, start_inbox_id: int, timeout_s: float) -> 
         "copies_deduplicated": rx["duplicates"],
         "bad_signatures": rx["bad_signatures"],
         "answers": rx["answered"],
+        "receipt_to_handler_ms": {
+            "events": len(latency),
+            "p50": percentile(latency, 50),
+            "p99": percentile(latency, 99),
+            "max": latency[-1] if latency else float("nan"),
+        },
     }
     result["ok"] = (
         result["lost"] == 0
@@ -140,7 +167,10 @@ async def verify(dsn: str, base: str, start_inbox_id: int, timeout_s: float) -> 
 
 
 def describe(result: dict[str, Any]) -> str:
+    lat = result.get("receipt_to_handler_ms") or {}
     return (
+        f"receipt -> handler latency over {lat.get('events', 0)} events: p50 {lat.get('p50', 0):.1f} ms, "
+        f"p99 {lat.get('p99', 0):.1f} ms, max {lat.get('max', 0):.1f} ms\n"
         f"forwarding: {result['events']} events, receiver processed {result['receiver_processed']} "
         f"(lost {result['lost']}, unexpected {result['unexpected']}, without a delivery "
         f"{result['without_delivery']}); deliveries {result['deliveries']}; {result['attempts']} attempts, "

@@ -3,24 +3,30 @@
 -- so tests can run the sender and reconciler on a controllable clock.
 
 -- name: outbox_enqueue
+-- The new row with outbox_get's columns; nothing when (tenant, key) exists.
 INSERT INTO outbox (tenant, idem_key, callback_data, provider, phone_number_id, recipient,
-                    payload, unknown_policy, fingerprint, biz_opaque_callback_data)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                    payload, unknown_policy, fingerprint, biz_opaque_callback_data, notify_outcome)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 ON CONFLICT (tenant, idem_key) DO NOTHING
-RETURNING id, state;
+RETURNING id, tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload, state,
+          unknown_policy, resent, attempts, next_attempt_at, last_error, last_error_code, wamid,
+          delivery_status, delivery_errors, created_at, updated_at, sending_at, unknown_at, accepted_at,
+          fingerprint, generation, ambiguous_at, retry_until, biz_opaque_callback_data;
 
 -- name: outbox_renew
 -- A failed row (the provider refused it for good: nothing was sent) made into a new send for
 -- the same key: a new body, a new generation with its own callback data, a fresh history.
--- $11 is the generation it replaces (a concurrent renewal of the same row makes this a no-op).
+-- $11 notify_outcome; $12 is the generation it replaces (a concurrent renewal of the same row
+-- makes this a no-op).
 UPDATE outbox
 SET callback_data = $3, provider = $4, phone_number_id = $5, recipient = $6, payload = $7,
     unknown_policy = $8, fingerprint = $9, biz_opaque_callback_data = $10, generation = generation + 1,
+    notify_outcome = $11, provider_error = NULL,
     state = 'pending', resent = false, attempts = 0, next_attempt_at = clock_timestamp(),
     last_error = NULL, last_error_code = NULL, wamid = NULL, delivery_status = NULL,
     delivery_errors = NULL, sending_at = NULL, unknown_at = NULL, accepted_at = NULL,
     ambiguous_at = NULL, retry_until = NULL, created_at = clock_timestamp(), updated_at = clock_timestamp()
-WHERE tenant = $1 AND idem_key = $2 AND state = 'failed' AND generation = $11
+WHERE tenant = $1 AND idem_key = $2 AND state = 'failed' AND generation = $12
 RETURNING id, state;
 
 -- name: outbox_notify
@@ -114,7 +120,8 @@ WHERE o.id = t.id AND o.state = 'pending';
 -- Only rows still 'sending': a status webhook may already have moved one to accepted.
 -- An account-level refusal (a breaker opened) counts no attempt. An attempt the provider may
 -- have acted on ($10, or an unknown outcome) sets ambiguous_at once, and for Tenashi the last
--- moment a retry may go ($11 seconds later: its Idempotency-Key window).
+-- moment a retry may go ($11 seconds later: its Idempotency-Key window). $12: the provider's
+-- refusal as it answered (provider_error, the last one kept).
 UPDATE outbox o
 SET state = t.state,
     ambiguous_at = CASE WHEN t.maybe_sent OR t.state = 'unknown'
@@ -130,10 +137,11 @@ SET state = t.state,
     sending_at = to_timestamp(t.sent_at),
     unknown_at = CASE WHEN t.state = 'unknown' THEN to_timestamp($8::float8) ELSE o.unknown_at END,
     accepted_at = CASE WHEN t.state = 'accepted' THEN to_timestamp($8::float8) ELSE o.accepted_at END,
+    provider_error = coalesce(t.refusal, o.provider_error),
     updated_at = clock_timestamp()
 FROM unnest($1::bigint[], $2::text[], $3::text[], $4::float8[], $5::text[], $6::int[], $7::float8[],
-            $9::bool[], $10::bool[])
-     AS t(id, state, wamid, next_at, error, code, sent_at, counted, maybe_sent)
+            $9::bool[], $10::bool[], $12::jsonb[])
+     AS t(id, state, wamid, next_at, error, code, sent_at, counted, maybe_sent, refusal)
 WHERE o.id = t.id AND o.state = 'sending';
 
 -- name: outbox_expire_sending

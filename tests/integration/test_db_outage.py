@@ -63,3 +63,14 @@ async def test_an_outage_logs_a_few_warnings_not_one_per_batch(
             assert r.status == 503
     lines = [r for r in caplog.records if r.name == "gateway.inbound.groupcommit"]
     assert len(lines) <= 1, [r.getMessage() for r in lines]
+
+
+async def test_a_graph_compatible_send_with_the_database_down_is_metas_retryable_error(
+    http: ClientSession, gateway: Listening, outage: object
+) -> None:
+    body = {"messaging_product": "whatsapp", "to": "4915112345678", "type": "text", "text": {"body": "hi"}}
+    await outage()  # type: ignore[operator]
+    for _ in range(3):
+        async with http.post(gateway.make_url("/v23.0/1111/messages"), json=body, headers=AUTH) as r:
+            assert r.status == 503 and r.headers["Retry-After"]
+            assert (await r.json())["error"]["code"] == 2  # Meta's "temporarily unavailable": retry

@@ -61,6 +61,15 @@ def quiet(caplog: pytest.LogCaptureFixture) -> None:
     assert loud == [], [r.getMessage() for r in loud]
 
 
+async def reading_body(server: Listening, *, done: bool = False) -> None:
+    """Wait until the server is reading a body that did not come whole with its headers (it
+    holds bytes of the in-flight budget), or with ``done`` until no body is being read."""
+    budget = server.app[WEBHOOKS].budget
+    async with asyncio.timeout(GIVE_UP_S):
+        while bool(budget.in_use) == done:
+            await asyncio.sleep(0.01)
+
+
 async def answer_of(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     """The status and the rest of an answer, read up to the server's end of the connection."""
     status = await status_of(reader)
@@ -226,10 +235,7 @@ async def test_bytes_being_read_at_once_are_bounded(
     a_reader, a_writer = await raw(gw)
     a_writer.write(head("/webhooks/meta", big, X_Hub_Signature_256=FORGED) + b"{")
     await a_writer.drain()
-    budget = gw.app[WEBHOOKS].budget
-    async with asyncio.timeout(GIVE_UP_S):  # the server has taken A's reservation
-        while not budget.in_use:
-            await asyncio.sleep(0.01)
+    await reading_body(gw)  # the server has taken A's reservation
     b_reader, b_writer = await raw(gw)
     b_writer.write(head("/webhooks/meta", big, X_Hub_Signature_256=FORGED))
     assert await status_of(b_reader) == 503
@@ -296,9 +302,9 @@ async def test_client_vanishing_mid_body_is_logged_quietly(
         _reader, writer = await raw(gateway)
         writer.write(head("/webhooks/meta", 1000, X_Hub_Signature_256=FORGED) + b"{" * 10)
         await writer.drain()
-        await asyncio.sleep(0.05)
+        await reading_body(gateway)
         writer.transport.abort()
-    await asyncio.sleep(0.2)
+        await reading_body(gateway, done=True)  # the server saw the client go (and logged it)
     quiet(caplog)
     assert any("body not received" in r.getMessage() for r in caplog.records)
 
@@ -345,10 +351,10 @@ async def test_chunked_body_over_the_limit_is_refused_whole_or_trickled(
     assert await status_of(whole_reader) == 413
     whole_writer.close()
     drip_reader, drip_writer = await raw(gw)
-    drip_writer.write(request_head + chunked[:1500])
+    drip_writer.write(request_head + chunked[:500])  # within the limit so far
     await drip_writer.drain()
-    await asyncio.sleep(0.2)
-    drip_writer.write(chunked[1500:])
+    await reading_body(gw)  # the rest arrives while the server reads under the body deadline
+    drip_writer.write(chunked[500:])
     assert await status_of(drip_reader) == 413
     drip_writer.close()
     assert await stored(pool) == []

@@ -22,7 +22,7 @@ from gateway.testing.fake_receiver import FakeReceiver, Scripted
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
 from tests.support.config import DESTINATION_SECRET
 from tests.support.consume import add_outbox, drain, stage
-from tests.support.forward import fast, forwarding, states, until
+from tests.support.forward import all_delivered, fast, forwarding, states, until
 
 PAYLOADS: dict[str, Any] = json.loads((Path(__file__).parents[1] / "data" / "meta_webhooks.json").read_text())
 APP_SECRET = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
@@ -178,6 +178,60 @@ async def test_delivery_is_signed_retried_with_the_same_bytes_and_stops_on_410(
         async with forwarding(pool, s):
             await until(lambda: _disabled(pool), what="the destination disabled")
         assert (await states(pool)).get("pending") == 1
+    finally:
+        await receiver.close()
+
+
+async def test_a_refusing_or_slow_bot_opens_the_breaker_and_gets_every_event_after(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    """A 4xx (pywa's 422 for a body it cannot parse) and a 2xx past the forward timeout are
+    failures like any other: retried with the same bytes, the breaker opens, and everything is
+    delivered once the bot is well again."""
+    receiver = FakeReceiver(APP_SECRET, meta=True)
+    url = await receiver.start()
+    s = fast(settings, forward_timeout_ms=200, forward_breaker_failures=3, forward_breaker_cooldown_s=0.3)
+
+    async def breaker() -> str:
+        return str(await pool.fetchval("SELECT breaker_state FROM destinations WHERE name = 'bot'"))
+
+    async def is_open() -> bool:
+        return await breaker() == "open"
+
+    async def drained() -> bool:
+        return await all_delivered(pool) and await breaker() == "closed"
+
+    async def stage_messages(prefix: str) -> None:
+        for i in range(4):
+            msg = message_obj(f"wamid.{prefix}{i}", f"text {i}", sender=f"49151000000{i:02d}")
+            await stage(pool, to_bytes(messages_payload(msg)))
+        await drain(pool, settings)
+
+    try:
+        await add_meta(pool, "bot", url, ("message",))
+        for phase in ("refusing", "slow"):
+            if phase == "refusing":
+                receiver.script = [Scripted(422)] * 6
+            else:
+                receiver.latency_ms = 600  # a 2xx, after the forwarder has given up
+            await stage_messages(phase[0].upper())
+            async with forwarding(pool, s):
+                await until(is_open, what=f"the breaker open on a {phase} bot")
+                receiver.script = []
+                receiver.latency_ms = 0
+                await until(drained, what=f"everything delivered after the {phase} bot recovered")
+        st = receiver.state
+        assert st.answered[422] >= 3 and st.bad_signatures == 0
+        wamids = {b["entry"][0]["changes"][0]["value"]["messages"][0]["id"] for b in st.processed.values()}
+        assert wamids == {f"wamid.{p}{i}" for p in "RS" for i in range(4)}
+        # Every attempt of one delivery sent the same bytes.
+        sent: dict[str, set[str]] = {}
+        for webhook_id, digest in zip(st.attempts, st.digests, strict=True):
+            sent.setdefault(webhook_id, set()).add(digest)
+        assert len(sent) == 8 and all(len(d) == 1 for d in sent.values())
+        assert len(st.attempts) > 8
+        rows = await pool.fetch("SELECT attempts, last_status FROM deliveries")
+        assert all(r["last_status"] in (200, 204) for r in rows) and sum(r["attempts"] for r in rows) > 8
     finally:
         await receiver.close()
 

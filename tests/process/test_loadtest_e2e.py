@@ -39,6 +39,24 @@ def test_self_contained_run_passes(db_dsn: str, tmp_path: Path) -> None:
     assert "<svg" in html and "<script" not in html
 
 
+def test_a_run_forwarding_to_a_meta_format_destination(db_dsn: str, tmp_path: Path) -> None:
+    """`run --forward --forward-format meta`: every Meta event reaches the receiver (verifying
+    X-Hub-Signature-256, as a pywa bot does) once, with its receipt -> handler latency."""
+    argv = [
+        sys.executable, "-m", "loadtest", "run", "--database-url", db_dsn, "--rate", "30", "--duration", "2",
+        "--forward", "--forward-format", "meta", "--drain-timeout", "30",
+        "--results", str(tmp_path), "--name", "meta", "--quiet",
+    ]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (result_file,) = tmp_path.glob("meta-*.json")
+    fwd = json.loads(result_file.read_text())["forwarding"]
+    assert fwd["ok"] and fwd["bad_signatures"] == 0 and fwd["lost"] == 0
+    lat = fwd["receipt_to_handler_ms"]
+    assert lat["events"] == fwd["events"] > 0 and 0 < lat["p50"] <= lat["p99"] <= lat["max"]
+    assert "receipt -> handler latency" in proc.stdout
+
+
 async def test_url_mode_against_a_running_gateway(gateway: TestServer, db_dsn: str, tmp_path: Path) -> None:
     """`--url` mode: secrets from flags, verification through --database-url (ingest only, as
     this gateway runs without consumers)."""
