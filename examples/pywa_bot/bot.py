@@ -69,4 +69,5 @@ def on_status(_: WhatsApp, status: types.MessageStatus) -> None:
 
 
 if __name__ == "__main__":
-    wa.run(host=os.environ.get("HOST", "127.0.0.1"), port=int(os.environ.get("PORT", "8000")), log_level="warning")
+    host, port = os.environ.get("HOST", "127.0.0.1"), int(os.environ.get("PORT", "8000"))
+    wa.run(host=host, port=port, log_level="warning")

@@ -25,24 +25,28 @@ def serve_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="processes sharing the port (SO_REUSEPORT); default GATEWAY_WORKERS, 0: one per core",
     )
-    # Internal: the children of a serve parent (gateway.runtime.workers): an HTTP worker, and
-    # the process of the background services.
+    # Internal: the children of a serve parent (gateway.runtime.workers): an HTTP worker, the
+    # process of the background services, and the forwarder's when it runs apart from them.
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--services", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--forwarder", action="store_true", help=argparse.SUPPRESS)
 
 
 def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
     from gateway.runtime import services, workers
 
-    if ns.worker or ns.services:
+    if ns.worker or ns.services or ns.forwarder:
         workers.die_with_parent()
-    if ns.services:
+    if ns.services or ns.forwarder:  # the parent set GATEWAY_RUN_* for each
         return runtime.run_services(settings, services.Roles.of_serve(settings))
     if ns.workers is not None and ns.workers < 0:
         print("gateway serve: --workers must be >= 0", file=sys.stderr)
         return 2
     roles = services.Roles.of_serve(settings)
-    lay = workers.Layout(1, False) if ns.worker else workers.plan(settings, ns.workers, bool(roles))
+    # The forwarder gets a process of its own only beside another service (alone, the services
+    # process is already its own).
+    split = settings.serve_forwarder == "apart" and roles.forwarder and (roles.consumers or roles.sender)
+    lay = workers.Layout(1, False) if ns.worker else workers.plan(settings, ns.workers, bool(roles), split)
     if lay.http > 1 and settings.port == 0:
         print("gateway serve: several workers need a fixed GATEWAY_PORT, not 0", file=sys.stderr)
         return 2

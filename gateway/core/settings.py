@@ -429,6 +429,13 @@ class Settings:
         "where gateway serve runs consumers, sender and forwarder: process (one of their own beside "
         "the HTTP workers), inline (inside each HTTP worker), auto (process with 2+ cores, else inline)",
     )
+    serve_forwarder: str = _env(
+        "GATEWAY_SERVE_FORWARDER",
+        "apart",
+        _choice("apart", "with-services"),
+        "when gateway serve runs the services in a process of their own: the forwarder in one more "
+        "process (apart: its HTTP client work does not hold up the consumers' batches), or in theirs",
+    )
     worker_unresponsive_s: float = _env(
         "GATEWAY_WORKER_UNRESPONSIVE_S",
         20.0,

@@ -288,7 +288,13 @@ def serve_workers(settings: Settings, lay: workers.Layout, *, embedded: Any = No
                 settings.host,
                 settings.port,
                 lay.http,
-                " and a process for consumers, sender and forwarder" if lay.services_apart else "",
+                (
+                    " and processes for consumers and sender, and for the forwarder"
+                    if lay.forwarder_apart
+                    else " and a process for consumers, sender and forwarder"
+                    if lay.services_apart
+                    else ""
+                ),
             )
             # The console runs here, in the parent, once: the children are started without it.
             async with _console(settings):

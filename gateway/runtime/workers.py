@@ -1,14 +1,17 @@
 """``gateway serve`` as several processes: one parent, N HTTP workers on one port and, by
-default on two cores or more, one process of its own for the background services.
+default on two cores or more, processes of their own for the background services.
 
 The parent resolves the database once (it starts the embedded PostgreSQL, if any, and
 applies the migrations), then starts the children: N with ``gateway serve --worker``, each
 binding the same host:port with SO_REUSEPORT (the kernel spreads connections over them) with
 its own group committer; and, when the services run apart (``layout``), one with ``gateway
-serve --services``: the consumers, sender, forwarder and maintenance jobs that serve runs
-(GATEWAY_RUN_*), with no HTTP. Apart, a worker's event loop only serves requests, and the
-consumers wake the forwarder of their own process right after their commits. Inline, each
-worker runs the services too. The parent supervises: a child that dies is started again
+serve --services``: the consumers, sender and maintenance jobs that serve runs (GATEWAY_RUN_*),
+with no HTTP, and one more with ``gateway serve --forwarder`` for the forwarder
+(GATEWAY_SERVE_FORWARDER=apart, the default; with-services keeps it in the services process,
+where the consumers wake it right after their commits instead of by NOTIFY). Apart, a
+worker's event loop only serves requests, and the forwarder's HTTP client work (the costliest
+per event when destinations are configured) does not delay the consumers' batches. Inline,
+each worker runs the services too. The parent supervises: a child that dies is started again
 (after a pause), SIGTERM/SIGINT is forwarded to every child, and the parent exits once all of
 them have. Each child also serves ``/healthz`` on a Unix socket of its own
 (``GATEWAY_WORKER_HEALTH_SOCKET``, in the metrics directory; the shared port would reach any
@@ -61,30 +64,37 @@ class Layout:
 
     http: int  # HTTP workers
     services_apart: bool  # the background services in a process of their own
+    forwarder_apart: bool = False  # and the forwarder in one more
 
     @property
     def processes(self) -> int:
-        return self.http + self.services_apart
+        return self.http + self.services_apart + self.forwarder_apart
 
 
-def layout(cores: int, workers: int, services: str, has_services: bool) -> Layout:
+def layout(
+    cores: int, workers: int, services: str, has_services: bool, forwarder_apart: bool = False
+) -> Layout:
     """The processes for ``cores`` cores: ``workers`` HTTP workers (0: by core count) and the
-    services (GATEWAY_SERVE_SERVICES: process, inline or auto) apart or inside each worker.
+    services (GATEWAY_SERVE_SERVICES: process, inline or auto) apart or inside each worker;
+    apart, the forwarder in a process of its own when ``forwarder_apart`` (it runs beside
+    another service: GATEWAY_SERVE_FORWARDER=apart).
 
     Auto puts them apart from two cores on: the services' CPU then runs beside the HTTP
     workers instead of taking turns with requests on their event loops, and there is a core
     for it. On one core a second process would only add switches between them. Counted by
     core count, the HTTP workers are one per core, less one for the services process."""
     apart = has_services and (services == "process" or (services == "auto" and cores >= 2))
+    forwarder = apart and forwarder_apart
     if workers > 0:
-        return Layout(workers, apart)
-    return Layout(max(1, cores - 1) if apart else max(1, cores), apart)
+        return Layout(workers, apart, forwarder)
+    return Layout(max(1, cores - 1) if apart else max(1, cores), apart, forwarder)
 
 
-def plan(settings: Settings, asked: int | None, has_services: bool) -> Layout:
-    """The layout of this machine: ``--workers`` (else GATEWAY_WORKERS) and GATEWAY_SERVE_SERVICES."""
+def plan(settings: Settings, asked: int | None, has_services: bool, forwarder_apart: bool = False) -> Layout:
+    """The layout of this machine: ``--workers`` (else GATEWAY_WORKERS), GATEWAY_SERVE_SERVICES
+    and ``forwarder_apart`` (GATEWAY_SERVE_FORWARDER=apart and a forwarder beside other services)."""
     n = settings.workers if asked is None else asked
-    return layout(os.cpu_count() or 1, n, settings.serve_services, has_services)
+    return layout(os.cpu_count() or 1, n, settings.serve_services, has_services, forwarder_apart)
 
 
 def die_with_parent() -> None:
@@ -112,11 +122,22 @@ def child_env(settings: Settings, metrics_dir: str, *, services_apart: bool = Fa
     return env
 
 
-def services_env(settings: Settings, metrics_dir: str) -> dict[str, str]:
-    """The environment of the services process: its metrics are reported by the workers'
-    /metrics (the shared directory), so it listens on no port of its own."""
+def services_env(
+    settings: Settings, metrics_dir: str, *, runs: tuple[str, ...] | None = None
+) -> dict[str, str]:
+    """The environment of a services process: its metrics are reported by the workers'
+    /metrics (the shared directory), so it listens on no port of its own. ``runs``: only
+    these of GATEWAY_RUN_* (CONSUMERS, SENDER, FORWARDER) that are on; None: all that are."""
     env = child_env(settings, metrics_dir)
     env["GATEWAY_METRICS_PORT"] = "0"
+    if runs is not None:
+        env.update(
+            {
+                f"GATEWAY_RUN_{role}": "false"
+                for role in ("CONSUMERS", "SENDER", "FORWARDER")
+                if role not in runs
+            }
+        )
     return env
 
 
@@ -157,7 +178,14 @@ def children(settings: Settings, lay: Layout, metrics_dir: str) -> list[Child]:
         Child(f"worker {i}", "--worker", child_env(settings, metrics_dir, services_apart=lay.services_apart))
         for i in range(lay.http)
     ]
-    if lay.services_apart:
+    if lay.forwarder_apart:
+        workers.append(
+            Child("services", "--services", services_env(settings, metrics_dir, runs=("CONSUMERS", "SENDER")))
+        )
+        workers.append(
+            Child("forwarder", "--forwarder", services_env(settings, metrics_dir, runs=("FORWARDER",)))
+        )
+    elif lay.services_apart:
         workers.append(Child("services", "--services", services_env(settings, metrics_dir)))
     return workers
 

@@ -169,3 +169,20 @@ async def test_order_updater_keeps_orders_in_step_with_statuses(
         await drain(pool, settings, updater, health)
     rows = await pool.fetch("SELECT id, wamid, delivery, delivery_errors FROM orders ORDER BY id")
     assert [tuple(r) for r in rows] == [("o-1", "wamid.O1", "read", None), ("o-2", "wamid.O2", "failed", err)]
+
+
+async def test_handlers_plan_their_statements_with_the_sessions_setting(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    """The batch statement is planned generically (a setting local to the fast path); a
+    handler's own statements, in the same transaction, get the session's setting back."""
+    seen: list[str] = []
+
+    async def record(ev: object, conn: asyncpg.Connection) -> None:
+        seen.append(await conn.fetchval("SELECT current_setting('plan_cache_mode')"))
+
+    reg = Registry()
+    reg.message()(record)
+    await stage(pool, to_bytes(messages_payload(message_obj("wamid.PLAN1"), message_obj("wamid.PLAN2"))))
+    await drain(pool, settings, reg, Health(time.monotonic))
+    assert seen == ["auto", "auto"]

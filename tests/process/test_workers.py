@@ -108,8 +108,9 @@ async def _processed(pool: asyncpg.Pool, n: int, timeout_s: float = 30.0) -> Non
 
 async def test_services_apart_from_the_http_worker(db_dsn: str, pool: asyncpg.Pool) -> None:
     """GATEWAY_SERVE_SERVICES=process (the default from two cores on): the HTTP worker runs
-    no consumers; a process of their own does, its metrics are on the worker's /metrics, and
-    it is started again when it dies (SIGKILL) without the worker noticing."""
+    no consumers; a process of their own does (and one more the forwarder), its metrics are on
+    the worker's /metrics, and it is started again when it dies (SIGKILL) without the worker
+    noticing."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {
@@ -138,8 +139,9 @@ async def test_services_apart_from_the_http_worker(db_dsn: str, pool: asyncpg.Po
     try:
         await wait_healthy(base, proc)
         kids = psutil.Process(proc.pid).children()
-        assert len(kids) == 2
+        assert len(kids) == 3  # the forwarder apart too (GATEWAY_SERVE_FORWARDER=apart)
         worker = next(c for c in kids if "--worker" in c.cmdline())
+        forwarder = next(c for c in kids if "--forwarder" in c.cmdline())
         async with aiohttp.ClientSession() as http:
             async with http.get(f"{base}/healthz") as r:
                 assert (await r.json())["pid"] == worker.pid  # the services process has no HTTP
@@ -160,8 +162,8 @@ async def test_services_apart_from_the_http_worker(db_dsn: str, pool: asyncpg.Po
             await post(http, [f"wamid.T{i}" for i in range(10)])  # the worker answers meanwhile
             await _processed(pool, 30)  # by the services process started again
             second = services_child()
-            assert second.pid != first.pid and worker.is_running()
-            kids = [worker, second]
+            assert second.pid != first.pid and worker.is_running() and forwarder.is_running()
+            kids = [worker, second, forwarder]
 
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 30) == 0

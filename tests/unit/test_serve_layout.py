@@ -35,6 +35,42 @@ def test_layout(cores: int, workers: int, services: str, has_services: bool, exp
     assert layout(cores, workers, services, has_services) == expected
 
 
+@pytest.mark.parametrize(
+    ("cores", "workers", "services", "expected"),
+    [
+        # apart: the forwarder in one more process; the HTTP workers counted as before
+        (2, 0, "auto", Layout(1, True, True)),
+        (8, 0, "auto", Layout(7, True, True)),
+        (1, 0, "process", Layout(1, True, True)),
+        (4, 2, "process", Layout(2, True, True)),
+        # the services inside the workers: so is the forwarder
+        (1, 0, "auto", Layout(1, False, False)),
+        (4, 0, "inline", Layout(4, False, False)),
+    ],
+)
+def test_layout_with_the_forwarder_apart(cores: int, workers: int, services: str, expected: Layout) -> None:
+    lay = layout(cores, workers, services, True, forwarder_apart=True)
+    assert lay == expected
+    assert lay.processes == expected.http + expected.services_apart + expected.forwarder_apart
+
+
+def test_children_with_the_forwarder_apart() -> None:
+    s = Settings(database_url="postgresql://u@h/db")
+    kids = children(s, Layout(1, True, True), "/tmp/metrics")
+    assert [(c.name, c.flag) for c in kids] == [
+        ("worker 0", "--worker"),
+        ("services", "--services"),
+        ("forwarder", "--forwarder"),
+    ]
+    runs = {
+        c.name: {r for r in ("CONSUMERS", "SENDER", "FORWARDER") if c.env.get(f"GATEWAY_RUN_{r}") != "false"}
+        for c in kids
+    }
+    # each service runs in exactly one process
+    assert runs == {"worker 0": set(), "services": {"CONSUMERS", "SENDER"}, "forwarder": {"FORWARDER"}}
+    assert kids[2].env["GATEWAY_METRICS_PORT"] == "0"
+
+
 def test_children_of_a_split_layout() -> None:
     s = Settings(database_url="postgresql://u@h/db", metrics_port=9100)
     kids = children(s, Layout(2, True), "/tmp/metrics")
