@@ -37,8 +37,8 @@ import psutil
 from gateway.core import stdwebhooks
 from gateway.store import deliveries
 from gateway.store.db import connect
-from loadtest.harness import fixed, forwardcheck, processes, report, wrk
-from loadtest.harness.cpu import tree
+from loadtest.harness import fixed, forwardcheck, processes, report, segments, wrk
+from loadtest.harness.cpu import postgres_pids, tree
 from loadtest.harness.driver import run_open
 from loadtest.harness.httpclient import Pool
 from loadtest.harness.options import add_common_args
@@ -148,10 +148,36 @@ async def saturation(ns: argparse.Namespace, dsn: str, serve: processes.Proc, pg
     return {"runs": [dataclasses.asdict(r) for r in runs], "rate": best.rate, "connections": best.connections}
 
 
+def _roles(serve: processes.Proc, pg: Any, rx: Receivers) -> dict[str, list[int]]:
+    """The processes whose CPU a latency phase reports, by role (serve's children by flag)."""
+    out: dict[str, list[int]] = {"postgres": postgres_pids(pg), "generator": [os.getpid()]}
+    for p in tree(serve.pid):
+        try:
+            cmd = psutil.Process(p).cmdline()
+        except psutil.Error:
+            continue
+        role = next((f[2:] for f in ("--worker", "--services", "--forwarder") if f in cmd), "serve parent")
+        out.setdefault(role, []).append(p)
+    out["receivers"] = [r.pid for r in rx.procs.values()]
+    return out
+
+
+def _cpu(pids: list[int]) -> float:
+    total = 0.0
+    for p in pids:
+        try:
+            t = psutil.Process(p).cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
 async def latency(
-    ns: argparse.Namespace, rx: Receivers, serve: processes.Proc, rate: float
+    ns: argparse.Namespace, rx: Receivers, serve: processes.Proc, rate: float, dsn: str, pg: Any
 ) -> dict[str, Any]:
-    """One inbound message per webhook at ``rate``; receipt -> each receiver, per event."""
+    """One inbound message per webhook at ``rate``; receipt -> each receiver, per event, where
+    the time went (``segments``) and the cores each process used meanwhile."""
     factory = PayloadFactory(processes.DEFAULT_SECRETS, ns.seed + 7, run_tag=f"p{int(time.time()):x}")
     shots = list(
         build(arrivals(constant(rate, ns.seconds)), scenario("meta-text", factory), factory, NO_DUPLICATES)
@@ -159,15 +185,25 @@ async def latency(
     for name in DESTINATIONS:
         await rx.call("DELETE", name, "/_fake/state")
     pool = Pool("127.0.0.1", serve.port, ns.connections, ns.timeout)
+    roles = _roles(serve, pg, rx)
+    before, t0, m0 = {k: _cpu(v) for k, v in roles.items()}, time.monotonic(), psutil.cpu_times()
     res = await run_open(shots, pool, duration_s=ns.seconds, progress=not ns.quiet, label="pipeline ")
+    elapsed, m1 = time.monotonic() - t0, psutil.cpu_times()
+    cores = {k: (_cpu(v) - before[k]) / elapsed for k, v in roles.items()}
+    busy = (m1.user + m1.system + m1.nice) - (m0.user + m0.system + m0.nice)
+    cores["machine"] = busy / elapsed
     pool.close()
     events = [(key, res.started_wall + shot.t) for shot in shots for key in shot.delivery.keys]
-    out: dict[str, Any] = {"rate": rate, "webhooks": len(shots), "events": len(events), "destinations": {}}
+    out: dict[str, Any] = {
+        "rate": rate, "webhooks": len(shots), "events": len(events), "destinations": {}, "cores": cores,
+    }  # fmt: skip
+    received: dict[str, dict[str, float]] = {}
     for name in DESTINATIONS:
         st = await rx.call(
             "GET", name, "/_fake/wait", params={"processed": str(len(events)), "timeout": "60"}
         )
         ids = (await rx.call("GET", name, "/_fake/state", params={"ids": "1"}))["ids"]
+        received[name] = ids
         lat = [
             (ids[wid] - sent) * 1000
             for key, sent in events
@@ -184,6 +220,8 @@ async def latency(
             "p99_ms": percentile(lat, 99),
             "max_ms": max(lat, default=float("nan")),
         }
+    sent = dict(events)
+    out["segments"] = segments.split(await segments.times(dsn, list(sent)), sent, received)
     out["acks"] = {"sent": res.recorder.sent, "errors": res.recorder.errors()}
     out["generator_warnings"] = res.warnings
     return out
@@ -271,7 +309,7 @@ async def main(ns: argparse.Namespace) -> int:
             result["saturation"] = await saturation(ns, dsn, serve, pg)
             rate = result["saturation"]["rate"] / 2
         await _destinations(dsn, rx, enabled=True)
-        result["latency"] = await latency(ns, rx, serve, rate)
+        result["latency"] = await latency(ns, rx, serve, rate, dsn, pg)
         if ns.soak:
             result["soak"] = await soak(ns, rx, serve, rate)
             result["deliveries_drained_s"] = await _drain(dsn)
@@ -365,6 +403,15 @@ def table(r: dict[str, Any]) -> str:
             for name, d in lat["destinations"].items()
         ],
     )  # fmt: skip
+    out += "\n\nwhere the time went (every event and destination; the database's and receivers' clocks)\n"
+    out += report.table(
+        ("segment", "p50 ms", "p90", "p99"),
+        [
+            (k, *(f"{v[q]:.1f}" for q in ("p50_ms", "p90_ms", "p99_ms")))
+            for k, v in lat.get("segments", {}).items()
+        ],
+    )
+    out += "\ncores used meanwhile: " + ", ".join(f"{k} {v:.2f}" for k, v in lat.get("cores", {}).items())
     if "soak" in r:
         s = r["soak"]
         out += f"\n\nsoak: {s['seconds']:.0f} s at {s['rate']:.0f}/s, {s['sent']} webhooks"

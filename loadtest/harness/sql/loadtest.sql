@@ -85,3 +85,16 @@ WHERE d.inbox_id > $1;
 
 -- name: lt_dead_items_retrying
 SELECT count(*) FROM dead_events WHERE inbox_id > $1 AND state = 'retry';
+
+-- name: pipeline_segments
+-- bench-pipeline: the times the database keeps of each event and delivery of $1 (event keys):
+-- its webhook row's INSERT, its dedup key's, its delivery row's (Unix seconds).
+SELECT p.event_key, d.name,
+       extract(epoch FROM w.received_at)::float8 AS stored,
+       extract(epoch FROM p.processed_at)::float8 AS keyed,
+       extract(epoch FROM dl.created_at)::float8 AS queued
+FROM processed_webhook_events p
+JOIN webhook_inbox w ON w.id = p.inbox_id
+JOIN deliveries dl ON dl.event_key = p.event_key
+JOIN destinations d ON d.id = dl.destination_id
+WHERE p.event_key = ANY($1::text[]);
