@@ -8,7 +8,8 @@ to two downstream destinations, a Standard Webhooks one and a Meta-format one.
    webhook, open model (each POST at its intended time). Receipt -> downstream 2xx runs from a
    webhook's intended send time to the fake receiver processing its event (each receiver
    verifies every signature: ``standardwebhooks``, or ``X-Hub-Signature-256``). Target: p99
-   <= 100 ms for each destination; every event processed once by each.
+   <= 100 ms for each destination; every event processed once by each. Printed with it: the
+   time per segment (``loadtest.harness.segments``) and the cores each process used.
 3. ``--soak SECONDS``: the same load for that long (receivers counting only), the resident
    memory of every serve process sampled; target: flat (the last minute's peak within 10 %
    and 20 MB of the first minute's) and <= 150 MB per process; every delivery delivered.
