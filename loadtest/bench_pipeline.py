@@ -149,6 +149,11 @@ async def saturation(ns: argparse.Namespace, dsn: str, serve: processes.Proc, pg
     return {"runs": [dataclasses.asdict(r) for r in runs], "rate": best.rate, "connections": best.connections}
 
 
+def _role(cmd: list[str]) -> str:
+    """A process of serve's tree by what it runs: worker, services, forwarder or parent."""
+    return next((f[2:] for f in ("--worker", "--services", "--forwarder") if f in cmd), "parent")
+
+
 def _roles(serve: processes.Proc, pg: Any, rx: Receivers) -> dict[str, list[int]]:
     """The processes whose CPU a latency phase reports, by role (serve's children by flag)."""
     out: dict[str, list[int]] = {"postgres": postgres_pids(pg), "generator": [os.getpid()]}
@@ -157,8 +162,7 @@ def _roles(serve: processes.Proc, pg: Any, rx: Receivers) -> dict[str, list[int]
             cmd = psutil.Process(p).cmdline()
         except psutil.Error:
             continue
-        role = next((f[2:] for f in ("--worker", "--services", "--forwarder") if f in cmd), "serve parent")
-        out.setdefault(role, []).append(p)
+        out.setdefault(_role(cmd), []).append(p)
     out["receivers"] = [r.pid for r in rx.procs.values()]
     return out
 
@@ -235,8 +239,7 @@ def _rss(pid: int) -> dict[str, float]:
         try:
             proc = psutil.Process(p)
             cmd = proc.cmdline()
-            role = "services" if "--services" in cmd else ("worker" if "--worker" in cmd else "parent")
-            out[f"{role} {p}"] = proc.memory_info().rss / 1e6
+            out[f"{_role(cmd)} {p}"] = proc.memory_info().rss / 1e6
         except psutil.Error:
             continue
     return out
