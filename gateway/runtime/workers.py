@@ -56,6 +56,8 @@ HEALTH_SOCKET_ENV = "GATEWAY_WORKER_HEALTH_SOCKET"
 HEALTH_EVERY_S = 2.0
 UNRESPONSIVE_S = 20.0
 PR_SET_PDEATHSIG = 1
+# The services a child's GATEWAY_RUN_<role> turns on or off.
+ROLES = ("CONSUMERS", "SENDER", "FORWARDER")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +84,8 @@ def layout(
     Auto puts them apart from two cores on: the services' CPU then runs beside the HTTP
     workers instead of taking turns with requests on their event loops, and there is a core
     for it. On one core a second process would only add switches between them. Counted by
-    core count, the HTTP workers are one per core, less one for the services process."""
+    core count, the HTTP workers are one per core, less one for the services process (the
+    forwarder's is not counted: without destinations it is idle)."""
     apart = has_services and (services == "process" or (services == "auto" and cores >= 2))
     forwarder = apart and forwarder_apart
     if workers > 0:
@@ -118,7 +121,7 @@ def child_env(settings: Settings, metrics_dir: str, *, services_apart: bool = Fa
         }
     )
     if services_apart:
-        env.update({f"GATEWAY_RUN_{role}": "false" for role in ("CONSUMERS", "SENDER", "FORWARDER")})
+        env.update({f"GATEWAY_RUN_{role}": "false" for role in ROLES})
     return env
 
 
@@ -131,13 +134,7 @@ def services_env(
     env = child_env(settings, metrics_dir)
     env["GATEWAY_METRICS_PORT"] = "0"
     if runs is not None:
-        env.update(
-            {
-                f"GATEWAY_RUN_{role}": "false"
-                for role in ("CONSUMERS", "SENDER", "FORWARDER")
-                if role not in runs
-            }
-        )
+        env.update({f"GATEWAY_RUN_{role}": "false" for role in ROLES if role not in runs})
     return env
 
 
