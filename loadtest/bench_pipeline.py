@@ -39,7 +39,7 @@ from gateway.core import stdwebhooks
 from gateway.store import deliveries
 from gateway.store.db import connect
 from loadtest.harness import fixed, forwardcheck, processes, report, segments, wrk
-from loadtest.harness.cpu import postgres_pids, tree
+from loadtest.harness.cpu import CpuMeter, postgres_pids, tree
 from loadtest.harness.driver import run_open
 from loadtest.harness.httpclient import Pool
 from loadtest.harness.options import add_common_args
@@ -167,17 +167,6 @@ def _roles(serve: processes.Proc, pg: Any, rx: Receivers) -> dict[str, list[int]
     return out
 
 
-def _cpu(pids: list[int]) -> float:
-    total = 0.0
-    for p in pids:
-        try:
-            t = psutil.Process(p).cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system
-    return total
-
-
 async def latency(
     ns: argparse.Namespace, rx: Receivers, serve: processes.Proc, rate: float, dsn: str, pg: Any
 ) -> dict[str, Any]:
@@ -190,13 +179,10 @@ async def latency(
     for name in DESTINATIONS:
         await rx.call("DELETE", name, "/_fake/state")
     pool = Pool("127.0.0.1", serve.port, ns.connections, ns.timeout)
-    roles = _roles(serve, pg, rx)
-    before, t0, m0 = {k: _cpu(v) for k, v in roles.items()}, time.monotonic(), psutil.cpu_times()
+    meter = CpuMeter(serve.pid, pg, groups=lambda: _roles(serve, pg, rx))
+    meter.start()
     res = await run_open(shots, pool, duration_s=ns.seconds, progress=not ns.quiet, label="pipeline ")
-    elapsed, m1 = time.monotonic() - t0, psutil.cpu_times()
-    cores = {k: (_cpu(v) - before[k]) / elapsed for k, v in roles.items()}
-    busy = (m1.user + m1.system + m1.nice) - (m0.user + m0.system + m0.nice)
-    cores["machine"] = busy / elapsed
+    cores = meter.shares()
     pool.close()
     events = [(key, res.started_wall + shot.t) for shot in shots for key in shot.delivery.keys]
     out: dict[str, Any] = {

@@ -5,6 +5,7 @@ work on it shows up as ``machine`` minus the rest)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -38,22 +39,26 @@ def _cpu(pid: int) -> float | None:
 
 
 class CpuMeter:
-    """Cores used over a phase by a server's process tree, by PostgreSQL and by the machine."""
+    """Cores used over a phase by a server's process tree, by PostgreSQL and by the machine;
+    or by the process groups ``groups`` names (asked at the start and at the end)."""
 
-    def __init__(self, server_pid: int, pg: Any) -> None:
+    def __init__(
+        self, server_pid: int, pg: Any, groups: Callable[[], dict[str, list[int]]] | None = None
+    ) -> None:
         self.server_pid = server_pid
         self.pg = pg
+        self.groups = groups
         self.t0 = 0.0
         self.c0: dict[int, float] = {}
         self.m0 = psutil.cpu_times()
 
     def _pids(self) -> dict[str, list[int]]:
+        if self.groups is not None:
+            return self.groups()
         return {"server": tree(self.server_pid), "postgres": postgres_pids(self.pg)}
 
     def start(self) -> None:
-        self.c0 = {
-            pid: c for pids in self._pids().values() for pid in pids if (c := _cpu(pid)) is not None
-        }
+        self.c0 = {pid: c for pids in self._pids().values() for pid in pids if (c := _cpu(pid)) is not None}
         self.t0 = time.monotonic()
         self.m0 = psutil.cpu_times()
 
