@@ -333,7 +333,7 @@ async def half_load(
     requests = max(1, row["answered"])
     wall = res.elapsed_s
     row["cpu_us_per_request"] = {
-        k: round(v * wall / requests * 1e6, 1) for k, v in row["cpu"].items() if k != "machine"
+        k: round(v * wall / requests * 1e6, 1) for k, v in row["cpu"].items() if k not in ("machine", "steal")
     }
     row["timeline"] = res.recorder.timeline()
     row["warnings"] = res.warnings

@@ -1,21 +1,28 @@
 """``python -m loadtest bench-pipeline``: Meta webhooks through ``gateway serve`` as a user runs it
 to two downstream destinations, a Standard Webhooks one and a Meta-format one.
 
-1. Saturation of the default serve (its process layout by core count, consumers, sender and
-   forwarder on, the destinations disabled): ``wrk -t1 -cN`` with events never sent before,
-   the best of ``--conns`` (as in bench-ingest's fixed phase; the consumers must keep up).
-2. Latency at half of that (or ``--rate``), the destinations enabled: one inbound message per
+1. Ingest saturation of the default serve (its process layout by core count, consumers, sender
+   and forwarder on, the destinations disabled): ``wrk -t1 -cN`` with events never sent
+   before, the best of ``--conns`` (as in bench-ingest's fixed phase; the consumers must keep
+   up). It bounds the search below.
+2. The pipeline's saturation, the destinations enabled: the highest rate at which serve keeps
+   up with both destinations (``loadtest.harness.sustain``: bisection over open-load probes of
+   ``--probe-seconds``, each kept up when the work left undone at its end is at most a quarter
+   of a second of its input). A rate above it only grows the backlog, so it is the rate the
+   latency target is taken against.
+3. Latency at half of that (or ``--rate``, which skips 1 and 2): one inbound message per
    webhook, open model (each POST at its intended time). Receipt -> downstream 2xx runs from a
    webhook's intended send time to the fake receiver processing its event (each receiver
    verifies every signature: ``standardwebhooks``, or ``X-Hub-Signature-256``). Target: p99
    <= 100 ms for each destination; every event processed once by each. Printed with it: the
    time per segment (``loadtest.harness.segments``) and the cores each process used.
-3. ``--soak SECONDS``: the same load for that long (receivers counting only), the resident
+4. ``--soak SECONDS``: the same load for that long (receivers counting only), the resident
    memory of every serve process sampled; target: flat (the last minute's peak within 10 %
    and 20 MB of the first minute's) and <= 150 MB per process; every delivery delivered.
 
-Self-contained: an embedded PostgreSQL in a temporary directory. Prints only what it
-measured, the load average included; exits 1 when a target is missed.
+Self-contained: an embedded PostgreSQL in a temporary directory, whatever ``--database-url``
+or $DATABASE_URL say (it truncates tables and measures the server's CPU). Prints only what
+it measured, the load average included; exits 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import psutil
 from gateway.core import stdwebhooks
 from gateway.store import deliveries
 from gateway.store.db import connect
-from loadtest.harness import fixed, forwardcheck, processes, report, segments, wrk
+from loadtest.harness import fixed, forwardcheck, processes, report, segments, sustain, wrk
 from loadtest.harness.cpu import CpuMeter, postgres_pids, tree
 from loadtest.harness.driver import run_open
 from loadtest.harness.httpclient import Pool
@@ -47,12 +54,13 @@ from loadtest.harness.payloads import PayloadFactory
 from loadtest.harness.plan import NO_DUPLICATES, build
 from loadtest.harness.scenarios import SCENARIOS, scenario
 from loadtest.harness.schedule import arrivals, constant
+from loadtest.harness.sql import q
 from loadtest.harness.stats import percentile
 
 HELP = "webhooks through the default gateway serve to a Standard Webhooks and a Meta-format destination"
 TARGET_P99_MS = 100.0
 TARGET_RSS_MB = 150.0
-CORES = ("server", "postgres", "machine")
+CORES = ("server", "postgres", "machine", "steal")
 DESTINATIONS = {"std": "standard", "meta": "meta"}
 META_SECRET = "bench-pipeline-meta-app-secret"
 # Short retries for a run of minutes (production defaults retry for hours); the receivers are
@@ -70,7 +78,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fixed-duration", type=float, default=6.0, help="seconds per saturation run")
     p.add_argument("--fixed-requests", type=int, default=200000, help="distinct requests per wrk file")
     p.add_argument("--fixed-scenario", default="meta-status", choices=sorted(SCENARIOS))
-    p.add_argument("--rate", type=float, default=0.0, help="latency rate (0: half of the saturation)")
+    p.add_argument(
+        "--rate", type=float, default=0.0, help="latency rate (0: half of the pipeline's saturation)"
+    )
+    p.add_argument("--probe-seconds", type=float, default=6.0, help="seconds per probe of the rate search")
+    p.add_argument("--probe-min", type=float, default=50.0, help="lowest rate the search assumes kept up")
+    p.add_argument(
+        "--probe-tolerance", type=float, default=0.1, help="search done when its bounds are this close"
+    )
     p.add_argument("--seconds", type=float, default=20.0, help="latency phase length")
     p.add_argument("--soak", type=float, default=0.0, help="seconds of soak after the latency phase")
     p.add_argument("--serve-env", action="append", default=[], metavar="K=V", help="extra env of serve")
@@ -147,6 +162,65 @@ async def saturation(ns: argparse.Namespace, dsn: str, serve: processes.Proc, pg
         runs = [await fixed.one(ns, dsn, ensure, pg, reqs, "serve", c, 0, truncate) for c in levels]
     best = max(runs, key=lambda r: r.rate)
     return {"runs": [dataclasses.asdict(r) for r in runs], "rate": best.rate, "connections": best.connections}
+
+
+async def _open_work(dsn: str) -> tuple[int, int]:
+    """(staged rows pending, deliveries not yet delivered)."""
+    conn = await connect(dsn)
+    try:
+        row = await conn.fetchrow(q("pipeline_open_work"))
+        assert row is not None
+        return int(row["pending"]), int(row["undelivered"])
+    finally:
+        await conn.close()
+
+
+async def _settle(dsn: str, timeout_s: float = 120.0) -> float | None:
+    """Seconds until the pipeline has nothing left to do (None: not within ``timeout_s``)."""
+    started = time.monotonic()
+    while any(await _open_work(dsn)):
+        if time.monotonic() - started > timeout_s:
+            return None
+        await asyncio.sleep(0.25)
+    return round(time.monotonic() - started, 2)
+
+
+async def probe(ns: argparse.Namespace, serve: processes.Proc, dsn: str, rate: float) -> dict[str, Any]:
+    """``rate`` webhooks/s (one inbound message each) for ``--probe-seconds``; the work left
+    undone when the load ended, in events (deliveries counted per destination)."""
+    tag = f"r{rate:.0f}x{time.time_ns():x}"
+    factory = PayloadFactory(processes.DEFAULT_SECRETS, ns.seed + 3, run_tag=tag)
+    shots = build(
+        arrivals(constant(rate, ns.probe_seconds)), scenario("meta-text", factory), factory, NO_DUPLICATES
+    )
+    pool = Pool("127.0.0.1", serve.port, ns.connections, ns.timeout)
+    try:
+        res = await run_open(shots, pool, duration_s=ns.probe_seconds, progress=False)
+    finally:
+        pool.close()
+    pending, undelivered = await _open_work(dsn)
+    errors = sum(res.recorder.errors().values())
+    found = sustain.Probe(rate, pending + undelivered / len(DESTINATIONS), errors)
+    settled = await _settle(dsn)
+    sys.stderr.write(
+        f"probe {rate:.0f}/s: {pending} staged and {undelivered} deliveries left at the end, "
+        f"{'kept up' if found.kept_up() else 'fell behind'}; settled in {settled} s\n"
+    )
+    return {**dataclasses.asdict(found), "kept_up": found.kept_up(), "pending": pending,
+            "undelivered": undelivered, "settled_s": settled}  # fmt: skip
+
+
+async def pipeline_saturation(
+    ns: argparse.Namespace, serve: processes.Proc, dsn: str, ceiling: float
+) -> dict[str, Any]:
+    """The highest rate serve keeps up at with both destinations, below ``ceiling``."""
+    search = sustain.Search(ns.probe_min, max(ceiling, ns.probe_min), tolerance=ns.probe_tolerance)
+    probes = []
+    while (rate := search.next_rate()) is not None:
+        found = await probe(ns, serve, dsn, rate)
+        probes.append(found)
+        search.record(sustain.Probe(rate, found["backlog"], found["errors"]))
+    return {"rate": search.sustained, "low": search.lo, "high": search.hi, "probes": probes}
 
 
 def _role(cmd: list[str]) -> str:
@@ -295,10 +369,12 @@ async def main(ns: argparse.Namespace) -> int:
         await serve.wait_ready()
         if ns.rate:
             rate = ns.rate
+            await _destinations(dsn, rx, enabled=True)
         else:
             result["saturation"] = await saturation(ns, dsn, serve, pg)
-            rate = result["saturation"]["rate"] / 2
-        await _destinations(dsn, rx, enabled=True)
+            await _destinations(dsn, rx, enabled=True)
+            result["pipeline"] = await pipeline_saturation(ns, serve, dsn, result["saturation"]["rate"])
+            rate = (result["pipeline"]["rate"] or ns.probe_min) / 2
         result["latency"] = await latency(ns, rx, serve, rate, dsn, pg)
         if ns.soak:
             result["soak"] = await soak(ns, rx, serve, rate)
@@ -344,6 +420,9 @@ def pipeline_verdict(r: dict[str, Any]) -> report.Verdict:
                 v.failed_checks.append(f"{name}: {d[what]} {what.replace('_', ' ')}")
     if r["latency"]["acks"]["errors"]:
         v.failed_checks.append(f"webhooks not acknowledged: {r['latency']['acks']['errors']}")
+    pipe = r.get("pipeline")
+    if pipe is not None and not pipe["rate"]:
+        v.failed_checks.append(f"the pipeline kept up at no rate probed (from {pipe['low']:.0f}/s)")
     sat = r.get("saturation")
     if sat is not None:
         for run in sat["runs"]:
@@ -371,12 +450,26 @@ def table(r: dict[str, Any]) -> str:
     out = f"load average (1, 5, 15 min) at the start {start}, at the end {end}\n"
     if "saturation" in r:
         runs = r["saturation"]["runs"]
-        out += "\nsaturation of the default serve (destinations disabled)\n" + report.table(
-            ("conns", "req/s", "p99 ms", "backlog end", "drained s", "cores srv / pg / machine"),
+        out += "\ningest saturation of the default serve (destinations disabled)\n" + report.table(
+            ("conns", "req/s", "p99 ms", "backlog end", "drained s", "cores srv / pg / machine / stolen"),
             [
                 (str(x["connections"]), f"{x['rate']:.0f}", f"{x['p99_ms']:.1f}", str(x["backlog_end"]),
-                 str(x["drain_s"]), " / ".join(f"{x['cpu'][k]:.2f}" for k in CORES))
+                 str(x["drain_s"]), " / ".join(f"{x['cpu'].get(k, 0):.2f}" for k in CORES))
                 for x in runs
+            ],
+        )  # fmt: skip
+    if "pipeline" in r:
+        pipe = r["pipeline"]
+        out += (
+            f"\n\npipeline saturation (both destinations enabled): {pipe['rate']:.0f} webhooks/s "
+            f"(kept up there; fell behind at {pipe['high']:.0f}/s)\n"
+        )
+        out += report.table(
+            ("probe req/s", "staged left", "deliveries left", "errors", "kept up", "settled s"),
+            [
+                (f"{x['rate']:.0f}", str(x["pending"]), str(x["undelivered"]), str(x["errors"]),
+                 "yes" if x["kept_up"] else "no", str(x["settled_s"]))
+                for x in pipe["probes"]
             ],
         )  # fmt: skip
     lat = r["latency"]
@@ -402,6 +495,7 @@ def table(r: dict[str, Any]) -> str:
         ],
     )
     out += "\ncores used meanwhile: " + ", ".join(f"{k} {v:.2f}" for k, v in lat.get("cores", {}).items())
+    out += " (steal: taken by the hypervisor)" if lat.get("cores", {}).get("steal") else ""
     if "soak" in r:
         s = r["soak"]
         out += f"\n\nsoak: {s['seconds']:.0f} s at {s['rate']:.0f}/s, {s['sent']} webhooks"

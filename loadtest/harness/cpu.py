@@ -1,6 +1,7 @@
 """CPU used over a phase, per process group: a server (with its children: ``gateway serve`` is a
 parent and its workers), PostgreSQL (backends come and go) and the whole machine (shared: other
-work on it shows up as ``machine`` minus the rest)."""
+work on it shows up as ``machine`` minus the rest). ``steal`` is the time the hypervisor gave
+this virtual machine's CPUs to someone else: a phase with much of it ran on a slower machine."""
 
 from __future__ import annotations
 
@@ -74,6 +75,8 @@ class CpuMeter:
                     used += c - self.c0.get(pid, 0.0)  # a process born in the phase started at 0
             out[k] = round(used / wall, 2)
         m1 = psutil.cpu_times()
-        busy = sum(m1) - m1.idle - (sum(self.m0) - self.m0.idle)
+        steal = getattr(m1, "steal", 0.0) - getattr(self.m0, "steal", 0.0)  # Linux only
+        busy = sum(m1) - m1.idle - (sum(self.m0) - self.m0.idle) - steal
         out["machine"] = round(busy / wall, 2)
+        out["steal"] = round(steal / wall, 2)
         return out

@@ -160,13 +160,13 @@ def fixed_table(fx: dict[str, Any]) -> str:
                 f"{run['rate']:.0f}",
                 f"{run['p50_ms']:.2f}",
                 f"{run['p99_ms']:.2f}",
-                f"{cpu.get('server', 0):.2f} / {cpu.get('postgres', 0):.2f} / {cpu.get('machine', 0):.2f}",
+                " / ".join(f"{cpu.get(k, 0):.2f}" for k in ("server", "postgres", "machine", "steal")),
                 f"{run['non2xx']}/{run['socket_errors']}",
                 str(run["repeats"]),
                 backlog,
             )
         )
-    out = "fixed connections (wrk -t1; cores used: server tree / postgres / machine)\n"
+    out = "fixed connections (wrk -t1; cores used: server tree / postgres / machine / stolen)\n"
     head = ("round", "conns", "server", "req/s", "p50 ms", "p99 ms", "cores", "non2xx/err", "repeats")
     out += report.table((*head, "backlog"), rows)
     ratio_rows = []
