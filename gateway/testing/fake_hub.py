@@ -190,7 +190,9 @@ class Hub:
                         status = resp.status
                     if status == 200:
                         break
-                except aiohttp.ClientError:
+                except (aiohttp.ClientError, TimeoutError):
+                    # The session's total timeout raises TimeoutError, not a ClientError; either
+                    # way the next events of this batch must still be posted.
                     status = -1
                 await asyncio.sleep(0.05 * (attempt + 1))
             self.webhooks.append({"path": path, "body": body.decode(), "status": status})

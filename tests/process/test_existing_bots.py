@@ -174,7 +174,11 @@ async def test_an_unmodified_pywa_bot_behind_the_gateway(
         assert sent.message["context"] == {"message_id": "wamid.PYWA1"}
 
         # The reply's statuses reach the bot with the tracker it set.
-        statuses = await bot.until("status", n=3, id=sent.id)
+        try:
+            statuses = await bot.until("status", n=3, id=sent.id)
+        except AssertionError as exc:  # which of the fake's status webhooks the gateway took
+            posted = [(w["body"][-200:], w["status"]) for w in fake.webhooks]
+            raise AssertionError(f"{exc}; the fake provider posted {posted}") from exc
         assert {s["status"] for s in statuses} == {"sent", "delivered", "read"}
         assert {s["tracker"] for s in statuses} == {"reply-to:wamid.PYWA1"}
 
