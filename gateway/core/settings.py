@@ -465,6 +465,13 @@ class Settings:
     consumer_batch_bytes: int = _env(
         "GATEWAY_CONSUMER_BATCH_BYTES", 16 * 1024 * 1024, _int(1), "most body bytes one consumer batch reads"
     )
+    consumer_batch_gap_ms: float = _env(
+        "GATEWAY_CONSUMER_BATCH_GAP_MS",
+        5.0,
+        _float(0, 1000),
+        "least time between the starts of two batches a process's consumers begin on a wake-up, so "
+        "that webhooks staged meanwhile share one (a backlog is claimed at once); 0: none",
+    )
     consumer_poll_ms: int = _env(
         "GATEWAY_CONSUMER_POLL_MS",
         1000,
@@ -633,6 +640,13 @@ class Settings:
         False,
         _bool,
         "let destinations reach loopback, private and link-local addresses (refused at add and connect)",
+    )
+    forward_round_gap_ms: float = _env(
+        "GATEWAY_FORWARD_ROUND_GAP_MS",
+        5.0,
+        _float(0, 1000),
+        "least time between the starts of two forwarder rounds begun on a wake-up, so that "
+        "deliveries and outcomes arriving meanwhile share one (a backlog is claimed at once); 0: none",
     )
     forward_poll_ms: int = _env(
         "GATEWAY_FORWARD_POLL_MS",

@@ -59,6 +59,7 @@ from gateway.core.jsonspan import pointer
 from gateway.core.limits import LogThrottle
 from gateway.core.planning import Plan, StagedRow, describe, plan_batch, plan_event
 from gateway.core.settings import Settings
+from gateway.core.spacing import Spacing
 from gateway.handlers import Registry, set_reply_per_bot
 from gateway.handlers import load as load_handlers
 from gateway.inbound import triage
@@ -117,9 +118,12 @@ class Consumer:
         health: Health | None = None,
         handlers: Registry | None = None,
         due: DueFrom | None = None,
+        spacing: Spacing | None = None,
     ) -> None:
         self._pool = pool
         self._due = due
+        # Shared by a process's consumers (their group passes one): woken batches start apart.
+        self._spacing = spacing if spacing is not None else Spacing(settings.consumer_batch_gap_ms / 1000)
         self._s = settings
         self._rand = rand
         self._health = HEALTH if health is None else health
@@ -139,6 +143,10 @@ class Consumer:
         self._again = False
         # True while the loop waits for a wake-up (a group wakes one idle consumer per NOTIFY).
         self.idle = False
+        # True from a wake-up to the start of the batch it calls for (its group sets it when it
+        # wakes this one; the loop while it waits for its turn, Spacing): that batch will claim
+        # what a NOTIFY announces meanwhile, so the group wakes no other consumer for it.
+        self.starting = False
         # Called when a batch left more due (a group wakes an idle sibling: a backlog is
         # drained in parallel).
         self.on_more: Callable[[], None] | None = None
@@ -168,10 +176,16 @@ class Consumer:
         # A turn is one batch (bounded by the driver's command timeout), then at most a fault
         # backoff or a poll interval: silent longer than that and GATEWAY_LIVENESS_S, it is stuck.
         beat = HEARTBEATS.loop("consumer", s.liveness_s + s.fault_backoff_max_ms / 1000 + poll_s)
+        clock = asyncio.get_running_loop().time
+        reserved = False  # this step's start was reserved after a wake-up
         try:
             while not stop.is_set():
                 beat()
                 self.wake.clear()
+                if not reserved:
+                    self._spacing.started(clock())
+                reserved = False
+                self.starting = False
                 try:
                     await self.step()
                 except Exception as exc:
@@ -194,6 +208,11 @@ class Consumer:
                         await asyncio.wait_for(self.wake.wait(), poll_s)
                 finally:
                     self.idle = False
+                self.starting = True
+                reserved = True
+                delay = self._spacing.reserve(clock())
+                if delay > 0:
+                    await asyncio.sleep(delay)  # at most the gap: a stop is seen right after
         finally:
             beat.done()
 

@@ -14,6 +14,7 @@ import asyncpg
 from gateway.core.aio import sleep_unless_stopped
 from gateway.core.limits import LogThrottle
 from gateway.core.settings import Settings
+from gateway.core.spacing import Spacing
 from gateway.handlers import Registry
 from gateway.handlers import load as load_handlers
 from gateway.inbound.consumer import Consumer, DueFrom
@@ -40,8 +41,9 @@ class ConsumerGroup:
         if handlers is None and settings.handlers:
             handlers = load_handlers(settings.handlers)  # an import error stops the start-up
         self.due = DueFrom()
+        spacing = Spacing(settings.consumer_batch_gap_ms / 1000)
         self.consumers = [
-            Consumer(pool, settings, handlers=handlers, due=self.due)
+            Consumer(pool, settings, handlers=handlers, due=self.due, spacing=spacing)
             for _ in range(settings.consumer_concurrency)
         ]
         for c in self.consumers:
@@ -61,10 +63,14 @@ class ConsumerGroup:
         """A NOTIFY (or a batch that left more due): one idle consumer claims. Waking them all
         had every consumer but one claim nothing, half the batches under load, each a
         transaction and a look at the dead items for nothing. When none is idle, each looks
-        again after its batch."""
+        again after its batch. One woken whose batch has not started yet (``Consumer.starting``:
+        it may be waiting for its turn) will claim what was announced: none is woken for it."""
+        if any(c.starting for c in self.consumers):
+            return
         for c in self.consumers:
             if c.idle:
-                c.idle = False  # taken: the next NOTIFY wakes another
+                c.idle = False  # taken
+                c.starting = True
                 c.wake.set()
                 return
         self._wake_all()

@@ -43,6 +43,7 @@ from gateway.core.forwarding import Outcome, breaker_tally, decide, merge_tallie
 from gateway.core.heartbeat import HEARTBEATS
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
+from gateway.core.spacing import Spacing
 from gateway.outbound.egress import GuardedResolver, RefusedAddress, warn_refused
 from gateway.store import deliveries
 from gateway.store.db import connect
@@ -121,6 +122,7 @@ class Forwarder:
         self._housekept = 0.0
         self._free_before = 0
         self.again = False  # the last round freed work only the next one can claim
+        self._spacing = Spacing(settings.forward_round_gap_ms / 1000)  # woken rounds start apart
         self._gone: set[int] = set()  # destinations that answered 410, until a round disables them
         # Destinations that answered 410: what is claimed for them is not sent. True once a
         # round has disabled it: a later round's claim for it means it was enabled again.
@@ -405,10 +407,15 @@ class Forwarder:
         poll_s = self.settings.forward_poll_ms / 1000
         # A turn: one claim round (its statements), then at most a poll interval.
         beat = HEARTBEATS.loop("forwarder", self.settings.liveness_s + poll_s)
+        clock = asyncio.get_running_loop().time
+        reserved = False  # this round's start was reserved after a wake-up
         try:
             while not stop.is_set():
                 beat()
                 self.wake.clear()
+                if not reserved:
+                    self._spacing.started(clock())
+                reserved = False
                 try:
                     claimed = await self.step()
                 except Exception as exc:
@@ -423,6 +430,10 @@ class Forwarder:
                     continue
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), min(poll_s, FLUSH_S) if self._done else poll_s)
+                reserved = True
+                delay = self._spacing.reserve(clock())
+                if delay > 0 and not stop.is_set():
+                    await asyncio.sleep(delay)  # at most the gap: a stop is seen right after
         finally:
             beat.done()
             stopped.cancel()

@@ -230,3 +230,37 @@ async def test_a_notify_wakes_one_idle_consumer_and_a_backlog_wakes_more(
         )
         await until(lambda: done(41), timeout_s=60, what="the backlog")
         assert batches.busy() >= 2, batches.seen
+
+
+async def test_rows_staged_within_the_gap_after_a_batch_share_the_next_one(
+    pool: asyncpg.Pool, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each ingest commit NOTIFYs: one batch per wake-up would pay a batch's fixed cost for
+    # every row or two. A woken batch starts GATEWAY_CONSUMER_BATCH_GAP_MS after the last one
+    # began, and no other consumer is woken for what it will claim.
+    gap_s = 1.5
+    group = ConsumerGroup(
+        pool,
+        replace(
+            settings, consumer_concurrency=2, consumer_batch=10, consumer_poll_ms=60_000,
+            consumer_batch_gap_ms=gap_s * 1000,
+        ),
+    )  # fmt: skip
+    batches = _Batches(group, monkeypatch)
+
+    async def done(n: int) -> bool:
+        return await inbox_states(pool) == {"done": n}
+
+    async with services.running(group):
+        await batches.all_idle(group)
+        await stage(pool, to_bytes(messages_payload(message_obj("wamid.G0"))))
+        await until(lambda: done(1), what="the first row")
+        first = await pool.fetchval("SELECT processed_at FROM webhook_inbox")
+        for i in range(1, 6):  # five commits, five NOTIFYs, well within the gap
+            await stage(pool, to_bytes(messages_payload(message_obj(f"wamid.G{i}"))))
+        await until(lambda: done(6), what="the five rows")
+        later = await pool.fetch(
+            "SELECT DISTINCT processed_at FROM webhook_inbox WHERE processed_at > $1", first
+        )
+    assert batches.rows() == [1, 5], batches.seen  # one batch for the five, no claim of nothing
+    assert len(later) == 1 and (later[0]["processed_at"] - first).total_seconds() >= gap_s - 0.05

@@ -485,3 +485,35 @@ async def test_claims_start_at_due_from_and_housekeeping_lowers_it_for_a_late_co
     assert len(held) == 2 and late not in held  # not seen by the claim
     await housekeeping(set())  # lowers due_from to it
     assert _ids(await _round(pool, "a", held)) == [late]
+
+
+async def test_deliveries_committed_within_the_gap_after_a_round_share_the_next_one(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    # Every consumer commit NOTIFYs and every finished request may call for a round: one round
+    # per wake-up would pay a round's fixed cost for a delivery or two. A woken round starts
+    # GATEWAY_FORWARD_ROUND_GAP_MS after the last one began.
+    gap_s = 1.5
+    await add(pool, "bot", receiver.url, ("message",))
+
+    async def delivered(n: int) -> bool:
+        return (await states(pool)).get("delivered") == n
+
+    claims: list[int] = []
+    async with forwarding(pool, fast(settings, forward_round_gap_ms=gap_s * 1000, **NO_POLL)) as [fw]:
+        step = fw.step
+
+        async def counted() -> int:
+            n = await step()
+            claims.append(n)
+            return n
+
+        fw.step = counted  # type: ignore[method-assign]
+        await process_messages(pool, settings, 1, prefix="wamid.GAP")
+        await until(lambda: delivered(1), what="the first delivery")
+        started = time.monotonic()
+        for i in range(5):  # five consumer commits, five NOTIFYs, well within the gap
+            await process_messages(pool, settings, 1, prefix=f"wamid.GAP{i}-")
+        assert time.monotonic() - started < gap_s / 2, "the five commits took too long to test this"
+        await until(lambda: delivered(6), what="the five deliveries")
+    assert [n for n in claims if n] == [1, 5], claims
