@@ -467,7 +467,7 @@ class Settings:
     )
     consumer_batch_gap_ms: float = _env(
         "GATEWAY_CONSUMER_BATCH_GAP_MS",
-        5.0,
+        10.0,
         _float(0, 1000),
         "least time between the starts of two batches a process's consumers begin on a wake-up, so "
         "that webhooks staged meanwhile share one (a backlog is claimed at once); 0: none",
@@ -643,7 +643,7 @@ class Settings:
     )
     forward_round_gap_ms: float = _env(
         "GATEWAY_FORWARD_ROUND_GAP_MS",
-        5.0,
+        10.0,
         _float(0, 1000),
         "least time between the starts of two forwarder rounds begun on a wake-up, so that "
         "deliveries and outcomes arriving meanwhile share one (a backlog is claimed at once); 0: none",
