@@ -343,6 +343,10 @@ def run_services(settings: Settings, roles: Roles) -> int:
     async def go() -> int:
         assert settings.database_url
         await wait_for(settings, schema=True)
+        # Before /healthz answers: a SIGTERM from then on is a graceful stop, even one that comes
+        # while the pool is being made (the services then start and stop at once).
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
         async with contextlib.AsyncExitStack() as stack:
             if settings.metrics_port:
                 try:
@@ -359,8 +363,6 @@ def run_services(settings: Settings, roles: Roles) -> int:
             if sock:
                 await stack.enter_async_context(health_socket(sock))
             running = services.build(pool, settings, roles).all()
-            stop = asyncio.Event()
-            _stop_on_signals(stop)
             watch = asyncio.create_task(supervise_embedded(pg, stop))
             log.info("settings: %s", settings.redacted())
             log.info("running: %s", ", ".join(s.name for s in running))

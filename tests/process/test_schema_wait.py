@@ -165,3 +165,32 @@ async def test_a_running_migration_is_waited_for(db_dsn: str, tmp_path: Path) ->
             assert consume.wait(timeout=30) == 0
     finally:
         await holder.close()
+
+
+async def test_a_sigterm_once_healthz_answers_is_a_graceful_stop(db_dsn: str, tmp_path: Path) -> None:
+    """`gateway consume` answers /healthz before it has made its pool and migrated; a SIGTERM
+    from then on ends it cleanly (exit 0), not by the signal's default action. Held inside that
+    window here: it migrates on start, and the test holds the migration lock."""
+    holder = await asyncpg.connect(db_dsn)
+    port = free_port()
+    log = tmp_path / "consume.log"
+    try:
+        assert await holder.fetchval("SELECT pg_try_advisory_lock($1)", MIGRATION_LOCK_ID)
+        env = {**base_env(db_dsn, "60"), "GATEWAY_MIGRATE_ON_START": "true"}
+        env["GATEWAY_METRICS_PORT"] = str(port)
+        consume = spawn(["consume"], env, str(log))
+        try:
+            async with asyncio.timeout(GIVE_UP_S):
+                while await status(f"http://127.0.0.1:{port}/healthz") != 200:
+                    assert consume.poll() is None, log.read_text()
+                    await asyncio.sleep(0.05)
+            consume.terminate()
+            await asyncio.sleep(0.5)
+            await holder.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)
+        finally:
+            if consume.poll() is None:
+                consume.terminate()
+            code = await asyncio.to_thread(consume.wait, 30)
+        assert code == 0, log.read_text()
+    finally:
+        await holder.close()
