@@ -378,7 +378,7 @@ async def main(ns: argparse.Namespace) -> int:
         result["latency"] = await latency(ns, rx, serve, rate, dsn, pg)
         if ns.soak:
             result["soak"] = await soak(ns, rx, serve, rate)
-            result["deliveries_drained_s"] = await _drain(dsn)
+            result["deliveries_drained_s"] = await _settle(dsn)
         result["deliveries"] = await _open_deliveries(dsn)
         result["load_average_after"] = list(os.getloadavg())
     finally:
@@ -396,15 +396,6 @@ async def main(ns: argparse.Namespace) -> int:
     print(f"\nresults: {jpath}\n         {hpath}")
     print(verdict.summary())
     return 0 if verdict.passed else 1
-
-
-async def _drain(dsn: str, timeout_s: float = 120.0) -> float | None:
-    started = time.monotonic()
-    while (await _open_deliveries(dsn)).keys() & {"pending", "delivering"}:
-        if time.monotonic() - started > timeout_s:
-            return None
-        await asyncio.sleep(0.5)
-    return round(time.monotonic() - started, 1)
 
 
 def pipeline_verdict(r: dict[str, Any]) -> report.Verdict:
