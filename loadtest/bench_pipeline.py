@@ -185,9 +185,12 @@ async def _settle(dsn: str, timeout_s: float = 120.0) -> float | None:
     return round(time.monotonic() - started, 2)
 
 
-async def probe(ns: argparse.Namespace, serve: processes.Proc, dsn: str, rate: float) -> dict[str, Any]:
+async def probe(
+    ns: argparse.Namespace, serve: processes.Proc, dsn: str, rate: float
+) -> tuple[sustain.Probe, dict[str, Any]]:
     """``rate`` webhooks/s (one inbound message each) for ``--probe-seconds``; the work left
-    undone when the load ended, in events (deliveries counted per destination)."""
+    undone when the load ended, in events (deliveries counted per destination), and what the
+    table shows of it."""
     tag = f"r{rate:.0f}x{time.time_ns():x}"
     factory = PayloadFactory(processes.DEFAULT_SECRETS, ns.seed + 3, run_tag=tag)
     shots = build(
@@ -206,8 +209,7 @@ async def probe(ns: argparse.Namespace, serve: processes.Proc, dsn: str, rate: f
         f"probe {rate:.0f}/s: {pending} staged and {undelivered} deliveries left at the end, "
         f"{'kept up' if found.kept_up() else 'fell behind'}; settled in {settled} s\n"
     )
-    return {**dataclasses.asdict(found), "kept_up": found.kept_up(), "pending": pending,
-            "undelivered": undelivered, "settled_s": settled}  # fmt: skip
+    return found, {"pending": pending, "undelivered": undelivered, "settled_s": settled}
 
 
 async def pipeline_saturation(
@@ -217,9 +219,9 @@ async def pipeline_saturation(
     search = sustain.Search(ns.probe_min, max(ceiling, ns.probe_min), tolerance=ns.probe_tolerance)
     probes = []
     while (rate := search.next_rate()) is not None:
-        found = await probe(ns, serve, dsn, rate)
-        probes.append(found)
-        search.record(sustain.Probe(rate, found["backlog"], found["errors"]))
+        found, seen = await probe(ns, serve, dsn, rate)
+        search.record(found)
+        probes.append({**dataclasses.asdict(found), "kept_up": found.kept_up(search.slack_s), **seen})
     return {"rate": search.sustained, "low": search.lo, "high": search.hi, "probes": probes}
 
 
