@@ -472,6 +472,14 @@ class Settings:
         "least time between the starts of two batches a process's consumers begin on a wake-up, so "
         "that webhooks staged meanwhile share one (a backlog is claimed at once); 0: none",
     )
+    consumer_lane_lease_s: float = _env(
+        "GATEWAY_CONSUMER_LANE_LEASE_S",
+        10.0,
+        _float(1, 3600),
+        "how long a consumer process's hold on its lanes lasts unrenewed (renewed every third of "
+        "it): a process that hangs loses its lanes to the others after this; one that dies or "
+        "stops, at once",
+    )
     consumer_poll_ms: int = _env(
         "GATEWAY_CONSUMER_POLL_MS",
         1000,

@@ -1,8 +1,4 @@
-"""The files of ``sql/`` this code needs, checked before a process touches its database
-(``gateway.store.sqlfiles.missing``): an image or wheel built without one of them fails at
-start-up with the file's name instead of at its first query. A test keeps this list equal to the
-tree; after adding or removing a file under sql/, regenerate it with
-``python -m gateway.store.sqlfiles > gateway/store/sql_manifest.py``."""
+""""""
 
 FILES: tuple[str, ...] = (
     "functions/claim_reply.sql",
@@ -11,6 +7,9 @@ FILES: tuple[str, ...] = (
     "functions/event_subject.sql",
     "functions/forward_round.sql",
     "functions/inbound_messages_notify.sql",
+    "functions/inbox_advance.sql",
+    "functions/inbox_row_states.sql",
+    "functions/inbox_unread.sql",
     "functions/meta_webhook.sql",
     "functions/outbox_attempts_record.sql",
     "functions/outbox_notify.sql",
@@ -41,6 +40,7 @@ FILES: tuple[str, ...] = (
     "migrations/0017_partitions_on_demand.sql",
     "migrations/0018_operator_console.sql",
     "migrations/0019_meta_format_and_graph_compat.sql",
+    "migrations/0020_inbox_log.sql",
     "queries/audit.sql",
     "queries/console.sql",
     "queries/dead_events.sql",

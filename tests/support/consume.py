@@ -19,7 +19,8 @@ async def stage(pool: asyncpg.Pool, body: bytes, source: str = "meta", delivery_
 
 
 async def drain(pool: asyncpg.Pool, settings: Settings, consumers: int = 1) -> None:
-    """Process until no due row is left, with ``consumers`` concurrent consumers."""
+    """Process until no due row is left, with ``consumers`` concurrent consumers (each made on
+    its own: it holds the lanes for one batch at a time)."""
     workers = [Consumer(pool, settings) for _ in range(consumers)]
 
     async def loop(c: Consumer) -> None:
@@ -43,7 +44,7 @@ async def counts(pool: asyncpg.Pool) -> dict[str, int]:
 
 
 async def inbox_states(pool: asyncpg.Pool) -> dict[str, int]:
-    rows = await pool.fetch("SELECT state, count(*) AS n FROM webhook_inbox GROUP BY state")
+    rows = await pool.fetch("SELECT state, count(*) AS n FROM inbox_row_states() GROUP BY state")
     return {r["state"]: r["n"] for r in rows}
 
 
