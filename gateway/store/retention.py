@@ -28,6 +28,7 @@ PURGES = {
     "outbox": "outbox_purge_terminal",
     "deliveries": "deliveries_purge_delivered",
     "dead_events": "dead_events_purge_done",
+    "inbox_parked": "inbox_parked_purge_done",
     "event_fragments": "event_fragments_purge",
     "media": "media_purge",
 }

@@ -9,6 +9,7 @@ FILES: tuple[str, ...] = (
     "functions/inbound_messages_notify.sql",
     "functions/inbox_advance.sql",
     "functions/inbox_row_states.sql",
+    "functions/inbox_unprocessed.sql",
     "functions/inbox_unread.sql",
     "functions/meta_webhook.sql",
     "functions/outbox_attempts_record.sql",

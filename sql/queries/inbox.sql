@@ -454,9 +454,10 @@ SELECT (SELECT count(*) FROM (SELECT FROM inbox_unread() LIMIT $1) x)
      + (SELECT count(*) FROM (SELECT FROM inbox_parked WHERE state = 'retry' LIMIT $1) y);
 
 -- name: inbox_lag
--- Age in seconds of the oldest webhook not processed yet (0 when none): unread, or moved
--- aside and waiting for a retry (a row put off because the database is failing is lag, and
--- the alert on it must fire).
+-- Age in seconds of the oldest webhook not processed yet (0 when none): the first unread row
+-- in the lanes' reading order (transactions in commit order: its received_at is within one
+-- transaction's length of the oldest), or one moved aside and waiting for a retry (a webhook
+-- put off because the database is failing is lag, and the alert on it must fire).
 SELECT coalesce(extract(epoch FROM clock_timestamp() - least(
-           (SELECT min(received_at) FROM inbox_unread()),
+           (SELECT received_at FROM inbox_unread() ORDER BY txid, id LIMIT 1),
            (SELECT min(received_at) FROM inbox_parked WHERE state = 'retry'))), 0)::float8;

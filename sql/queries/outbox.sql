@@ -165,7 +165,7 @@ RETURNING id;
 -- Unknown past the window follows its policy ('resend' goes back to pending once, everything
 -- else to review), but only once every webhook received from the row's creation to the end of
 -- its window ($1 - $2 .. unknown_at + $2) has been processed: a status that proves delivery may
--- sit unprocessed (consumers behind) or dead in the inbox, and resending then sends twice.
+-- sit unprocessed (consumers behind) or dead in the inbox (inbox_unprocessed), and resending then sends twice.
 -- A row that has a wamid or any delivery status reached the provider: never back to pending.
 UPDATE outbox
 SET state = CASE WHEN unknown_policy = 'resend' AND NOT resent AND wamid IS NULL
@@ -177,9 +177,8 @@ WHERE id IN (
     SELECT o.id FROM outbox o
     WHERE o.state = 'unknown' AND o.unknown_at <= to_timestamp($1::float8) - make_interval(secs => $2::float8)
       AND NOT EXISTS (
-          SELECT 1 FROM webhook_inbox w
-          WHERE w.state IN ('pending', 'dead')
-            AND w.received_at >= o.created_at
+          SELECT 1 FROM inbox_unprocessed() w
+          WHERE w.received_at >= o.created_at
             AND w.received_at <= o.unknown_at + make_interval(secs => $2::float8))
       -- A status that failed on its own (dead_events) while the rest of its POST was
       -- processed is just as unprocessed, and so is a fragment we could not parse.
@@ -202,9 +201,8 @@ FROM outbox o
 CROSS JOIN LATERAL (
     SELECT min(u.received_at) AS oldest, count(*) FILTER (WHERE u.state = 'dead') AS dead
     FROM (
-        SELECT w.received_at, w.state FROM webhook_inbox w
-        WHERE w.state IN ('pending', 'dead')
-          AND w.received_at >= o.created_at
+        SELECT w.received_at, w.state FROM inbox_unprocessed() w
+        WHERE w.received_at >= o.created_at
           AND w.received_at <= o.unknown_at + make_interval(secs => $2::float8)
         UNION ALL
         SELECT d.received_at, d.state FROM dead_events d
@@ -254,7 +252,7 @@ WHERE o.tenant = $1 AND o.idem_key = $2 AND o.state IN ('review', 'unknown', 'fa
   AND o.wamid IS NULL AND o.delivery_status IS NULL
   AND (o.retry_until IS NULL OR o.retry_until > clock_timestamp())
   AND (o.state = 'failed' OR (NOT EXISTS (
-      SELECT 1 FROM webhook_inbox w WHERE w.state IN ('pending', 'dead') AND w.received_at >= o.created_at)
+      SELECT 1 FROM inbox_unprocessed() w WHERE w.received_at >= o.created_at)
     AND NOT EXISTS (
       SELECT 1 FROM dead_events d
       WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad') AND d.received_at >= o.created_at)))
@@ -266,9 +264,8 @@ RETURNING o.state;
 SELECT count(*) FILTER (WHERE u.state IN ('pending', 'retry')) AS pending,
        count(*) FILTER (WHERE u.state = 'dead') AS dead
 FROM (
-    SELECT w.state FROM webhook_inbox w
-    WHERE w.state IN ('pending', 'dead')
-      AND w.received_at >= (SELECT created_at FROM outbox WHERE tenant = $1 AND idem_key = $2)
+    SELECT w.state FROM inbox_unprocessed() w
+    WHERE w.received_at >= (SELECT created_at FROM outbox WHERE tenant = $1 AND idem_key = $2)
     UNION ALL
     SELECT d.state FROM dead_events d
     WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad')
@@ -291,8 +288,8 @@ WITH picked AS (
     SELECT o.id, (o.wamid IS NULL AND o.delivery_status IS NULL
                   AND (o.retry_until IS NULL OR o.retry_until > clock_timestamp())) AS safe,
            (o.state <> 'failed' AND (EXISTS (
-               SELECT 1 FROM webhook_inbox w
-               WHERE w.state IN ('pending', 'dead') AND w.received_at >= o.created_at)
+               SELECT 1 FROM inbox_unprocessed() w
+               WHERE w.received_at >= o.created_at)
              OR EXISTS (
                SELECT 1 FROM dead_events d
                WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad')
