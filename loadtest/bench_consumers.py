@@ -24,12 +24,11 @@ import asyncpg
 from gateway.core.events import InboundMessage, Status, event_day, subject_of
 from gateway.core.parsing import parse
 from gateway.core.settings import Settings
-from gateway.inbound.consumer import Consumer
 from gateway.store import inbox
 from gateway.store.db import connect, create_pool, migrate
 from gateway.testing import payloads
 from gateway.testing.scratch import scratch_database
-from loadtest.harness import database
+from loadtest.harness import consumers, database
 from loadtest.harness.sql import queries
 
 BASELINE = queries("baseline.sql")
@@ -72,6 +71,7 @@ def workload(events: int, redeliveries: float, rng: random.Random) -> tuple[list
 
 async def stage(pool: asyncpg.Pool, bodies: list[bytes], outbox_rows: int) -> None:
     async with pool.acquire() as conn:
+        await conn.execute(BASELINE["naive_setup"])
         await conn.execute(BASELINE["bench_reset"])
         await conn.execute(BASELINE["bench_reset_outbox"])
         if not await conn.fetchval("SELECT count(*) FROM outbox"):
@@ -86,11 +86,7 @@ async def stage(pool: asyncpg.Pool, bodies: list[bytes], outbox_rows: int) -> No
 
 
 async def run_set_based(pool: asyncpg.Pool, settings: Settings) -> None:
-    async def loop(c: Consumer) -> None:
-        while await c.process_batch():
-            pass
-
-    await asyncio.gather(*(loop(Consumer(pool, settings)) for _ in range(settings.consumer_concurrency)))
+    await consumers.drain(pool, settings)
 
 
 async def _naive_one(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy) -> bool:

@@ -19,7 +19,6 @@ and dropped). Sizes are parameters: the machine this runs on decides what is pra
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import json
 import random
@@ -31,13 +30,12 @@ from pathlib import Path
 import asyncpg
 
 from gateway.core.settings import Settings
-from gateway.inbound.consumer import Consumer
 from gateway.store import inbox
 from gateway.store import retention as partitions
 from gateway.store.db import connect, create_pool, migrate
 from gateway.testing import payloads
 from gateway.testing.scratch import scratch_database
-from loadtest.harness import database
+from loadtest.harness import consumers, database
 from loadtest.harness.sql import queries
 
 SQL = queries("growth.sql")
@@ -119,14 +117,10 @@ async def measure(pool: asyncpg.Pool, settings: Settings, bodies: list[bytes]) -
         ingest = len(bodies) / (time.perf_counter() - started)
         await conn.execute("VACUUM ANALYZE webhook_inbox")
 
-    async def loop(c: Consumer) -> None:
-        while await c.process_batch():
-            pass
-
     started = time.perf_counter()
-    await asyncio.gather(*(loop(Consumer(pool, settings)) for _ in range(settings.consumer_concurrency)))
+    await consumers.drain(pool, settings)
     consumed = len(bodies) / (time.perf_counter() - started)
-    left = await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state <> 'done'")
+    left = await pool.fetchval("SELECT count(*) FROM inbox_unprocessed()")
     if left:
         raise SystemExit(f"{left} staged rows not processed")
     return ingest, consumed

@@ -155,6 +155,7 @@ class Consumer:
             self._lanes, self._lease, self.member = lanes, None, member
         self._loops = max(1, loops)
         self._more_before = False  # the last batch left rows: read a share of the lanes
+        self.deferred_s = 0.0  # the last step met a systemic fault: wait this long first
         self._items_at = -ITEMS_EVERY_S
         # The rows of the batch being handled, head first (until its transaction commits).
         self._claimed: list[int] = []
@@ -184,7 +185,12 @@ class Consumer:
     async def step(self) -> int:
         """One batch of the lanes' rows, then due dead items when idle or once a second; work done."""
         self._more = False
-        n = await self.process_batch()
+        try:
+            n = await self.process_batch()
+        except Deferred as d:
+            # Nothing was written: the lanes are read again after the fault's backoff.
+            self.deferred_s = d.delay
+            return 0
         items = 0
         now = time.monotonic()
         if n == 0 or now - self._items_at >= ITEMS_EVERY_S:
@@ -212,9 +218,6 @@ class Consumer:
                 self.starting = False
                 try:
                     await self.step()
-                except Deferred as d:
-                    await sleep_unless_stopped(stop, d.delay)
-                    continue
                 except Exception as exc:
                     # Nothing could be recorded (the connection or the transaction is gone):
                     # the cursors did not move, so this consumer waits before reading again,
@@ -222,6 +225,10 @@ class Consumer:
                     # headed the batch is remembered (a stall is taken alone).
                     self._uncommitted()
                     delay = self._fault(exc)
+                    await sleep_unless_stopped(stop, delay)
+                    continue
+                if self.deferred_s:
+                    delay, self.deferred_s = self.deferred_s, 0.0
                     await sleep_unless_stopped(stop, delay)
                     continue
                 if self._again:
@@ -353,9 +360,13 @@ class Consumer:
         works) and its lane's cursor passes it; a webhook already aside counts an attempt."""
         async with self._pool.acquire() as conn:
             row = await inbox.get_row(conn, inbox_id=inbox_id)
-        lane = None if row is None else row.lane
-        if row is None or lane not in self._lanes.cursors or lane in self._lanes.out:
+            aside = await inbox.parked_state(conn, inbox_id=inbox_id)
+        if aside == "retry":
             return await self._alone_parked(inbox_id)
+        lane = None if row is None else row.lane
+        if row is None or aside is not None or lane not in self._lanes.cursors or lane in self._lanes.out:
+            self._health.succeeded([inbox_id])  # gone, done, or not this process's to take now
+            return 0
         taken = self._lanes.take_lane(lane)
         moved: list[Cursor] | None = None
         try:

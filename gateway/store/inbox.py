@@ -136,6 +136,12 @@ async def move_aside(
     return None if r is None else r["state"]
 
 
+async def parked_state(conn: Conn, *, inbox_id: int) -> str | None:
+    """The state of a webhook moved aside (None: it was not)."""
+    state: str | None = await conn.fetchval(q("inbox_parked_state"), inbox_id)
+    return state
+
+
 async def parked_claim(conn: Conn, *, limit: int) -> list[StagedRow]:
     """Whole webhooks moved aside and due again, locked for the caller's transaction."""
     return [

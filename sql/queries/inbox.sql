@@ -120,6 +120,9 @@ SELECT l.lane, l.shard, l.owner, l.lease_until, l.version, l.advanced_at,
        l.done_snap::text AS done, l.win_snap::text AS win
 FROM inbox_lanes l ORDER BY l.lane;
 
+-- name: inbox_parked_state
+SELECT state FROM inbox_parked WHERE inbox_id = $1;
+
 -- name: inbox_parked_claim
 -- Whole webhooks moved aside and due again, locked for this transaction.
 SELECT p.inbox_id AS id, p.source, p.body, p.delivery_id, p.attempts

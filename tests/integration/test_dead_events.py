@@ -61,7 +61,7 @@ def fast(settings: Settings, **kw: object) -> Settings:
 
 
 async def no_dead(pool: asyncpg.Pool) -> None:
-    assert await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state = 'dead'") == 0
+    assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state = 'dead'") == 0
     assert await pool.fetchval("SELECT count(*) FROM dead_events WHERE state = 'dead'") == 0
 
 
@@ -94,7 +94,7 @@ async def test_a_systemic_fault_for_a_while_parks_nothing_dead(
     assert await pool.fetchval("SELECT max(attempts) FROM webhook_inbox") == 0
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 1
     # The waiting events show as lag: their rows are pending.
-    assert await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state = 'pending'") == n
+    assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state = 'pending'") == n
     assert await inbox.lag_seconds(pool) > 0
     await pool.execute(remove)
     await asyncio.sleep(0.05)
@@ -207,7 +207,7 @@ async def test_poison_event_attempts_honour_the_backoff(pool: asyncpg.Pool, sett
     # Attempts are spread by the backoff (150-300 ms with full jitter), never a burst.
     gaps = [(b - a).total_seconds() for (a, _), (b, _) in itertools.pairwise(seen)]
     assert all(g >= 0.149 for g in gaps), gaps  # 0.15 s less the microseconds of one UPDATE
-    assert await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state <> 'done'") == 0
+    assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state <> 'done'") == 0
 
 
 # A POST whose second message has no id, spelled the way a sender might (spaces, escapes).

@@ -197,7 +197,7 @@ async def test_migrating_a_populated_database_keeps_every_row_and_key(
             "tenashi",
         )
         await drain(pool, s)
-        assert await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state <> 'done'") == 0
+        assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state <> 'done'") == 0
         assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == len(before["inbound_messages"])
         assert await pool.fetchval("SELECT count(*) FROM message_statuses") == len(before["message_statuses"])
         assert await pool.fetchval("SELECT count(DISTINCT event_key) FROM processed_webhook_events") == len(

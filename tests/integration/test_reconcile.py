@@ -94,7 +94,7 @@ async def test_resend_waits_for_staged_status_webhook(
         await sender.step()
         assert (await row(pool, "w1"))["state"] == "unknown"
         await fake.drain_webhooks()
-        assert await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state = 'pending'") >= 1
+        assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state = 'pending'") >= 1
         clock.advance(WINDOW + 1)
         counts = await reconcile(sender)
         assert (counts["reconciled"], counts["waiting"]) == (0, 1)

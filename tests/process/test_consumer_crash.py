@@ -137,7 +137,7 @@ async def test_sigkill_mid_batch_every_event_exactly_once(
             await victim.wait()
             victim = await start(db_dsn, "crash-victim", handlers)
         deadline = time.monotonic() + 2 * GIVE_UP_S
-        while await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state <> 'done'"):
+        while await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state <> 'done'"):
             assert time.monotonic() < deadline, await inbox_states(pool)
             await asyncio.sleep(0.05)
     finally:

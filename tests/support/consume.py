@@ -8,7 +8,9 @@ from typing import Any
 import asyncpg
 
 from gateway.core.settings import Settings
+from gateway.core.lanes import LaneSet
 from gateway.inbound.consumer import Consumer
+from gateway.inbound.lanes import LaneLease
 
 STAGE_ONE = "INSERT INTO webhook_inbox (source, body, delivery_id) VALUES ($1, $2, $3) RETURNING id"
 
@@ -28,6 +30,16 @@ async def drain(pool: asyncpg.Pool, settings: Settings, consumers: int = 1) -> N
             pass
 
     await asyncio.gather(*(loop(c) for c in workers))
+
+
+async def leased(pool: asyncpg.Pool, settings: Settings, **kw: Any) -> Consumer:
+    """A consumer as a group makes one: the lanes leased once for its member (for the lease's
+    length, GATEWAY_CONSUMER_LANE_LEASE_S), and held between batches."""
+    lanes = LaneSet()
+    lease = LaneLease(settings, lanes)
+    async with pool.acquire() as conn:
+        await lease.refresh(conn)
+    return Consumer(pool, settings, lanes=lanes, member=lease.member, **kw)
 
 
 async def counts(pool: asyncpg.Pool) -> dict[str, int]:
