@@ -78,6 +78,7 @@ async def fill(dsn: str, ns: argparse.Namespace) -> None:
         await conn.execute(SQL["console_fill_destinations"])
         await _chunks(conn, "console_fill_dead_events", ns.dead, "dead events")
         await _chunks(conn, "console_fill_inbox", ns.dead // 5, "staged webhooks (every 10th dead)")
+        await conn.execute(SQL["console_fill_read"])
         await _chunks(conn, "console_fill_outbox", ns.outbox, "outbox")
         await _chunks(conn, "console_fill_deliveries", ns.deliveries, "deliveries")
         await _chunks(conn, "console_fill_inbound", ns.dead, "inbound messages")

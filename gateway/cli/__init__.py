@@ -12,7 +12,15 @@ from collections.abc import Callable
 from gateway import __version__, runtime, tracing
 from gateway.cli.common import Command
 from gateway.cli.downstream import cmd_deliveries, cmd_destinations, deliveries_args, destinations_args
-from gateway.cli.operators import cmd_dead, cmd_outbox, cmd_senders, dead_args, outbox_args, senders_args
+from gateway.cli.operators import (
+    cmd_dead,
+    cmd_lanes,
+    cmd_outbox,
+    cmd_senders,
+    dead_args,
+    outbox_args,
+    senders_args,
+)
 from gateway.cli.processes import (
     cmd_console,
     cmd_consume,
@@ -48,6 +56,7 @@ COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None
         cmd_senders,
         senders_args,
     ),
+    "lanes": ("the staging log's lanes: owner, lease and how far each cursor has read", cmd_lanes, None),
     "forward": ("run the forwarder (deliveries → downstream destinations) alone", cmd_forward, None),
     "destinations": (
         "downstream destinations: add NAME URL --events … | list | rotate-secret | disable | enable | remove",
@@ -137,6 +146,13 @@ Examples:
   gateway senders list
   gateway senders resume number 1111
   gateway senders resume token acme --provider tenashi""",
+    "lanes": """The 32 lanes of the staging log (webhook_inbox) and which consumer process owns each: its
+member name (host:pid:token), when its lease runs out (GATEWAY_CONSUMER_LANE_LEASE_S), how many
+times its cursor moved and when last, and its cursor's snapshots. A lane with no owner is read
+by nobody: start a consumer (`gateway consume`, or `gateway serve`).
+
+Example:
+  gateway lanes""",
     "forward": """Run the forwarder alone: delivers processed events to the downstream destinations
 (`gateway destinations`), signed, retried with backoff for GATEWAY_FORWARD_RETRY_H, a breaker per
 destination. With GATEWAY_METRICS_PORT set, serves /metrics and /healthz there. Runs until

@@ -14,7 +14,7 @@ from gateway.cli.common import actor, actor_args, dead_id, epoch, one_line, when
 from gateway.core.enums import OutboxState
 from gateway.core.settings import Settings
 from gateway.operator import actions
-from gateway.store import dead_events, inbox, outbox, pacing
+from gateway.store import dead_events, inbox, lanes, outbox, pacing
 
 log = logging.getLogger("gateway")
 
@@ -224,6 +224,22 @@ def cmd_senders(settings: Settings, ns: argparse.Namespace) -> int:
         except actions.Refused as exc:
             print(f"gateway: {exc}", file=sys.stderr)
             return 1
+        return 0
+
+    return runtime.with_connection(settings, work)
+
+
+def cmd_lanes(settings: Settings, ns: argparse.Namespace) -> int:
+    async def work(conn: asyncpg.Connection) -> int:
+        rows = await lanes.state(conn)
+        print("lane\tshard\towner\tlease_until\tmoves\tmoved_at\tdone\twindow")
+        for r in rows:
+            lease = r["lease_until"].isoformat() if r["lease_until"] else ""
+            cols = [r["lane"], r["shard"], r["owner"] or "-", lease, r["version"]]
+            cols += [r["advanced_at"].isoformat(), r["done"], r["win"] or ""]
+            print("\t".join(str(c) for c in cols))
+        owned = [r["owner"] for r in rows if r["owner"]]
+        print(f"{len(rows)} lanes, {len(owned)} owned by {len(set(owned))} consumer process(es)")
         return 0
 
     return runtime.with_connection(settings, work)

@@ -5,6 +5,7 @@ wakes one idle consumer per NOTIFY (a service: gateway.runtime.services)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.core.aio import sleep_unless_stopped
+from gateway.core.aio import first_set
 from gateway.core.lanes import LaneSet
 from gateway.core.limits import LogThrottle
 from gateway.core.planning import describe
@@ -46,6 +47,9 @@ class ConsumerGroup:
         spacing = Spacing(settings.consumer_batch_gap_ms / 1000)
         self.lanes = LaneSet()
         self.lease = LaneLease(settings, self.lanes)
+        # Set by NOTIFY webhook_inbox 'lanes' (a member came or went, lanes were let go): the
+        # lease is renewed at once instead of at its next third.
+        self._lanes_changed = asyncio.Event()
         n = settings.consumer_concurrency
         self.consumers = [
             Consumer(
@@ -129,7 +133,9 @@ class ConsumerGroup:
                     held = _WARN.allow("lanes", asyncio.get_running_loop().time())
                     if held is not None:
                         log.warning("lanes not renewed: %s%s", describe(exc), _WARN.suffix(held))
-                await sleep_unless_stopped(done, self.lease.ttl / 3)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(first_set(done, self._lanes_changed), self.lease.ttl / 3)
+                self._lanes_changed.clear()
         finally:
             try:
                 async with self._pool.acquire() as own:
@@ -143,4 +149,12 @@ class ConsumerGroup:
         """Wake the consumers on NOTIFY (polling covers the gaps)."""
         assert self._s.database_url
         opener = functools.partial(own_connection, self._s.database_url, self._s.db_connect_timeout_s)
-        await listen(opener, inbox.CHANNEL, self._wake_one, stop, liveness_s=self._s.liveness_s)
+        await listen(
+            opener, inbox.CHANNEL, self._wake_one, stop, self._on_payload, liveness_s=self._s.liveness_s
+        )
+
+    def _on_payload(self, payload: str) -> None:
+        if payload == inbox.LANES_CHANGED:
+            self._lanes_changed.set()
+        else:
+            self._wake_one()

@@ -19,6 +19,8 @@ from gateway.store.db import Conn
 from gateway.store.sqlfiles import q
 
 CHANNEL = "webhook_inbox"
+# The payload on CHANNEL when the lanes' members or owners changed (empty: rows were staged).
+LANES_CHANGED = "lanes"
 
 
 @dataclass(frozen=True, slots=True)

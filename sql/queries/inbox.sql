@@ -20,7 +20,8 @@ ORDER BY n;
 -- Each row carries this statement's snapshot and how many rows the limit let through (more
 -- than returned: the budget cut the batch).
 -- The two scans walk webhook_inbox_log from where unread rows can start, never the rows read
--- before; per partition, an index descent each.
+-- before; per partition, an index descent each. The lanes' equality keeps the read on their
+-- shard on Citus (the consumers read the lanes of one shard at a time: inbox_lanes.shard).
 WITH a AS MATERIALIZED (
     SELECT $1::smallint[] AS lanes, $2::text[]::pg_snapshot[] AS dones,
            $3::text[]::pg_snapshot[] AS wins, $4::bigint[]::text[]::xid8[] AS ptx, $5::bigint[] AS pid,
@@ -29,10 +30,12 @@ WITH a AS MATERIALIZED (
     SELECT w.id, w.received_at, w.txid, w.lane, octet_length(w.body) AS size
     FROM webhook_inbox w
     WHERE w.txid >= $6::bigint::text::xid8 AND w.txid < (SELECT pg_snapshot_xmax(now) FROM a)
+      AND w.lane = ANY ($1::smallint[])
     UNION ALL
     SELECT w.id, w.received_at, w.txid, w.lane, octet_length(w.body) AS size
     FROM webhook_inbox w
     WHERE w.txid = ANY ($7::bigint[]::text[]::xid8[]) AND w.txid < $6::bigint::text::xid8
+      AND w.lane = ANY ($1::smallint[])
 ), f AS (
     SELECT r.*, array_position((SELECT lanes FROM a), r.lane) AS i FROM r
 ), picked AS (
@@ -67,11 +70,15 @@ ORDER BY lane;
 
 -- name: lanes_member_beat
 -- Member $1 is alive; its connection is this one (a member whose backend is gone has died).
+-- A member new to the table tells the others (NOTIFY webhook_inbox 'lanes'), so that they make
+-- room for it at once rather than at their next renewal.
+-- (Identical notifications of one transaction are delivered once.)
 INSERT INTO consumer_members (member, pid, backend_start, seen_at)
 SELECT $1, pg_backend_pid(), a.backend_start, clock_timestamp()
 FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
 ON CONFLICT (member) DO UPDATE SET pid = excluded.pid, backend_start = excluded.backend_start,
-                                   seen_at = excluded.seen_at;
+                                   seen_at = excluded.seen_at
+RETURNING CASE WHEN xmax = 0 THEN pg_notify('webhook_inbox', 'lanes') END;
 
 -- name: lanes_members
 -- The live members: seen within $1 seconds and their connection still open; the others'
@@ -79,7 +86,10 @@ ON CONFLICT (member) DO UPDATE SET pid = excluded.pid, backend_start = excluded.
 WITH live AS (
     SELECT m.member FROM consumer_members m
     WHERE m.seen_at > clock_timestamp() - make_interval(secs => $1)
-      AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = m.pid AND a.backend_start = m.backend_start)
+      -- (backend_start is hidden from a role that may not see another role's sessions: then
+      -- the pid alone says it)
+      AND EXISTS (SELECT 1 FROM pg_stat_activity a
+                  WHERE a.pid = m.pid AND coalesce(a.backend_start = m.backend_start, true))
 ), gone AS (
     DELETE FROM consumer_members m WHERE m.member NOT IN (SELECT member FROM live)
       AND m.seen_at < clock_timestamp() - make_interval(secs => $1 * 10)
@@ -95,8 +105,10 @@ SELECT lane, shard FROM inbox_lanes ORDER BY lane;
 -- lanes it owns that are not in $2 are let go. Returns every lane it owns after this, with
 -- its cursor.
 WITH let_go AS (
+    -- Lanes let go: the member they are assigned to may take them now (one NOTIFY).
     UPDATE inbox_lanes SET owner = NULL, lease_until = NULL
     WHERE owner = $1 AND NOT (lane = ANY ($2::smallint[]))
+    RETURNING pg_notify('webhook_inbox', 'lanes')
 ), took AS (
     UPDATE inbox_lanes SET owner = $1, lease_until = clock_timestamp() + make_interval(secs => $4)
     WHERE lane = ANY ($2::smallint[])
@@ -108,11 +120,12 @@ SELECT lane, shard, version, done_snap::text AS done, win_snap::text AS win,
 FROM took ORDER BY lane;
 
 -- name: lanes_leave
--- Member $1 stops: its lanes are free at once, its row goes.
+-- Member $1 stops: its lanes are free at once, its row goes, and the others are told.
 WITH freed AS (
     UPDATE inbox_lanes SET owner = NULL, lease_until = NULL WHERE owner = $1
 )
-DELETE FROM consumer_members WHERE member = $1;
+DELETE FROM consumer_members WHERE member = $1
+RETURNING pg_notify('webhook_inbox', 'lanes');
 
 -- name: lanes_state
 -- Every lane: owner, lease and how far behind its cursor is (for `gateway lanes` and tests).
@@ -446,9 +459,10 @@ WHERE state = 'dead' AND ($1::bigint[] IS NULL OR inbox_id = ANY($1::bigint[]))
 RETURNING inbox_id AS id;
 
 -- name: inbox_parked_done
--- Whole webhooks a retry or a replay processed (kept for the record, then purged).
+-- Whole webhooks a retry or a replay processed (kept for the record, then purged); one the
+-- retry found to be no payload again stays dead.
 UPDATE inbox_parked SET state = 'done', updated_at = clock_timestamp()
-WHERE inbox_id = ANY ($1::bigint[]);
+WHERE inbox_id = ANY ($1::bigint[]) AND state = 'retry';
 
 -- name: inbox_depth
 -- Rows no cursor has read yet, and whole webhooks waiting for a retry, counted up to a cap

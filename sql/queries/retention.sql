@@ -73,7 +73,9 @@ SELECT pg_advisory_unlock($1);
 -- cursors still read them. Found from the cursors (inbox_unread), never by scanning a whole day
 -- of read rows. Whole webhooks moved aside keep their bytes in inbox_parked.
 UPDATE webhook_inbox SET received_at = clock_timestamp()
-WHERE received_at < $1 AND id IN (SELECT u.id FROM inbox_unread() u WHERE u.received_at < $1);
+WHERE received_at < $1
+  AND id IN (SELECT u.id FROM inbox_unread() u
+             WHERE u.received_at < $1 AND NOT EXISTS (SELECT 1 FROM inbox_parked p WHERE p.inbox_id = u.id));
 
 -- name: processed_webhook_events_purge_untimed
 -- Keys with no event day (the untimed partition) and keys whose day has no partition (the

@@ -184,8 +184,9 @@ async def test_dead_items_page_through_both_kinds_without_gaps_or_repeats(
     pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
 ) -> None:
     await pool.execute(
-        "INSERT INTO webhook_inbox (source, body, state, received_at)"
-        " SELECT 'meta', 'not json', 'dead', now() - i * interval '1 minute' FROM generate_series(1, 37) i"
+        "INSERT INTO inbox_parked (inbox_id, source, body, state, attempts, received_at)"
+        " SELECT i, 'meta', 'not json', 'dead', 1, now() - i * interval '1 minute'"
+        " FROM generate_series(1, 37) i"
     )
     await pool.execute(
         "INSERT INTO dead_events (inbox_id, position, path, kind, source, received_at, unit, fragment, state)"

@@ -384,7 +384,8 @@ async def test_unparseable_body_parked_at_once_with_bytes_intact(
     await drain(pool, settings)
     rows = await pool.fetch(
         "SELECT w.body, s.state, coalesce(p.attempts, 0) AS attempts, p.last_error FROM webhook_inbox w"
-        " JOIN inbox_row_states() s ON s.id = w.id LEFT JOIN inbox_parked p ON p.inbox_id = w.id ORDER BY w.id"
+        " JOIN inbox_row_states() s ON s.id = w.id LEFT JOIN inbox_parked p ON p.inbox_id = w.id"
+        " ORDER BY w.id"
     )
     assert [bytes(r["body"]) for r in rows] == [bad, good, odd]
     assert [(r["state"], r["attempts"]) for r in rows] == [("dead", 1), ("done", 0), ("dead", 1)]

@@ -66,7 +66,10 @@ async def test_signed_payload_is_stored_byte_for_byte(
     status, _ = await post_meta(http, gateway, body, sign_meta(body, META_SECRET))
     assert status == 200
     assert await inbox_bodies(pool) == [body]
-    row = await pool.fetchrow("SELECT source, state, delivery_id FROM webhook_inbox")
+    row = await pool.fetchrow(
+        "SELECT w.source, s.state, w.delivery_id"
+        " FROM webhook_inbox w JOIN inbox_row_states() s ON s.id = w.id"
+    )
     assert dict(row) == {"source": "meta", "state": "pending", "delivery_id": None}
 
 

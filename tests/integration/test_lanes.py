@@ -78,7 +78,7 @@ async def test_a_long_write_transaction_elsewhere_does_not_stall_the_cursors(
                 pass
             assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 40 * (round_ + 1)
         # With everything read, a read finds nothing without walking the 160 rows read since.
-        lanes = consumer._lanes  # noqa: SLF001 - the cursors as the consumer left them
+        lanes = consumer._lanes
         cursors = [lanes.cursors[lane] for lane in lanes.owned()]
         plan = await _explain(pool, cursors)
         assert plan["rows"] == 0 and plan["heap"] < 20, plan

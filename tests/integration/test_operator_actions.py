@@ -11,6 +11,7 @@ import pytest
 from gateway.operator import actions
 from gateway.operator.actions import Actor
 from gateway.store import audit, deliveries
+from tests.support.consume import dead_row
 from tests.support.send import enqueue
 
 ALICE = Actor("alice", "console")
@@ -81,10 +82,7 @@ async def test_bulk_release_counts_done_and_refused(pool: asyncpg.Pool) -> None:
 
 
 async def test_dead_replay_by_range_and_by_id(pool: asyncpg.Pool) -> None:
-    await pool.execute(
-        "INSERT INTO webhook_inbox (source, body, state, attempts) VALUES ('meta', 'not json', 'dead', 1)"
-    )
-    rid = await pool.fetchval("SELECT id FROM webhook_inbox")
+    rid = await dead_row(pool, b"not json")
     async with pool.acquire() as conn:
         first = await actions.dead_replay(conn, ALICE, rows=[rid, rid + 100])
         again = await actions.dead_replay(

@@ -16,6 +16,7 @@ from gateway.maintenance.reconciler import Reconciler
 from gateway.outbound.sender import Sender
 from gateway.store import outbox
 from gateway.testing.fake_provider import FakeProvider
+from tests.support.consume import dead_row, read_all
 from tests.support.send import (
     TO,
     WINDOW,
@@ -123,18 +124,18 @@ async def test_resend_waits_for_dead_webhook(
     """A dead webhook of the row's period holds the reconciler too (it may be the status);
     webhooks older than the row do not."""
     clock = FakeClock()
-    await pool.execute("INSERT INTO webhook_inbox (source, body, state) VALUES ('meta', 'x', 'dead')")
+    await dead_row(pool, b"x")
     await enqueue(pool, "d1", TO, policy="resend")
     fake.add_fault("http", status=502)
     sender = Sender(pool, send_settings(settings, fake), clock=clock, rand=lambda: 0.5)
     try:
         await sender.step()
         assert (await row(pool, "d1"))["state"] == "unknown"
-        await pool.execute("INSERT INTO webhook_inbox (source, body, state) VALUES ('meta', 'y', 'dead')")
+        await dead_row(pool, b"y")
         clock.advance(WINDOW + 1)
         counts = await reconcile(sender)
         assert (counts["reconciled"], counts["waiting"]) == (0, 1)
-        await pool.execute("UPDATE webhook_inbox SET state = 'done' WHERE body = 'y'")
+        await pool.execute("UPDATE inbox_parked SET state = 'done' WHERE body = 'y'")
         counts = await reconcile(sender)
         assert (counts["reconciled"], counts["waiting"]) == (1, 0)  # the older dead row does not hold it
         assert (await row(pool, "d1"))["state"] == "pending"
@@ -187,7 +188,7 @@ async def test_release_waits_while_webhooks_of_the_period_are_unprocessed(
 ) -> None:
     """An operator's release of a review/unknown row would resend it; while a webhook received
     since the row was created is pending or dead, its status may be there: not yet."""
-    await pool.execute("INSERT INTO webhook_inbox (source, body, state) VALUES ('meta', 'old', 'dead')")
+    await dead_row(pool, b"old")
     await enqueue(pool, "u1", TO)
     await enqueue(pool, "u2", "4915100000002")
     await pool.execute("UPDATE outbox SET state = 'review'")
@@ -197,7 +198,7 @@ async def test_release_waits_while_webhooks_of_the_period_are_unprocessed(
             await outbox.release(conn, "u1")
         bulk = await outbox.release_bulk(conn, state="review", since=None, until=None, tenant=None)
         assert (bulk.done, bulk.refused, bulk.waiting) == (0, 0, 2)
-        await conn.execute("UPDATE webhook_inbox SET state = 'done' WHERE body = 'new'")
+        await read_all(conn)
         assert "now pending" in await outbox.release(conn, "u1")  # the older dead row does not hold it
         bulk = await outbox.release_bulk(conn, state="review", since=None, until=None, tenant=None)
         assert (bulk.done, bulk.refused, bulk.waiting) == (1, 0, 0)

@@ -7,8 +7,8 @@ from typing import Any
 
 import asyncpg
 
-from gateway.core.settings import Settings
 from gateway.core.lanes import LaneSet
+from gateway.core.settings import Settings
 from gateway.inbound.consumer import Consumer
 from gateway.inbound.lanes import LaneLease
 
@@ -30,6 +30,35 @@ async def drain(pool: asyncpg.Pool, settings: Settings, consumers: int = 1) -> N
             pass
 
     await asyncio.gather(*(loop(c) for c in workers))
+
+
+async def dead_row(conn: asyncpg.Pool | asyncpg.Connection, body: bytes, **cols: Any) -> int:
+    """A staged webhook moved aside dead (as a body that is no payload is), with ``cols`` of
+    webhook_inbox (received_at, ...) set."""
+    names = ["source", "body", *cols]
+    marks = ", ".join(f"${i + 1}" for i in range(len(names)))
+    inbox_id: int = await conn.fetchval(
+        f"INSERT INTO webhook_inbox ({', '.join(names)}) VALUES ({marks}) RETURNING id",
+        "meta",
+        body,
+        *cols.values(),
+    )
+    await conn.execute(
+        "INSERT INTO inbox_parked"
+        " (inbox_id, received_at, source, delivery_id, body, state, attempts, last_error)"
+        " SELECT id, received_at, source, delivery_id, body, 'dead', 1, 'NotJson: test'"
+        " FROM webhook_inbox WHERE id = $1",
+        inbox_id,
+    )
+    return inbox_id
+
+
+async def read_all(conn: asyncpg.Pool | asyncpg.Connection) -> None:
+    """Every lane's cursor past every row committed so far, as if consumers had read them."""
+    await conn.execute(
+        "UPDATE inbox_lanes SET done_snap = pg_current_snapshot(), win_snap = NULL, pos_txid = NULL,"
+        " pos_id = NULL, version = version + 1"
+    )
 
 
 async def leased(pool: asyncpg.Pool, settings: Settings, **kw: Any) -> Consumer:
