@@ -84,6 +84,13 @@ _SAVEPOINT = "gateway_consumer_batch"
 # and no partition key is among them. Local to the fast path: ROLLBACK TO SAVEPOINT undoes it
 # for the event-by-event path, and handlers' own statements get the session's setting back.
 _FAST_PATH = f"SAVEPOINT {_SAVEPOINT}; SET LOCAL plan_cache_mode = force_generic_plan"
+# A consumer that hangs mid-transaction (SIGSTOP, a stuck event loop) keeps its connection, and
+# with it the locks of its batch: the keys it inserted, the outbox rows it locked. Another
+# consumer inserting the same key (a redelivery read in another lane) would wait for it for
+# ever; the server ends such a transaction once it has been idle this long (its lanes are
+# taken over after their lease; a handler may keep it idle up to its timeout). Set before the
+# savepoint, so that rolling back to it keeps the bound.
+_IDLE_BOUND = "SET LOCAL idle_in_transaction_session_timeout = {ms}"
 _HANDLERS_PLANS = "SET LOCAL plan_cache_mode TO DEFAULT"
 # A database outage fails every batch alike: at most one line per kind per 10 s.
 _WARN = LogThrottle(10.0)
@@ -154,6 +161,9 @@ class Consumer:
             assert member is not None
             self._lanes, self._lease, self.member = lanes, None, member
         self._loops = max(1, loops)
+        self._idle_bound = _IDLE_BOUND.format(
+            ms=int(settings.consumer_lane_lease_s * 1000 + settings.handler_timeout_ms)
+        )
         self._more_before = False  # the last batch left rows: read a share of the lanes
         self.deferred_s = 0.0  # the last step met a systemic fault: wait this long first
         self._items_at = -ITEMS_EVERY_S
@@ -331,7 +341,7 @@ class Consumer:
         try:
             # A savepoint of our own, not a nested transaction(): COMMIT releases it, one
             # round trip (RELEASE SAVEPOINT) fewer per batch.
-            await conn.execute(_FAST_PATH)
+            await conn.execute(f"{self._idle_bound}; {_FAST_PATH}")
             with tracing.span("consumer.batch", rows=len(rows)):
                 result = await self._fast(conn, plan, advance)
         except Exception as exc:
@@ -556,6 +566,7 @@ class Consumer:
 
     async def _retry_parked(self) -> int:
         async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(self._idle_bound)
             rows = await inbox.parked_claim(conn, limit=self._s.consumer_batch)
             done: list[int] = []
             for i, row in enumerate(rows):
@@ -588,6 +599,7 @@ class Consumer:
 
     async def _retry_dead_events(self) -> int:
         async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(self._idle_bound)
             claimed = await dead_events.claim(conn, limit=self._s.consumer_batch)
             if not claimed:
                 return 0

@@ -141,7 +141,7 @@ async def test_sigkill_mid_batch_every_event_exactly_once(
             victim = await start(db_dsn, "crash-victim", handlers)
         deadline = time.monotonic() + 2 * GIVE_UP_S
         while await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state <> 'done'"):
-            assert time.monotonic() < deadline, await inbox_states(pool)
+            assert time.monotonic() < deadline, await diagnose(pool)
             await asyncio.sleep(0.05)
     finally:
         for p in (steady, victim):
@@ -203,14 +203,14 @@ async def test_sigstop_of_a_lane_owner_its_lanes_are_taken_over_and_it_doubles_n
         # Everything is processed by the steady one once the victim's leases run out.
         deadline = time.monotonic() + GIVE_UP_S
         while await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state <> 'done'"):
-            assert time.monotonic() < deadline, await inbox_states(pool)
+            assert time.monotonic() < deadline, await diagnose(pool)
             await asyncio.sleep(0.05)
         victim.send_signal(signal.SIGCONT)
         await asyncio.sleep(3)  # it wakes up, finishes (fails) its batch, and rejoins
         await pool.executemany(insert, [(b,) for b in bodies[:100]])  # redeliveries, to both
         deadline = time.monotonic() + GIVE_UP_S
         while await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state <> 'done'"):
-            assert time.monotonic() < deadline, await inbox_states(pool)
+            assert time.monotonic() < deadline, await diagnose(pool)
             await asyncio.sleep(0.05)
     finally:
         for p in (steady, victim):
@@ -232,3 +232,25 @@ async def test_sigstop_of_a_lane_owner_its_lanes_are_taken_over_and_it_doubles_n
 async def _owners(pool: asyncpg.Pool, n: int) -> bool:
     owners = await pool.fetchval("SELECT count(DISTINCT owner) FROM inbox_lanes WHERE owner IS NOT NULL")
     return bool(owners == n)
+
+
+async def diagnose(pool: asyncpg.Pool) -> str:
+    """What a test that timed out waiting for the consumers shows: the rows' states, the
+    lanes, and what each consumer's backend is doing."""
+    lanes = await pool.fetch(
+        "SELECT lane, owner, lease_until > now() AS leased, version, done_snap::text, win_snap::text"
+        " FROM inbox_lanes ORDER BY lane"
+    )
+    activity = await pool.fetch(
+        "SELECT application_name, state, wait_event_type, wait_event, backend_xid::text,"
+        " now() - xact_start AS age, left(query, 80) AS query FROM pg_stat_activity"
+        " WHERE application_name LIKE '%-%' ORDER BY application_name"
+    )
+    members = await pool.fetch("SELECT * FROM consumer_members")
+    unread = await pool.fetch("SELECT lane, count(*) FROM inbox_unread() GROUP BY lane ORDER BY lane")
+    return "\n".join(
+        [str(await inbox_states(pool)), "unread per lane: " + str([tuple(r) for r in unread])]
+        + [str(tuple(r)) for r in lanes]
+        + [str(tuple(r)) for r in members]
+        + [str(tuple(r)) for r in activity]
+    )
