@@ -87,6 +87,7 @@ class Run:
         self.started = dt.datetime.now(dt.UTC)
         self.load_average = list(os.getloadavg())
         self.verdict = report.Verdict()
+        self.figures: dict[str, Any] = {}  # what a command collects as it goes (finish adds its own)
         self.results: Path = getattr(ns, "results", None) or RESULTS
         self.stem = f"{getattr(ns, 'name', None) or self.key}-{self.started.astimezone():%Y%m%d-%H%M%S}"
 
@@ -147,6 +148,7 @@ class Run:
             "load_average": self.load_average,
             "load_average_after": after,
             "parameters": parameters(self.ns),
+            **self.figures,
             **figures,
         }
         jpath, hpath = report.write(self.results, self.stem, result, shown, charts, self.verdict, secrets)

