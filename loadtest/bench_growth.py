@@ -230,6 +230,24 @@ def report(layouts: list[Layout], ns: argparse.Namespace, run: contract.Run) -> 
     return "\n".join(lines)
 
 
+HELP = "throughput as the dedup table grows; DROP vs DELETE retention"
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sizes", default="0,10000000,50000000", help="existing dedup keys, comma-separated")
+    p.add_argument("--day-keys", type=int, default=5_000_000, help="keys in the day that retention removes")
+    p.add_argument("--events", type=int, default=20000, help="staged events per measurement")
+    p.add_argument("--concurrency", type=int, default=2, help="consumer loops")
+    p.add_argument("--batch", type=int, default=200, help="rows per consumer batch")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--max-wal-size",
+        default="8GB",
+        help="max_wal_size of the embedded server the bench starts ('' keeps the default; "
+        "never changed on a DATABASE_URL server)",
+    )
+
+
 async def main(ns: argparse.Namespace) -> int:
     run = contract.Run(ns)
     if ns.max_wal_size and not re.fullmatch(r"[0-9]+(MB|GB)", ns.max_wal_size):
