@@ -166,18 +166,24 @@ async def measure(
     outbox_rows: int,
     expect: dict[str, int],
     run: contract.Run,
-) -> float:
+    statements: bool = False,
+) -> tuple[float, list[dict[str, Any]] | None]:
+    """Events/s of one strategy draining the staged rows; with ``statements``, the top
+    statements of the drain (pg_stat_statements; None when the server has not loaded it)."""
     await stage(pool, bodies, outbox_rows)
+    dsn = settings.database_url or ""
+    counting = statements and await pgstat.reset(dsn)
     started = time.perf_counter()
     await runner(pool, settings)
     elapsed = time.perf_counter() - started
+    top = await pgstat.top(dsn) if counting else None
     row = await pool.fetchrow(BASELINE["bench_check"])
     assert row is not None
     check = dict(row)
     run.check(f"{name}: every event exactly once", check == expect, f"got {check}, want {expect}")
     rate = len(bodies) / elapsed
     sys.stderr.write(f"{name:28} {len(bodies):>7} events in {elapsed:7.2f} s = {rate:>9,.0f} events/s\n")
-    return rate
+    return rate, top
 
 
 async def bench(dsn: str, ns: argparse.Namespace, run: contract.Run) -> tuple[dict[str, Any], str]:
@@ -212,19 +218,16 @@ async def bench(dsn: str, ns: argparse.Namespace, run: contract.Run) -> tuple[di
     pool = await create_pool(dsn, 1, ns.concurrency + 2)
     try:
         for rnd in range(ns.rounds):
-            rates["naive"].append(
-                await measure(
-                    "one event per transaction", run_naive, pool, settings, bodies, outbox_rows, expect, run
-                )
+            naive, _ = await measure(
+                "one event per transaction", run_naive, pool, settings, bodies, outbox_rows, expect, run
             )
-            counting = rnd == ns.rounds - 1 and await pgstat.reset(dsn)
-            rates["consumers"].append(
-                await measure(
-                    "set-based consumers", run_set_based, pool, settings, bodies, outbox_rows, expect, run
-                )
-            )
-            if counting:
-                statements = await pgstat.top(dsn)
+            fast, top = await measure(
+                "set-based consumers", run_set_based, pool, settings, bodies, outbox_rows, expect, run,
+                statements=rnd == ns.rounds - 1,
+            )  # fmt: skip
+            rates["naive"].append(naive)
+            rates["consumers"].append(fast)
+            statements = top or statements
             for b in batches:
                 rate = await peer.drain(dsn, len(bodies), b, ns.peer_dequeuers)
                 sys.stderr.write(f"PGQueuer, batch {b:<4} {len(bodies):>13} jobs = {rate:>9,.0f} jobs/s\n")
