@@ -252,7 +252,7 @@ async def bench(dsn: str, ns: argparse.Namespace, run: contract.Run) -> tuple[di
     if statements is None:
         lines.append("pg_stat_statements: not loaded on this server (an embedded one has it)")
     else:
-        lines.append(pgstat.describe(statements, per=len(bodies), unit="event"))
+        lines.append(pgstat.describe(statements, len(bodies), "event", " (the consumers, the last round)"))
     return {"events": len(bodies), "rates": rates, "statements": statements}, "\n\n".join(lines)
 
 

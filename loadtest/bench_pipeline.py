@@ -128,6 +128,17 @@ class Receivers:
             if config:
                 await c.config(**config)
 
+    async def quiet(self, still_s: float = 1.0, timeout_s: float = 60.0) -> None:
+        """Until no request arrives for ``still_s`` (a relay run left queued requests behind)."""
+        deadline = time.monotonic() + timeout_s
+        seen = -1
+        while time.monotonic() < deadline:
+            now = sum([(await c.state())["attempts"] for c in self.clients.values()])
+            if now == seen:
+                return
+            seen = now
+            await asyncio.sleep(still_s)
+
     async def missing(self, events: int, timeout_s: float = 60.0) -> dict[str, int]:
         """Per receiver, how many of ``events`` had not arrived within ``timeout_s``."""
         return {n: events - (await c.wait(events, timeout_s))["processed"] for n, c in self.clients.items()}
@@ -370,6 +381,7 @@ async def relay_saturation(ns: argparse.Namespace, relay: processes.Proc, rx: Re
                              "errors": r.socket_errors})  # fmt: skip
         finally:
             runner.close()
+    await rx.quiet()
     await rx.reset(count_only=False)
     return {"runs": runs, "rate": max((x["rate"] for x in runs), default=0.0)}
 

@@ -61,7 +61,7 @@ def _short(query: str, width: int = 72) -> str:
     return one if len(one) <= width else one[: width - 1] + "…"
 
 
-def describe(statements: list[dict[str, Any]], per: int = 0, unit: str = "webhook") -> str:
+def describe(statements: list[dict[str, Any]], per: int = 0, unit: str = "webhook", when: str = "") -> str:
     """A table of ``top``'s statements; ``per``: the phase's count of ``unit`` (calls per one)."""
     head = ("statement", "calls", *((f"per {unit}",) if per else ()), "mean ms", "total ms", "share")
     rows = [
@@ -69,4 +69,5 @@ def describe(statements: list[dict[str, Any]], per: int = 0, unit: str = "webhoo
          f"{s['mean_ms']:.3f}", f"{s['total_ms']:.0f}", f"{s['share'] * 100:.1f} %")
         for s in statements
     ]  # fmt: skip
-    return "pg_stat_statements, the top statements by total time (planning included)\n" + table(head, rows)
+    title = f"pg_stat_statements{when}: the top statements by total time (planning included)"
+    return title + "\n" + table(head, rows)

@@ -146,7 +146,7 @@ def table(r: dict[str, Any]) -> str:
         )  # fmt: skip
         if c.get("statements") is not None:
             webhooks = c["rounds"][-1]["gateway"]["webhooks"]
-            out += "\n\n" + pgstat.describe(c["statements"], per=webhooks) + " (the last round)"
+            out += "\n\n" + pgstat.describe(c["statements"], per=webhooks, when=" (serve, the last round)")
     lat = r.get("latency")
     if lat is not None:
         seconds = r["parameters"]["seconds"]

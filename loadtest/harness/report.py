@@ -106,6 +106,15 @@ class Verdict:
             return "PASS" + (f" ({'; '.join(self.notes)})" if self.notes else "")
         return "FAIL: " + "; ".join(self.reasons())
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Verdict:
+        """A verdict as ``as_dict`` wrote it."""
+        targets = [
+            Target(t["name"], t["value"], t["goal"], t["op"], t.get("unit", ""), tuple(t.get("rounds") or ()))
+            for t in d.get("targets", [])
+        ]
+        return cls(targets, list(d.get("failed_checks", [])), list(d.get("notes", [])))
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "verdict": self.word,

@@ -22,7 +22,9 @@ from loadtest.harness import contract
         (30.0, 1, 20.0, 500.0, False, "1 were not"),
     ],
 )
-def test_bench_graph_verdict(p99: float, wrong: int, rate: float, half: float, passed: bool, says: str) -> None:
+def test_bench_graph_verdict(
+    p99: float, wrong: int, rate: float, half: float, passed: bool, says: str
+) -> None:
     run = contract.Run(argparse.Namespace(command="bench-graph"))
     judge(run, p99, wrong, rate, half)
     summary = run.verdict.summary()
