@@ -21,24 +21,13 @@ def bench_verdict(result: dict[str, Any]) -> report.Verdict:
     v = report.Verdict()
     t = result.get("targets") or {}
     if "gateway_vs_bare" in t:
-        v.targets += [
-            report.Target(
-                "gateway / bare throughput",
-                t["gateway_vs_bare"]["value"],
-                TARGET_VS_BARE,
-                ">=",
-                "x",
-                tuple((result.get("ratio_rounds") or {}).get("gateway_vs_bare", ())),
-            ),
-            report.Target(
-                "gateway / insert-per-request throughput",
-                t["gateway_vs_insert"]["value"],
-                TARGET_VS_INSERT,
-                ">=",
-                "x",
-                tuple((result.get("ratio_rounds") or {}).get("gateway_vs_insert", ())),
-            ),
-        ]
+        rounds = result.get("ratio_rounds") or {}
+        for key, name, goal in (
+            ("gateway_vs_bare", "gateway / bare throughput", TARGET_VS_BARE),
+            ("gateway_vs_insert", "gateway / insert-per-request throughput", TARGET_VS_INSERT),
+        ):
+            per_round = tuple(rounds.get(key, ()))
+            v.targets.append(report.Target(name, t[key]["value"], goal, ">=", "x", per_round))
     if "p99_ms_at_half" in t:
         v.targets += [
             report.Target(
