@@ -60,7 +60,7 @@ from loadtest.harness.httpclient import Pool
 from loadtest.harness.options import add_common_args
 from loadtest.harness.payloads import PayloadFactory
 from loadtest.harness.plan import NO_DUPLICATES, build
-from loadtest.harness.receiver import Receiver
+from loadtest.harness.receiver import Receivers
 from loadtest.harness.scenarios import SCENARIOS, scenario
 from loadtest.harness.schedule import arrivals, constant
 from loadtest.harness.sql import q, queries
@@ -105,47 +105,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_common_args(p)
 
 
-class Receivers:
-    """The two fake receivers, by destination name: their processes and their clients."""
-
-    def __init__(self, log_dir: Path, max_s: float) -> None:
-        self.secrets = {"std": stdwebhooks.generate_secret(), "meta": META_SECRET}
-        self.procs = {
-            name: processes.start_receiver(
-                self.secrets[name], log_dir, max_s, meta=fmt == "meta", name=f"receiver-{name}"
-            )
-            for name, fmt in DESTINATIONS.items()
-        }
-        self.clients = {name: Receiver(p.url) for name, p in self.procs.items()}
-
-    async def ready(self) -> None:
-        for p in self.procs.values():
-            await p.wait_ready(None)
-
-    async def reset(self, **config: Any) -> None:
-        for c in self.clients.values():
-            await c.reset()
-            if config:
-                await c.config(**config)
-
-    async def quiet(self, still_s: float = 1.0, timeout_s: float = 60.0) -> None:
-        """Until no request arrives for ``still_s`` (a relay run left queued requests behind)."""
-        deadline = time.monotonic() + timeout_s
-        seen = -1
-        while time.monotonic() < deadline:
-            now = sum([(await c.state())["attempts"] for c in self.clients.values()])
-            if now == seen:
-                return
-            seen = now
-            await asyncio.sleep(still_s)
-
-    async def missing(self, events: int, timeout_s: float = 60.0) -> dict[str, int]:
-        """Per receiver, how many of ``events`` had not arrived within ``timeout_s``."""
-        return {n: events - (await c.wait(events, timeout_s))["processed"] for n, c in self.clients.items()}
-
-    def stop(self) -> None:
-        for p in self.procs.values():
-            p.stop()
+def receivers(log_dir: Path, max_s: float) -> Receivers:
+    """A Standard Webhooks and a Meta-format fake receiver."""
+    secrets = {"std": stdwebhooks.generate_secret(), "meta": META_SECRET}
+    return Receivers(log_dir, max_s, DESTINATIONS, secrets)
 
 
 async def _destinations(dsn: str, rx: Receivers, enabled: bool) -> None:
@@ -469,7 +432,7 @@ async def main(ns: argparse.Namespace) -> int:
         pg, dsn = processes.start_database(tmp)
         database.load_statements(pg)
         await processes.migrate(dsn)
-        rx = Receivers(log_dir, max_s=ns.seconds + ns.soak + 3600)
+        rx = receivers(log_dir, max_s=ns.seconds + ns.soak + 3600)
         await rx.ready()
         relay = start_relay(rx, log_dir)
         await relay.wait_ready()

@@ -1,12 +1,17 @@
 """The one client of the fake receiver's control endpoints (``gateway.testing.fake_receiver``
 in its own process, started by ``processes.start_receiver``): its state, a long-poll until N
-events are in, faults and a reset."""
+events are in, faults and a reset; and a set of receivers, one per destination."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from loadtest.harness import processes
 
 
 class Receiver:
@@ -46,3 +51,45 @@ class Receiver:
         """Faults (``p_5xx``, ``p_timeout``, ``timeout_s``, ``latency_ms``, ``outage``) and
         ``count_only`` (keep no id: long runs)."""
         return await self._call("POST", "config", json=cfg)
+
+
+class Receivers:
+    """Fake receivers in their own processes, by destination name (``formats``: name ->
+    ``standard`` or ``meta``; ``secrets``: name -> its secret): the processes and their clients."""
+
+    def __init__(self, log_dir: Path, max_s: float, formats: dict[str, str], secrets: dict[str, str]) -> None:
+        self.secrets = secrets
+        self.procs = {
+            name: processes.start_receiver(s, log_dir, max_s, meta=formats[name] == "meta", name=f"receiver-{name}")
+            for name, s in secrets.items()
+        }
+        self.clients = {name: Receiver(p.url) for name, p in self.procs.items()}
+
+    async def ready(self) -> None:
+        for p in self.procs.values():
+            await p.wait_ready(None)
+
+    async def reset(self, **config: Any) -> None:
+        for c in self.clients.values():
+            await c.reset()
+            if config:
+                await c.config(**config)
+
+    async def quiet(self, still_s: float = 1.0, timeout_s: float = 60.0) -> None:
+        """Until no request arrives for ``still_s`` (a relay run left queued requests behind)."""
+        deadline = time.monotonic() + timeout_s
+        seen = -1
+        while time.monotonic() < deadline:
+            now = sum([(await c.state())["attempts"] for c in self.clients.values()])
+            if now == seen:
+                return
+            seen = now
+            await asyncio.sleep(still_s)
+
+    async def missing(self, events: int, timeout_s: float = 60.0) -> dict[str, int]:
+        """Per receiver, how many of ``events`` had not arrived within ``timeout_s``."""
+        return {n: events - (await c.wait(events, timeout_s))["processed"] for n, c in self.clients.items()}
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            p.stop()
