@@ -60,8 +60,10 @@ class Receivers:
     def __init__(self, log_dir: Path, max_s: float, formats: dict[str, str], secrets: dict[str, str]) -> None:
         self.secrets = secrets
         self.procs = {
-            name: processes.start_receiver(s, log_dir, max_s, meta=formats[name] == "meta", name=f"receiver-{name}")
-            for name, s in secrets.items()
+            name: processes.start_receiver(
+                secret, log_dir, max_s, meta=formats[name] == "meta", name=f"receiver-{name}"
+            )
+            for name, secret in secrets.items()
         }
         self.clients = {name: Receiver(p.url) for name, p in self.procs.items()}
 
