@@ -5,11 +5,12 @@ table is written by hand; the table sits between two markers and is replaced who
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from loadtest.harness.contract import load
+from loadtest.harness.contract import load, shown_argv
 
 BEGIN = (
     "<!-- generated from loadtest/reports/*.json by `python -m loadtest render-benchmarks`; "
@@ -49,7 +50,7 @@ def _cell(text: str) -> str:
 
 def rows(doc: dict[str, Any]) -> list[str]:
     """The report's lines of the table: one per target, one more when a check failed."""
-    command = "`python -m loadtest " + " ".join(doc["argv"]) + "`"
+    command = "`python -m loadtest " + shlex.join(shown_argv(doc["argv"])) + "`"
     when = str(doc.get("finished") or doc.get("started") or "")[:10]
     load = doc.get("load_average") or []
     measured = f"{when}, load {float(load[0]):.1f}" if load else when

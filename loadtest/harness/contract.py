@@ -24,8 +24,9 @@ from loadtest.harness.options import RESULTS
 from loadtest.harness.redact import redact_text
 
 REPORTS = Path(__file__).resolve().parents[1] / "reports"
-# Options that say where a result goes, not what was measured: left out of the recorded command.
-_PLACES = {"--results": 1, "--record": 0}
+# Options that say where a result goes or how progress shows, not what was measured: left out
+# of the recorded command.
+_PLACES = {"--results": 1, "--record": 0, "--quiet": 0}
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

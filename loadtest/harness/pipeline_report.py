@@ -78,7 +78,11 @@ def verdict(r: dict[str, Any]) -> report.Verdict:
                 v.failed_checks.append(f"saturation -c{run['connections']}: the consumers fell behind")
     if "soak" in r:
         s = r["soak"]
-        for name, first, last, peak in rss_verdict(s["rss"], s["seconds"]):
+        seen: dict[str, int] = {}
+        for process, first, last, peak in rss_verdict(s["rss"], s["seconds"]):
+            role = process.split()[0]  # "worker 1234": the pid differs from run to run
+            seen[role] = seen.get(role, 0) + 1
+            name = role if seen[role] == 1 else f"{role} #{seen[role]}"
             v.targets.append(report.Target(f"RSS {name} peak", peak, TARGET_RSS_MB, "<=", " MB"))
             v.targets.append(
                 report.Target(
