@@ -6,7 +6,6 @@ embedded PostgreSQL: loadtest.harness.database.statements): calls, mean and tota
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import asyncpg
@@ -16,16 +15,6 @@ from loadtest.harness.sql import queries
 
 SQL = queries("pgstat.sql")
 TOP = 8
-
-
-@dataclass(frozen=True, slots=True)
-class Statement:
-    query: str
-    calls: int
-    total_ms: float
-    mean_ms: float
-    rows: int
-    share: float
 
 
 async def reset(dsn: str) -> bool:
@@ -49,9 +38,10 @@ async def top(dsn: str, n: int = TOP) -> list[dict[str, Any]]:
         rows = await conn.fetch(SQL["pgstat_top"], n)
     finally:
         await conn.close()
+    # JSON values as they go into a result: query, calls, total and mean ms, rows, share (0-1).
     return [
-        asdict(Statement(r["query"], int(r["calls"]), float(r["total_ms"]), float(r["mean_ms"] or 0.0),
-                         int(r["rows"]), float(r["share"] or 0.0)))
+        {"query": r["query"], "calls": int(r["calls"]), "total_ms": float(r["total_ms"]),
+         "mean_ms": float(r["mean_ms"] or 0.0), "rows": int(r["rows"]), "share": float(r["share"] or 0.0)}
         for r in rows
     ]  # fmt: skip
 
