@@ -5,6 +5,7 @@ commands in the README and the import-linter contract kept equal to the command 
 from __future__ import annotations
 
 import argparse
+import inspect
 import re
 import tomllib
 from pathlib import Path
@@ -201,3 +202,14 @@ def test_serve_cost_is_per_request_against_the_bare_handlers_own() -> None:
     ]  # fmt: skip
     cost = fixed.summarise(runs, [64])["cost_ratios"]["serve/bare CPU per request c64"]
     assert cost["rounds"] == [4.0, 4.0]  # (100 + 60) / 40, (100 + 100) / 50: PostgreSQL is serve's alone
+
+
+TOOLS = {"render", "render-benchmarks"}  # they measure nothing: they re-draw saved results
+
+
+@pytest.mark.parametrize("name", [n for n in cli.COMMANDS if n not in TOOLS])
+def test_every_measuring_command_hands_its_verdict_to_the_contract(name: str) -> None:
+    source = inspect.getsource(cli.command(name))
+    assert "contract.Run(" in source and ".finish(" in source
+    # No verdict of its own: "met / NOT met", PASS or FAIL are the contract's to print.
+    assert not re.search(r"print\([^)]*(NOT met|MISSED|\"PASS|\"FAIL)", source)

@@ -98,9 +98,3 @@ JOIN webhook_inbox w ON w.id = p.inbox_id
 JOIN deliveries dl ON dl.event_key = p.event_key
 JOIN destinations d ON d.id = dl.destination_id
 WHERE p.event_key = ANY($1::text[]);
-
--- name: pipeline_open_work
--- bench-pipeline: what the pipeline has not finished: staged rows not processed, deliveries
--- not yet delivered (or given up).
-SELECT (SELECT count(*) FROM webhook_inbox WHERE state = 'pending') AS pending,
-       (SELECT count(*) FROM deliveries WHERE state IN ('pending', 'delivering')) AS undelivered;
