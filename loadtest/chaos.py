@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
 import itertools
 import os
 import shutil
@@ -47,7 +46,7 @@ import orjson
 
 from gateway.core.messages import callback_data
 from gateway.testing.ports import free_port
-from loadtest.harness import driver, options, plan, poison, processes, redact, verify
+from loadtest.harness import contract, driver, plan, poison, processes, verify
 from loadtest.harness.httpclient import Pool
 from loadtest.harness.payloads import PayloadFactory, Secrets
 from loadtest.harness.resilient import Db
@@ -80,7 +79,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair-interval-s", type=float, default=2.0, help="GATEWAY_PAIR_INTERVAL_S for the run")
     p.add_argument("--drain-timeout", type=float, default=180.0)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--results", type=Path, default=options.RESULTS)
 
 
 @dataclass
@@ -391,9 +389,8 @@ def table(rounds: list[Round]) -> str:
 async def main(ns: argparse.Namespace) -> int:
     if ns.round_s < 25:
         raise SystemExit("--round-s must be at least 25 (the schedule's steps take that long)")
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    log_dir = ns.results / f"chaos-{stamp}-logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    run = contract.Run(ns)
+    log_dir = run.log_dir
     tmp = Path(tempfile.mkdtemp(prefix="chaos-"))
     os.chmod(tmp, 0o755)  # noqa: S103 - the postgres user must traverse it
     secrets = processes.DEFAULT_SECRETS
@@ -406,7 +403,8 @@ async def main(ns: argparse.Namespace) -> int:
     stop_sends = asyncio.Event()
     accepted: set[str] = set()
     send_counts: Counter[str] = Counter()
-    code = 1
+    result: dict[str, Any] = {}
+    lines: list[str] = []
     try:
         await fake.wait_ready(path=None)
         gw = cast.start("gateway")
@@ -455,28 +453,23 @@ async def main(ns: argparse.Namespace) -> int:
         checks, send_stats = send_checks(await fake_received(fake.url), outbox, accepted, ns.pair_interval_s)
         verdict.checks += checks
         summary = driver.summary_row(res)
-        text = table(rounds)
-        print(text)
-        print(f"\nwebhooks: {summary['sent']} sent, outcomes {dict(res.recorder.outcomes)}")
-        print(f"sends: API answers {dict(send_counts)}; {send_stats}")
-        print(
+        lines = [
+            table(rounds),
+            f"\nwebhooks: {summary['sent']} sent, outcomes {dict(res.recorder.outcomes)}",
+            f"sends: API answers {dict(send_counts)}; {send_stats}",
             f"bad inputs: {len(bad.poison.dead)} poisoned bodies stored, "
-            f"{bad.poison.sessions} forgotten sessions; {'; '.join(bad.poison.notes) or 'no notes'}"
-        )
+            f"{bad.poison.sessions} forgotten sessions; {'; '.join(bad.poison.notes) or 'no notes'}",
+        ]
         for c in verdict.checks:
-            print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}")
+            lines.append(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}")
+            run.check(c.name, c.ok, c.detail)
+        lines.append(f"logs: {log_dir}")
         result = {
-            "parameters": {k: str(v) for k, v in vars(ns).items() if k != "func"},
             "rounds": [asdict(r) for r in rounds],
             "webhooks": summary,
             "sends": {"answers": dict(send_counts), **send_stats},
             "verification": verdict.as_dict(),
         }
-        path = ns.results / f"chaos-{stamp}.json"
-        path.write_bytes(orjson.dumps(redact.redact(result), option=orjson.OPT_INDENT_2))  # no secrets
-        print(f"\nresults: {path}\nlogs: {log_dir}")
-        code = 0 if verdict.ok else 1
-        print("PASS" if code == 0 else "FAIL: verification found violations (see above)")
     finally:
         stop_sends.set()
         cast.stop_all()
@@ -486,4 +479,4 @@ async def main(ns: argparse.Namespace) -> int:
         with contextlib.suppress(Exception):
             server.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
-    return code
+    return run.finish(result, "\n".join(lines))

@@ -10,6 +10,7 @@ import asyncpg
 
 from gateway.core.settings import Settings
 from gateway.inbound.consumer_group import ConsumerGroup
+from loadtest.harness.sql import q
 
 # How often the drain looks whether anything is left.
 POLL_S = 0.02
@@ -23,9 +24,7 @@ async def drain(pool: asyncpg.Pool, settings: Settings) -> None:
     task = asyncio.create_task(group.run(stop))
     try:
         while not task.done():
-            left = await pool.fetchval(
-                "SELECT count(*) FROM (SELECT FROM inbox_unprocessed() WHERE state = 'pending' LIMIT 1) x"
-            )
+            left = await pool.fetchval(q("drain_left"))
             if not left:
                 break
             await asyncio.sleep(POLL_S)

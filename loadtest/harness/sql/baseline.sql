@@ -57,6 +57,9 @@ TRUNCATE webhook_inbox, processed_webhook_events, inbound_messages, message_stat
 UPDATE outbox SET state = 'sending', wamid = NULL, delivery_status = NULL, delivery_errors = NULL,
                   accepted_at = NULL;
 
+-- name: bench_outbox_rows
+SELECT count(*) FROM outbox;
+
 -- name: bench_seed_outbox
 INSERT INTO outbox (tenant, idem_key, callback_data, recipient, payload, state)
 SELECT 'bench', 'k' || i, 'cb-' || i, '4915112345678', '{"type": "text"}'::jsonb, 'sending'
@@ -70,3 +73,10 @@ SELECT (SELECT count(*) FROM processed_webhook_events) AS keys,
        -- read by no cursor and not finished by the naive consumer
        (SELECT count(*) FROM inbox_unread() u
         WHERE NOT EXISTS (SELECT 1 FROM bench_naive_done d WHERE d.id = u.id)) AS not_done;
+
+-- name: peer_reset
+-- PGQueuer's tables (its own schema, installed by the peer run): an empty queue and log.
+TRUNCATE pgqueuer, pgqueuer_log;
+
+-- name: peer_left
+SELECT count(*) FROM pgqueuer;

@@ -101,8 +101,7 @@ JOIN deliveries dl ON dl.event_key = p.event_key
 JOIN destinations d ON d.id = dl.destination_id
 WHERE p.event_key = ANY($1::text[]);
 
--- name: pipeline_open_work
--- bench-pipeline: what the pipeline has not finished: staged rows not processed, deliveries
--- not yet delivered (or given up).
-SELECT (SELECT count(*) FROM inbox_unprocessed() WHERE state = 'pending') AS pending,
-       (SELECT count(*) FROM deliveries WHERE state IN ('pending', 'delivering')) AS undelivered;
+-- name: drain_left
+-- Whether any staged webhook is not processed yet: unread by the lanes' cursors, or moved
+-- aside and waiting for a retry.
+SELECT count(*) FROM (SELECT FROM inbox_unprocessed() WHERE state = 'pending' LIMIT 1) x;
