@@ -283,7 +283,7 @@ SELECT
                            LIMIT $2) x) AS ingest_last_minute,
     (SELECT count(*) FROM (SELECT FROM inbox_unprocessed() WHERE state = 'pending' LIMIT $1) x) AS inbox_pending,
     (SELECT coalesce(extract(epoch FROM clock_timestamp() - least(
-                (SELECT received_at FROM inbox_unread() ORDER BY txid, id LIMIT 1),
+                inbox_oldest_unread(),
                 (SELECT min(next_attempt_at) FROM inbox_parked
                  WHERE state = 'retry' AND next_attempt_at <= clock_timestamp()))), 0)::float8)
         AS inbox_oldest_due_s,

@@ -27,26 +27,37 @@ WITH a AS MATERIALIZED (
            $3::text[]::pg_snapshot[] AS wins, $4::bigint[]::text[]::xid8[] AS ptx, $5::bigint[] AS pid,
            pg_current_snapshot() AS now
 ), r AS (
-    SELECT w.id, w.received_at, w.txid, w.lane, octet_length(w.body) AS size
-    FROM webhook_inbox w
-    WHERE w.txid >= $6::bigint::text::xid8 AND w.txid < (SELECT pg_snapshot_xmax(now) FROM a)
-      AND w.lane = ANY ($1::smallint[])
+    -- Each scan ordered and limited on its own (a merge of the partitions' index scans that
+    -- stops at the limit), so that a backlog is never read whole to find the next batch.
+    (SELECT w.id, w.received_at, w.txid, w.lane, octet_length(w.body) AS size
+     FROM webhook_inbox w
+     -- (no upper bound: the snapshot's visibility below is one, and an open range is what
+     -- makes the planner walk the index in order up to the limit rather than sort the range)
+     WHERE w.txid >= $6::bigint::text::xid8
+       AND w.lane = ANY ($1::smallint[])
+       AND NOT pg_visible_in_snapshot(w.txid, ((SELECT dones FROM a))[array_position($1::smallint[], w.lane)])
+       AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[array_position($1::smallint[], w.lane)],
+                                                   (SELECT now FROM a)))
+       AND (((SELECT wins FROM a))[array_position($1::smallint[], w.lane)] IS NULL
+            OR (w.txid, w.id) > (((SELECT ptx FROM a))[array_position($1::smallint[], w.lane)],
+                                 ((SELECT pid FROM a))[array_position($1::smallint[], w.lane)]))
+     ORDER BY w.txid, w.id
+     LIMIT $8)
     UNION ALL
-    SELECT w.id, w.received_at, w.txid, w.lane, octet_length(w.body) AS size
-    FROM webhook_inbox w
-    WHERE w.txid = ANY ($7::bigint[]::text[]::xid8[]) AND w.txid < $6::bigint::text::xid8
-      AND w.lane = ANY ($1::smallint[])
-), f AS (
-    SELECT r.*, array_position((SELECT lanes FROM a), r.lane) AS i FROM r
+    (SELECT w.id, w.received_at, w.txid, w.lane, octet_length(w.body) AS size
+     FROM webhook_inbox w
+     WHERE w.txid = ANY ($7::bigint[]::text[]::xid8[]) AND w.txid < $6::bigint::text::xid8
+       AND w.lane = ANY ($1::smallint[])
+       AND NOT pg_visible_in_snapshot(w.txid, ((SELECT dones FROM a))[array_position($1::smallint[], w.lane)])
+       AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[array_position($1::smallint[], w.lane)],
+                                                   (SELECT now FROM a)))
+       AND (((SELECT wins FROM a))[array_position($1::smallint[], w.lane)] IS NULL
+            OR (w.txid, w.id) > (((SELECT ptx FROM a))[array_position($1::smallint[], w.lane)],
+                                 ((SELECT pid FROM a))[array_position($1::smallint[], w.lane)]))
+     ORDER BY w.txid, w.id
+     LIMIT $8)
 ), picked AS (
-    SELECT f.id, f.received_at, f.txid, f.lane, f.size FROM f
-    WHERE f.i IS NOT NULL
-      AND NOT pg_visible_in_snapshot(f.txid, ((SELECT dones FROM a))[f.i])
-      AND pg_visible_in_snapshot(f.txid, coalesce(((SELECT wins FROM a))[f.i], (SELECT now FROM a)))
-      AND (((SELECT wins FROM a))[f.i] IS NULL
-           OR (f.txid, f.id) > (((SELECT ptx FROM a))[f.i], ((SELECT pid FROM a))[f.i]))
-    ORDER BY f.txid, f.id
-    LIMIT $8
+    SELECT r.id, r.received_at, r.txid, r.lane, r.size FROM r ORDER BY r.txid, r.id LIMIT $8
 ), budget AS (
     SELECT p.*, sum(p.size) OVER (ORDER BY p.txid, p.id) - p.size AS before FROM picked p
 )
@@ -471,10 +482,9 @@ SELECT (SELECT count(*) FROM (SELECT FROM inbox_unread() LIMIT $1) x)
      + (SELECT count(*) FROM (SELECT FROM inbox_parked WHERE state = 'retry' LIMIT $1) y);
 
 -- name: inbox_lag
--- Age in seconds of the oldest webhook not processed yet (0 when none): the first unread row
--- in the lanes' reading order (transactions in commit order: its received_at is within one
--- transaction's length of the oldest), or one moved aside and waiting for a retry (a webhook
+-- Age in seconds of the oldest webhook not processed yet (0 when none): the oldest unread row
+-- (inbox_oldest_unread), or one moved aside and waiting for a retry (a webhook
 -- put off because the database is failing is lag, and the alert on it must fire).
 SELECT coalesce(extract(epoch FROM clock_timestamp() - least(
-           (SELECT received_at FROM inbox_unread() ORDER BY txid, id LIMIT 1),
+           inbox_oldest_unread(),
            (SELECT min(received_at) FROM inbox_parked WHERE state = 'retry'))), 0)::float8;
