@@ -104,4 +104,5 @@ WHERE p.event_key = ANY($1::text[]);
 -- name: drain_left
 -- Whether any staged webhook is not processed yet: unread by the lanes' cursors, or moved
 -- aside and waiting for a retry.
-SELECT count(*) FROM (SELECT FROM inbox_unprocessed() WHERE state = 'pending' LIMIT 1) x;
+SELECT (inbox_oldest_unread() IS NOT NULL
+        OR EXISTS (SELECT 1 FROM inbox_parked WHERE state = 'retry'))::int;
