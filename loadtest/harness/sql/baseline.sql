@@ -14,6 +14,11 @@ ORDER BY w.id
 LIMIT 1
 FOR UPDATE SKIP LOCKED;
 
+-- name: naive_finished
+-- Whether another naive loop finished row $1 after this one's claim took its snapshot (the
+-- claim's NOT EXISTS saw the row unfinished, and its lock waited for that loop's COMMIT).
+SELECT EXISTS (SELECT 1 FROM bench_naive_done WHERE id = $1);
+
 -- name: naive_claim_key
 INSERT INTO processed_webhook_events (event_key, inbox_id, event_day, subject) VALUES ($1, $2, $3, $4)
 ON CONFLICT (event_key, event_day, subject) DO NOTHING
