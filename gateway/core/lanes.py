@@ -63,33 +63,52 @@ class Cursor:
         return True
 
 
+# Above every row id (a start key's id for "from this txid on").
+MAX_ID = 2**63 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class ReadParams:
-    """The parameters of ``inbox_read`` for a set of lanes."""
+    """The parameters of ``inbox_read`` for a set of lanes. The per-lane arrays have one entry
+    per lane, at the lane's number (None for lanes not read)."""
 
     lanes: list[int]
-    dones: list[str]
+    dones: list[str | None]
     windows: list[str | None]
     pos_txids: list[int | None]
     pos_ids: list[int | None]
-    # Every unread row has txid >= lo, or txid in ``in_progress``: the transactions running
-    # when a ``done`` snapshot was taken are the only ones below its xmax not read yet.
-    lo: int
+    # Every unread row is past ``start`` in (txid, id) order, or is a row of a transaction in
+    # ``in_progress``: a lane reading a window has read it up to its position; a lane without
+    # one has read every transaction below its done snapshot's xmax but those it saw running.
+    start: tuple[int, int]
     in_progress: list[int]
+
+
+def start_of(c: Cursor) -> tuple[int, int]:
+    """Where a lane's unread rows begin in (txid, id) order, but for its done snapshot's
+    running transactions (when it has no window)."""
+    if c.window is not None and c.pos is not None:
+        return c.pos
+    return (c.done.xmax - 1, MAX_ID)
 
 
 def read_params(cursors: Sequence[Cursor]) -> ReadParams:
     if not cursors:
         raise ValueError("no lanes to read")
-    lo = min(c.done.xmax for c in cursors)
-    running = sorted({x for c in cursors for x in c.done.xip if x < lo})
+    start = min(start_of(c) for c in cursors)
+    # A lane with a window read its done snapshot's running transactions first (they come
+    # first in (txid, id) order); one without a window has them still to read.
+    running = sorted({x for c in cursors if c.window is None for x in c.done.xip if x <= start[0]})
+    per: list[Cursor | None] = [None] * LANES
+    for c in cursors:
+        per[c.lane] = c
     return ReadParams(
         lanes=[c.lane for c in cursors],
-        dones=[c.done.text() for c in cursors],
-        windows=[None if c.window is None else c.window.text() for c in cursors],
-        pos_txids=[None if c.pos is None else c.pos[0] for c in cursors],
-        pos_ids=[None if c.pos is None else c.pos[1] for c in cursors],
-        lo=lo,
+        dones=[None if c is None else c.done.text() for c in per],
+        windows=[None if c is None or c.window is None else c.window.text() for c in per],
+        pos_txids=[None if c is None or c.pos is None else c.pos[0] for c in per],
+        pos_ids=[None if c is None or c.pos is None else c.pos[1] for c in per],
+        start=start,
         in_progress=running,
     )
 

@@ -161,9 +161,8 @@ class Consumer:
             assert member is not None
             self._lanes, self._lease, self.member = lanes, None, member
         self._loops = max(1, loops)
-        self._idle_bound = _IDLE_BOUND.format(
-            ms=int(settings.consumer_lane_lease_s * 1000 + settings.handler_timeout_ms)
-        )
+        self._idle_ms = int(settings.consumer_lane_lease_s * 1000 + settings.handler_timeout_ms)
+        self._idle_bound = _IDLE_BOUND.format(ms=self._idle_ms)
         self._more_before = False  # the last batch left rows: read a share of the lanes
         self.deferred_s = 0.0  # the last step met a systemic fault: wait this long first
         self._items_at = -ITEMS_EVERY_S
@@ -293,17 +292,18 @@ class Consumer:
                 if not taken:
                     moved = []
                     return 0
-                batch = await inbox.read(
-                    conn, taken, limit=self._s.consumer_batch, max_bytes=self._s.consumer_batch_bytes
-                )
-                if not batch.rows or batch.snapshot is None:
-                    moved = taken
-                    self._more_before = False
-                    return 0
-                last = batch.rows[-1]
-                advance = advance_cursors(taken, batch.snapshot, (last.txid, last.id), batch.exhausted)
-                self._more = self._more_before = not batch.exhausted
                 async with conn.transaction():
+                    await inbox.read_mode(conn, idle_ms=self._idle_ms)
+                    batch = await inbox.read(
+                        conn, taken, limit=self._s.consumer_batch, max_bytes=self._s.consumer_batch_bytes
+                    )
+                    if not batch.rows or batch.snapshot is None:
+                        moved = taken
+                        self._more_before = False
+                        return 0
+                    last = batch.rows[-1]
+                    advance = advance_cursors(taken, batch.snapshot, (last.txid, last.id), batch.exhausted)
+                    self._more = self._more_before = not batch.exhausted
                     forwards = await self._handle(conn, batch.rows, taken, advance)
                 moved = advance
         finally:
@@ -341,7 +341,7 @@ class Consumer:
         try:
             # A savepoint of our own, not a nested transaction(): COMMIT releases it, one
             # round trip (RELEASE SAVEPOINT) fewer per batch.
-            await conn.execute(f"{self._idle_bound}; {_FAST_PATH}")
+            await conn.execute(f"SET LOCAL enable_sort = on; {self._idle_bound}; {_FAST_PATH}")
             with tracing.span("consumer.batch", rows=len(rows)):
                 result = await self._fast(conn, plan, advance)
         except Exception as exc:
@@ -382,7 +382,9 @@ class Consumer:
         try:
             async with self._pool.acquire() as conn:
                 taken = await self._current(conn, taken)
-                batch = await inbox.read(conn, taken, limit=1, max_bytes=1)
+                async with conn.transaction():
+                    await inbox.read_mode(conn, idle_ms=self._idle_ms)
+                    batch = await inbox.read(conn, taken, limit=1, max_bytes=1)
                 if not batch.rows or batch.rows[0].id != inbox_id or batch.snapshot is None:
                     # read by now, or not at the head of its lane any more: not stalled
                     self._health.succeeded([inbox_id])

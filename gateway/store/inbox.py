@@ -86,7 +86,8 @@ async def read(conn: Conn, cursors: Sequence[Cursor], *, limit: int, max_bytes: 
         p.windows,
         p.pos_txids,
         p.pos_ids,
-        p.lo,
+        p.start[0],
+        p.start[1],
         p.in_progress,
         limit,
         max_bytes,
@@ -96,6 +97,12 @@ async def read(conn: Conn, cursors: Sequence[Cursor], *, limit: int, max_bytes: 
     taken = recs[0]["taken"]
     exhausted = taken < limit and taken == len(recs)
     return Read([_staged(r) for r in recs], Snapshot.parse(recs[0]["snapshot"]), exhausted)
+
+
+async def read_mode(conn: Conn, *, idle_ms: int) -> None:
+    """In the caller's transaction: ``read`` plans without sorts, and the transaction may not
+    sit idle longer than ``idle_ms``."""
+    await conn.execute(q("inbox_read_mode"), str(idle_ms))
 
 
 async def get_row(conn: Conn, *, inbox_id: int) -> StagedRow | None:

@@ -12,60 +12,59 @@ ORDER BY n;
 -- The next rows of a set of lanes (gateway/core/lanes.py), in (txid, id) order: each lane's
 -- rows of transactions not visible in its done snapshot, visible in its window's snapshot
 -- (a lane without a window: this statement's), and past its position in that window. Bodies
--- are read only up to a byte budget ($9; the first row always), so a backlog of 3 MB payloads
+-- are read only up to a byte budget ($11; the first row always), so a backlog of 3 MB payloads
 -- cannot make one batch huge.
--- $1 lanes, $2 their done snapshots, $3 their windows (NULL: none), $4/$5 their positions
--- (txid, id; NULL without a window), $6 the least xmax of $2, $7 the transactions in progress
--- in $2 below $6 (the only transactions below $6 whose rows may be unread), $8 most rows.
+-- $1 the lanes; per lane, at its number + 1: $2 done snapshots, $3 windows (NULL: none),
+-- $4/$5 positions (txid, id; NULL without a window); ($6, $7) a key every unread row is past,
+-- but for the rows of transactions $8 (running when a done snapshot was taken); $9 most rows.
 -- Each row carries this statement's snapshot and how many rows the limit let through (more
 -- than returned: the budget cut the batch).
--- The two scans walk webhook_inbox_log from where unread rows can start, never the rows read
--- before; per partition, an index descent each. The lanes' equality keeps the read on their
--- shard on Citus (the consumers read the lanes of one shard at a time: inbox_lanes.shard).
+-- The two scans walk webhook_inbox_log from where unread rows start, never the rows read
+-- before, and stop at the limit: a merge of the day partitions' index scans in order (the
+-- caller turns enable_sort off for this statement: a sort would read the whole backlog to
+-- find its first rows, which a generic plan's guess at the filters' selectivity invites).
+-- The lanes' equality keeps the read on their shard on Citus (a consumer reads the lanes of
+-- one shard at a time: inbox_lanes.shard).
 WITH a AS MATERIALIZED (
-    SELECT $1::smallint[] AS lanes, $2::text[]::pg_snapshot[] AS dones,
-           $3::text[]::pg_snapshot[] AS wins, $4::bigint[]::text[]::xid8[] AS ptx, $5::bigint[] AS pid,
-           pg_current_snapshot() AS now
+    SELECT $2::text[]::pg_snapshot[] AS dones, $3::text[]::pg_snapshot[] AS wins,
+           $4::bigint[]::text[]::xid8[] AS ptx, $5::bigint[] AS pid, pg_current_snapshot() AS now
 ), r AS (
-    -- Each scan ordered and limited on its own (a merge of the partitions' index scans that
-    -- stops at the limit), so that a backlog is never read whole to find the next batch.
     (SELECT w.id, w.received_at, w.txid, w.lane, octet_length(w.body) AS size
      FROM webhook_inbox w
-     -- (no upper bound: the snapshot's visibility below is one, and an open range is what
-     -- makes the planner walk the index in order up to the limit rather than sort the range)
-     WHERE w.txid >= $6::bigint::text::xid8
+     WHERE (w.txid, w.id) > ($6::bigint::text::xid8, $7::bigint)
        AND w.lane = ANY ($1::smallint[])
-       AND NOT pg_visible_in_snapshot(w.txid, ((SELECT dones FROM a))[array_position($1::smallint[], w.lane)])
-       AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[array_position($1::smallint[], w.lane)],
-                                                   (SELECT now FROM a)))
-       AND (((SELECT wins FROM a))[array_position($1::smallint[], w.lane)] IS NULL
-            OR (w.txid, w.id) > (((SELECT ptx FROM a))[array_position($1::smallint[], w.lane)],
-                                 ((SELECT pid FROM a))[array_position($1::smallint[], w.lane)]))
+       AND NOT pg_visible_in_snapshot(w.txid, ((SELECT dones FROM a))[w.lane + 1])
+       AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[w.lane + 1], (SELECT now FROM a)))
+       AND (((SELECT wins FROM a))[w.lane + 1] IS NULL
+            OR (w.txid, w.id) > (((SELECT ptx FROM a))[w.lane + 1], ((SELECT pid FROM a))[w.lane + 1]))
      ORDER BY w.txid, w.id
-     LIMIT $8)
+     LIMIT $9)
     UNION ALL
     (SELECT w.id, w.received_at, w.txid, w.lane, octet_length(w.body) AS size
      FROM webhook_inbox w
-     WHERE w.txid = ANY ($7::bigint[]::text[]::xid8[]) AND w.txid < $6::bigint::text::xid8
+     WHERE w.txid = ANY ($8::bigint[]::text[]::xid8[])
+       AND (w.txid, w.id) <= ($6::bigint::text::xid8, $7::bigint)
        AND w.lane = ANY ($1::smallint[])
-       AND NOT pg_visible_in_snapshot(w.txid, ((SELECT dones FROM a))[array_position($1::smallint[], w.lane)])
-       AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[array_position($1::smallint[], w.lane)],
-                                                   (SELECT now FROM a)))
-       AND (((SELECT wins FROM a))[array_position($1::smallint[], w.lane)] IS NULL
-            OR (w.txid, w.id) > (((SELECT ptx FROM a))[array_position($1::smallint[], w.lane)],
-                                 ((SELECT pid FROM a))[array_position($1::smallint[], w.lane)]))
+       AND NOT pg_visible_in_snapshot(w.txid, ((SELECT dones FROM a))[w.lane + 1])
+       AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[w.lane + 1], (SELECT now FROM a)))
+       AND ((SELECT wins FROM a))[w.lane + 1] IS NULL
      ORDER BY w.txid, w.id
-     LIMIT $8)
+     LIMIT $9)
 ), picked AS (
-    SELECT r.id, r.received_at, r.txid, r.lane, r.size FROM r ORDER BY r.txid, r.id LIMIT $8
+    SELECT r.id, r.received_at, r.txid, r.lane, r.size FROM r ORDER BY r.txid, r.id LIMIT $9
 ), budget AS (
     SELECT p.*, sum(p.size) OVER (ORDER BY p.txid, p.id) - p.size AS before FROM picked p
 )
 SELECT w.id, w.txid::text::bigint AS txid, w.lane, w.source, w.body, w.delivery_id,
        (SELECT now::text FROM a) AS snapshot, (SELECT count(*) FROM picked) AS taken
 FROM budget b JOIN webhook_inbox w ON w.id = b.id AND w.received_at = b.received_at
-WHERE b.before = 0 OR b.before + b.size <= $9
+WHERE b.before = 0 OR b.before + b.size <= $10
 ORDER BY b.txid, b.id;
+
+-- name: inbox_read_mode
+-- The consumer's read plans without sorts (see inbox_read), and its transaction may not sit
+-- idle past $1 milliseconds (see gateway/inbound/consumer.py).
+SELECT set_config('enable_sort', 'off', true), set_config('idle_in_transaction_session_timeout', $1, true);
 
 -- name: inbox_get_row
 -- One row again by id, for a row taken alone or moved aside.
