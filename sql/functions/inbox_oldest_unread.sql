@@ -34,7 +34,7 @@ LANGUAGE sql STABLE SET enable_sort = off AS $$
          ORDER BY w.txid, w.id LIMIT 1)
         UNION ALL
         (SELECT w.received_at FROM webhook_inbox w
-         WHERE w.txid = ANY ((SELECT running FROM x))
+         WHERE w.txid = ANY ((SELECT running FROM x)::xid8[])
            AND (w.txid, w.id) <= ((SELECT t FROM s), (SELECT i FROM s))
            AND NOT pg_visible_in_snapshot(w.txid, ((SELECT dones FROM c))[w.lane + 1])
          ORDER BY w.txid, w.id LIMIT 1)
