@@ -26,7 +26,8 @@ LANGUAGE sql STABLE SET enable_sort = off AS $$
     )
     SELECT min(f.received_at) FROM (
         (SELECT w.received_at FROM webhook_inbox w
-         WHERE (w.txid, w.id) > ((SELECT t FROM s), (SELECT i FROM s))
+         -- (the txid bound is the index's; a row comparison against sub-selects is not)
+         WHERE w.txid >= (SELECT t FROM s) AND (w.txid, w.id) > ((SELECT t FROM s), (SELECT i FROM s))
            AND NOT pg_visible_in_snapshot(w.txid, ((SELECT dones FROM c))[w.lane + 1])
            AND NOT (((SELECT wins FROM c))[w.lane + 1] IS NOT NULL
                     AND pg_visible_in_snapshot(w.txid, ((SELECT wins FROM c))[w.lane + 1])

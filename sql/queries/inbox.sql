@@ -31,7 +31,7 @@ WITH a AS MATERIALIZED (
 ), r AS (
     (SELECT w.id, w.received_at, w.txid, w.lane, octet_length(w.body) AS size
      FROM webhook_inbox w
-     WHERE (w.txid, w.id) > ($6::bigint::text::xid8, $7::bigint)
+     WHERE w.txid >= $6::bigint::text::xid8 AND (w.txid, w.id) > ($6::bigint::text::xid8, $7::bigint)
        AND w.lane = ANY ($1::smallint[])
        AND NOT pg_visible_in_snapshot(w.txid, ((SELECT dones FROM a))[w.lane + 1])
        AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[w.lane + 1], (SELECT now FROM a)))
