@@ -46,8 +46,13 @@ def _meta(value: dict[str, Any]) -> bytes:
     return payloads.meta_bytes(payloads.meta_envelope([("waba-1", [("messages", value)])]))
 
 
-def workload(events: int, redeliveries: float, rng: random.Random) -> tuple[list[bytes], int]:
-    """Staged bodies (one event each) and the number of outbox rows they update."""
+def workload(
+    events: int, redeliveries: float, rng: random.Random, now: float | None = None
+) -> tuple[list[bytes], int]:
+    """Staged bodies (one event each) and the number of outbox rows they update, stamped as
+    Meta stamps them: the events' own times, seconds before they are staged (a key lives in
+    the partition of its event's day)."""
+    ts = int(time.time() if now is None else now) - 60
     outbox_rows = max(1, int(events * 0.75 / (1 + redeliveries)) // 3)
     n_messages = max(0, int(events / (1 + redeliveries)) - 3 * outbox_rows)
     bodies: list[bytes] = []
@@ -56,7 +61,7 @@ def workload(events: int, redeliveries: float, rng: random.Random) -> tuple[list
             st = {
                 "id": f"wamid.out{i}",
                 "status": status,
-                "timestamp": str(1764460800 + j),
+                "timestamp": str(ts + j),
                 "recipient_id": "4915112345678",
                 "biz_opaque_callback_data": f"cb-{i}",
                 "conversation": {"id": f"conv{i}", "origin": {"type": "utility"}},
@@ -65,7 +70,7 @@ def workload(events: int, redeliveries: float, rng: random.Random) -> tuple[list
             bodies.append(_meta(payloads.meta_value(statuses=[st])))
     for i in range(n_messages):
         sender = f"49151{i % 997:07d}"
-        msg = payloads.message_obj(f"wamid.in{i}", f"Hallo, Bestellung {i} bitte", sender)
+        msg = payloads.message_obj(f"wamid.in{i}", f"Hallo, Bestellung {i} bitte", sender, timestamp=str(ts))
         contacts = [{"profile": {"name": "Kunde"}, "wa_id": sender}]
         bodies.append(_meta(payloads.meta_value(messages=[msg], contacts=contacts)))
     rng.shuffle(bodies)
