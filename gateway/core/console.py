@@ -99,7 +99,7 @@ def parse_when(raw: str, now: datetime) -> datetime:
     ValueError otherwise."""
     raw = raw.strip()
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if raw[-1:] in units and raw[:-1].replace(".", "", 1).isdigit():
+    if raw[-1:] in units and raw.isascii() and raw[:-1].replace(".", "", 1).isdigit():
         return now - timedelta(seconds=float(raw[:-1]) * units[raw[-1]])
     try:
         value = datetime.fromisoformat(raw)

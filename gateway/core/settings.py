@@ -113,7 +113,7 @@ def _api_keys(raw: str) -> tuple[tuple[str, str], ...]:
     return pairs
 
 
-_CONSOLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+_CONSOLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 
 
 def _console_tokens(raw: str) -> tuple[tuple[str, str, str], ...]:
@@ -122,7 +122,7 @@ def _console_tokens(raw: str) -> tuple[tuple[str, str, str], ...]:
     for item in _csv(raw):
         name, _, rest = item.partition(":")
         token, _, role = rest.partition(":")
-        if not _CONSOLE_NAME.match(name.strip()):
+        if not _CONSOLE_NAME.fullmatch(name.strip()):
             raise ValueError("each entry is name:token[:ro], the name 1..64 of A-Z a-z 0-9 _ . @ -")
         if len(token.strip()) < 16:
             raise ValueError(f"the token of {name.strip()!r} must be at least 16 characters")

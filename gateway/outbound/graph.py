@@ -143,7 +143,7 @@ class Graph:
         return MediaInfo(
             target,
             mime if isinstance(mime, str) else None,
-            int(size) if isinstance(size, int | str) and str(size).isdigit() else None,
+            int(size) if isinstance(size, int | str) and str(size).isascii() and str(size).isdigit() else None,
         )
 
     @contextlib.asynccontextmanager

@@ -117,7 +117,7 @@ async def dead_replay(request: web.Request) -> web.StreamResponse:
     rows: list[int] = []
     items: list[int] = []
     for raw in ids:
-        if raw[:1] not in ("R", "E") or not raw[1:].isdigit() or len(raw) > 20:
+        if raw[:1] not in ("R", "E") or not (raw[1:].isascii() and raw[1:].isdigit()) or len(raw) > 20:
             raise BadForm(f"not a dead item: {raw[:30]!r}")
         (rows if raw[0] == "R" else items).append(int(raw[1:]))
     every = field(form, "range") == "yes"
