@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 
 from gateway import __version__, runtime, tracing
+from gateway.cli import guard
 from gateway.cli.common import Command
 from gateway.cli.downstream import cmd_deliveries, cmd_destinations, deliveries_args, destinations_args
 from gateway.cli.operators import cmd_dead, cmd_outbox, cmd_senders, dead_args, outbox_args, senders_args
@@ -174,7 +175,7 @@ from the environment; an unknown GATEWAY_* variable (a typo) is reported at star
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = guard.Parser(
         prog="gateway",
         description="WhatsApp Cloud API webhook gateway: durable ingest, exactly-once processing, "
         "at-most-once sends. `gateway COMMAND --help` says more about each command; settings come "
@@ -213,10 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return fn(settings, ns)
     except StartupError as exc:
-        line = str(exc)
-        for secret in secrets:
-            line = line.replace(secret, "***")
-        print(f"gateway: {line}", file=sys.stderr)
+        guard.say(f"gateway: {exc}", secrets)
         return EXIT_STARTUP
+    except guard.DATABASE_ERRORS as exc:
+        # Every command, one place: the exception's own text (and a traceback) may hold a row.
+        guard.say(f"gateway {ns.command}: {guard.database_error(exc)}", secrets)
+        return guard.EXIT_REFUSED
     finally:
         tracing.shutdown()

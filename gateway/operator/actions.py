@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import asyncpg
+
 from gateway.core import forwarding
 from gateway.core.enums import OutboxState
 from gateway.core.pacing import BreakerId
@@ -76,6 +78,8 @@ async def _audited(
                 params=params, rows=out.rows, outcome=out.text,
             )  # fmt: skip
     except (Refused, LookupError, ValueError, outbox.AmbiguousKey) as exc:
+        if isinstance(exc, asyncpg.InterfaceError):
+            raise  # the driver's (a value it could not send, quoted in its text): not a refusal
         await audit.record(
             conn, actor=actor.name, via=actor.via, action=action, target=target,
             params=params, rows=0, outcome=f"refused: {exc}"[:1000],

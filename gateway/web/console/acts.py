@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp_jinja2
+import asyncpg
 from aiohttp import web
 from multidict import MultiDictProxy
 
@@ -101,6 +102,8 @@ def guarded(handler: Any) -> Any:
         except outbox.AmbiguousKey as exc:
             return done(request, "Refused", [f"the key is used by tenants {exc}: pick one"], "/outbox", 409)
         except (LookupError, ValueError) as exc:
+            if isinstance(exc, asyncpg.InterfaceError):
+                raise  # the driver's text quotes the values it was given: the 503 page says less
             return done(request, "Refused", [str(exc)], request.headers.get("Referer", "/"), 409)
         return result  # type: ignore[no-any-return]
 
