@@ -44,7 +44,10 @@ VALID: dict[str, str] = {
 HOSTILE = {"newline": "{}\n", "nul": "{}\x00", "10kB": "{}" + "Z" * 10_000}
 
 
-def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:  # fmt: skip
+Command = tuple[tuple[str, ...], argparse.ArgumentParser]
+
+
+def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[Command]:
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs:
         yield path, parser
@@ -57,7 +60,9 @@ def takes_value(a: argparse.Action) -> bool:
     return a.nargs != 0 and not isinstance(a, argparse._HelpAction | argparse._VersionAction)
 
 
-def argv(path: tuple[str, ...], parser: argparse.ArgumentParser, dest: str | None = None, value: str = "") -> list[str]:  # fmt: skip
+def argv(
+    path: tuple[str, ...], parser: argparse.ArgumentParser, dest: str | None = None, value: str = ""
+) -> list[str]:
     """A valid command line of ``path`` giving every argument a value; ``dest`` gets ``value``."""
     positional: list[str] = []
     optional: list[str] = []
@@ -132,7 +137,7 @@ def test_a_database_error_of_any_command_is_one_line_without_the_row(
 
 
 @pytest.mark.parametrize(
-    "exc", [ConnectionResetError(104, "reset"), TimeoutError(), asyncpg.InterfaceError("connection is closed")]
+    "exc", [ConnectionResetError(104, "reset"), TimeoutError(), asyncpg.InterfaceError("connection closed")]
 )
 def test_a_lost_connection_is_named_by_its_kind(exc: BaseException) -> None:
     line = guard.database_error(exc)
