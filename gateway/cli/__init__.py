@@ -123,11 +123,15 @@ Examples:
   gateway dead replay --since 2026-11-30T08:00 --until 2026-11-30T09:00
   gateway dead replay --all""",
     "outbox": """Outbox rows an operator decides on: sends parked for review (their fate stayed unknown and
-their policy is review), failed or unknown ones.
+their policy is review), failed or unknown ones. A release never sends a row the provider
+accepted, nor an unknown one inside its reconcile window (GATEWAY_RECONCILE_WINDOW_S from when
+its fate became unknown: its status may still come) unless --i-know-it-may-duplicate says the
+customer may get it twice (the audit log records it). `gateway outbox release --help` says more.
 
 Examples:
   gateway outbox list --state review
   gateway outbox release order-7781        # send it (again)
+  gateway outbox release --state unknown --since 2h
   gateway outbox cancel order-7781 --tenant acme""",
     "senders": """Circuit breakers of the sender, per sending number and per tenant token. An account-level
 error from the provider (e.g. a number blocked or a token expired) opens one: its rows stay

@@ -158,6 +158,42 @@ async def test_csrf_origin_and_read_only_are_refused_and_change_nothing(
     assert await pool.fetchval("SELECT actor FROM operator_actions") == "ops"
 
 
+async def test_an_unknown_send_inside_its_window_needs_the_box_ticked(
+    pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
+) -> None:
+    await seed(pool)
+    await pool.execute("UPDATE outbox SET state = 'unknown', unknown_at = now() - interval '30 seconds'")
+    async with ops.get(f"{console}/outbox/send?tenant=acme&key=order-7") as r:
+        page = await r.text()
+    assert 'id="early"' in page and 'name="may_duplicate"' in page and "required" in page
+    csrf = await csrf_of(ops, console)
+    form = {"tenant": "acme", "key": "order-7", "_csrf": csrf}
+    async with ops.post(f"{console}/outbox/release", data=form) as r:
+        refused = await r.text()
+    assert (
+        r.status == 409 and "may be released from" in refused and "I know the customer may get it" in refused
+    )
+    assert await pool.fetchval("SELECT state FROM outbox") == "unknown"
+    async with ops.post(
+        f"{console}/outbox/bulk", data={"action": "release", "state": "unknown", "_csrf": csrf}
+    ) as r:
+        confirm = await r.text()
+    assert 'name="may_duplicate"' in confirm and "less than the reconcile window" in confirm
+    bulk = {"action": "release", "state": "unknown", "confirm": "yes", "_csrf": csrf}
+    async with ops.post(f"{console}/outbox/bulk", data=bulk) as r:
+        assert r.status == 200 and "1 row(s) not released yet" in await r.text()
+    async with ops.post(f"{console}/outbox/release", data={**form, "may_duplicate": "yes"}) as r:
+        assert r.status == 200 and "may be sent twice" in await r.text()
+    assert await pool.fetchval("SELECT state FROM outbox") == "pending"
+    logged = await pool.fetch("SELECT action, rows, params FROM operator_actions ORDER BY id")
+    assert [(e["action"], e["rows"]) for e in logged] == [
+        ("outbox.release", 0),
+        ("outbox.release_bulk", 0),
+        ("outbox.release", 1),
+    ]
+    assert logged[2]["params"]["may_duplicate"] is True
+
+
 async def test_failed_logins_are_rate_limited(console: str) -> None:
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
         for _ in range(10):

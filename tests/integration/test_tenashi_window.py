@@ -190,13 +190,16 @@ async def test_release_refuses_a_row_past_its_window_with_the_reason(
     )
     async with pool.acquire() as conn:
         with pytest.raises(ValueError, match="honours its Idempotency-Key only until"):
-            await actions.release(conn, CLI, "pay-3", "acme")
+            await actions.release(conn, CLI, "pay-3", "acme", window_s=settings.reconcile_window_s)
         done = await actions.outbox_bulk(
-            conn, CLI, "release", state="review", since=None, until=None, tenant=None
-        )
+            conn, CLI, "release", state="review", since=None, until=None, tenant=None,
+            window_s=settings.reconcile_window_s,
+        )  # fmt: skip
     assert (done.done, done.refused) == (0, 1)
     assert (await state(pool, "pay-3"))["state"] == "review"
     # Within its window a release goes through.
     await pool.execute("UPDATE outbox SET retry_until = now() + interval '1 hour' WHERE idem_key = 'pay-3'")
     async with pool.acquire() as conn:
-        assert "released" in await actions.release(conn, CLI, "pay-3", "acme")
+        assert "released" in await actions.release(
+            conn, CLI, "pay-3", "acme", window_s=settings.reconcile_window_s
+        )

@@ -20,9 +20,12 @@ from gateway.operator import actions
 from gateway.store import console as reads
 from gateway.store import outbox
 from gateway.web.console import auth
-from gateway.web.console.pages import POOL, bad
+from gateway.web.console.pages import POOL, WINDOW_S, bad
 
 MAX_SELECTED = 500
+# The console's --i-know-it-may-duplicate: releasing an unknown send inside its reconcile window.
+MAY_DUPLICATE = "may_duplicate"
+MAY_DUPLICATE_LABEL = "I know the customer may get it twice"
 
 
 def routes() -> list[web.RouteDef]:
@@ -75,11 +78,18 @@ def done(request: web.Request, title: str, lines: list[str], back: str, status: 
 
 
 def confirm(
-    request: web.Request, *, title: str, count: str, fields: list[tuple[str, str]], back: str
+    request: web.Request,
+    *,
+    title: str,
+    count: str,
+    fields: list[tuple[str, str]],
+    back: str,
+    option: tuple[str, str] | None = None,
 ) -> web.Response:
     """The confirmation step: how many rows, and a form that repeats the request with
-    ``confirm=yes`` (and the times resolved)."""
-    context = {"title": title, "count": count, "fields": fields, "action": request.path, "back": back}
+    ``confirm=yes`` (and the times resolved); ``option``: a checkbox (name, label) it may add."""
+    context: dict[str, Any] = {"title": title, "count": count, "fields": fields, "back": back}
+    context |= {"action": request.path, "option": option}
     return aiohttp_jinja2.render_template("confirm.html", request, context)
 
 
@@ -150,10 +160,20 @@ async def outbox_one(request: web.Request) -> web.StreamResponse:
     key, tenant = field(form, "key"), field(form, "tenant")
     if key is None:
         raise BadForm("which key?")
-    fn = actions.release if request.path.endswith("/release") else actions.cancel
-    async with request.app[POOL].acquire() as conn:
-        line = await fn(conn, actor(request), key, tenant)
     back = "/outbox?" + urlencode({"key": key} if tenant is None else {"key": key, "tenant": tenant})
+    async with request.app[POOL].acquire() as conn:
+        if request.path.endswith("/release"):
+            try:
+                line = await actions.release(
+                    conn, actor(request), key, tenant, window_s=request.app[WINDOW_S],
+                    may_duplicate=field(form, MAY_DUPLICATE) == "yes",
+                )  # fmt: skip
+            except outbox.TooEarly as exc:
+                hint = f"to release it now anyway, tick '{MAY_DUPLICATE_LABEL}' on the send's page"
+                page = "/outbox/send?" + urlencode({"tenant": tenant or "", "key": key})
+                return done(request, "Refused", [str(exc), hint], page if tenant else back, 409)
+        else:
+            line = await actions.cancel(conn, actor(request), key, tenant)
     return done(request, "Done", [line], back)
 
 
@@ -165,21 +185,34 @@ async def outbox_bulk(request: web.Request) -> web.StreamResponse:
         raise BadForm("a bulk action needs release or cancel, and a state")
     since, until = when(form, "since"), when(form, "until")
     lo, hi = (None if t is None else t.timestamp() for t in (since, until))
+    window_s = request.app[WINDOW_S]
     if field(form, "confirm") != "yes":
         n = await reads.outbox_bulk_count(request.app[POOL], state=state, since=lo, until=hi, tenant=tenant)
         fields = [("action", action), ("state", state), ("tenant", tenant or "")]
         fields += [("since", _iso(since)), ("until", _iso(until))]
         note = " (rows the provider accepted are refused)" if action == "release" else ""
+        option = None
+        if action == "release" and state == "unknown":
+            note = (
+                " (rows the provider accepted are refused, and so are rows unknown for less than the "
+                f"reconcile window, {window_s:g} s, unless you tick the box)"
+            )
+            option = (MAY_DUPLICATE, f"{MAY_DUPLICATE_LABEL}: release those too")
         return confirm(
             request, title=f"{action.capitalize()} {state} sends",
             count=f"{at_least(n)} {state} row(s){note}", fields=fields, back=f"/outbox?state={state}",
+            option=option,
         )  # fmt: skip
     async with request.app[POOL].acquire() as conn:
         result = await actions.outbox_bulk(
-            conn, actor(request), action, state=state, since=lo, until=hi, tenant=tenant
-        )
+            conn, actor(request), action, state=state, since=lo, until=hi, tenant=tenant,
+            window_s=window_s, may_duplicate=action == "release" and field(form, MAY_DUPLICATE) == "yes",
+        )  # fmt: skip
     verb = "released" if action == "release" else "cancelled"
-    return done(request, "Done", actions.bulk_lines(verb, result), f"/outbox?state={state}")
+    lines = actions.bulk_lines(verb, result)
+    if result.early:
+        lines.append(f"to release them now anyway, run this again and tick '{MAY_DUPLICATE_LABEL}'")
+    return done(request, "Done", lines, f"/outbox?state={state}")
 
 
 @guarded

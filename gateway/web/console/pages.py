@@ -13,11 +13,13 @@ from aiohttp import web
 from gateway.core import console as pure
 from gateway.core import stdwebhooks
 from gateway.core.enums import OutboxState
-from gateway.store import audit, dead_events, inbox, pacing
+from gateway.store import audit, dead_events, inbox, outbox, pacing
 from gateway.store import console as reads
 
 POOL = web.AppKey("console_pool", asyncpg.Pool)
 HANDLERS = web.AppKey("console_handlers", tuple)
+# GATEWAY_RECONCILE_WINDOW_S: an unknown send is not released inside it without a confirmation.
+WINDOW_S = web.AppKey("console_reconcile_window_s", float)
 KINDS = ("all", "row", "message", "status", "account_error", "account_update", "bad")
 PAGE = reads.PAGE
 
@@ -288,6 +290,7 @@ async def outbox_show(request: web.Request) -> web.StreamResponse:
     if r is None:
         raise web.HTTPNotFound(text="no such send")
     statuses = await reads.statuses(pool, wamid=r["wamid"]) if r["wamid"] else []
+    early = outbox.releasable_at(r, request.app[WINDOW_S])
     context = {
         "r": r,
         "attempts": await reads.attempts(pool, outbox_id=r["id"], tenant=tenant, key=key),
@@ -295,6 +298,8 @@ async def outbox_show(request: web.Request) -> web.StreamResponse:
         "statuses": statuses,
         "releasable": r["state"] in ("review", "unknown", "failed"),
         "cancellable": r["state"] in ("pending", "review", "unknown", "failed"),
+        # Inside its reconcile window: the release form asks for the confirmation.
+        "early": early if early is not None and early > datetime.now(UTC) else None,
     }
     return aiohttp_jinja2.render_template("outbox_row.html", request, context)
 
