@@ -122,9 +122,8 @@ async def test_bulk_release_holds_the_rows_inside_their_window(pool: asyncpg.Poo
     )
     lines = actions.bulk_lines("released", done)
     assert any(line.startswith("2 row(s) not released yet: unknown for less than") for line in lines)
-    assert [r["idem_key"] for r in await pool.fetch("SELECT idem_key FROM outbox WHERE state = 'pending'")] == [
-        "b3"
-    ]
+    pending = await pool.fetch("SELECT idem_key FROM outbox WHERE state = 'pending'")
+    assert [r["idem_key"] for r in pending] == ["b3"]
     async with pool.acquire() as conn:
         forced = await actions.outbox_bulk(
             conn, BOB, "release", state="unknown", since=None, until=None, tenant=None, window_s=WINDOW,
