@@ -202,6 +202,37 @@ async def test_failed_logins_are_rate_limited(console: str) -> None:
         assert limited.status == 429 and int(limited.headers["Retry-After"]) > 0
 
 
+def from_address(address: str) -> aiohttp.ClientSession:
+    """A client whose connections come from ``address`` (any of 127.0.0.0/8 on Linux)."""
+    connector = aiohttp.TCPConnector(local_addr=(address, 0))
+    return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.CookieJar(unsafe=True))
+
+
+async def test_failures_from_other_addresses_never_lock_out_the_right_token(console: str) -> None:
+    """200 failed logins from 20 addresses (each its own guesses), then the right token from an
+    address that has not failed logs in; the addresses that failed stay locked out."""
+    for n in range(2, 22):
+        async with from_address(f"127.0.0.{n}") as http:
+            for attempt in range(10):
+                assert (await log_in(http, console, f"guess-{n}-{attempt}-0123456789")).status == 401
+            locked = await log_in(http, console, OPS)
+            assert locked.status == 429 and int(locked.headers["Retry-After"]) > 0
+    async with from_address("127.0.0.99") as http:
+        assert (await log_in(http, console, OPS)).status == 303
+        async with http.get(f"{console}/") as r:
+            assert r.status == 200 and "Overview" in await r.text()
+
+
+async def test_a_wrong_token_replayed_from_many_addresses_is_held_back(console: str) -> None:
+    for n in range(30, 40):
+        async with from_address(f"127.0.0.{n}") as http:
+            assert (await log_in(http, console, "the-same-stale-token-0123")).status == 401
+    async with from_address("127.0.0.40") as http:
+        held = await log_in(http, console, "the-same-stale-token-0123")
+        assert held.status == 429 and int(held.headers["Retry-After"]) > 0
+        assert (await log_in(http, console, OPS)).status == 303  # the source itself never failed
+
+
 async def test_a_session_ends_when_its_token_changes(settings: Settings) -> None:
     before = console_settings(settings)
     after = console_settings(settings, tokens=f"ops:{'n' * 24}")
