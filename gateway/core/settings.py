@@ -828,11 +828,15 @@ _SINGLE_SECRETS = {"tenashi_secret", "graph_token", "tenashi_token", "meta_verif
 
 # Read by other parts than Settings: the fake provider (gateway fake-provider) reads its own.
 KNOWN_PREFIXES = ("GATEWAY_FAKE_",)
+# Set by `gateway serve --workers N` for each child it starts (the path of the child's /healthz
+# socket): the supervisor's own, not a setting, so never reported as unknown.
+WORKER_HEALTH_SOCKET = "GATEWAY_WORKER_HEALTH_SOCKET"
+INTERNAL_VARIABLES = frozenset({WORKER_HEALTH_SOCKET})
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
     """``GATEWAY_*`` variables no setting reads, each with the closest known name (a typo's fix)."""
-    known = {f.metadata["env"] for f in dataclasses.fields(Settings)}
+    known = {f.metadata["env"] for f in dataclasses.fields(Settings)} | INTERNAL_VARIABLES
     out: list[tuple[str, str | None]] = []
     for name in sorted(environ):
         if not name.startswith("GATEWAY_") or name in known or name.startswith(KNOWN_PREFIXES):
