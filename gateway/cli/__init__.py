@@ -73,7 +73,8 @@ COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None
 # What `gateway COMMAND --help` says: what the command does, what it needs, how it ends.
 HELP: dict[str, str] = {
     "serve": """Run the HTTP gateway: Meta's and Tenashi's webhooks (answered 200 only after the raw body
-is committed), the send API (/v1/messages), /healthz, /readyz and /metrics. Unless switched off
+is committed), the send API (/v1/messages), /healthz and /readyz; /metrics on GATEWAY_METRICS_PORT
+(a listener of its own; never the public port, unless it is GATEWAY_PORT itself). Unless switched off
 (GATEWAY_RUN_CONSUMERS, GATEWAY_RUN_SENDER, GATEWAY_RUN_FORWARDER = false) it also runs the
 consumers, the sender and the forwarder.
 
@@ -87,10 +88,11 @@ Processes, by core count unless set: with two cores or more, HTTP workers on the
 (--workers N, GATEWAY_WORKERS; default 0 = one per core less one) and one process of its own
 for the consumers, sender and forwarder (GATEWAY_SERVE_SERVICES=process); on one core, one
 process runs everything (inline). A parent starts the database and migrates once, restarts a
-child that dies and forwards SIGTERM; /metrics on any worker reports all (docs/scaling.md).
+child that dies and forwards SIGTERM; /metrics of any worker reports all (docs/scaling.md).
 
 Examples:
   GATEWAY_META_APP_SECRETS=<app secret> GATEWAY_META_VERIFY_TOKEN=<token> gateway serve
+  GATEWAY_METRICS_PORT=9100 gateway serve  # Prometheus scrapes :9100/metrics
   GATEWAY_WORKERS=4 gateway serve          # or: gateway serve --workers 4
   GATEWAY_SERVE_SERVICES=inline gateway serve --workers 1   # one process, everything in it""",
     "migrate": """Apply the pending database migrations and exit (0). Safe to run from several places at

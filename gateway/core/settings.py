@@ -284,7 +284,9 @@ class Settings:
         "GATEWAY_METRICS_PORT",
         0,
         _int(0, 65535),
-        "separate /metrics + /healthz listener (serve, consume, send, forward); 0: serve keeps /metrics",
+        "/metrics + /healthz on a listener of their own (serve, consume, send, forward); 0: none. "
+        "The public port never serves /metrics (it names destinations and phone-number ids) unless "
+        "this is GATEWAY_PORT itself",
     )
 
     # Group commit of the ingest edge
@@ -773,6 +775,12 @@ class Settings:
     def reply_per_bot(self, tenant: str) -> bool:
         """Whether ``tenant``'s bots may each answer a message (else one reply per message)."""
         return tenant in self.reply_per_bot_tenants
+
+    @property
+    def metrics_public(self) -> bool:
+        """``gateway serve`` answers /metrics on the public port (GATEWAY_METRICS_PORT is
+        GATEWAY_PORT), not on a listener of its own."""
+        return bool(self.metrics_port) and self.metrics_port == self.port
 
     @property
     def send_lease_s(self) -> float:

@@ -37,11 +37,12 @@ def stored(metrics_text: str) -> float:
 
 
 async def test_two_workers_share_one_port_and_stop_together(db_dsn: str, pool: asyncpg.Pool) -> None:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
     env = {
         "DATABASE_URL": db_dsn,
         "GATEWAY_PORT": str(port),
+        "GATEWAY_METRICS_PORT": str(metrics_port),
         "GATEWAY_META_APP_SECRETS": META_SECRET,
         "GATEWAY_RUN_CONSUMERS": "false",
         "GATEWAY_RUN_SENDER": "false",
@@ -68,12 +69,15 @@ async def test_two_workers_share_one_port_and_stop_together(db_dsn: str, pool: a
                 headers = {"X-Hub-Signature-256": sign_meta(body, META_SECRET)}
                 async with http.post(f"{base}/webhooks/meta", data=body, headers=headers) as r:
                     assert r.status == 200
-            # Whichever worker is scraped reports the requests of both.
+            # Whichever worker is scraped (each listens on the metrics port too) reports the
+            # requests of both; the public port serves no /metrics.
             seen = set()
             for _ in range(10):
-                async with http.get(f"{base}/metrics") as r:
+                async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
                     seen.add(stored(await r.text()))
             assert seen == {20.0}
+            async with http.get(f"{base}/metrics") as r:
+                assert r.status == 404
         assert await pool.fetchval("SELECT count(*) FROM webhook_inbox") == 20
 
         # SO_REUSEPORT would let a second group share the port silently: it is refused.
@@ -150,6 +154,7 @@ async def test_services_apart_from_the_http_worker(db_dsn: str, pool: asyncpg.Po
     env = {
         "DATABASE_URL": db_dsn,
         "GATEWAY_PORT": str(port),
+        "GATEWAY_METRICS_PORT": str(port),  # /metrics on the public port, as operators may ask
         "GATEWAY_META_APP_SECRETS": META_SECRET,
         "GATEWAY_SERVE_SERVICES": "process",
         "GATEWAY_RUN_SENDER": "false",
