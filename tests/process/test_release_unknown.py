@@ -8,9 +8,7 @@ it is sent again, and the audit log says the operator asked for that."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -21,38 +19,18 @@ from gateway.core.settings import Settings
 from gateway.outbound.sender import Sender
 from gateway.store import outbox
 from gateway.testing.fake_provider import FakeProvider
+from tests.support.http import recorder
 from tests.support.procs import gateway_cli, spawn_send
 from tests.support.send import FakeClock, apply_statuses_from_inbox, drain_sender, enqueue, row, send_settings
-
-
-@contextlib.asynccontextmanager
-async def held_back() -> AsyncIterator[tuple[str, list[tuple[str, bytes, dict[str, str]]]]]:
-    """Where the fake posts its status webhooks: they are kept (Meta's can come minutes late) until
-    the test delivers them. Yields the URL and the list of (path, body, headers)."""
-    held: list[tuple[str, bytes, dict[str, str]]] = []
-
-    async def keep(request: web.Request) -> web.Response:
-        held.append((request.path_qs, await request.read(), dict(request.headers)))
-        return web.Response(text="OK")
-
-    app = web.Application()
-    app.router.add_post("/{tail:.*}", keep)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}", held
-    finally:
-        await runner.cleanup()
 
 
 async def test_an_unknown_send_released_early_is_refused_and_sent_once(
     db_dsn: str, pool: asyncpg.Pool, settings: Settings, fake: FakeProvider, start_gateway: Any
 ) -> None:
     gw = await start_gateway(settings)  # stages status webhooks (no consumers running)
-    async with held_back() as (url, held):
+    # The status webhooks the fake posts are kept back (Meta's can come minutes late) until the
+    # test delivers them.
+    async with recorder(lambda: web.Response(text="OK")) as (url, held):
         fake.config.webhook_url = url
         kept = await enqueue(pool, "refund-1", "4915100000001")
         forced = await enqueue(pool, "refund-2", "4915100000002")
@@ -90,12 +68,12 @@ async def test_an_unknown_send_released_early_is_refused_and_sent_once(
     # refund-1's statuses come, inside the window (refund-2's never will).
     wamid = next(r.id for r in fake.received if r.callback_data == kept)
     async with aiohttp.ClientSession() as http:
-        for path, body, headers in held:
-            if wamid.encode() in body:
-                sent = {
-                    k: v for k, v in headers.items() if k.lower() in ("content-type", "x-hub-signature-256")
-                }
-                async with http.post(f"http://127.0.0.1:{gw.port}{path}", data=body, headers=sent) as r:
+        for posted in held:
+            if wamid.encode() in posted.body:
+                keep = ("content-type", "x-hub-signature-256")
+                sent = {k: v for k, v in posted.headers.items() if k.lower() in keep}
+                target = f"http://127.0.0.1:{gw.port}{posted.path}"
+                async with http.post(target, data=posted.body, headers=sent) as r:
                     assert r.status == 200
     await apply_statuses_from_inbox(pool, settings)
     settled = await row(pool, "refund-1")
