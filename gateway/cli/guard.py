@@ -22,6 +22,8 @@ from typing import Any, NoReturn
 
 import asyncpg
 
+from gateway.core.operator_input import text_problem
+
 MAX_ARG = 4096
 MAX_LINE = 1000
 EXIT_REFUSED = 1
@@ -37,18 +39,6 @@ DATABASE_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-def text_problem(value: str) -> str | None:
-    """Why ``value`` is not accepted as a command's text argument (None: it is)."""
-    if len(value) > MAX_ARG:
-        return f"longer than {MAX_ARG} characters"
-    kinds = {unicodedata.category(c) for c in value}
-    if "Cc" in kinds:
-        return "has a control character (a newline, a tab, a NUL...)"
-    if "Cs" in kinds:  # bytes that are not UTF-8, as Python decodes them from the command line
-        return "is not valid UTF-8"
-    return None
-
-
 def checked(convert: Callable[[str], Any] | None) -> Callable[[str], Any]:
     """An argument type that refuses what ``text_problem`` refuses, then converts as before."""
 
@@ -59,7 +49,7 @@ def checked(convert: Callable[[str], Any] | None) -> Callable[[str], Any]:
 
     @wraps(inner)
     def check(raw: str) -> Any:
-        problem = text_problem(raw)
+        problem = text_problem(raw, MAX_ARG)
         if problem is not None:
             raise argparse.ArgumentTypeError(problem)
         return inner(raw)

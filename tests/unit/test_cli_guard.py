@@ -149,13 +149,3 @@ def test_a_line_is_one_line_masked_and_bounded(capsys: pytest.CaptureFixture[str
     err = capsys.readouterr().err
     assert err.startswith("a b c *** x") and len(err.splitlines()) == 1
     assert len(err) <= guard.MAX_LINE + 1 and SECRET not in err
-
-
-@pytest.mark.parametrize(
-    ("value", "problem"),
-    [("ok", None), ("tab\there", "control"), ("\x1b[31mred", "control"), ("\udcff", "UTF-8"),
-     ("é, 漢字, emoji 🙂", None), ("x" * guard.MAX_ARG, None), ("x" * (guard.MAX_ARG + 1), "longer")],
-)  # fmt: skip
-def test_text_problems(value: str, problem: str | None) -> None:
-    found = guard.text_problem(value)
-    assert (found is None) if problem is None else (found is not None and problem in found)

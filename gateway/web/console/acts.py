@@ -16,11 +16,12 @@ from aiohttp import web
 from multidict import MultiDictProxy
 
 from gateway.core import console as pure
+from gateway.core.operator_input import text_problem
 from gateway.operator import actions
 from gateway.store import console as reads
 from gateway.store import outbox
 from gateway.web.console import auth
-from gateway.web.console.pages import POOL, WINDOW_S, bad
+from gateway.web.console.pages import DESTINATION, POOL, WINDOW_S, bad
 
 MAX_SELECTED = 500
 # The console's --i-know-it-may-duplicate: releasing an unknown send inside its reconcile window.
@@ -34,8 +35,8 @@ def routes() -> list[web.RouteDef]:
         web.post("/outbox/release", outbox_one),
         web.post("/outbox/cancel", outbox_one),
         web.post("/outbox/bulk", outbox_bulk),
-        web.post(r"/destinations/{name}/{verb:enable|disable}", destination_enable),
-        web.post("/destinations/{name}/rotate", destination_rotate),
+        web.post(f"/destinations/{DESTINATION}/{{verb:enable|disable}}", destination_enable),
+        web.post(f"/destinations/{DESTINATION}/rotate", destination_rotate),
         web.post("/deliveries/replay", deliveries_replay),
         web.post("/senders/resume", senders_resume),
     ]
@@ -56,6 +57,8 @@ def field(form: MultiDictProxy[Any], name: str, max_len: int = 200) -> str | Non
         return None
     if not isinstance(value, str) or len(value) > max_len:
         raise BadForm(f"{name} is not a short text")
+    if (problem := text_problem(value.strip(), max_len)) is not None:
+        raise BadForm(f"{name} {problem}")
     return value.strip() or None
 
 

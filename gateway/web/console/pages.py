@@ -13,6 +13,7 @@ from aiohttp import web
 from gateway.core import console as pure
 from gateway.core import stdwebhooks
 from gateway.core.enums import OutboxState
+from gateway.core.operator_input import text_problem
 from gateway.store import audit, dead_events, inbox, outbox, pacing
 from gateway.store import console as reads
 
@@ -22,6 +23,8 @@ HANDLERS = web.AppKey("console_handlers", tuple)
 WINDOW_S = web.AppKey("console_reconcile_window_s", float)
 KINDS = ("all", "row", "message", "status", "account_error", "account_update", "bad")
 PAGE = reads.PAGE
+# A destination in a path: what a destination's name may be (any other path is not found).
+DESTINATION = "{name:[a-z0-9][a-z0-9_-]{0,62}}"
 
 
 def routes() -> list[web.RouteDef]:
@@ -33,7 +36,7 @@ def routes() -> list[web.RouteDef]:
         web.get("/outbox", outbox_list),
         web.get("/outbox/send", outbox_show),
         web.get("/destinations", destinations),
-        web.get("/destinations/{name}", deliveries_list),
+        web.get(f"/destinations/{DESTINATION}", deliveries_list),
         web.get("/senders", senders),
         web.get("/inbound", inbound_list),
         web.get("/inbound/message", inbound_show),
@@ -53,8 +56,8 @@ class BadFilter(ValueError):
 
 def text(request: web.Request, name: str, max_len: int = 200) -> str | None:
     value = request.query.get(name, "").strip()
-    if len(value) > max_len:
-        raise BadFilter(f"{name} is longer than {max_len} characters")
+    if (problem := text_problem(value, max_len)) is not None:
+        raise BadFilter(f"{name} {problem}")
     return value or None
 
 
