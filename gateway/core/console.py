@@ -73,8 +73,12 @@ class FailureLimit:
     presented token (``token_key``): a source that failed too often waits, whatever token it
     presents next, and so does a wrong token presented too often, from wherever. There is no
     limit over all failures: failures from other sources never lock out the right token
-    presented from a source that has not failed (a right token is never counted). ``check_*``
-    say how many seconds to wait (0: go on); ``failed`` counts one."""
+    presented from a source that has not failed (a right token is never counted).
+
+    ``check_*`` say how many seconds to wait (0: go on). A source's attempt is counted when it
+    begins (``begin``), before its form is read, and forgotten with the source's other failures
+    when it logs in (``succeeded``): requests sent at once cannot all pass the check before the
+    first of them is counted. ``failed`` counts a wrong token."""
 
     def __init__(
         self, per_source: int = 10, per_token: int = 10, window_s: float = 300.0, tracked: int = 100_000
@@ -92,8 +96,10 @@ class FailureLimit:
     def check_token(self, key: str, now: float) -> float:
         return self._wait(self._tokens, key, self.per_token, now)
 
-    def failed(self, source: str, key: str, now: float) -> None:
+    def begin(self, source: str, now: float) -> None:
         self._count(self._sources, source, self.per_source, now)
+
+    def failed(self, key: str, now: float) -> None:
         self._count(self._tokens, key, self.per_token, now)
 
     def succeeded(self, source: str) -> None:

@@ -3,8 +3,10 @@ escaping, keyset pages. The browser scenarios are in tests/process/test_console_
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
+from urllib.parse import urlencode
 
 import aiohttp
 import asyncpg
@@ -246,6 +248,44 @@ async def test_failures_from_other_addresses_never_lock_out_the_right_token(cons
         assert (await log_in(http, console, OPS)).status == 303
         async with http.get(f"{console}/") as r:
             assert r.status == 200 and "Overview" in await r.text()
+
+
+async def test_guesses_sent_at_once_are_counted_before_any_is_read(console: str) -> None:
+    """50 guesses from one address whose bodies are still coming when they are checked: only
+    10 are read and refused as wrong tokens, the others wait (429) without being compared."""
+    async with (
+        aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http,
+        http.get(f"{console}/login") as r,
+    ):
+        found = re.search(r'name="_nonce" value="([^"]+)"', await r.text())
+        cookie = r.cookies["gw_console_login"].value
+    assert found
+    host, port = console.removeprefix("http://").split(":")
+
+    async def start(i: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+        body = urlencode({"token": f"guess-{i}-0123456789abcdef", "_nonce": found.group(1)}).encode()
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            f"POST /login HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n"
+            f"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {len(body)}\r\n"
+            f"Cookie: gw_console_login={cookie}\r\n\r\n".encode()
+            + body[:10]
+        )
+        await writer.drain()
+        return reader, writer, body[10:]
+
+    async def finish(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]) -> int:
+        reader, writer, rest = conn
+        writer.write(rest)
+        await writer.drain()
+        answer = await reader.read()
+        writer.close()
+        return int(answer.split(b" ", 2)[1])
+
+    conns = [await start(i) for i in range(50)]
+    await asyncio.sleep(0.5)  # every request's head has been read and checked
+    statuses = await asyncio.gather(*(finish(c) for c in conns))
+    assert statuses.count(401) == 10 and statuses.count(429) == 40, statuses
 
 
 async def test_a_wrong_token_replayed_from_many_addresses_is_held_back(console: str) -> None:

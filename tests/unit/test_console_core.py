@@ -33,11 +33,12 @@ def test_failed_logins_are_limited_per_source() -> None:
     limit = console.FailureLimit(per_source=3, per_token=100, window_s=60)
     for i in range(3):
         assert limit.check_source("1.2.3.4", 0) == 0
-        limit.failed("1.2.3.4", f"wrong-{i}", 0)
+        limit.begin("1.2.3.4", 0)
+        limit.failed(f"wrong-{i}", 0)
     assert limit.check_source("1.2.3.4", 1) == pytest.approx(59)  # whatever token it tries next
     assert limit.check_source("5.6.7.8", 1) == 0  # another source is not held back by it
     assert limit.check_source("1.2.3.4", 61) == 0  # the window passed
-    limit.failed("5.6.7.8", "x", 1)
+    limit.begin("5.6.7.8", 1)
     limit.succeeded("5.6.7.8")  # a success forgets the source's failures
     assert limit.check_source("5.6.7.8", 2) == 0
 
@@ -45,7 +46,8 @@ def test_failed_logins_are_limited_per_source() -> None:
 def test_a_wrong_token_is_limited_from_every_source() -> None:
     limit = console.FailureLimit(per_source=100, per_token=3, window_s=60)
     for i in range(3):
-        limit.failed(f"10.0.0.{i}", "the-same-wrong-token", 0)
+        limit.begin(f"10.0.0.{i}", 0)
+        limit.failed("the-same-wrong-token", 0)
     assert limit.check_token("the-same-wrong-token", 1) == pytest.approx(59)
     assert limit.check_token("another-token", 1) == 0
     assert limit.check_source("10.0.0.9", 1) == 0
@@ -60,7 +62,8 @@ def test_failures_elsewhere_never_hold_back_a_source_that_has_not_failed() -> No
             key = console.token_key(f"guess-{source}-{attempt}")
             assert limit.check_source(f"127.0.0.{source + 2}", 0.0) == 0
             assert limit.check_token(key, 0.0) == 0
-            limit.failed(f"127.0.0.{source + 2}", key, 0.0)
+            limit.begin(f"127.0.0.{source + 2}", 0.0)
+            limit.failed(key, 0.0)
     assert limit.check_source("127.0.0.2", 1.0) > 0
     assert limit.check_source("127.0.0.50", 1.0) == 0
     assert limit.check_token(console.token_key("the-right-token-0123456789"), 1.0) == 0
@@ -69,7 +72,8 @@ def test_failures_elsewhere_never_hold_back_a_source_that_has_not_failed() -> No
 def test_the_tables_stay_bounded_dropping_the_oldest() -> None:
     limit = console.FailureLimit(per_source=1, per_token=1, window_s=60, tracked=3)
     for i in range(5):
-        limit.failed(f"10.0.0.{i}", f"t{i}", float(i))
+        limit.begin(f"10.0.0.{i}", float(i))
+        limit.failed(f"t{i}", float(i))
     assert [limit.check_source(f"10.0.0.{i}", 5) > 0 for i in range(5)] == [False, False, True, True, True]
     assert [limit.check_token(f"t{i}", 5) > 0 for i in range(5)] == [False, False, True, True, True]
 

@@ -210,6 +210,7 @@ async def login(request: web.Request) -> web.StreamResponse:
     wait = sessions.limit.check_source(source, now)
     if wait > 0:
         return _too_many(request, wait, f"too many failed logins from {source}")
+    sessions.limit.begin(source, now)  # a failure until it logs in
     form = await request.post()
     token, nonce = form.get("token"), form.get("_nonce")
     if not isinstance(nonce, str) or not sessions.login_nonce_ok(nonce, request.cookies.get(LOGIN_COOKIE)):
@@ -223,7 +224,7 @@ async def login(request: web.Request) -> web.StreamResponse:
         return _too_many(request, wait, "a token that failed too often")
     who = console.who(given, sessions.tokens)
     if who is None:
-        sessions.limit.failed(source, key, now)
+        sessions.limit.failed(key, now)
         log.warning("console: failed login from %s", client)
         return _login_response(request, "unknown token", 401)
     sessions.limit.succeeded(source)
