@@ -6,8 +6,9 @@ echoes a value it was given nor a row of the database.
   its value (it may be a secret).
 - A usage error is one line (argparse's default is the usage, then the error).
 - A database error is one line made of what PostgreSQL names (the error's condition, its
-  table, column or constraint and its SQLSTATE), never of its message or DETAIL, which may carry
-  values: a CHECK violation's DETAIL is the whole failing row, secrets included.
+  table, column or constraint, its SQLSTATE) and its message's first line, never its DETAIL,
+  which may carry values: a CHECK violation's DETAIL is the whole failing row, secrets included.
+  A data exception's message (SQLSTATE class 22) is left out too: it can quote the value.
 """
 
 from __future__ import annotations
@@ -83,14 +84,19 @@ def say(line: str, secrets: Iterable[str] = ()) -> None:
 
 
 def database_error(exc: BaseException) -> str:
-    """What went wrong, from the names PostgreSQL gives (never its message: see the module)."""
+    """What went wrong, from the names PostgreSQL gives and its message's first line (never its
+    DETAIL, which quotes rows and values; nor the message of a data exception, SQLSTATE class
+    22, which can quote the value it could not take)."""
     if isinstance(exc, asyncpg.PostgresError):
         names = (getattr(exc, n, None) for n in ("table_name", "column_name", "constraint_name"))
         where = ", ".join(n for n in names if n)
+        sqlstate = str(exc.sqlstate)
+        message = "" if sqlstate.startswith("22") else str(getattr(exc, "message", "") or "")
         return (
             f"the database refused it: {_words(type(exc).__name__)}"
             + (f" ({where})" if where else "")
-            + f", SQLSTATE {exc.sqlstate}"
+            + f", SQLSTATE {sqlstate}"
+            + (f": {message.splitlines()[0]}" if message.strip() else "")
         )
     return f"the database connection failed ({type(exc).__name__})"
 

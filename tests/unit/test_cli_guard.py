@@ -133,7 +133,18 @@ def test_a_database_error_of_any_command_is_one_line_without_the_row(
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1, err
     assert "check violation" in err and "destinations_name_check" in err and "23514" in err
+    assert 'new row for relation "destinations" violates' in err  # the message: names, no values
     assert SECRET not in err and "Failing row" not in err and "crm.example" not in err
+
+
+def test_a_data_exception_s_message_is_left_out() -> None:
+    """Class 22 messages can quote the value PostgreSQL could not take (a secret given where a
+    number was due, say)."""
+    refused = asyncpg.PostgresError.new(
+        {"C": "22P02", "M": f'invalid input syntax for type integer: "{SECRET}"', "D": "x"}
+    )
+    line = guard.database_error(refused)
+    assert "invalid text representation error" in line and "22P02" in line and SECRET not in line
 
 
 @pytest.mark.parametrize(
