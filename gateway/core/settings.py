@@ -113,7 +113,7 @@ def _api_keys(raw: str) -> tuple[tuple[str, str], ...]:
     return pairs
 
 
-_CONSOLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+_CONSOLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 
 
 def _console_tokens(raw: str) -> tuple[tuple[str, str, str], ...]:
@@ -122,7 +122,7 @@ def _console_tokens(raw: str) -> tuple[tuple[str, str, str], ...]:
     for item in _csv(raw):
         name, _, rest = item.partition(":")
         token, _, role = rest.partition(":")
-        if not _CONSOLE_NAME.match(name.strip()):
+        if not _CONSOLE_NAME.fullmatch(name.strip()):
             raise ValueError("each entry is name:token[:ro], the name 1..64 of A-Z a-z 0-9 _ . @ -")
         if len(token.strip()) < 16:
             raise ValueError(f"the token of {name.strip()!r} must be at least 16 characters")
@@ -284,7 +284,9 @@ class Settings:
         "GATEWAY_METRICS_PORT",
         0,
         _int(0, 65535),
-        "separate /metrics + /healthz listener (serve, consume, send, forward); 0: serve keeps /metrics",
+        "/metrics + /healthz on a listener of their own (serve, consume, send, forward); 0: none. "
+        "The public port never serves /metrics (it names destinations and phone-number ids) unless "
+        "this is GATEWAY_PORT itself",
     )
 
     # Group commit of the ingest edge
@@ -783,6 +785,12 @@ class Settings:
         return tenant in self.reply_per_bot_tenants
 
     @property
+    def metrics_public(self) -> bool:
+        """``gateway serve`` answers /metrics on the public port (GATEWAY_METRICS_PORT is
+        GATEWAY_PORT), not on a listener of its own."""
+        return bool(self.metrics_port) and self.metrics_port == self.port
+
+    @property
     def send_lease_s(self) -> float:
         """After this long a row still ``sending`` belongs to a sender that died mid-request.
 
@@ -836,11 +844,15 @@ _SINGLE_SECRETS = {"tenashi_secret", "graph_token", "tenashi_token", "meta_verif
 
 # Read by other parts than Settings: the fake provider (gateway fake-provider) reads its own.
 KNOWN_PREFIXES = ("GATEWAY_FAKE_",)
+# Set by `gateway serve --workers N` for each child it starts (the path of the child's /healthz
+# socket): the supervisor's own, not a setting, so never reported as unknown.
+WORKER_HEALTH_SOCKET = "GATEWAY_WORKER_HEALTH_SOCKET"
+INTERNAL_VARIABLES = frozenset({WORKER_HEALTH_SOCKET})
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
     """``GATEWAY_*`` variables no setting reads, each with the closest known name (a typo's fix)."""
-    known = {f.metadata["env"] for f in dataclasses.fields(Settings)}
+    known = {f.metadata["env"] for f in dataclasses.fields(Settings)} | INTERNAL_VARIABLES
     out: list[tuple[str, str | None]] = []
     for name in sorted(environ):
         if not name.startswith("GATEWAY_") or name in known or name.startswith(KNOWN_PREFIXES):

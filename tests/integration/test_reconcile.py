@@ -65,10 +65,10 @@ async def test_operator_release_and_cancel(
     cb2 = await enqueue(pool, "op2", "4915100000002")
     await pool.execute("UPDATE outbox SET state = 'review'")
     async with pool.acquire() as conn:
-        assert "now pending" in await outbox.release(conn, "op1")
+        assert "now pending" in await outbox.release(conn, "op1", window_s=WINDOW)
         assert "now cancelled" in await outbox.cancel(conn, "op2", "acme")
         with pytest.raises(ValueError):
-            await outbox.release(conn, "op2")  # cancelled stays cancelled
+            await outbox.release(conn, "op2", window_s=WINDOW)  # cancelled stays cancelled
         with pytest.raises(LookupError):
             await outbox.cancel(conn, "nope")
     sender = Sender(pool, send_settings(settings, fake), clock=clock)
@@ -157,10 +157,12 @@ async def test_a_row_that_reached_the_provider_is_never_released(
     )
     async with pool.acquire() as conn:
         with pytest.raises(ValueError, match=r"wamid\.X.*sent twice"):
-            await outbox.release(conn, "x1")
+            await outbox.release(conn, "x1", window_s=WINDOW)
         with pytest.raises(ValueError, match="delivery status 'failed'"):
-            await outbox.release(conn, "x2")
-        bulk = await outbox.release_bulk(conn, state=state, since=None, until=None, tenant=None)
+            await outbox.release(conn, "x2", window_s=WINDOW)
+        bulk = await outbox.release_bulk(
+            conn, state=state, since=None, until=None, tenant=None, window_s=WINDOW
+        )
         assert (bulk.done, bulk.refused) == (0, 2)
     clock = FakeClock()
     assert (await Reconciler(pool, settings, clock=clock).run_once())["reconciled"] == (
@@ -195,12 +197,18 @@ async def test_release_waits_while_webhooks_of_the_period_are_unprocessed(
     await pool.execute("INSERT INTO webhook_inbox (source, body) VALUES ('meta', 'new')")
     async with pool.acquire() as conn:
         with pytest.raises(ValueError, match="1 pending and 0 dead webhook"):
-            await outbox.release(conn, "u1")
-        bulk = await outbox.release_bulk(conn, state="review", since=None, until=None, tenant=None)
+            await outbox.release(conn, "u1", window_s=WINDOW)
+        bulk = await outbox.release_bulk(
+            conn, state="review", since=None, until=None, tenant=None, window_s=WINDOW
+        )
         assert (bulk.done, bulk.refused, bulk.waiting) == (0, 0, 2)
         await read_all(conn)
-        assert "now pending" in await outbox.release(conn, "u1")  # the older dead row does not hold it
-        bulk = await outbox.release_bulk(conn, state="review", since=None, until=None, tenant=None)
+        assert "now pending" in await outbox.release(
+            conn, "u1", window_s=WINDOW
+        )  # the older dead row does not hold it
+        bulk = await outbox.release_bulk(
+            conn, state="review", since=None, until=None, tenant=None, window_s=WINDOW
+        )
         assert (bulk.done, bulk.refused, bulk.waiting) == (1, 0, 0)
 
 
