@@ -125,7 +125,9 @@ class Cluster:
 
     def dsn(self, database: str = DB_NAME) -> str:
         """What the gateway is given: every node, and only a writable one will do."""
-        return f"postgresql://postgres:{self.password}@{self.hosts}/{database}?target_session_attrs=read-write"
+        return (
+            f"postgresql://postgres:{self.password}@{self.hosts}/{database}?target_session_attrs=read-write"
+        )
 
     def node_dsn(self, node: Node, database: str = DB_NAME) -> str:
         return f"postgresql://postgres:{self.password}@127.0.0.1:{node.pg_port}/{database}"
@@ -159,7 +161,7 @@ class Cluster:
         return {
             "scope": SCOPE,
             "name": node.name,
-            "restapi": {"listen": f"127.0.0.1:{node.api_port}", "connect_address": f"127.0.0.1:{node.api_port}"},
+            "restapi": {"listen": node.api[7:], "connect_address": node.api[7:]},
             "etcd3": {"hosts": [f"127.0.0.1:{self.etcd_port}"]},
             "bootstrap": {
                 "dcs": {
@@ -213,7 +215,8 @@ class Cluster:
         argv += ["--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer]
         argv += ["--initial-cluster", f"etcd0={peer}", "--initial-cluster-state", "new"]
         self._etcd_log = open(self.base / "etcd.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.etcd = subprocess.Popen(argv, stdout=self._etcd_log, stderr=subprocess.STDOUT, start_new_session=True)
+        out = self._etcd_log
+        self.etcd = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def start_node(self, node: Node) -> None:
         """Start the node's Patroni (a node that ran before rejoins as a replica)."""
@@ -362,11 +365,11 @@ class Cluster:
             members = await self.members()
             leaders = [m for m in members if m.get("role") == "leader" and m.get("state") == "running"]
             others = [m for m in members if m not in leaders]
+            timeline = leaders[0].get("timeline") if leaders else None
             # A rejoined node is "running" before it streams, and on the old timeline.
-            ok = len(leaders) == 1 and all(
-                m.get("state") == "streaming" and m.get("timeline") == leaders[0].get("timeline") for m in others
-            )
-            if ok and len(members) == len(self.nodes) and any(m.get("role") == "sync_standby" for m in others):
+            streaming = all(m.get("state") == "streaming" and m.get("timeline") == timeline for m in others)
+            synced = any(m.get("role") == "sync_standby" for m in others)
+            if len(leaders) == 1 and streaming and synced and len(members) == len(self.nodes):
                 return members
             await asyncio.sleep(0.3)
         raise TimeoutError(f"cluster not healthy within {timeout_s:.0f} s: {members}\n{self.log_tails()}")
