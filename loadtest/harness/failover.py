@@ -1,0 +1,378 @@
+"""``python -m loadtest chaos --failover``: PostgreSQL fails over under load, and every promise
+holds.
+
+A real cluster (``gateway.testing.patroni``: etcd, three Patroni nodes on the wheel's
+PostgreSQL, ``synchronous_mode: true``); the gateway is given every node in one multi-host
+``DATABASE_URL`` with ``target_session_attrs=read-write``. Under steady signed webhooks (with
+redeliveries and bad signatures), sends through the fake provider (some of which hang past the
+sender's read timeout: unknown) and status webhooks the fake posts back (retried while the
+gateway answers 503, as Meta does), each round:
+
+- odd rounds crash the primary's node (SIGKILL to Patroni, the postmaster and every backend),
+  then start its Patroni again once another node leads;
+- even rounds freeze it (SIGSTOP) past Patroni's TTL, as a hung machine or a partition, and
+  continue it (SIGCONT) once another node leads;
+
+Patroni promotes the synchronous standby; the old primary rejoins as a replica. Per round:
+the seconds without a writable primary (a probe that commits every 0.1 s), Patroni's own
+promotion time, the webhooks answered 503 from the fault to the first 200 after the
+promotion, the seconds from the promotion to that 200, to every process LISTENing on the new
+primary again (``pg_stat_activity``), to the old primary streaming from the new one, and to
+the backlog drained. At the end the verification of ``chaos``: every acknowledged webhook
+stored once and processed once, every send received at most once, nothing left ``pending``,
+``sending`` or ``unknown`` (the unknown sends reconciled by their status webhooks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import orjson
+
+from gateway.store.db import connect_any
+from gateway.store.listen import LISTENER_NAME
+from gateway.testing.patroni import TTL_S, Cluster, Node
+from gateway.testing.ports import free_port
+from loadtest.harness import driver, plan, processes, redact, verify
+from loadtest.harness.chaoskit import (
+    Cast,
+    TimedPool,
+    fake_faults,
+    fake_received,
+    outage_figures,
+    send_checks,
+    send_load,
+)
+from loadtest.harness.payloads import PayloadFactory
+from loadtest.harness.resilient import Db
+from loadtest.harness.scenarios import scenario
+from loadtest.harness.schedule import arrivals, constant
+from loadtest.harness.sql import q
+from loadtest.harness.stats import Ledger
+
+FAULT_AT = 4.0  # seconds into a round
+FREEZE_PAST_TTL_S = 5.0  # a frozen primary is continued this long after its key could expire
+TARGET_FIRST_200_S = 5.0  # promotion -> first 200, plus the gateway's reconnect backoff (none
+# for ingest: the group committer connects again at its next batch)
+NAN = float("nan")
+
+
+@dataclass
+class FailoverRound:
+    n: int
+    fault: str  # "kill" or "freeze"
+    old_leader: str = ""
+    promoted: str = ""
+    promoted_was_sync: bool = False
+    no_writable_s: float = NAN  # last commit before the fault -> first commit after it
+    promotion_s: float = NAN  # fault -> Patroni reports another leader running
+    answered_503: int = 0  # webhooks answered 503 from the fault to the first 200 after promotion
+    failed_other: int = 0  # connection errors and timeouts in that span
+    first_200_s: float = NAN  # promotion -> first webhook 200
+    relisten_s: float = NAN  # promotion -> every LISTEN session on the new primary
+    rejoined_s: float = NAN  # fault -> the old primary streams from the new one
+    drained_s: float = NAN  # promotion -> the oldest pending inbox row younger than 1 s
+    notes: list[str] = field(default_factory=list)
+
+
+class WriteProbe:
+    """Commits a transaction every 0.1 s through the gateway's own multi-host connect: the
+    times of the commits acknowledged (by the primary and its synchronous standby)."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.ok: list[float] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        conn: asyncpg.Connection | None = None
+        while not stop.is_set():
+            try:
+                if conn is None or conn.is_closed():
+                    conn = await connect_any(self.dsn, timeout=1.0)
+                await conn.fetchval("SELECT txid_current()", timeout=1.0)
+                self.ok.append(time.monotonic())
+            except Exception:
+                if conn is not None:
+                    conn.terminate()
+                conn = None
+            await asyncio.sleep(0.1)
+        if conn is not None:
+            conn.terminate()
+
+    def gap(self, fault: float) -> float:
+        before = max((t for t in self.ok if t <= fault), default=NAN)
+        after = min((t for t in self.ok if t > fault), default=NAN)
+        return after - before
+
+
+async def listeners(cluster: Cluster, node: Node) -> Counter[str]:
+    """The LISTEN sessions on ``node``, by channel (their application_name says which)."""
+    try:
+        conn = await asyncpg.connect(cluster.node_dsn(node), timeout=2)
+    except Exception:
+        return Counter()
+    try:
+        rows = await conn.fetch(
+            "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE $1",
+            LISTENER_NAME + "%",
+        )
+        return Counter(str(r["application_name"])[len(LISTENER_NAME) :] for r in rows)
+    finally:
+        await conn.close()
+
+
+async def until(deadline: float, check: Any, every_s: float = 0.2) -> float:
+    """Poll ``check()`` (async, truthy when done) until ``deadline``: when it held, or NaN."""
+    while time.monotonic() < deadline:
+        if await check():
+            return time.monotonic()
+        await asyncio.sleep(every_s)
+    return NAN
+
+
+async def one_round(
+    r: FailoverRound,
+    cluster: Cluster,
+    pool: TimedPool,
+    probe: WriteProbe,
+    db: Db,
+    start_id: int,
+    expected: Counter[str],
+    end: float,
+) -> None:
+    members = await cluster.members()
+    old = await cluster.leader()
+    if old is None:
+        r.notes.append("no leader before the fault")
+        return
+    r.old_leader = old.name
+    sync = {str(m["name"]) for m in members if m.get("role") == "sync_standby"}
+    fault = time.monotonic()
+    if r.fault == "kill":
+        cluster.kill(old)
+    else:
+        cluster.freeze(old)
+    new = await cluster.wait_leader(TTL_S * 3, other_than=old)
+    promoted = time.monotonic()
+    r.promoted, r.promoted_was_sync = new.name, new.name in sync
+    r.promotion_s = promoted - fault
+    if not r.promoted_was_sync:
+        r.notes.append(f"promoted {new.name}, not the synchronous standby {sorted(sync)}")
+    if r.fault == "kill":
+        cluster.start_node(old)  # rejoins as a replica (pg_rewind when it must)
+    else:
+        await asyncio.sleep(max(0.0, fault + TTL_S + FREEZE_PAST_TTL_S - time.monotonic()))
+        cluster.thaw(old)  # its Patroni finds another leader and demotes it
+
+    async def first_200() -> bool:
+        return any(t > promoted and s == 200 for t, s in pool.answers[-2000:])
+
+    async def listening() -> bool:
+        return await listeners(cluster, new) >= expected
+
+    async def rejoined() -> bool:
+        for m in await cluster.members():
+            if m.get("name") == old.name:
+                return m.get("state") == "streaming" and m.get("role") in ("replica", "sync_standby")
+        return False
+
+    async def drained() -> bool:
+        got = await db.call(lambda conn: verify.backlog(conn, start_id))
+        return got is not None and got[1] < 1.0
+
+    r.first_200_s = await until(end, first_200, 0.05) - promoted
+    r.relisten_s = await until(end, listening) - promoted
+    r.drained_s = await until(end, drained, 0.25) - promoted
+    r.rejoined_s = await until(end, rejoined, 0.5) - fault
+    r.no_writable_s = probe.gap(fault)
+    r.answered_503, r.failed_other, _ = outage_figures(pool.answers, pool.failures, fault, promoted)
+    for name, value in (("first 200", r.first_200_s), ("re-LISTEN", r.relisten_s), ("drain", r.drained_s)):
+        if math.isnan(value):
+            r.notes.append(f"no {name} within the round")
+    if math.isnan(r.rejoined_s):
+        r.notes.append("the old primary did not rejoin within the round")
+    if not math.isnan(r.first_200_s) and r.first_200_s > TARGET_FIRST_200_S:
+        r.notes.append(
+            f"first 200 {r.first_200_s:.1f} s after the promotion (target {TARGET_FIRST_200_S:g} s)"
+        )
+    with contextlib.suppress(TimeoutError):
+        await cluster.wait_healthy(max(1.0, end - time.monotonic()))
+
+
+def table(rounds: list[FailoverRound]) -> str:
+    head = (
+        "| round | fault | old → new leader | no writable primary (s) | Patroni promotion (s) "
+        "| webhooks 503 | conn. errors | promotion → first 200 (s) | → re-LISTEN (s) "
+        "| → backlog drained (s) | old primary rejoined (s) |"
+    )
+    lines = [head, "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rounds:
+        sync = "" if r.promoted_was_sync else " (not sync)"
+        lines.append(
+            f"| {r.n} | {r.fault} | {r.old_leader} → {r.promoted}{sync} | {r.no_writable_s:.1f} "
+            f"| {r.promotion_s:.1f} | {r.answered_503} | {r.failed_other} | {r.first_200_s:.2f} "
+            f"| {r.relisten_s:.1f} | {r.drained_s:.1f} | {r.rejoined_s:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def round_checks(rounds: list[FailoverRound]) -> list[verify.Check]:
+    """Pure: each round recovered without a hand (a leader promoted, writes, LISTEN back)."""
+    bad = [r.n for r in rounds if r.notes]
+    return [
+        verify.Check(
+            "failover: every round recovered by itself",
+            not bad,
+            f"{len(rounds) - len(bad)} of {len(rounds)} rounds clean",
+            tuple(f"round {r.n}: {'; '.join(r.notes)}" for r in rounds if r.notes)[:3],
+        )
+    ]
+
+
+async def main(ns: argparse.Namespace) -> int:
+    round_s = ns.round_s or 60.0
+    if round_s < 50:
+        raise SystemExit("--round-s must be at least 50 with --failover (Patroni's TTL is 20 s)")
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    log_dir = ns.results / f"chaos-failover-{stamp}-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="failover-"))
+    cluster = Cluster(tmp / "cluster")
+    secrets = processes.DEFAULT_SECRETS
+    port = free_port()
+    cast: Cast | None = None
+    fake: processes.Proc | None = None
+    db: Db | None = None
+    stop = asyncio.Event()
+    code = 1
+    try:
+        sys.stderr.write("starting etcd and three Patroni nodes...\n")
+        await cluster.start()
+        dsn = cluster.dsn()
+        await processes.migrate(dsn)
+        fake_env = {"GATEWAY_FAKE_WEBHOOK_RETRY_S": "300"}
+        fake = processes.start_fake_provider(dsn, secrets, log_dir, f"http://127.0.0.1:{port}", fake_env)
+        cast = Cast(dsn, secrets, log_dir, fake.url, ns.pair_interval_s, port=port)
+        cast.env.update({"GATEWAY_LOG_LEVEL": "info", "GATEWAY_RUN_FORWARDER": "true"})
+        db = Db(dsn)
+        await fake.wait_ready(path=None)
+        gw = cast.start("gateway")
+        cast.start("consumer")
+        cast.start("sender")
+        await gw.wait_ready(timeout_s=60)
+        await fake_faults(fake.url, [{"action": "http", "status": 503, "times": 5}])
+        start_id = int(await db.wait(lambda conn: conn.fetchval(q("lt_inbox_max_id")), 30))
+        leader = await cluster.wait_leader(10)
+        deadline = time.monotonic() + 30
+        expected: Counter[str] = Counter()
+        while time.monotonic() < deadline and len(expected) < 3:
+            expected = await listeners(cluster, leader)
+            await asyncio.sleep(0.3)
+        sys.stderr.write(f"listening before the first fault: {dict(expected)}\n")
+        duration = ns.rounds * round_s + 5
+        factory = PayloadFactory(secrets, ns.seed, run_tag=f"f{os.getpid():x}{int(time.time()):x}")
+        shots = plan.build(
+            arrivals(constant(ns.rate, duration)),
+            scenario("mixed", factory),
+            factory,
+            plan.Mix(0.02, 0.03, 0.02, 0.01, 2.0),
+            ns.seed,
+        )
+        ledger = Ledger()
+        pool = TimedPool("127.0.0.1", cast.port, 256, 10.0)
+        accepted: set[str] = set()
+        send_counts: Counter[str] = Counter()
+        probe = WriteProbe(dsn)
+        background = [
+            asyncio.create_task(send_load(gw.url, ns.send_rate, ns.recipients, stop, accepted, send_counts)),
+            asyncio.create_task(probe.run(stop)),
+        ]
+        load = asyncio.create_task(
+            driver.run_open(shots, pool, duration_s=duration, ledger=ledger, progress=False, prewarm=16)
+        )
+        rounds: list[FailoverRound] = []
+        t0 = time.monotonic()
+        for n in range(1, ns.rounds + 1):
+            base = t0 + (n - 1) * round_s
+            await asyncio.sleep(max(0.0, base + FAULT_AT - time.monotonic()))
+            r = FailoverRound(n, "kill" if n % 2 else "freeze")
+            # Some sends hang past the sender's read timeout around the fault: unknown sends.
+            await fake_faults(fake.url, [{"action": "hang", "times": 2, "hang_ms": 4000}])
+            await one_round(r, cluster, pool, probe, db, start_id, expected, base + round_s - 1)
+            for role in ("gateway", "consumer", "sender"):
+                if not cast.procs[role].alive():
+                    r.notes.append(f"{role} exited ({cast.procs[role].popen.returncode}): restarted")
+                    cast.start(role)
+            rounds.append(r)
+            sys.stderr.write(f"round {n}: {asdict(r)}\n")
+        res = await load
+        stop.set()
+        await asyncio.gather(*background)
+        pool.close()
+        sys.stderr.write("verifying (waiting for consumers and senders to drain)...\n")
+        conn = await db.connection(timeout_s=60)
+        verdict = await verify.verify(conn, ledger.entries, start_id, ns.drain_timeout, None)
+        settle = time.monotonic() + ns.drain_timeout
+        while time.monotonic() < settle and await conn.fetchval(q("lt_outbox_open")):  # noqa: ASYNC110
+            await asyncio.sleep(0.5)
+        outbox = {r["callback_data"]: r["state"] for r in await conn.fetch(q("lt_outbox_states_all"))}
+        checks, send_stats = send_checks(await fake_received(fake.url), outbox, accepted, ns.pair_interval_s)
+        open_rows = {k: v for k, v in outbox.items() if v in ("pending", "sending", "unknown")}
+        checks.append(
+            verify.Check(
+                "sends: none left pending, sending or unknown (unknown ones reconciled)",
+                not open_rows,
+                f"{len(open_rows)} open: {dict(Counter(open_rows.values()))}",
+                tuple(list(open_rows)[:3]),
+            )
+        )
+        verdict.checks += checks + round_checks(rounds)
+        summary = driver.summary_row(res)
+        print(table(rounds))
+        print(f"\nwebhooks: {summary['sent']} sent, outcomes {dict(res.recorder.outcomes)}")
+        print(f"sends: API answers {dict(send_counts)}; {send_stats}")
+        for c in verdict.checks:
+            print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}")
+            for e in c.examples if not c.ok else ():
+                print(f"     e.g. {e}")
+        result = {
+            "parameters": {k: str(v) for k, v in vars(ns).items() if k != "main"},
+            "rounds": [asdict(r) for r in rounds],
+            "webhooks": summary,
+            "sends": {"answers": dict(send_counts), **send_stats},
+            "verification": verdict.as_dict(),
+        }
+        path = ns.results / f"chaos-failover-{stamp}.json"
+        path.write_bytes(orjson.dumps(redact.redact(result), option=orjson.OPT_INDENT_2))
+        print(f"\nresults: {path}\nlogs: {log_dir} (Patroni's: {tmp / 'cluster'}, removed at exit)")
+        code = 0 if verdict.ok else 1
+        print("PASS" if code == 0 else "FAIL: verification found violations (see above)")
+    finally:
+        stop.set()
+        if cast is not None:
+            cast.stop_all()
+        if fake is not None:
+            fake.stop()
+        if db is not None:
+            await db.close()
+        if code != 0:
+            with contextlib.suppress(OSError):
+                for node in cluster.nodes:
+                    shutil.copy(node.dir / "patroni.log", log_dir / f"patroni-{node.name}.log")
+        cluster.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return code
