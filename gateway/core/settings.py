@@ -174,13 +174,18 @@ def _dsn(raw: str) -> str:
     scheme, sep, _ = value.partition("://")
     if not sep or scheme not in ("postgres", "postgresql"):
         raise ValueError("must be a postgresql://user:password@host:port/database URL")
+    hosts = dsn.per_host(value)
     try:
-        parsed = urllib.parse.urlsplit(value)
-        parsed.port  # noqa: B018 - raises on a port that is not a number
+        for one in hosts:
+            urllib.parse.urlsplit(one).port  # noqa: B018 - raises on a port that is not a number
     except ValueError:
         raise ValueError(
             "has an invalid host or port (a password with special characters must be percent-encoded)"
         ) from None
+    attrs = urllib.parse.parse_qs(urllib.parse.urlsplit(hosts[0]).query).get("target_session_attrs", [""])[-1]
+    if len(hosts) > 1 and attrs not in ("read-write", "primary"):
+        # Every connection writes: with several hosts, only the primary of the moment will do.
+        raise ValueError("lists several hosts: add ?target_session_attrs=read-write (the gateway writes)")
     return value
 
 

@@ -41,7 +41,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from gateway import metrics, tracing
-from gateway.core.aio import sleep_unless_stopped
+from gateway.core.aio import back_off
 from gateway.core.backoff import backoff_delay
 from gateway.core.events import Event, Item, Status
 from gateway.core.faults import (
@@ -196,7 +196,7 @@ class Consumer:
                     # taken alone).
                     self._uncommitted()
                     delay = self._fault(exc)
-                    await sleep_unless_stopped(stop, delay)
+                    await back_off(stop, self.wake, delay, min(delay, s.retry_base_ms / 1000))
                     continue
                 if self._again:
                     if self._more and self.on_more is not None:  # staged rows: a sibling helps

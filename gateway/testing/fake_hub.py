@@ -184,12 +184,13 @@ class Hub:
         for path, body, headers in events:
             if self.config.webhook_delay_ms:
                 await asyncio.sleep(self.config.webhook_delay_ms / 1000)
-            status = 0
+            status, tries = 0, 0
             # Meta retries; a few quick tries are enough for a fake, unless told to keep on.
             until = time.monotonic() + self.config.retry_s
             for attempt in itertools.count():
                 if attempt >= 3 and (time.monotonic() >= until or 0 < status < 500):
                     break
+                tries += 1
                 try:
                     async with self._session.post(
                         self.config.webhook_url + path, data=body, headers=headers
@@ -202,7 +203,7 @@ class Hub:
                     # way the next events of this batch must still be posted.
                     status = -1
                 await asyncio.sleep(min(0.05 * (attempt + 1) * 2 ** max(0, attempt - 2), 2.0))
-            self.webhooks.append({"path": path, "body": body.decode(), "status": status})
+            self.webhooks.append({"path": path, "body": body.decode(), "status": status, "attempts": tries})
 
     async def drain_webhooks(self, timeout: float = 10.0) -> None:
         """Wait until every scheduled webhook has been posted."""

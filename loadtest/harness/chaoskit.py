@@ -17,10 +17,12 @@ import aiohttp
 import orjson
 
 from gateway.core.messages import callback_data
+from gateway.core.parsing import parse
 from gateway.testing.ports import free_port
 from loadtest.harness import processes, verify
 from loadtest.harness.httpclient import Pool
-from loadtest.harness.payloads import Secrets
+from loadtest.harness.payloads import Delivery, Secrets
+from loadtest.harness.stats import Ledger
 
 TENANT = "chaos"
 API_KEY = "chaos-api-key-0123456789"
@@ -196,3 +198,43 @@ def outage_figures(
     n503 = sum(1 for t, s in answers if stopped <= t <= end and s == 503)
     other = sum(1 for t in failures if stopped <= t <= end)
     return n503, other, first - started
+
+
+async def fake_webhooks(fake_url: str, quiet_s: float = 2.0, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """The status webhooks the fake posted back, once no more have come for ``quiet_s``."""
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            async with http.get(f"{fake_url}/_fake/webhooks") as r:
+                r.raise_for_status()
+                now: list[dict[str, Any]] = await r.json()
+            if seen and len(now) == len(seen):
+                return now
+            seen = now
+            await asyncio.sleep(quiet_s)
+    return seen
+
+
+def ledger_webhooks(ledger: Ledger, posted: list[dict[str, Any]]) -> None:
+    """Enter the fake's status webhooks in the run's ledger, as the load's own are: each try
+    sent (one answered 503 may still have been stored), a 200 acknowledged; their keys are
+    what the gateway's own parser finds in them."""
+    for hook in posted:
+        body = str(hook["body"]).encode()
+        source = "tenashi" if "tenashi" in str(hook["path"]) else "meta"
+        keys = tuple(ev.key for ev in parse(source, body))
+        delivery = Delivery(
+            source,
+            str(hook["path"]),
+            body,
+            (),
+            keys,
+            msg_wamids=tuple(k[4:] for k in keys if k.startswith("msg:")),
+            status_keys=tuple(k for k in keys if k.startswith("status:")),
+        )
+        digest = b""
+        for _ in range(max(1, int(hook.get("attempts", 1)))):
+            digest = ledger.sent(delivery)
+        if hook.get("status") == 200:
+            ledger.acked(digest)
