@@ -154,10 +154,15 @@ class GroupCommitter:
                         conn = await self._connect()
                     await self._insert(conn, batch)
         except Exception as exc:  # any failure: nobody in this batch may get a 200
-            # The connection's state is unknown (cancelled mid-query, or broken): drop it.
+            # The connection's state is unknown (cancelled mid-query, or broken): drop it, and
+            # the idle ones with it: they went to the same server, which may be gone or frozen
+            # (a failover), and each would cost its batch a deadline to find out.
             if conn is not None:
                 conn.terminate()
                 conn = None
+            idle, self._idle = self._idle, []
+            for c in idle:
+                c.terminate()
             reason = "timeout" if isinstance(exc, TimeoutError) else "unavailable"
             metrics.COMMIT_FAILURES.inc()
             since, n = self._failing or (time.monotonic(), 0)
