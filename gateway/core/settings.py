@@ -204,7 +204,8 @@ class Settings:
         "DATABASE_URL",
         None,
         _dsn,
-        "PostgreSQL URL (postgresql://user:password@host:port/db); unset: the embedded server",
+        "PostgreSQL URL (postgresql://user:password@host:port/db; a primary and its standbys: "
+        "host1:port,host2:port/db?target_session_attrs=read-write); unset: the embedded server",
     )
     data_dir: Path = _env(
         "GATEWAY_DATA_DIR",
@@ -222,7 +223,7 @@ class Settings:
         "GATEWAY_DB_CONNECT_TIMEOUT_S",
         5.0,
         _float(0.1, 120),
-        "seconds to wait for one database connection to open",
+        "seconds to wait for one database connection to open (per host of a multi-host DATABASE_URL)",
     )
     migrate_on_start: bool = _env(
         "GATEWAY_MIGRATE_ON_START",
