@@ -43,7 +43,7 @@ from typing import Any
 
 import orjson
 
-from loadtest.harness import driver, failover, options, plan, poison, processes, redact, verify
+from loadtest.harness import driver, failover, options, poison, processes, redact, verify
 from loadtest.harness.chaoskit import (
     Cast,
     TimedPool,
@@ -52,11 +52,10 @@ from loadtest.harness.chaoskit import (
     outage_figures,
     send_checks,
     send_load,
+    webhook_load,
 )
 from loadtest.harness.payloads import PayloadFactory
 from loadtest.harness.resilient import Db
-from loadtest.harness.scenarios import scenario
-from loadtest.harness.schedule import arrivals, constant
 from loadtest.harness.sql import q
 from loadtest.harness.stats import Ledger
 
@@ -266,21 +265,9 @@ async def main(ns: argparse.Namespace) -> int:
         )
         start_id = int(await db.wait(lambda conn: conn.fetchval(q("lt_inbox_max_id")), 30))
         duration = ns.rounds * ns.round_s + 5
-        factory = PayloadFactory(secrets, ns.seed, run_tag=f"c{os.getpid():x}{int(time.time()):x}")
-        shots = plan.build(
-            arrivals(constant(ns.rate, duration)),
-            scenario("mixed", factory),
-            factory,
-            plan.Mix(0.02, 0.03, 0.02, 0.01, 2.0),
-            ns.seed,
-        )
-        ledger = Ledger()
-        pool = TimedPool("127.0.0.1", cast.port, 256, 10.0)
+        factory, ledger, pool, load = webhook_load(secrets, ns.seed, ns.rate, duration, "c", cast.port)
         sends = asyncio.create_task(
             send_load(gw.url, ns.send_rate, ns.recipients, stop_sends, accepted, send_counts)
-        )
-        load = asyncio.create_task(
-            driver.run_open(shots, pool, duration_s=duration, ledger=ledger, progress=False, prewarm=16)
         )
         bad = Bad(factory, ledger, dsn)
         rounds = await run_rounds(ns, pg, cast, db, pool, fake.url, start_id, bad)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import sys
 import time
 from collections import Counter, defaultdict
@@ -19,9 +20,11 @@ import orjson
 from gateway.core.messages import callback_data
 from gateway.core.parsing import parse
 from gateway.testing.ports import free_port
-from loadtest.harness import processes, verify
+from loadtest.harness import driver, plan, processes, verify
 from loadtest.harness.httpclient import Pool
-from loadtest.harness.payloads import Delivery, Secrets
+from loadtest.harness.payloads import Delivery, PayloadFactory, Secrets
+from loadtest.harness.scenarios import scenario
+from loadtest.harness.schedule import arrivals, constant
 from loadtest.harness.stats import Ledger
 
 TENANT = "chaos"
@@ -238,3 +241,25 @@ def ledger_webhooks(ledger: Ledger, posted: list[dict[str, Any]]) -> None:
             digest = ledger.sent(delivery)
         if hook.get("status") == 200:
             ledger.acked(digest)
+
+
+def webhook_load(
+    secrets: Secrets, seed: int, rate: float, duration_s: float, tag: str, port: int
+) -> tuple[PayloadFactory, Ledger, TimedPool, asyncio.Task[driver.OpenResult]]:
+    """Steady signed webhooks at ``rate`` to the gateway on ``port`` (the ``mixed`` scenario,
+    2 % immediate, 3 % delayed and 2 % concurrent redeliveries, 1 % bad signatures), started
+    now: the factory, the ledger they are entered in, the timed pool and the running load."""
+    factory = PayloadFactory(secrets, seed, run_tag=f"{tag}{os.getpid():x}{int(time.time()):x}")
+    shots = plan.build(
+        arrivals(constant(rate, duration_s)),
+        scenario("mixed", factory),
+        factory,
+        plan.Mix(0.02, 0.03, 0.02, 0.01, 2.0),
+        seed,
+    )
+    ledger = Ledger()
+    pool = TimedPool("127.0.0.1", port, 256, 10.0)
+    load = asyncio.create_task(
+        driver.run_open(shots, pool, duration_s=duration_s, ledger=ledger, progress=False, prewarm=16)
+    )
+    return factory, ledger, pool, load

@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import math
-import os
 import shutil
 import sys
 import tempfile
@@ -47,7 +46,7 @@ from gateway.store.db import connect_any
 from gateway.store.listen import LISTENER_NAME
 from gateway.testing.patroni import TTL_S, Cluster, Node
 from gateway.testing.ports import free_port
-from loadtest.harness import driver, plan, processes, redact, verify
+from loadtest.harness import driver, processes, redact, verify
 from loadtest.harness.chaoskit import (
     Cast,
     TimedPool,
@@ -58,13 +57,10 @@ from loadtest.harness.chaoskit import (
     outage_figures,
     send_checks,
     send_load,
+    webhook_load,
 )
-from loadtest.harness.payloads import PayloadFactory
 from loadtest.harness.resilient import Db
-from loadtest.harness.scenarios import scenario
-from loadtest.harness.schedule import arrivals, constant
 from loadtest.harness.sql import q
-from loadtest.harness.stats import Ledger
 
 FAULT_AT = 4.0  # seconds into a round
 FREEZE_PAST_TTL_S = 5.0  # a frozen primary is continued this long after its key could expire
@@ -291,16 +287,7 @@ async def main(ns: argparse.Namespace) -> int:
             await asyncio.sleep(0.3)
         sys.stderr.write(f"listening before the first fault: {dict(expected)}\n")
         duration = ns.rounds * round_s + 5
-        factory = PayloadFactory(secrets, ns.seed, run_tag=f"f{os.getpid():x}{int(time.time()):x}")
-        shots = plan.build(
-            arrivals(constant(ns.rate, duration)),
-            scenario("mixed", factory),
-            factory,
-            plan.Mix(0.02, 0.03, 0.02, 0.01, 2.0),
-            ns.seed,
-        )
-        ledger = Ledger()
-        pool = TimedPool("127.0.0.1", cast.port, 256, 10.0)
+        _factory, ledger, pool, load = webhook_load(secrets, ns.seed, ns.rate, duration, "f", cast.port)
         accepted: set[str] = set()
         send_counts: Counter[str] = Counter()
         probe = WriteProbe(dsn)
@@ -308,9 +295,6 @@ async def main(ns: argparse.Namespace) -> int:
             asyncio.create_task(send_load(gw.url, ns.send_rate, ns.recipients, stop, accepted, send_counts)),
             asyncio.create_task(probe.run(stop)),
         ]
-        load = asyncio.create_task(
-            driver.run_open(shots, pool, duration_s=duration, ledger=ledger, progress=False, prewarm=16)
-        )
         rounds: list[FailoverRound] = []
         t0 = time.monotonic()
         for n in range(1, ns.rounds + 1):
