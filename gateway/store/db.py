@@ -54,6 +54,8 @@ async def _no_reset(conn: asyncpg.Connection) -> None:
 Observer = Callable[[str, str], None]
 observers: list[Observer] = []
 _primary: str | None = None
+# How soon a host that refused for being a standby is asked again while another is silent.
+STANDBY_RETRY_S = 0.5
 
 
 def observe(event: str, detail: str) -> None:
@@ -73,9 +75,13 @@ async def connect_any(dsn: str, **kwargs: Any) -> asyncpg.Connection:
     """A connection to ``dsn``; with several hosts (``h1:5432,h2:5432``) to the first of them,
     tried all at once, that accepts it and meets its ``target_session_attrs`` (asyncpg checks
     it per host): with ``read-write``, the primary of the moment, whichever host it is now.
-    Raises the hosts' error when none will do. (The signature of asyncpg's ``connect``: the
-    pools' ``connect``.)"""
+    While a host has not answered yet (frozen, cut off, or slow), one that refused for being a
+    standby is asked again every ``STANDBY_RETRY_S``: it may be promoted meanwhile, and the
+    silent one could hold the attempt for its whole timeout. Raises the hosts' error when none
+    will do. (The signature of asyncpg's ``connect``: the pools' ``connect``.)"""
     kwargs.pop("loop", None)
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + float(kwargs.get("timeout", 60))
     tasks = {asyncio.ensure_future(_connect_one(h, **kwargs)): h for h in dsns.per_host(dsn)}
     errors: list[BaseException] = []
     winner: asyncpg.Connection | None = None
@@ -84,11 +90,18 @@ async def connect_any(dsn: str, **kwargs: Any) -> asyncpg.Connection:
         while pending and winner is None:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
-                if t.exception() is not None:
-                    errors.append(t.exception())  # type: ignore[arg-type]
-                elif winner is None:
-                    winner = t.result()
-                    _note_primary(dsns.host_of(tasks[t]))
+                exc = t.exception()
+                if exc is None:
+                    if winner is None:
+                        winner = t.result()
+                        _note_primary(dsns.host_of(tasks[t]))
+                    continue
+                errors.append(exc)
+                standby = isinstance(exc, asyncpg.TargetServerAttributeNotMatched)
+                if standby and pending and loop.time() + STANDBY_RETRY_S < give_up:
+                    again = asyncio.ensure_future(_connect_later(STANDBY_RETRY_S, tasks[t], kwargs))
+                    tasks[again] = tasks[t]
+                    pending.add(again)
     finally:
         for t in tasks:
             t.cancel()
@@ -99,6 +112,11 @@ async def connect_any(dsn: str, **kwargs: Any) -> asyncpg.Connection:
     unmatched = [e for e in errors if isinstance(e, asyncpg.TargetServerAttributeNotMatched)]
     observe("no_primary", "no host writable" if unmatched else "no host reachable")
     raise (unmatched or errors)[0]
+
+
+async def _connect_later(delay_s: float, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
+    await asyncio.sleep(delay_s)
+    return await _connect_one(dsn, **kwargs)
 
 
 def _terminate_unless(keep: asyncpg.Connection | None) -> Callable[[asyncio.Future[Any]], None]:

@@ -78,7 +78,7 @@ class FailoverRound:
     old_leader: str = ""
     promoted: str = ""
     promoted_was_sync: bool = False
-    no_writable_s: float = NAN  # last commit before the fault -> first commit after it
+    no_writable_s: float = NAN  # fault -> the first commit sent after it that was acknowledged
     promotion_s: float = NAN  # fault -> Patroni reports another leader running
     answered_503: int = 0  # webhooks answered 503 from the fault to the first 200 after promotion
     failed_other: int = 0  # connection errors and timeouts in that span
@@ -90,8 +90,8 @@ class FailoverRound:
 
 
 class WriteProbe:
-    """Commits a transaction every 0.1 s through the gateway's own multi-host connect: the
-    times of the commits acknowledged (by the primary and its synchronous standby)."""
+    """Commits a transaction every 0.1 s through the gateway's own multi-host connect: when
+    each acknowledged commit was sent (by the primary and its synchronous standby)."""
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
@@ -100,11 +100,13 @@ class WriteProbe:
     async def run(self, stop: asyncio.Event) -> None:
         conn: asyncpg.Connection | None = None
         while not stop.is_set():
+            started = time.monotonic()
             try:
                 if conn is None or conn.is_closed():
                     conn = await connect_any(self.dsn, timeout=1.0)
+                    started = time.monotonic()
                 await conn.fetchval("SELECT txid_current()", timeout=1.0)
-                self.ok.append(time.monotonic())
+                self.ok.append(started)
             except Exception:
                 if conn is not None:
                     conn.terminate()
@@ -114,9 +116,8 @@ class WriteProbe:
             conn.terminate()
 
     def gap(self, fault: float) -> float:
-        before = max((t for t in self.ok if t <= fault), default=NAN)
-        after = min((t for t in self.ok if t > fault), default=NAN)
-        return after - before
+        """From the fault to the first commit sent after it that was acknowledged."""
+        return min((t for t in self.ok if t > fault), default=NAN) - fault
 
 
 async def listeners(cluster: Cluster, node: Node) -> Counter[str]:
@@ -248,7 +249,7 @@ def round_checks(rounds: list[FailoverRound]) -> list[verify.Check]:
 
 
 async def main(ns: argparse.Namespace) -> int:
-    round_s = ns.round_s or 60.0
+    round_s = ns.round_s or 75.0
     if round_s < 50:
         raise SystemExit("--round-s must be at least 50 with --failover (Patroni's TTL is 20 s)")
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -96,6 +96,29 @@ async def test_a_host_that_never_answers_does_not_hide_the_primary(db_dsn: str) 
         db.observers.pop()
 
 
+async def test_a_standby_promoted_while_another_host_is_silent_is_found(db_dsn: str) -> None:
+    """A failover from a frozen primary: the standby refuses (read-only) when first asked, is
+    promoted while the frozen host still holds the attempt, and is asked again in time."""
+    socket_dir = db_dsn.partition("?host=")[2]
+    name = database_name(db_dsn)
+    admin = await asyncpg.connect(db_dsn)
+    try:
+        await admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+        async with silent_host() as frozen, tcp_to(socket_dir) as standby:
+            attempt = asyncio.create_task(connect_any(multi_host(db_dsn, frozen, standby), timeout=GIVE_UP_S))
+            await asyncio.sleep(1.0)  # refused once at least
+            assert not attempt.done()
+            await admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+            conn = await attempt  # before the silent host's timeout: it would raise then
+            try:
+                assert await conn.fetchval("SHOW default_transaction_read_only") == "off"
+            finally:
+                await conn.close()
+    finally:
+        await admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+        await admin.close()
+
+
 async def test_a_server_that_takes_no_writes_is_not_ready_and_acknowledges_nothing(
     http: ClientSession, gateway: Listening, db_dsn: str
 ) -> None:

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(unavailable() is not None, re
 def test_a_killed_primary_fails_over_and_every_promise_holds(tmp_path: Path) -> None:
     argv = [
         sys.executable, "-m", "loadtest", "chaos", "--failover",
-        "--rounds", "1", "--round-s", "50", "--rate", "30", "--send-rate", "2",
+        "--rounds", "1", "--round-s", "65", "--rate", "30", "--send-rate", "2",
         "--drain-timeout", "60", "--results", str(tmp_path),
     ]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=170)

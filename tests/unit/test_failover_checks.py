@@ -34,9 +34,9 @@ def test_round_checks(rounds: list[FailoverRound], failing: set[str]) -> None:
 @pytest.mark.parametrize(
     ("ok", "fault", "gap"),
     [
-        ([1.0, 1.1, 21.4, 21.5], 1.15, 20.3),
+        ([1.0, 1.1, 21.4, 21.5], 1.15, 20.25),
         ([1.0, 1.1], 1.15, NAN),  # never writable again
-        ([5.0], 1.0, NAN),  # nothing before the fault
+        ([5.0], 1.0, 4.0),
     ],
 )
 def test_write_probe_gap(ok: list[float], fault: float, gap: float) -> None:
