@@ -173,14 +173,6 @@ async def one_round(
     r.promotion_s = promoted - fault
     if not r.promoted_was_sync:
         r.notes.append(f"promoted {new.name}, not the synchronous standby {sorted(sync)}")
-    if r.fault == "kill":
-        cluster.start_node(old)  # rejoins as a replica (pg_rewind when it must)
-    else:
-        await asyncio.sleep(max(0.0, fault + TTL_S + FREEZE_PAST_TTL_S - time.monotonic()))
-        cluster.thaw(old)  # its Patroni finds another leader and demotes it
-
-    async def first_200() -> bool:
-        return any(t > promoted and s == 200 for t, s in pool.answers[-2000:])
 
     async def listening() -> bool:
         return await listeners(cluster, new) >= expected
@@ -195,12 +187,22 @@ async def one_round(
         got = await db.call(lambda conn: verify.backlog(conn, start_id))
         return got is not None and got[1] < 1.0
 
-    r.first_200_s = await until(end, first_200, 0.05) - promoted
-    r.relisten_s = await until(end, listening) - promoted
-    r.drained_s = await until(end, drained, 0.25) - promoted
+    # Watched from the promotion on, while the old primary is brought back.
+    watch = [
+        asyncio.create_task(until(end, check, every)) for check, every in ((listening, 0.2), (drained, 0.25))
+    ]
+    if r.fault == "kill":
+        cluster.start_node(old)  # rejoins as a replica (pg_rewind when it must)
+    else:
+        await asyncio.sleep(max(0.0, fault + TTL_S + FREEZE_PAST_TTL_S - time.monotonic()))
+        cluster.thaw(old)  # its Patroni finds another leader and demotes it
+    relistened, drained_at = await asyncio.gather(*watch)
+    r.relisten_s, r.drained_s = relistened - promoted, drained_at - promoted
     r.rejoined_s = await until(end, rejoined, 0.5) - fault
     r.no_writable_s = probe.gap(fault)
-    r.answered_503, r.failed_other, _ = outage_figures(pool.answers, pool.failures, fault, promoted)
+    r.answered_503, r.failed_other, r.first_200_s = outage_figures(
+        pool.answers, pool.failures, fault, promoted
+    )
     for name, value in (("first 200", r.first_200_s), ("re-LISTEN", r.relisten_s), ("drain", r.drained_s)):
         if math.isnan(value):
             r.notes.append(f"no {name} within the round")
