@@ -19,6 +19,11 @@ from gateway.core import dsn
         ("postgresql://u:a1@h/x?sslpassword=pw", "postgresql://u:***@h/x?sslpassword=***", ["pw", "a1"]),
         ("postgresql://user:pw-1234/x", "postgresql://user:***/x", ["pw-1234"]),
         ("postgresql://h:5432/db", "postgresql://h:5432/db", []),
+        (
+            "postgresql://u:pw-9@a:5432,b:5432/x?target_session_attrs=read-write",
+            "postgresql://u:***@a:5432,b:5432/x?target_session_attrs=read-write",
+            ["pw-9"],
+        ),
         ("host=db user=u password=pw-1234 dbname=x", "host=db user=u password=*** dbname=x", ["pw-1234"]),
         ("host=db password='pw 1234' dbname=x", "host=db password=*** dbname=x", ["pw 1234"]),
         ("plain text", "plain text", []),
