@@ -75,6 +75,7 @@ TARGET = f"failover: promotion -> first 200 within {TARGET_FIRST_200_S:g} s (tar
 class FailoverRound:
     n: int
     fault: str  # "kill" or "freeze"
+    fault_at: float = NAN  # wall clock (the fake provider's receipts are timed by it)
     old_leader: str = ""
     promoted: str = ""
     promoted_was_sync: bool = False
@@ -162,7 +163,7 @@ async def one_round(
         return
     r.old_leader = old.name
     sync = {str(m["name"]) for m in members if m.get("role") == "sync_standby"}
-    fault = time.monotonic()
+    fault, r.fault_at = time.monotonic(), time.time()
     if r.fault == "kill":
         cluster.kill(old)
     else:
