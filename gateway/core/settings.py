@@ -174,13 +174,18 @@ def _dsn(raw: str) -> str:
     scheme, sep, _ = value.partition("://")
     if not sep or scheme not in ("postgres", "postgresql"):
         raise ValueError("must be a postgresql://user:password@host:port/database URL")
+    hosts = dsn.per_host(value)
     try:
-        parsed = urllib.parse.urlsplit(value)
-        parsed.port  # noqa: B018 - raises on a port that is not a number
+        for one in hosts:
+            urllib.parse.urlsplit(one).port  # noqa: B018 - raises on a port that is not a number
     except ValueError:
         raise ValueError(
             "has an invalid host or port (a password with special characters must be percent-encoded)"
         ) from None
+    attrs = urllib.parse.parse_qs(urllib.parse.urlsplit(hosts[0]).query).get("target_session_attrs", [""])[-1]
+    if len(hosts) > 1 and attrs not in ("read-write", "primary"):
+        # Every connection writes: with several hosts, only the primary of the moment will do.
+        raise ValueError("lists several hosts: add ?target_session_attrs=read-write (the gateway writes)")
     return value
 
 
@@ -199,7 +204,8 @@ class Settings:
         "DATABASE_URL",
         None,
         _dsn,
-        "PostgreSQL URL (postgresql://user:password@host:port/db); unset: the embedded server",
+        "PostgreSQL URL (postgresql://user:password@host:port/db; a primary and its standbys: "
+        "host1:port,host2:port/db?target_session_attrs=read-write); unset: the embedded server",
     )
     data_dir: Path = _env(
         "GATEWAY_DATA_DIR",
@@ -217,7 +223,7 @@ class Settings:
         "GATEWAY_DB_CONNECT_TIMEOUT_S",
         5.0,
         _float(0.1, 120),
-        "seconds to wait for one database connection to open",
+        "seconds to wait for one database connection to open (per host of a multi-host DATABASE_URL)",
     )
     migrate_on_start: bool = _env(
         "GATEWAY_MIGRATE_ON_START",

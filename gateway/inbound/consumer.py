@@ -45,7 +45,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from gateway import metrics, tracing
-from gateway.core.aio import sleep_unless_stopped
+from gateway.core.aio import back_off
 from gateway.core.backoff import backoff_delay
 from gateway.core.events import Event, Item, Status
 from gateway.core.faults import (
@@ -234,11 +234,11 @@ class Consumer:
                     # headed the batch is remembered (a stall is taken alone).
                     self._uncommitted()
                     delay = self._fault(exc)
-                    await sleep_unless_stopped(stop, delay)
+                    await back_off(stop, self.wake, delay, min(delay, s.retry_base_ms / 1000))
                     continue
                 if self.deferred_s:
                     delay, self.deferred_s = self.deferred_s, 0.0
-                    await sleep_unless_stopped(stop, delay)
+                    await back_off(stop, self.wake, delay, min(delay, s.retry_base_ms / 1000))
                     continue
                 if self._again:
                     if self._more and self.on_more is not None:  # rows left: a sibling helps

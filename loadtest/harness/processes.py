@@ -171,14 +171,16 @@ def start_serve(dsn: str, secrets: Secrets, log_dir: Path, extra: dict[str, str]
     return Proc("serve", [sys.executable, "-m", "gateway", "serve"], env, log_dir / "serve.log", port)
 
 
-def start_fake_provider(dsn: str, secrets: Secrets, log_dir: Path, webhook_url: str) -> Proc:
+def start_fake_provider(
+    dsn: str, secrets: Secrets, log_dir: Path, webhook_url: str, extra: dict[str, str] | None = None
+) -> Proc:
     port = free_port()
     env = gateway_env(
         dsn,
         free_port(),
         secrets,
         consumers=False,
-        extra={"GATEWAY_FAKE_PORT": str(port), "GATEWAY_FAKE_WEBHOOK_URL": webhook_url},
+        extra={"GATEWAY_FAKE_PORT": str(port), "GATEWAY_FAKE_WEBHOOK_URL": webhook_url, **(extra or {})},
     )
     return Proc(
         "fake-provider", [sys.executable, "-m", "gateway", "fake-provider"], env, log_dir / "fake.log", port

@@ -67,6 +67,10 @@ ON CONFLICT (tenant, idem_key) DO NOTHING;
 -- name: lt_outbox_unsent
 SELECT count(*) FROM outbox WHERE state IN ('pending', 'sending');
 
+-- name: lt_outbox_open
+-- Sends not settled yet: unknown ones wait for their status webhook (or the reconciler).
+SELECT count(*) FROM outbox WHERE state IN ('pending', 'sending', 'unknown');
+
 -- name: lt_outbox_states_all
 SELECT callback_data, state FROM outbox;
 
