@@ -128,6 +128,12 @@ def advance(cursors: Sequence[Cursor], now: Snapshot, last: tuple[int, int], exh
     return out
 
 
+def close_windows(cursors: Sequence[Cursor]) -> list[Cursor]:
+    """After a read of these lanes that found nothing: each window is read to its end, its
+    snapshot the new done one (a lane without a window is as it was)."""
+    return [Cursor(c.lane, c.version + 1, c.window) if c.window is not None else c for c in cursors]
+
+
 def assign(members: Iterable[str], shards: Mapping[int, int]) -> dict[str, list[int]]:
     """Lanes per live member: the lanes sorted by (shard, lane) dealt in contiguous runs, so
     every member computes the same answer and a shard's lanes mostly stay with one member."""

@@ -61,7 +61,7 @@ from gateway.core.faults import (
 )
 from gateway.core.heartbeat import HEARTBEATS
 from gateway.core.jsonspan import pointer
-from gateway.core.lanes import Cursor, LaneSet
+from gateway.core.lanes import Cursor, LaneSet, close_windows
 from gateway.core.lanes import advance as advance_cursors
 from gateway.core.limits import LogThrottle
 from gateway.core.planning import Plan, StagedRow, describe, plan_batch, plan_event
@@ -155,7 +155,7 @@ class Consumer:
         # The lanes are the group's (it leases them); a consumer made on its own leases its own.
         if lanes is None:
             self._lanes = LaneSet()
-            self._lease: LaneLease | None = LaneLease(settings, self._lanes, member)
+            self._lease: LaneLease | None = LaneLease(settings, self._lanes, member, greedy=True)
             self.member = self._lease.member
         else:
             assert member is not None
@@ -271,7 +271,7 @@ class Consumer:
             return await self._batch()
         finally:
             async with self._pool.acquire() as conn:
-                await self._lease.leave(conn)
+                await self._lease.release(conn)
 
     async def _batch(self) -> int:
         stalled = self._health.stalled()
@@ -298,14 +298,28 @@ class Consumer:
                         conn, taken, limit=self._s.consumer_batch, max_bytes=self._s.consumer_batch_bytes
                     )
                     if not batch.rows or batch.snapshot is None:
-                        moved = taken
-                        self._more_before = False
-                        return 0
-                    last = batch.rows[-1]
-                    advance = advance_cursors(taken, batch.snapshot, (last.txid, last.id), batch.exhausted)
-                    self._more = self._more_before = not batch.exhausted
-                    forwards = await self._handle(conn, batch.rows, taken, advance)
+                        # A window the last batch read up to its last row is read to its end:
+                        # closed now, or the lane would keep reading it for ever, and never
+                        # what committed after it.
+                        windows = [c for c in taken if c.window is not None]
+                        closed = {c.lane: c for c in close_windows(windows)}
+                        if windows:
+                            await inbox.advance(
+                                conn, member=self.member, cursors=windows, moved=list(closed.values())
+                            )
+                        advance = [closed.get(c.lane, c) for c in taken]
+                        more = False
+                    else:
+                        last = batch.rows[-1]
+                        advance = advance_cursors(
+                            taken, batch.snapshot, (last.txid, last.id), batch.exhausted
+                        )
+                        more = not batch.exhausted
+                        forwards = await self._handle(conn, batch.rows, taken, advance)
                 moved = advance
+                self._more = self._more_before = more
+                if not batch.rows:
+                    return 0
         finally:
             self._lanes.give_back(lanes_out, moved)
         self._committed(forwards)

@@ -23,8 +23,13 @@ def new_member() -> str:
 class LaneLease:
     """Renews one member's lanes into its ``LaneSet`` (``refresh``, every third of the lease)."""
 
-    def __init__(self, settings: Settings, lane_set: LaneSet, member: str | None = None) -> None:
+    def __init__(
+        self, settings: Settings, lane_set: LaneSet, member: str | None = None, *, greedy: bool = False
+    ) -> None:
         self.member = member or new_member()
+        # A consumer made on its own (tests, tools) takes every lane no live member holds, for
+        # one batch at a time, instead of its share.
+        self.greedy = greedy
         self.lanes = lane_set
         self.ttl = settings.consumer_lane_lease_s
         self._shards: dict[int, int] | None = None
@@ -40,12 +45,20 @@ class LaneLease:
         live = await lanes.members(conn, ttl_s=self.ttl)
         if self._shards is None:
             self._shards = await lanes.shards(conn)
-        mine = assign([*live, self.member], self._shards).get(self.member, [])
+        if self.greedy:
+            mine = sorted(self._shards)
+        else:
+            mine = assign([*live, self.member], self._shards).get(self.member, [])
         before = set(self.lanes.cursors)
         held = await lanes.lease(conn, member=self.member, lanes=mine, live=live, ttl_s=self.ttl)
         self.lanes.own(held, self._shards)
         self._next = time.monotonic() + self.ttl / 3
         return sorted(set(self.lanes.cursors) - before)
+
+    async def release(self, conn: Conn) -> None:
+        """Let every lane go, staying a member (a consumer made on its own, between batches)."""
+        await lanes.release(conn, member=self.member)
+        self.lanes.own([], self._shards or {})
 
     async def leave(self, conn: Conn) -> None:
         await lanes.leave(conn, member=self.member)

@@ -126,6 +126,11 @@ def advance_arg(cursors: Sequence[Cursor], moved: Sequence[Cursor]) -> list[dict
     ]
 
 
+async def advance(conn: Conn, *, member: str, cursors: Sequence[Cursor], moved: Sequence[Cursor]) -> None:
+    """Move the cursors of lanes whose batch had no rows (their windows closed)."""
+    await conn.execute(q("inbox_advance"), member, advance_arg(cursors, moved))
+
+
 async def move_aside(
     conn: Conn,
     *,

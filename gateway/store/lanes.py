@@ -42,6 +42,11 @@ async def lease(
     return [cursor(r) for r in rows]
 
 
+async def release(conn: Conn, *, member: str) -> None:
+    """``member`` lets its lanes go (and stays a member)."""
+    await conn.execute(q("lanes_release"), member)
+
+
 async def leave(conn: Conn, *, member: str) -> None:
     """``member`` stops: its lanes are free at once."""
     await conn.execute(q("lanes_leave"), member)

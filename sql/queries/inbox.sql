@@ -66,6 +66,11 @@ ORDER BY b.txid, b.id;
 -- idle past $1 milliseconds (see gateway/inbound/consumer.py).
 SELECT set_config('enable_sort', 'off', true), set_config('idle_in_transaction_session_timeout', $1, true);
 
+-- name: inbox_advance
+-- The lanes' cursors moved on their own (windows a read found empty): member $1, $2 as for
+-- inbox_advance.
+SELECT inbox_advance($1, $2::jsonb);
+
 -- name: inbox_get_row
 -- One row again by id, for a row taken alone or moved aside.
 SELECT id, txid::text::bigint AS txid, lane, source, body, delivery_id, received_at
@@ -128,6 +133,11 @@ WITH let_go AS (
 SELECT lane, shard, version, done_snap::text AS done, win_snap::text AS win,
        pos_txid::text::bigint AS pos_txid, pos_id
 FROM took ORDER BY lane;
+
+-- name: lanes_release
+-- Member $1 lets its lanes go and stays a member; the others are told.
+UPDATE inbox_lanes SET owner = NULL, lease_until = NULL WHERE owner = $1
+RETURNING pg_notify('webhook_inbox', 'lanes');
 
 -- name: lanes_leave
 -- Member $1 stops: its lanes are free at once, its row goes, and the others are told.

@@ -92,10 +92,11 @@ async def test_a_batch_costs_a_constant_number_of_statements(db_dsn: str, settin
                 )
             statements.clear()
             assert await consumer.process_batch() == n_rows
-            # read, BEGIN, SAVEPOINT, apply_batch, COMMIT (which releases the savepoint) and
-            # the pool's reset on release: the same six for 4 events and for 1200.
+            # BEGIN, the read's settings, read, SAVEPOINT, apply_batch, COMMIT (which releases
+            # the savepoint) and the pool's reset on release: the same seven for 4 events and
+            # for 1200.
             if not warm_up:
-                assert len(statements) == 6, [s[:60] for s in statements]
+                assert len(statements) == 7, [s[:60] for s in statements]
     finally:
         await pool.close()
 
@@ -170,13 +171,18 @@ class _Batches:
             c.process_batch = counted  # type: ignore[method-assign]
 
         async def listen(
-            opener: Any, channel: str, on_notify: Callable[[], None], stop: asyncio.Event, **kw: Any
+            opener: Any,
+            channel: str,
+            on_notify: Callable[[], None],
+            stop: asyncio.Event,
+            *args: Any,
+            **kw: Any,
         ) -> None:
             def counted() -> None:
                 self.notified += 1
                 on_notify()
 
-            await store_listen.listen(opener, channel, counted, stop, **kw)
+            await store_listen.listen(opener, channel, counted, stop, *args, **kw)
 
         monkeypatch.setattr(consumer_group, "listen", listen)
 
@@ -266,7 +272,8 @@ async def test_rows_staged_within_the_gap_after_a_batch_share_the_next_one(
             "SELECT DISTINCT processed_at FROM processed_webhook_events WHERE processed_at > $1", first
         )
     assert batches.rows() == [1, 5], batches.seen  # one batch for the five, no claim of nothing
-    # The five keys went in one statement (moments apart), a gap after the first.
+    # The five keys went in one statement (moments apart), a gap after the first (the keys'
+    # times are their statements', each some way into its batch: a little slack).
     at = sorted(r["processed_at"] for r in later)
     assert len(at) == 5 and (at[-1] - at[0]).total_seconds() < 0.5, at
-    assert (at[0] - first).total_seconds() >= gap_s - 0.05
+    assert (at[0] - first).total_seconds() >= gap_s - 0.25
