@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import random
 import time
@@ -32,7 +33,16 @@ from gateway.core.clock import Clock, SystemClock
 from gateway.core.enums import OutboxState
 from gateway.core.heartbeat import HEARTBEATS
 from gateway.core.limits import LogThrottle
-from gateway.core.pacing import Breaker, BreakerId, Candidate, limits_for, plan_claim, settle_probe, trip
+from gateway.core.pacing import (
+    Ahead,
+    Breaker,
+    BreakerId,
+    Candidate,
+    limits_for,
+    plan_claim,
+    settle_probe,
+    trip,
+)
 from gateway.core.planning import describe
 from gateway.core.settings import Settings
 from gateway.outbound import providers
@@ -46,6 +56,11 @@ _WARN = LogThrottle(10.0)
 CHANNEL = "outbox"
 # Rows looked at per claim, per row that may go: room for rows pacing holds back.
 SCAN_FACTOR = 2
+# A row behind an earlier one of its pair that is still in flight looks again this much later
+# (a provider answers well within it; one message per pair is in flight at a time).
+RECHECK_S = 0.2
+# Times rows this process put off are due again, kept to wake a loop then (not a poll later).
+MAX_TIMERS = 4096
 
 
 class Sender:
@@ -71,6 +86,7 @@ class Sender:
         # Rows this process sent as a breaker's probe: row id -> the breakers waiting on it.
         self._probes: dict[int, list[BreakerId]] = {}
         self._wakes: list[asyncio.Event] = []
+        self._timers: list[float] = []  # heap of the times rows this process put off are due
         self._limit = asyncio.Semaphore(settings.send_concurrency)
         self.timeout = providers.client_timeout(settings)
         self.lease_s = settings.send_lease_s
@@ -121,6 +137,7 @@ class Sender:
                     r["tenant"],
                     r["person"],
                     s.token_key(r["provider"], r["phone_number_id"]),
+                    None if r["ahead_id"] is None else Ahead(r["ahead_id"], r["ahead_state"], r["ahead_due"]),
                 )
                 for r in found
             ]
@@ -143,11 +160,15 @@ class Sender:
                 now=now,
                 limit=s.send_batch,
                 probe_lease_s=self.lease_s,
+                recheck_s=RECHECK_S,
             )
             await pacing.put(conn, plan.pacing)
             await pacing.put_breakers(conn, plan.breakers)
             await outbox.defer(conn, ids=list(plan.defer), until=list(plan.defer.values()))
             marked = await outbox.mark_sending(conn, ids=plan.go, now=now)
+        for at in set(plan.defer.values()):
+            if len(self._timers) < MAX_TIMERS:
+                heapq.heappush(self._timers, at)
         rows = [r for r in marked if not r["parked"]]
         for r in marked:
             if r["parked"]:
@@ -309,10 +330,18 @@ class Sender:
                     dealt = 0
                 if dealt < s.send_batch:
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(poll_s):
+                        async with asyncio.timeout(self._idle_s(poll_s)):
                             await first_set(stop, wake)
         finally:
             beat.done()
+
+    def _idle_s(self, poll_s: float) -> float:
+        """How long a loop with nothing due waits: until the next row this process put off is
+        due (so a row waits for its limits, not for a poll on top), at most a poll interval."""
+        now = self.clock.now()
+        while self._timers and self._timers[0] <= now:
+            heapq.heappop(self._timers)
+        return min(poll_s, self._timers[0] - now) if self._timers else poll_s
 
     async def _listen(self, stop: asyncio.Event) -> None:
         """Wake the loops on NOTIFY (polling covers the gaps)."""

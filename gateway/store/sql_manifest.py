@@ -41,6 +41,7 @@ FILES: tuple[str, ...] = (
     "migrations/0017_partitions_on_demand.sql",
     "migrations/0018_operator_console.sql",
     "migrations/0019_meta_format_and_graph_compat.sql",
+    "migrations/0020_outbox_customer_order.sql",
     "queries/audit.sql",
     "queries/console.sql",
     "queries/dead_events.sql",
