@@ -1,0 +1,253 @@
+"""The realistic send mix of ``bench-send --mix``: many customers, a fifth of them getting 2-5
+messages each, in arrival order; and what is measured on what the fake provider received.
+
+Pure helpers (the mix, the figures) and the phases that run a ``gateway send`` process on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+
+from gateway.store import outbox
+from gateway.testing.ports import free_port
+from loadtest.harness import processes
+from loadtest.harness.sql import q
+from loadtest.harness.stats import percentile
+
+TENANT = "bench"
+PAYLOAD = {"type": "text", "text": {"body": "bench"}}
+
+
+def mix(messages: int, repeat_share: float, lo: int, hi: int, rng: random.Random) -> list[int]:
+    """The customer of each message, in arrival order: customers get one message each, except
+    ``repeat_share`` of them, who get ``lo``-``hi``; their messages are spread through the stream."""
+    counts: list[int] = []
+    while sum(counts) < messages:
+        counts.append(rng.randint(lo, hi) if rng.random() < repeat_share else 1)
+    counts[-1] -= sum(counts) - messages
+    stream = [c for c, n in enumerate(counts) for _ in range(n)]
+    rng.shuffle(stream)
+    return stream
+
+
+def inversions(order: Iterable[tuple[int, int]]) -> int:
+    """Messages that reached the provider before an earlier one of their customer: ``order`` is
+    (customer, position in the arrival stream) in the order the provider took them."""
+    last: dict[int, int] = {}
+    n = 0
+    for customer, position in order:
+        if position < last.get(customer, -1):
+            n += 1
+        last[customer] = max(position, last.get(customer, -1))
+    return n
+
+
+def busy_rate(sends: Sequence[tuple[int, float]], pair_interval_s: float) -> tuple[float, float]:
+    """(sends/s over the busy time, the busy time): ``sends`` (customer, arrival) in arrival
+    order. A message is due from the first arrival, or from its customer's previous arrival plus
+    the pair interval; the busy time is the time some message was due and not yet sent (the union
+    of [due, arrival]). Time in which only pair waits remain is nobody's throughput."""
+    if not sends:
+        return 0.0, 0.0
+    start = min(t for _, t in sends)
+    previous: dict[int, float] = {}
+    spans = []
+    for customer, t in sends:
+        due = max(start, previous[customer] + pair_interval_s) if customer in previous else start
+        spans.append((min(due, t), t))
+        previous[customer] = t
+    spans.sort()
+    busy, (lo, hi) = 0.0, spans[0]
+    for a, b in spans[1:]:
+        if a > hi:
+            busy, lo, hi = busy + hi - lo, a, b
+        else:
+            hi = max(hi, b)
+    busy += hi - lo
+    return (len(sends) / busy if busy > 0 else 0.0), busy
+
+
+@dataclass
+class Env:
+    """What the phases share: the scratch database, the fake provider, the sender's settings."""
+
+    dsn: str
+    pool: asyncpg.Pool
+    fake_url: str
+    log_dir: Path
+    sender_env: dict[str, str]
+    http: aiohttp.ClientSession
+
+
+async def received(env: Env) -> list[dict[str, Any]]:
+    async with env.http.get(f"{env.fake_url}/_fake/received") as r:
+        got: list[dict[str, Any]] = await r.json(content_type=None)
+        return got
+
+
+async def start_sender(env: Env, name: str, pair_interval_s: float) -> processes.Proc:
+    """``gateway send`` with the bench's settings and this pair interval, once it listens."""
+    port = free_port()
+    extra = {
+        **env.sender_env,
+        "GATEWAY_PAIR_INTERVAL_S": str(pair_interval_s),
+        "GATEWAY_METRICS_PORT": str(port),
+    }
+    proc = processes.start_sender(env.dsn, env.log_dir, name, port, extra)
+    await proc.wait_ready("/healthz")
+    deadline = time.monotonic() + 30
+    while not await env.pool.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %outbox%'"
+    ):
+        if time.monotonic() > deadline or not proc.alive():
+            raise RuntimeError(f"{name} never listened:\n{proc.log_tail()}")
+        await asyncio.sleep(0.05)
+    return proc
+
+
+@dataclass
+class Phase:
+    """One run over the mix: what the provider received, per message of the phase."""
+
+    name: str
+    pair_interval_s: float
+    customers: list[int]  # by position in the arrival stream
+    got: list[dict[str, Any]]  # the fake's record of this phase's messages, in its order
+    accepted: int
+    seconds: float = 0.0  # how long the phase ran (enqueue or first send to the last send)
+    lag_ms: list[float] = field(default_factory=list)  # latency phase: scheduled -> committed
+    from_commit_ms: dict[int, float] = field(default_factory=dict)  # latency phase: committed -> arrival
+
+    def by_key(self) -> dict[str, dict[str, Any]]:
+        return {m["callback_data"]: m for m in self.got}
+
+    def position(self, m: dict[str, Any]) -> int:
+        return int(m["callback_data"].rsplit("-", 1)[1])
+
+    def figures(self) -> dict[str, Any]:
+        stream = [(self.customers[self.position(m)], self.position(m), m["at"]) for m in self.got]
+        arrivals = sorted((t, c) for c, _p, t in stream)
+        per_customer = [(c, t) for t, c in arrivals]
+        rate, busy = busy_rate(per_customer, self.pair_interval_s)
+        span = arrivals[-1][0] - arrivals[0][0] if len(arrivals) > 1 else 0.0
+        dupes = len(self.got) - len({m["callback_data"] for m in self.got})
+        return {
+            "messages": len(self.customers),
+            "customers": len(set(self.customers)),
+            "received": len(self.got),
+            "duplicates": dupes,
+            "accepted": self.accepted,
+            "sends_per_s": rate,
+            "busy_s": busy,
+            "span_s": span,
+            "plain_sends_per_s": len(arrivals) / span if span > 0 else 0.0,
+            "inversions": inversions((c, p) for c, p, _t in stream),
+        }
+
+
+async def drain(env: Env, name: str, number: str, customers: list[int], pair_interval_s: float) -> Phase:
+    """The whole mix enqueued at once (a backlog in arrival order), then one sender drains it."""
+    keys = [f"{name}-{i}" for i in range(len(customers))]
+    recipients = [f"49{c:011d}" for c in customers]
+    await env.pool.execute(q("lt_outbox_enqueue_ordered"), TENANT, "meta", number, PAYLOAD, keys, recipients)
+    sender = await start_sender(env, f"send-{name}", pair_interval_s)
+    try:
+        deadline = time.monotonic() + 600
+        while await env.pool.fetchval(q("lt_outbox_unsent_number"), number):
+            if time.monotonic() > deadline or not sender.alive():
+                raise RuntimeError(f"{name}: the sender did not drain the mix:\n{sender.log_tail()}")
+            await asyncio.sleep(0.1)
+    finally:
+        sender.stop()
+    return await _phase(env, name, number, customers, pair_interval_s)
+
+
+async def _phase(env: Env, name: str, number: str, customers: list[int], pair_interval_s: float) -> Phase:
+    prefix = f"{TENANT}:{name}-"
+    got = [m for m in await received(env) if (m["callback_data"] or "").startswith(prefix)]
+    accepted = await env.pool.fetchval(q("lt_outbox_accepted_number"), number)
+    return Phase(name, pair_interval_s, customers, got, accepted)
+
+
+async def latency(
+    env: Env, name: str, number: str, customers: list[int], rate: float, pair_interval_s: float
+) -> tuple[Phase, dict[int, float]]:
+    """The mix at ``rate`` messages/s, each enqueued on its own (as the send API does) at its
+    scheduled time (open model); the latency of a message runs from that time to its arrival at
+    the provider. Returns the phase and the latencies (ms) by position in the stream."""
+    sender = await start_sender(env, f"send-{name}", pair_interval_s)
+    scheduled: dict[int, float] = {}
+    committed: dict[int, float] = {}
+    tasks: set[asyncio.Task[None]] = set()
+    # A customer's next message is enqueued once the previous one is (as an order system that
+    # waits for the 202 does): the enqueue order is then the stream's order for each customer.
+    previous: dict[int, asyncio.Task[None]] = {}
+
+    async def one(i: int, before: asyncio.Task[None] | None) -> None:
+        if before is not None:
+            await before
+        m = outbox.NewMessage(TENANT, f"{name}-{i}", "meta", number, f"49{customers[i]:011d}", PAYLOAD)
+        await outbox.enqueue(env.pool, m)
+        committed[i] = time.time()
+
+    try:
+        start = time.time() + 0.2
+        for i in range(len(customers)):
+            at = start + i / rate
+            delay = at - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            scheduled[i] = at
+            task = asyncio.create_task(one(i, previous.get(customers[i])))
+            previous[customers[i]] = task
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+        # The repeat customers' last messages wait their pair intervals.
+        deadline = time.monotonic() + 60 + 5 * pair_interval_s
+        while await env.pool.fetchval(q("lt_outbox_unsent_number"), number):
+            if time.monotonic() > deadline or not sender.alive():
+                raise RuntimeError(f"{name}: the sender did not send the mix:\n{sender.log_tail()}")
+            await asyncio.sleep(0.1)
+    finally:
+        sender.stop()
+    phase = await _phase(env, name, number, customers, pair_interval_s)
+    phase.seconds = len(customers) / rate
+    ms = {phase.position(m): (m["at"] - scheduled[phase.position(m)]) * 1000 for m in phase.got}
+    phase.lag_ms = [(committed[i] - scheduled[i]) * 1000 for i in committed]
+    phase.from_commit_ms = {
+        phase.position(m): (m["at"] - committed[phase.position(m)]) * 1000 for m in phase.got
+    }
+    return phase, ms
+
+
+def first_message_latency(customers: list[int], ms: dict[int, float]) -> dict[str, float]:
+    """p50/p99 of the latency of the messages of customers who got exactly one, and of the first
+    message of the others."""
+    count: dict[int, int] = {}
+    for c in customers:
+        count[c] = count.get(c, 0) + 1
+    single = [ms[i] for i, c in enumerate(customers) if count[c] == 1 and i in ms]
+    seen: set[int] = set()
+    first_of_repeat = []
+    for i, c in enumerate(customers):
+        if count[c] > 1 and c not in seen and i in ms:
+            first_of_repeat.append(ms[i])
+        seen.add(c)
+    return {
+        "single_n": len(single),
+        "single_p50_ms": percentile(single, 50),
+        "single_p99_ms": percentile(single, 99),
+        "single_max_ms": max(single, default=float("nan")),
+        "repeat_first_p99_ms": percentile(first_of_repeat, 99),
+    }
