@@ -21,6 +21,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -61,6 +62,22 @@ SCAN_FACTOR = 2
 RECHECK_S = 0.2
 # Times rows this process put off are due again, kept to wake a loop then (not a poll later).
 MAX_TIMERS = 4096
+# A claim that found rows whose number another sender's claim held looks again this soon.
+CONTENDED_RETRY_S = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What a claim did: the rows it sends, how many it put off, whether it found rows whose
+    keys another sender held (and so left them)."""
+
+    rows: list[Any]
+    deferred: int
+    contended: bool
+
+    @property
+    def dealt(self) -> int:
+        return len(self.rows) + self.deferred
 
 
 class Sender:
@@ -87,6 +104,7 @@ class Sender:
         self._probes: dict[int, list[BreakerId]] = {}
         self._wakes: list[asyncio.Event] = []
         self._timers: list[float] = []  # heap of the times rows this process put off are due
+        self._claiming = asyncio.Lock()
         self._limit = asyncio.Semaphore(settings.send_concurrency)
         self.timeout = providers.client_timeout(settings)
         self.lease_s = settings.send_lease_s
@@ -115,19 +133,27 @@ class Sender:
 
         Returns the rows dealt with (sent or put off); 0 when nothing was due (or free).
         """
-        rows, deferred = await self._claim(self.clock.now())
+        return (await self._step()).dealt
+
+    async def _step(self) -> Claimed:
+        # One claim at a time per process: the loops of one sender never race each other for a
+        # number's lock (a loop that lost it would drop rows a NOTIFY woke it for); their
+        # provider requests still overlap.
+        async with self._claiming:
+            claimed = await self._claim(self.clock.now())
+        rows = claimed.rows
         if rows:
             with tracing.span("sender.batch", rows=len(rows)):
                 results = await asyncio.gather(*(self._send(r) for r in rows))
                 await self._record(rows, results)
-        return len(rows) + deferred
+        return claimed
 
-    async def _claim(self, now: float) -> tuple[list[Any], int]:
+    async def _claim(self, now: float) -> Claimed:
         s = self.settings
         async with self.pool.acquire() as conn, conn.transaction():
             found = await outbox.claim_candidates(conn, now=now, limit=s.send_batch * SCAN_FACTOR)
             if not found:
-                return [], 0
+                return Claimed([], 0, False)
             cands = [
                 Candidate(
                     r["id"],
@@ -147,6 +173,9 @@ class Sender:
             number_keys = {c.keys[0] for c in cands}
             locked = await pacing.try_lock(conn, [*number_keys, *(b.lock_key for b in ids)])
             locked |= {c.keys[1] for c in cands if c.keys[0] in locked}
+            contended = any(
+                c.keys[0] not in locked or any(b.lock_key not in locked for b in c.breakers) for c in cands
+            )
             state = await pacing.get(conn, [k for k in locked if not k.startswith("brk:")])
             breakers = await pacing.get_breakers(conn, [b for b in ids if b.lock_key in locked])
             # Pace from the moment of decision, as close to the send as the claim allows.
@@ -184,7 +213,8 @@ class Sender:
                     "breaker %s/%s/%s half-open: probing with one send", b_id.scope, b_id.provider, b_id.key
                 )
         # Rows parked for review were dealt with too (put off: not sent).
-        return sorted(rows, key=lambda r: (r["due"], r["id"])), len(plan.defer) + len(marked) - len(rows)
+        rows = sorted(rows, key=lambda r: (r["due"], r["id"]))
+        return Claimed(rows, len(plan.defer) + len(marked) - len(rows), contended)
 
     async def _send(self, row: Any) -> tuple[Classified, float]:
         async with self._limit:
@@ -322,15 +352,19 @@ class Sender:
                 beat()
                 wake.clear()
                 try:
-                    dealt = await self.step()
+                    claimed = await self._step()
                 except Exception as exc:
                     held = _WARN.allow("step", time.monotonic())
                     if held is not None:
                         log.warning("sender step failed: %s%s", describe(exc), _WARN.suffix(held))
-                    dealt = 0
-                if dealt < s.send_batch:
+                    claimed = Claimed([], 0, False)
+                if claimed.dealt < s.send_batch:
+                    idle_s = self._idle_s(poll_s)
+                    if claimed.contended:
+                        # Another sender's claim held rows this one saw: look again once it is done.
+                        idle_s = min(idle_s, CONTENDED_RETRY_S)
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self._idle_s(poll_s)):
+                        async with asyncio.timeout(idle_s):
                             await first_set(stop, wake)
         finally:
             beat.done()

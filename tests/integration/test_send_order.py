@@ -121,8 +121,8 @@ async def test_a_row_its_killed_sender_left_sending_holds_the_pair_until_its_lea
     await enqueue(pool, "P1", P)
     sender = sender_for(pool, settings, fake)
     try:
-        rows, _ = await sender._claim(sender.clock.now())
-        assert [r["idem_key"] for r in rows] == ["P1"]
+        claimed = await sender._claim(sender.clock.now())
+        assert [r["idem_key"] for r in claimed.rows] == ["P1"]
         await enqueue(pool, "P2", P)
         await run_for(sender, 30.0)
         assert fake.received == []
