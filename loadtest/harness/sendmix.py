@@ -24,6 +24,8 @@ from loadtest.harness.sql import q
 from loadtest.harness.stats import percentile
 
 TENANT = "bench"
+# Messages allowed to go and not yet sent, from which on the sender counts as saturated.
+BACKLOG = 100
 PAYLOAD = {"type": "text", "text": {"body": "bench"}}
 
 
@@ -51,29 +53,47 @@ def inversions(order: Iterable[tuple[int, int]]) -> int:
     return n
 
 
-def busy_rate(sends: Sequence[tuple[int, float]], pair_interval_s: float) -> tuple[float, float]:
-    """(sends/s over the busy time, the busy time): ``sends`` (customer, arrival) in arrival
-    order. A message is due from the first arrival, or from its customer's previous arrival plus
-    the pair interval; the busy time is the time some message was due and not yet sent (the union
-    of [due, arrival]). Time in which only pair waits remain is nobody's throughput."""
-    if not sends:
-        return 0.0, 0.0
-    start = min(t for _, t in sends)
+def due_times(sends: Sequence[tuple[int, float]], pair_interval_s: float) -> list[float]:
+    """When each message was allowed to go: ``sends`` (customer, arrival) in arrival order. A
+    customer's first message from the start (the first arrival), each next one from the previous
+    one's arrival plus the pair interval."""
+    start = min((t for _, t in sends), default=0.0)
     previous: dict[int, float] = {}
-    spans = []
+    due = []
     for customer, t in sends:
-        due = max(start, previous[customer] + pair_interval_s) if customer in previous else start
-        spans.append((min(due, t), t))
+        due.append(
+            min(t, max(start, previous[customer] + pair_interval_s)) if customer in previous else start
+        )
         previous[customer] = t
-    spans.sort()
-    busy, (lo, hi) = 0.0, spans[0]
-    for a, b in spans[1:]:
-        if a > hi:
-            busy, lo, hi = busy + hi - lo, a, b
-        else:
-            hi = max(hi, b)
-    busy += hi - lo
-    return (len(sends) / busy if busy > 0 else 0.0), busy
+    return due
+
+
+def backlog_rate(
+    sends: Sequence[tuple[int, float]], pair_interval_s: float, backlog: int
+) -> tuple[float, float]:
+    """(sends/s, seconds) while the sender had a backlog: at least ``backlog`` messages allowed to
+    go (``due_times``) and not yet at the provider. Time in which only pair waits remain, or a
+    few messages trickle out as their waits end, is not the sender's throughput."""
+    events = sorted(
+        [(d, 1) for d in due_times(sends, pair_interval_s)] + [(t, -1) for _, t in sends],
+        key=lambda e: (e[0], -e[1]),
+    )
+    waiting, seconds, sent, last = 0, 0.0, 0, None
+    for t, step in events:
+        if last is not None and waiting >= backlog:
+            seconds += t - last
+        if step < 0 and waiting >= backlog:
+            sent += 1
+        waiting += step
+        last = t
+    return (sent / seconds if seconds > 0 else 0.0), seconds
+
+
+def lateness_ms(sends: Sequence[tuple[int, float]], pair_interval_s: float) -> list[float]:
+    """For each message a pair interval held back: how long after its wait ended it arrived."""
+    due = due_times(sends, pair_interval_s)
+    start = min((t for _, t in sends), default=0.0)
+    return [(t - d) * 1000 for (_, t), d in zip(sends, due, strict=True) if d > start]
 
 
 @dataclass
@@ -133,11 +153,12 @@ class Phase:
     def position(self, m: dict[str, Any]) -> int:
         return int(m["callback_data"].rsplit("-", 1)[1])
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self, backlog: int = BACKLOG) -> dict[str, Any]:
         stream = [(self.customers[self.position(m)], self.position(m), m["at"]) for m in self.got]
         arrivals = sorted((t, c) for c, _p, t in stream)
         per_customer = [(c, t) for t, c in arrivals]
-        rate, busy = busy_rate(per_customer, self.pair_interval_s)
+        rate, busy = backlog_rate(per_customer, self.pair_interval_s, backlog)
+        late = lateness_ms(per_customer, self.pair_interval_s) if self.pair_interval_s > 0 else []
         span = arrivals[-1][0] - arrivals[0][0] if len(arrivals) > 1 else 0.0
         dupes = len(self.got) - len({m["callback_data"] for m in self.got})
         return {
@@ -151,6 +172,9 @@ class Phase:
             "span_s": span,
             "plain_sends_per_s": len(arrivals) / span if span > 0 else 0.0,
             "inversions": inversions((c, p) for c, p, _t in stream),
+            "held_back": len(late),
+            "held_back_late_p50_ms": percentile(late, 50),
+            "held_back_late_p99_ms": percentile(late, 99),
         }
 
 
