@@ -72,7 +72,7 @@ WITH due AS (
     ORDER BY next_attempt_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-), who AS (
+), who AS MATERIALIZED (
     SELECT d.*,
            coalesce(CASE WHEN d.recipient ~ '^[0-9]+$' THEN
                              (SELECT c.user_id FROM customer_ids c
