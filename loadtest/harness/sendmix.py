@@ -185,14 +185,18 @@ async def drain(env: Env, name: str, number: str, customers: list[int], pair_int
     await env.pool.execute(q("lt_outbox_enqueue_ordered"), TENANT, "meta", number, PAYLOAD, keys, recipients)
     sender = await start_sender(env, f"send-{name}", pair_interval_s)
     try:
-        deadline = time.monotonic() + 600
-        while await env.pool.fetchval(q("lt_outbox_unsent_number"), number):
-            if time.monotonic() > deadline or not sender.alive():
-                raise RuntimeError(f"{name}: the sender did not drain the mix:\n{sender.log_tail()}")
-            await asyncio.sleep(0.1)
+        await _all_sent(env, sender, number, 600)
     finally:
         sender.stop()
     return await _phase(env, name, number, customers, pair_interval_s)
+
+
+async def _all_sent(env: Env, sender: processes.Proc, number: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while await env.pool.fetchval(q("lt_outbox_unsent_number"), number):
+        if time.monotonic() > deadline or not sender.alive():
+            raise RuntimeError(f"{sender.name}: the mix was not all sent:\n{sender.log_tail()}")
+        await asyncio.sleep(0.1)
 
 
 async def _phase(env: Env, name: str, number: str, customers: list[int], pair_interval_s: float) -> Phase:
@@ -238,11 +242,7 @@ async def latency(
         if tasks:
             await asyncio.gather(*tasks)
         # The repeat customers' last messages wait their pair intervals.
-        deadline = time.monotonic() + 60 + 5 * pair_interval_s
-        while await env.pool.fetchval(q("lt_outbox_unsent_number"), number):
-            if time.monotonic() > deadline or not sender.alive():
-                raise RuntimeError(f"{name}: the sender did not send the mix:\n{sender.log_tail()}")
-            await asyncio.sleep(0.1)
+        await _all_sent(env, sender, number, 60 + 5 * pair_interval_s)
     finally:
         sender.stop()
     phase = await _phase(env, name, number, customers, pair_interval_s)

@@ -4,8 +4,12 @@ retries, senders, unknown outcomes and operator decisions; nobody else waits for
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import asyncpg
 
+from gateway.core.enums import OutboxState
 from gateway.core.settings import Settings
 from gateway.outbound.sender import Sender
 from gateway.store import outbox
@@ -20,18 +24,30 @@ def bodies(fake: FakeProvider) -> list[str]:
     return [r.message["text"]["body"].removeprefix("hello ") for r in fake.received]
 
 
-def sender_for(pool: asyncpg.Pool, settings: Settings, fake: FakeProvider, **changes: object) -> Sender:
-    # A refused send waits 20 s (the backoff's floor, no jitter): longer than the pair interval.
+@contextlib.asynccontextmanager
+async def sending(
+    pool: asyncpg.Pool, settings: Settings, fake: FakeProvider, **changes: object
+) -> AsyncIterator[Sender]:
+    """A sender on a controllable clock; a refused send waits 20 s (the backoff's floor, no
+    jitter): longer than the pair interval."""
     s = send_settings(settings, fake, retry_base_ms=40_000, **changes)
-    return Sender(pool, s, clock=FakeClock(), rand=lambda: 0.0)
+    sender = Sender(pool, s, clock=FakeClock(), rand=lambda: 0.0)
+    try:
+        yield sender
+    finally:
+        await sender.close()
+
+
+def advance(sender: Sender, seconds: float) -> None:
+    assert isinstance(sender.clock, FakeClock)
+    sender.clock.advance(seconds)
 
 
 async def run_for(sender: Sender, seconds: float, step_s: float = 0.5) -> None:
     """Claims every ``step_s`` of clock time for ``seconds`` (no sleeping)."""
-    assert isinstance(sender.clock, FakeClock)
     for _ in range(int(seconds / step_s)):
         await sender.step()
-        sender.clock.advance(step_s)
+        advance(sender, step_s)
 
 
 async def test_the_issue_sequence_nobody_waits_for_another_customer(
@@ -41,16 +57,13 @@ async def test_the_issue_sequence_nobody_waits_for_another_customer(
     Q#1 waited ~5 s and R#1 ~10 s for P#2's pair slot); the second ones 6 s later."""
     for key, to in (("P1", P), ("P2", P), ("Q1", Q), ("Q2", Q), ("R1", R)):
         await enqueue(pool, key, to)
-    sender = sender_for(pool, settings, fake)
-    try:
+    async with sending(pool, settings, fake) as sender:
         await sender.step()
         assert sorted(bodies(fake)) == ["P1", "Q1", "R1"]  # sent together: any arrival order
         await run_for(sender, 5.5)
         assert len(fake.received) == 3
         await run_for(sender, 1.0)
         assert sorted(bodies(fake)[3:]) == ["P2", "Q2"]
-    finally:
-        await sender.close()
 
 
 async def test_a_refused_message_keeps_its_place(
@@ -62,15 +75,12 @@ async def test_a_refused_message_keeps_its_place(
     await enqueue(pool, "P1", P)
     await enqueue(pool, "P2", P)
     await enqueue(pool, "Q1", Q)
-    sender = sender_for(pool, settings, fake)
-    try:
+    async with sending(pool, settings, fake) as sender:
         await sender.step()
         assert bodies(fake) == ["Q1"]
         await run_for(sender, 19.0)
         assert bodies(fake) == ["Q1"]  # P#2 is held behind P#1's backoff
         await run_for(sender, 8.0)
-    finally:
-        await sender.close()
     assert bodies(fake) == ["Q1", "P1", "P2"]
 
 
@@ -83,13 +93,10 @@ async def test_a_phone_number_and_a_bsuid_of_one_customer_keep_one_order(
     fake.add_fault("error", to=P, code=131000)
     await enqueue(pool, "by-phone", P)
     await enqueue(pool, "by-bsuid", BSUID)
-    sender = sender_for(pool, settings, fake)
-    try:
+    async with sending(pool, settings, fake) as sender:
         await run_for(sender, 19.0)
         assert fake.received == []
         await run_for(sender, 8.0)
-    finally:
-        await sender.close()
     assert [r.to for r in fake.received] == [P, BSUID]
 
 
@@ -100,16 +107,13 @@ async def test_an_earlier_row_another_sender_holds_keeps_the_later_one_back(
     await enqueue(pool, "P1", P)
     await enqueue(pool, "P2", P)
     p1 = (await row(pool, "P1"))["id"]
-    sender = sender_for(pool, settings, fake)
-    try:
+    async with sending(pool, settings, fake) as sender:
         async with pool.acquire() as other, other.transaction():
             await other.execute("SELECT 1 FROM outbox WHERE id = $1 FOR UPDATE", p1)
             await sender.step()
             assert fake.received == []
             assert (await row(pool, "P2"))["state"] == "pending"
         await run_for(sender, 7.0)
-    finally:
-        await sender.close()
     assert bodies(fake) == ["P1", "P2"]
 
 
@@ -119,18 +123,15 @@ async def test_a_row_its_killed_sender_left_sending_holds_the_pair_until_its_lea
     """The claim committed, the process died before the request: P#1 may have gone. P#2 waits;
     once P#1 is unknown (policy review: never sent again by itself), P#2 goes."""
     await enqueue(pool, "P1", P)
-    sender = sender_for(pool, settings, fake)
-    try:
+    async with sending(pool, settings, fake) as sender:
         claimed = await sender._claim(sender.clock.now())
         assert [r["idem_key"] for r in claimed.rows] == ["P1"]
         await enqueue(pool, "P2", P)
         await run_for(sender, 30.0)
         assert fake.received == []
-        sender.clock.advance(sender.lease_s)
+        advance(sender, sender.lease_s)
         assert (await reconcile(sender))["expired_sending"] == 1
         await run_for(sender, 1.0)
-    finally:
-        await sender.close()
     assert bodies(fake) == ["P2"]
 
 
@@ -145,8 +146,7 @@ async def test_an_unknown_row_whose_resend_may_come_holds_the_pair(
     await enqueue(pool, "P2", P)
     await enqueue(pool, "Q1", Q)
     await enqueue(pool, "Q2", Q)
-    sender = sender_for(pool, settings, fake, reconcile_window_s=60)
-    try:
+    async with sending(pool, settings, fake, reconcile_window_s=60) as sender:
         await run_for(sender, 10.0)
         assert bodies(fake) == ["Q2"]
         assert (await row(pool, "P1"))["state"] == "unknown"
@@ -155,8 +155,6 @@ async def test_an_unknown_row_whose_resend_may_come_holds_the_pair(
         await reconcile(sender)  # the window passed: P#1 back to pending (once), Q#1 to review
         assert [(await row(pool, k))["state"] for k in ("P1", "Q1")] == ["pending", "review"]
         await run_for(sender, 8.0)
-    finally:
-        await sender.close()
     assert bodies(fake) == ["Q2", "P1", "P2"]
 
 
@@ -169,18 +167,15 @@ async def test_cancelled_and_released_rows(
     fake.add_fault("drop", to=Q)
     for key, to in (("P1", P), ("P2", P), ("Q1", Q), ("Q2", Q), ("Q3", Q)):
         await enqueue(pool, key, to)
-    sender = sender_for(pool, settings, fake, reconcile_window_s=60)
-    try:
+    async with sending(pool, settings, fake, reconcile_window_s=60) as sender:
         await sender.step()  # P#1 refused (20 s), Q#1 dropped (unknown, policy review)
         assert await outbox.cancel_pending(pool, tenant="acme", key="P1") == (
-            outbox.OutboxState.CANCELLED,
+            OutboxState.CANCELLED,
             True,
         )
         await run_for(sender, 6.5)
         assert sorted(bodies(fake)) == ["P2", "Q2"]  # Q#3 waits its pair interval after Q#2
         assert "released" in await outbox.release(pool, "Q1", "acme")  # an operator's decision
         await run_for(sender, 14.0)
-    finally:
-        await sender.close()
     assert [b for b in bodies(fake) if b.startswith("Q")] == ["Q2", "Q1", "Q3"]
     assert len(fake.received) == 4
