@@ -25,8 +25,10 @@ Figures from the fake provider's record:
   rate (messages / first to last arrival) is shown beside it, and how late after its wait ended
   each held-back message arrived. Target: pair on / off >= 0.9 (median of the rounds): the pair
   waits cost only the repeat customers.
-- the p99 latency of the messages of single-message customers, scheduled time -> arrival at the
-  provider, at half the saturation: <= 100 ms.
+- the p99 latency of the messages of single-message customers, enqueued (the row's insert, by
+  the database's clock) -> arrival at the provider, at half the saturation: <= 100 ms. Shown
+  beside it: the same from each message's scheduled time, and how late the generator enqueued
+  (on a busy machine this process falls behind its schedule, and the arrivals bunch up).
 - per-customer order inversions (a message taken by the provider before an earlier one of its
   customer), every phase: 0.
 Every message must be accepted and received once. Exits 1 when a target is missed.
@@ -308,8 +310,8 @@ async def _mix(dsn: str, args: argparse.Namespace, log_dir: Path) -> dict[str, A
                     **sendmix.first_message_latency(customers, ms),
                     "enqueue_lag_p99_ms": percentile(phase.lag_ms, 99),
                     **{
-                        f"from_commit_{k}": v
-                        for k, v in sendmix.first_message_latency(customers, phase.from_commit_ms).items()
+                        f"scheduled_{k}": v
+                        for k, v in sendmix.first_message_latency(customers, phase.scheduled_ms).items()
                     },
                 }
         finally:
@@ -379,7 +381,7 @@ def mix_verdict(r: dict[str, Any]) -> report.Verdict:
                 "x",
             ),
             report.Target(
-                "single-message customers' p99 at half saturation",
+                "single-message customers' enqueue -> provider p99 at half saturation",
                 lat["single_p99_ms"],
                 TARGET_MIX_P99_MS,
                 "<=",
@@ -438,11 +440,12 @@ def mix_table(r: dict[str, Any]) -> str:
     out += (
         f"\n\nat {lat['rate']:.0f} messages/s (half of the pair-off saturation, {lat['saturation']:.0f}/s), "
         f"pair limit on, {lat['messages']} messages to {lat['customers']} customers:\n"
-        f"  single-message customers ({lat['single_n']}): p50 {lat['single_p50_ms']:.1f} ms, "
-        f"p99 {lat['single_p99_ms']:.1f} ms, max {lat['single_max_ms']:.1f} ms\n"
-        f"  (of which the enqueue itself, scheduled -> committed: p99 {lat['enqueue_lag_p99_ms']:.1f} ms; "
-        f"committed -> provider: p50 {lat['from_commit_single_p50_ms']:.1f} ms, "
-        f"p99 {lat['from_commit_single_p99_ms']:.1f} ms)\n"
+        f"  single-message customers ({lat['single_n']}), enqueued -> provider: "
+        f"p50 {lat['single_p50_ms']:.1f} ms, p99 {lat['single_p99_ms']:.1f} ms, "
+        f"max {lat['single_max_ms']:.1f} ms\n"
+        f"  (from the scheduled time: p50 {lat['scheduled_single_p50_ms']:.1f} ms, "
+        f"p99 {lat['scheduled_single_p99_ms']:.1f} ms; the generator's enqueue, scheduled -> inserted: "
+        f"p99 {lat['enqueue_lag_p99_ms']:.1f} ms)\n"
         f"  first message of repeat customers: p99 {lat['repeat_first_p99_ms']:.1f} ms; "
         f"held back {lat['held_back']}, late p99 {report.fmt_ms(lat['held_back_late_p99_ms'])} ms; "
         f"inversions {lat['inversions']}"
