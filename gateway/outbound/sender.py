@@ -1,13 +1,15 @@
 """The sender: claims due outbox rows, paces them, sends them and records the outcome.
 
 A claim is one transaction: lock due pending rows (SKIP LOCKED, so senders share the table and
-each row is sent by one of them), lock their numbers and breakers (advisory try-locks: a key
-another sender holds is skipped, never waited for; a number's lock covers its pairs), let
-``gateway.core.pacing`` decide which go and which wait, store the new pace and mark the chosen
-rows ``sending``. So pacing and breakers
-hold across every sender process. What an outcome means is ``gateway.core.classify``'s call; an
-account-level error opens a breaker and its row waits as ``pending``. Senders wake on NOTIFY
-``outbox`` (the send API's enqueue) and poll as a fallback. Time comes from an injectable clock
+each row is sent by one of them), each with the earlier row of its customer it must wait for
+(looked up by state, so a row another sender holds counts too), lock their numbers and breakers
+(advisory try-locks: a key another sender holds is skipped, never waited for; a number's lock
+covers its pairs), let ``gateway.core.pacing`` decide which go and which wait, store the new
+pace and mark the chosen rows ``sending``. So pacing, per-customer order and breakers hold
+across every sender process; one process claims one batch at a time. What an outcome means is
+``gateway.core.classify``'s call; an account-level error opens a breaker and its row waits as
+``pending``. Senders wake on NOTIFY ``outbox`` (the send API's enqueue), when a row they put
+off is due, and poll as a fallback. Time comes from an injectable clock
 so tests can run minutes of pacing and backoff without sleeping. Reconciling sends whose fate
 is unknown is ``gateway.maintenance.reconciler``'s job.
 """
