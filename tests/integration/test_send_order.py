@@ -4,15 +4,17 @@ retries, senders, unknown outcomes and operator decisions; nobody else waits for
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 
 from gateway.core.enums import OutboxState
+from gateway.core.pacing import number_key
 from gateway.core.settings import Settings
 from gateway.outbound.sender import Sender
-from gateway.store import outbox
+from gateway.store import outbox, pacing
 from gateway.testing.fake_provider import FakeProvider
 from tests.support.send import FakeClock, enqueue, reconcile, row, send_settings
 
@@ -179,3 +181,60 @@ async def test_cancelled_and_released_rows(
         await run_for(sender, 14.0)
     assert [b for b in bodies(fake) if b.startswith("Q")] == ["Q2", "Q1", "Q3"]
     assert len(fake.received) == 4
+
+
+async def run_sender(sender: Sender, until: Callable[[], Awaitable[bool]], timeout_s: float) -> None:
+    """``sender.run`` (its loops, NOTIFY, its own waits) until ``until()`` or the timeout."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(sender.run(stop))
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not await until():
+                await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await task
+        await sender.close()
+
+
+async def test_a_row_put_off_goes_when_its_wait_ends_not_a_poll_later(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    s = send_settings(settings, fake, pair_interval_s=1.0, send_poll_ms=60_000)
+    await enqueue(pool, "P1", P)
+    await enqueue(pool, "P2", P)
+
+    async def both() -> bool:
+        return len(fake.received) == 2
+
+    await run_sender(Sender(pool, s), both, timeout_s=20)
+    first, second = fake.received
+    assert second.at - first.at >= 1.0 - 0.2
+
+
+async def test_a_claim_that_met_another_claims_lock_looks_again_soon(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    """The row's NOTIFY came while another sender's claim held its number: the claim that saw it
+    looks again once that one is done, not a poll (here a minute) later."""
+    s = send_settings(settings, fake, send_poll_ms=60_000)
+    sender = Sender(pool, s)
+    async with pool.acquire() as other:
+        tx = other.transaction()
+        await tx.start()
+        await pacing.lock(other, [number_key("meta", "1111")])
+        await enqueue(pool, "P1", P)
+
+        stop = asyncio.Event()
+        task = asyncio.create_task(sender.run(stop))
+        await asyncio.sleep(1.0)  # woken by the NOTIFY, it found the number locked
+        assert fake.received == []
+        await tx.rollback()
+    try:
+        async with asyncio.timeout(10):
+            while not fake.received:
+                await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await task
+        await sender.close()
