@@ -53,29 +53,34 @@ def inversions(order: Iterable[tuple[int, int]]) -> int:
     return n
 
 
-def due_times(sends: Sequence[tuple[int, float]], pair_interval_s: float) -> list[float]:
-    """When each message was allowed to go: ``sends`` (customer, arrival) in arrival order. A
-    customer's first message from the start (the first arrival), each next one from the previous
-    one's arrival plus the pair interval."""
-    start = min((t for _, t in sends), default=0.0)
+@dataclass(frozen=True, slots=True)
+class Sent:
+    customer: int
+    arrival: float  # at the provider
+    ready: float  # enqueued (0: with the backlog, before the sender started)
+
+
+def due_times(sends: Sequence[Sent], pair_interval_s: float) -> list[tuple[float, bool]]:
+    """When each message was allowed to go, and whether its pair interval held it back:
+    ``sends`` in arrival order. From its enqueue (a backlog: the first arrival), or from its
+    customer's previous arrival plus the pair interval if that is later."""
+    start = min((m.arrival for m in sends), default=0.0)
     previous: dict[int, float] = {}
     due = []
-    for customer, t in sends:
-        due.append(
-            min(t, max(start, previous[customer] + pair_interval_s)) if customer in previous else start
-        )
-        previous[customer] = t
+    for m in sends:
+        ready = max(start, m.ready)
+        paced = previous.get(m.customer, float("-inf")) + pair_interval_s
+        due.append((min(m.arrival, max(ready, paced)), paced > ready))
+        previous[m.customer] = m.arrival
     return due
 
 
-def backlog_rate(
-    sends: Sequence[tuple[int, float]], pair_interval_s: float, backlog: int
-) -> tuple[float, float]:
+def backlog_rate(sends: Sequence[Sent], pair_interval_s: float, backlog: int) -> tuple[float, float]:
     """(sends/s, seconds) while the sender had a backlog: at least ``backlog`` messages allowed to
     go (``due_times``) and not yet at the provider. Time in which only pair waits remain, or a
     few messages trickle out as their waits end, is not the sender's throughput."""
     events = sorted(
-        [(d, 1) for d in due_times(sends, pair_interval_s)] + [(t, -1) for _, t in sends],
+        [(d, 1) for d, _held in due_times(sends, pair_interval_s)] + [(m.arrival, -1) for m in sends],
         key=lambda e: (e[0], -e[1]),
     )
     waiting, seconds, sent, last = 0, 0.0, 0, None
@@ -89,11 +94,10 @@ def backlog_rate(
     return (sent / seconds if seconds > 0 else 0.0), seconds
 
 
-def lateness_ms(sends: Sequence[tuple[int, float]], pair_interval_s: float) -> list[float]:
-    """For each message a pair interval held back: how long after its wait ended it arrived."""
+def lateness_ms(sends: Sequence[Sent], pair_interval_s: float) -> list[float]:
+    """For each message its pair interval held back: how long after the wait ended it arrived."""
     due = due_times(sends, pair_interval_s)
-    start = min((t for _, t in sends), default=0.0)
-    return [(t - d) * 1000 for (_, t), d in zip(sends, due, strict=True) if d > start]
+    return [(m.arrival - d) * 1000 for m, (d, held) in zip(sends, due, strict=True) if held]
 
 
 @dataclass
@@ -144,22 +148,19 @@ class Phase:
     got: list[dict[str, Any]]  # the fake's record of this phase's messages, in its order
     accepted: int
     seconds: float = 0.0  # how long the phase ran (enqueue or first send to the last send)
+    enqueued: dict[int, float] = field(default_factory=dict)  # latency phase: each row's insert
     lag_ms: list[float] = field(default_factory=list)  # latency phase: scheduled -> enqueued
     scheduled_ms: dict[int, float] = field(default_factory=dict)  # latency phase: scheduled -> arrival
-
-    def by_key(self) -> dict[str, dict[str, Any]]:
-        return {m["callback_data"]: m for m in self.got}
 
     def position(self, m: dict[str, Any]) -> int:
         return int(m["callback_data"].rsplit("-", 1)[1])
 
     def figures(self, backlog: int = BACKLOG) -> dict[str, Any]:
         stream = [(self.customers[self.position(m)], self.position(m), m["at"]) for m in self.got]
-        arrivals = sorted((t, c) for c, _p, t in stream)
-        per_customer = [(c, t) for t, c in arrivals]
-        rate, busy = backlog_rate(per_customer, self.pair_interval_s, backlog)
-        late = lateness_ms(per_customer, self.pair_interval_s) if self.pair_interval_s > 0 else []
-        span = arrivals[-1][0] - arrivals[0][0] if len(arrivals) > 1 else 0.0
+        sends = sorted((Sent(c, t, self.enqueued.get(p, 0.0)) for c, p, t in stream), key=lambda m: m.arrival)
+        rate, busy = backlog_rate(sends, self.pair_interval_s, backlog)
+        late = lateness_ms(sends, self.pair_interval_s) if self.pair_interval_s > 0 else []
+        span = sends[-1].arrival - sends[0].arrival if len(sends) > 1 else 0.0
         dupes = len(self.got) - len({m["callback_data"] for m in self.got})
         return {
             "messages": len(self.customers),
@@ -170,7 +171,7 @@ class Phase:
             "sends_per_s": rate,
             "busy_s": busy,
             "span_s": span,
-            "plain_sends_per_s": len(arrivals) / span if span > 0 else 0.0,
+            "plain_sends_per_s": len(sends) / span if span > 0 else 0.0,
             "inversions": inversions((c, p) for c, p, _t in stream),
             "held_back": len(late),
             "held_back_late_p50_ms": percentile(late, 50),
@@ -248,6 +249,7 @@ async def latency(
         sender.stop()
     phase = await _phase(env, name, number, customers, pair_interval_s)
     phase.seconds = len(customers) / rate
+    phase.enqueued = enqueued
     phase.lag_ms = [(enqueued[i] - scheduled[i]) * 1000 for i in enqueued]
     phase.scheduled_ms = {
         phase.position(m): (m["at"] - scheduled[phase.position(m)]) * 1000 for m in phase.got
