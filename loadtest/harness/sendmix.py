@@ -203,6 +203,8 @@ async def _all_sent(env: Env, sender: processes.Proc, number: str, timeout_s: fl
 async def _phase(env: Env, name: str, number: str, customers: list[int], pair_interval_s: float) -> Phase:
     prefix = f"{TENANT}:{name}-"
     got = [m for m in await received(env) if (m["callback_data"] or "").startswith(prefix)]
+    async with env.http.delete(f"{env.fake_url}/_fake/received") as r:
+        r.raise_for_status()  # each phase reads only its own record
     accepted = await env.pool.fetchval(q("lt_outbox_accepted_number"), number)
     return Phase(name, pair_interval_s, customers, got, accepted)
 
