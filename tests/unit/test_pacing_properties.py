@@ -158,7 +158,7 @@ def earliest(sends: list[tuple[float, Row]], k: int, sc: Scenario) -> tuple[floa
     return at, max(at, behind)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)  # 4 000 pass too: a few seconds here
 @given(scenarios())
 def test_pacing_over_random_claims(sc: Scenario) -> None:
     note(repr(sc))
