@@ -16,8 +16,8 @@ through the stream). 10 000 messages so make about 6 700 customers (a thousand c
 not receive them with four fifths getting one). Each round enqueues the mix at once and lets a
 ``gateway send`` process drain it, with the pair limit off (``GATEWAY_PAIR_INTERVAL_S=0``) and
 on (``--mix-pair-interval``, default 6 s), which goes first alternating (4 rounds by default,
-after a warm-up drain that is not counted); then the mix at half of the pair-off saturation,
-one enqueue per message at its scheduled time (open model), pair limit on.
+after a warm-up drain that is not counted); then the mix at half of the pair-off saturation
+(open model: every 5 ms, what is due enqueued in one statement), pair limit on.
 Figures from the fake provider's record:
 - sends/s while the sender had a backlog: messages that reached the provider while at least 100
   were allowed to go and had not (a message may go from the start, or from its customer's
@@ -29,7 +29,7 @@ Figures from the fake provider's record:
 - the p99 latency of the messages of single-message customers, enqueued (the row's insert, by
   the database's clock) -> arrival at the provider, at half the saturation: <= 100 ms. Shown
   beside it: the same from each message's scheduled time, and how late the generator enqueued
-  (on a busy machine this process falls behind its schedule, and the arrivals bunch up).
+  (if this process falls behind its schedule on a busy machine, the arrivals bunch up).
 - per-customer order inversions (a message taken by the provider before an earlier one of its
   customer), every phase: 0.
 Every message must be accepted and received once. Exits 1 when a target is missed.

@@ -17,13 +17,14 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from gateway.store import outbox
 from gateway.testing.ports import free_port
 from loadtest.harness import processes
 from loadtest.harness.sql import q
 from loadtest.harness.stats import percentile
 
 TENANT = "bench"
+# The latency phase's generator enqueues what is due this often.
+TICK_S = 0.005
 # Messages allowed to go and not yet sent, from which on the sender counts as saturated.
 BACKLOG = 100
 PAYLOAD = {"type": "text", "text": {"body": "bench"}}
@@ -212,39 +213,37 @@ async def _phase(env: Env, name: str, number: str, customers: list[int], pair_in
 async def latency(
     env: Env, name: str, number: str, customers: list[int], rate: float, pair_interval_s: float
 ) -> tuple[Phase, dict[int, float]]:
-    """The mix at ``rate`` messages/s, each enqueued on its own (as the send API does) at its
-    scheduled time (open model). Returns the phase and each message's latency (ms, by position in
-    the stream) from its row's insert (the database's clock) to its arrival at the provider."""
+    """The mix at ``rate`` messages/s (open model): every ``TICK_S`` the messages whose time has
+    come are enqueued, in stream order, in one statement (one enqueue per message would make this
+    process, not the sender, the limit on a shared machine). Returns the phase and each message's
+    latency (ms, by position in the stream) from its row's insert (the database's clock) to its
+    arrival at the provider."""
     sender = await start_sender(env, f"send-{name}", pair_interval_s)
-    scheduled: dict[int, float] = {}
+    start = time.time() + 0.2
+    scheduled = {i: start + i / rate for i in range(len(customers))}
     enqueued: dict[int, float] = {}
-    tasks: set[asyncio.Task[None]] = set()
-    # A customer's next message is enqueued once the previous one is (as an order system that
-    # waits for the 202 does): the enqueue order is then the stream's order for each customer.
-    previous: dict[int, asyncio.Task[None]] = {}
-
-    async def one(i: int, before: asyncio.Task[None] | None) -> None:
-        if before is not None:
-            await before
-        m = outbox.NewMessage(TENANT, f"{name}-{i}", "meta", number, f"49{customers[i]:011d}", PAYLOAD)
-        _new, row = await outbox.enqueue(env.pool, m)
-        # The database's time of the insert: the bench's own scheduling delays do not shift it.
-        enqueued[i] = row["created_at"].timestamp()
-
     try:
-        start = time.time() + 0.2
-        for i in range(len(customers)):
-            at = start + i / rate
-            delay = at - time.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            scheduled[i] = at
-            task = asyncio.create_task(one(i, previous.get(customers[i])))
-            previous[customers[i]] = task
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
+        i = 0
+        while i < len(customers):
+            await asyncio.sleep(max(0.0, min(scheduled[i] - time.time(), TICK_S)))
+            now = time.time()
+            batch = []
+            while i < len(customers) and scheduled[i] <= now:
+                batch.append(i)
+                i += 1
+            if not batch:
+                continue
+            rows = await env.pool.fetch(
+                q("lt_outbox_enqueue_ordered"),
+                TENANT,
+                "meta",
+                number,
+                PAYLOAD,
+                [f"{name}-{j}" for j in batch],
+                [f"49{customers[j]:011d}" for j in batch],
+            )
+            # The database's time of the insert: the bench's own scheduling delays do not shift it.
+            enqueued.update({int(r["idem_key"].rsplit("-", 1)[1]): r["at"] for r in rows})
         # The repeat customers' last messages wait their pair intervals.
         await _all_sent(env, sender, number, 60 + 5 * pair_interval_s)
     finally:
