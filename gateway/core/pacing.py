@@ -135,6 +135,10 @@ class Plan:
     defer: dict[int, float] = field(default_factory=dict)  # id -> next_attempt_at
     pacing: dict[str, float] = field(default_factory=dict)  # key -> new value to store
     breakers: dict[BreakerId, Breaker] = field(default_factory=dict)  # changed breakers (probes)
+    # Rows put off behind a row that goes now, directly or behind another of them: that row's id
+    # -> (those rows, the earliest its pair allows the next). Once the send is done they are due
+    # then (not a recheck later), and the next claim takes them in order.
+    behind: dict[int, tuple[list[int], float]] = field(default_factory=dict)
 
 
 def plan_claim(
@@ -189,6 +193,7 @@ def plan_claim(
                 probe = b_id if probe is None else probe
         if ahead is not None:
             held_until = max(held_until, _behind(ahead, decided, pace, c, lim, now, recheck_s))
+            _note_behind(plan, ahead, c, pace, lim)
         if held_until > 0:
             plan.defer[c.id] = decided[c.id] = held_until
             continue
@@ -213,9 +218,20 @@ def plan_claim(
     for c in sorted(waiting, key=lambda c: c.id):
         ahead = _nearest(c, previous.get(c.id))
         if ahead is not None and ahead.id in decided:
-            at = _behind(ahead, decided, pace, c, limits(c.provider), now, recheck_s)
-            plan.defer[c.id] = decided[c.id] = at
+            lim = limits(c.provider)
+            plan.defer[c.id] = decided[c.id] = _behind(ahead, decided, pace, c, lim, now, recheck_s)
+            _note_behind(plan, ahead, c, pace, lim)
     return plan
+
+
+def _note_behind(plan: Plan, ahead: Ahead, c: Candidate, pace: _Pace, lim: Limits) -> None:
+    if ahead.id in plan.go:
+        plan.behind[ahead.id] = ([c.id], pace.pair_at(c, lim))
+        return
+    for rows, _at in plan.behind.values():
+        if ahead.id in rows:
+            rows.append(c.id)
+            return
 
 
 def _previous_in_claim(cands: list[Candidate]) -> dict[int, int]:

@@ -22,7 +22,7 @@ import heapq
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +106,9 @@ class Sender:
         self._probes: dict[int, list[BreakerId]] = {}
         self._wakes: list[asyncio.Event] = []
         self._timers: list[float] = []  # heap of the times rows this process put off are due
+        # Rows this process sends with rows of the same customer put off behind them:
+        # row id -> (those rows, the earliest their pair allows the next).
+        self._behind: dict[int, tuple[list[int], float]] = {}
         self._claiming = asyncio.Lock()
         self._limit = asyncio.Semaphore(settings.send_concurrency)
         self.timeout = providers.client_timeout(settings)
@@ -145,9 +148,13 @@ class Sender:
             claimed = await self._claim(self.clock.now())
         rows = claimed.rows
         if rows:
-            with tracing.span("sender.batch", rows=len(rows)):
-                results = await asyncio.gather(*(self._send(r) for r in rows))
-                await self._record(rows, results)
+            try:
+                with tracing.span("sender.batch", rows=len(rows)):
+                    results = await asyncio.gather(*(self._send(r) for r in rows))
+                    await self._record(rows, results)
+            finally:
+                for r in rows:  # recorded or not, these sends are over for this process
+                    self._behind.pop(r["id"], None)
         return claimed
 
     async def _claim(self, now: float) -> Claimed:
@@ -197,10 +204,9 @@ class Sender:
             await pacing.put_breakers(conn, plan.breakers)
             await outbox.defer(conn, ids=list(plan.defer), until=list(plan.defer.values()))
             marked = await outbox.mark_sending(conn, ids=plan.go, now=now)
-        for at in set(plan.defer.values()):
-            if len(self._timers) < MAX_TIMERS:
-                heapq.heappush(self._timers, at)
+        self._push_timers(plan.defer.values())
         rows = [r for r in marked if not r["parked"]]
+        self._behind.update({r["id"]: plan.behind[r["id"]] for r in rows if r["id"] in plan.behind})
         for r in marked:
             if r["parked"]:
                 metrics.SENDS.labels(r["provider"], OutboxState.REVIEW.value, "").inc()
@@ -271,6 +277,26 @@ class Sender:
             if c.outcome is not Outcome.ACCEPTED:
                 log.info("send %s attempt %d: %s (%s)", r["callback_data"][:80], attempt, c.state, c.error)
         await outbox.record_results(self.pool, out, now=now, key_window_s=s.tenashi_key_window_s)
+        await self._wake_behind(out, now)
+
+    async def _wake_behind(self, results: list[outbox.Result], now: float) -> None:
+        """A customer's next row, put off until a recheck while this send was in flight, may go
+        as soon as the pair allows now that the send is done (not a recheck later). A row that
+        goes back to pending still holds it (the claim puts it off again)."""
+        woken: list[tuple[int, float]] = []
+        for r in results:
+            behind = self._behind.pop(r.id, None)
+            if behind is not None and r.state != OutboxState.PENDING:
+                woken += [(i, max(now, behind[1])) for i in behind[0]]
+        if woken:
+            await outbox.bring_forward(self.pool, ids=[i for i, _ in woken], to=[at for _, at in woken])
+            self._push_timers(at for _, at in woken)
+            self._wake_all()
+
+    def _push_timers(self, times: Iterable[float]) -> None:
+        for at in set(times):
+            if len(self._timers) < MAX_TIMERS:
+                heapq.heappush(self._timers, at)
 
     def _breaker_key(self, scope: str, row: Any) -> str:
         if scope == "number":

@@ -144,6 +144,14 @@ SET next_attempt_at = to_timestamp(t.at), updated_at = clock_timestamp()
 FROM unnest($1::bigint[], $2::float8[]) AS t(id, at)
 WHERE o.id = t.id AND o.state = 'pending';
 
+-- name: outbox_bring_forward
+-- Rows put off until a recheck behind a send of their customer that is now done: due at the
+-- earliest their pair allows, if that is sooner.
+UPDATE outbox o
+SET next_attempt_at = to_timestamp(t.at), updated_at = clock_timestamp()
+FROM unnest($1::bigint[], $2::float8[]) AS t(id, at)
+WHERE o.id = t.id AND o.state = 'pending' AND o.next_attempt_at > to_timestamp(t.at);
+
 -- name: outbox_record_results
 -- Only rows still 'sending': a status webhook may already have moved one to accepted.
 -- An account-level refusal (a breaker opened) counts no attempt. An attempt the provider may

@@ -68,6 +68,19 @@ async def test_the_issue_sequence_nobody_waits_for_another_customer(
         assert sorted(bodies(fake)[3:]) == ["P2", "Q2"]
 
 
+async def test_with_the_pair_limit_off_a_customers_next_message_goes_once_the_last_is_done(
+    settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    """One message in flight per customer, in order; the next one is due when the send before it
+    is recorded, not a recheck later (the clock does not move here)."""
+    for key in ("P1", "P2", "P3"):
+        await enqueue(pool, key, P)
+    async with sending(pool, settings, fake, pair_interval_s=0.0) as sender:
+        for n in (1, 2, 3):
+            await sender.step()
+            assert bodies(fake) == ["P1", "P2", "P3"][:n]
+
+
 async def test_a_refused_message_keeps_its_place(
     settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
 ) -> None:

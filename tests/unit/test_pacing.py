@@ -184,6 +184,14 @@ def test_a_row_waits_for_an_earlier_row_of_its_customer(
     assert (p.go, p.defer) == ([11], {10: defer})
 
 
+def test_a_row_behind_a_send_of_this_claim_is_noted_to_go_when_it_is_done() -> None:
+    p = plan(
+        [cand(1), cand(2), cand(3, ahead=Ahead(2, "pending")), cand(4, "b")], limits=Limits(0.0, 1e-6, 1e6)
+    )
+    assert (p.go, p.defer) == ([1, 4], {2: 100.0 + RECHECK, 3: 100.0 + 2 * RECHECK})
+    assert p.behind == {1: ([2, 3], 100.0)}  # 3 behind 2 behind 1
+
+
 def test_within_a_claim_a_customers_rows_go_in_id_order() -> None:
     """The claim's order is by due time: a retried row comes after a later one of its customer."""
     p = plan([cand(7), cand(3), cand(5)])
