@@ -1,13 +1,15 @@
 """The sender: claims due outbox rows, paces them, sends them and records the outcome.
 
 A claim is one transaction: lock due pending rows (SKIP LOCKED, so senders share the table and
-each row is sent by one of them), lock their numbers and breakers (advisory try-locks: a key
-another sender holds is skipped, never waited for; a number's lock covers its pairs), let
-``gateway.core.pacing`` decide which go and which wait, store the new pace and mark the chosen
-rows ``sending``. So pacing and breakers
-hold across every sender process. What an outcome means is ``gateway.core.classify``'s call; an
-account-level error opens a breaker and its row waits as ``pending``. Senders wake on NOTIFY
-``outbox`` (the send API's enqueue) and poll as a fallback. Time comes from an injectable clock
+each row is sent by one of them), each with the earlier row of its customer it must wait for
+(looked up by state, so a row another sender holds counts too), lock their numbers and breakers
+(advisory try-locks: a key another sender holds is skipped, never waited for; a number's lock
+covers its pairs), let ``gateway.core.pacing`` decide which go and which wait, store the new
+pace and mark the chosen rows ``sending``. So pacing, per-customer order and breakers hold
+across every sender process; one process claims one batch at a time. What an outcome means is
+``gateway.core.classify``'s call; an account-level error opens a breaker and its row waits as
+``pending``. Senders wake on NOTIFY ``outbox`` (the send API's enqueue), when a row they put
+off is due, and poll as a fallback. Time comes from an injectable clock
 so tests can run minutes of pacing and backoff without sleeping. Reconciling sends whose fate
 is unknown is ``gateway.maintenance.reconciler``'s job.
 """
@@ -16,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -32,7 +36,16 @@ from gateway.core.clock import Clock, SystemClock
 from gateway.core.enums import OutboxState
 from gateway.core.heartbeat import HEARTBEATS
 from gateway.core.limits import LogThrottle
-from gateway.core.pacing import Breaker, BreakerId, Candidate, limits_for, plan_claim, settle_probe, trip
+from gateway.core.pacing import (
+    Ahead,
+    Breaker,
+    BreakerId,
+    Candidate,
+    limits_for,
+    plan_claim,
+    settle_probe,
+    trip,
+)
 from gateway.core.planning import describe
 from gateway.core.settings import Settings
 from gateway.outbound import providers
@@ -46,6 +59,27 @@ _WARN = LogThrottle(10.0)
 CHANNEL = "outbox"
 # Rows looked at per claim, per row that may go: room for rows pacing holds back.
 SCAN_FACTOR = 2
+# A row behind an earlier one of its pair that is still in flight looks again this much later
+# (a provider answers well within it; one message per pair is in flight at a time).
+RECHECK_S = 0.2
+# Times rows this process put off are due again, kept to wake a loop then (not a poll later).
+MAX_TIMERS = 4096
+# A claim that found rows whose number another sender's claim held looks again this soon.
+CONTENDED_RETRY_S = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What a claim did: the rows it sends, how many it put off, whether it found rows whose
+    keys another sender held (and so left them)."""
+
+    rows: list[Any]
+    deferred: int
+    contended: bool
+
+    @property
+    def dealt(self) -> int:
+        return len(self.rows) + self.deferred
 
 
 class Sender:
@@ -71,6 +105,11 @@ class Sender:
         # Rows this process sent as a breaker's probe: row id -> the breakers waiting on it.
         self._probes: dict[int, list[BreakerId]] = {}
         self._wakes: list[asyncio.Event] = []
+        self._timers: list[float] = []  # heap of the times rows this process put off are due
+        # Rows this process sends with rows of the same customer put off behind them:
+        # row id -> (those rows, the earliest their pair allows the next).
+        self._behind: dict[int, tuple[list[int], float]] = {}
+        self._claiming = asyncio.Lock()
         self._limit = asyncio.Semaphore(settings.send_concurrency)
         self.timeout = providers.client_timeout(settings)
         self.lease_s = settings.send_lease_s
@@ -99,19 +138,31 @@ class Sender:
 
         Returns the rows dealt with (sent or put off); 0 when nothing was due (or free).
         """
-        rows, deferred = await self._claim(self.clock.now())
-        if rows:
-            with tracing.span("sender.batch", rows=len(rows)):
-                results = await asyncio.gather(*(self._send(r) for r in rows))
-                await self._record(rows, results)
-        return len(rows) + deferred
+        return (await self._step()).dealt
 
-    async def _claim(self, now: float) -> tuple[list[Any], int]:
+    async def _step(self) -> Claimed:
+        # One claim at a time per process: the loops of one sender never race each other for a
+        # number's lock (a loop that lost it would drop rows a NOTIFY woke it for); their
+        # provider requests still overlap.
+        async with self._claiming:
+            claimed = await self._claim(self.clock.now())
+        rows = claimed.rows
+        if rows:
+            try:
+                with tracing.span("sender.batch", rows=len(rows)):
+                    results = await asyncio.gather(*(self._send(r) for r in rows))
+                    await self._record(rows, results)
+            finally:
+                for r in rows:  # recorded or not, these sends are over for this process
+                    self._behind.pop(r["id"], None)
+        return claimed
+
+    async def _claim(self, now: float) -> Claimed:
         s = self.settings
         async with self.pool.acquire() as conn, conn.transaction():
             found = await outbox.claim_candidates(conn, now=now, limit=s.send_batch * SCAN_FACTOR)
             if not found:
-                return [], 0
+                return Claimed([], 0, False)
             cands = [
                 Candidate(
                     r["id"],
@@ -121,6 +172,7 @@ class Sender:
                     r["tenant"],
                     r["person"],
                     s.token_key(r["provider"], r["phone_number_id"]),
+                    None if r["ahead_id"] is None else Ahead(r["ahead_id"], r["ahead_state"], r["ahead_due"]),
                 )
                 for r in found
             ]
@@ -130,6 +182,9 @@ class Sender:
             number_keys = {c.keys[0] for c in cands}
             locked = await pacing.try_lock(conn, [*number_keys, *(b.lock_key for b in ids)])
             locked |= {c.keys[1] for c in cands if c.keys[0] in locked}
+            contended = any(
+                c.keys[0] not in locked or any(b.lock_key not in locked for b in c.breakers) for c in cands
+            )
             state = await pacing.get(conn, [k for k in locked if not k.startswith("brk:")])
             breakers = await pacing.get_breakers(conn, [b for b in ids if b.lock_key in locked])
             # Pace from the moment of decision, as close to the send as the claim allows.
@@ -143,12 +198,15 @@ class Sender:
                 now=now,
                 limit=s.send_batch,
                 probe_lease_s=self.lease_s,
+                recheck_s=RECHECK_S,
             )
             await pacing.put(conn, plan.pacing)
             await pacing.put_breakers(conn, plan.breakers)
             await outbox.defer(conn, ids=list(plan.defer), until=list(plan.defer.values()))
             marked = await outbox.mark_sending(conn, ids=plan.go, now=now)
+        self._push_timers(plan.defer.values())
         rows = [r for r in marked if not r["parked"]]
+        self._behind.update({r["id"]: plan.behind[r["id"]] for r in rows if r["id"] in plan.behind})
         for r in marked:
             if r["parked"]:
                 metrics.SENDS.labels(r["provider"], OutboxState.REVIEW.value, "").inc()
@@ -163,7 +221,8 @@ class Sender:
                     "breaker %s/%s/%s half-open: probing with one send", b_id.scope, b_id.provider, b_id.key
                 )
         # Rows parked for review were dealt with too (put off: not sent).
-        return sorted(rows, key=lambda r: (r["due"], r["id"])), len(plan.defer) + len(marked) - len(rows)
+        rows = sorted(rows, key=lambda r: (r["due"], r["id"]))
+        return Claimed(rows, len(plan.defer) + len(marked) - len(rows), contended)
 
     async def _send(self, row: Any) -> tuple[Classified, float]:
         async with self._limit:
@@ -218,6 +277,26 @@ class Sender:
             if c.outcome is not Outcome.ACCEPTED:
                 log.info("send %s attempt %d: %s (%s)", r["callback_data"][:80], attempt, c.state, c.error)
         await outbox.record_results(self.pool, out, now=now, key_window_s=s.tenashi_key_window_s)
+        await self._wake_behind(out, now)
+
+    async def _wake_behind(self, results: list[outbox.Result], now: float) -> None:
+        """A customer's next row, put off until a recheck while this send was in flight, may go
+        as soon as the pair allows now that the send is done (not a recheck later). A row that
+        goes back to pending still holds it (the claim puts it off again)."""
+        woken: list[tuple[int, float]] = []
+        for r in results:
+            behind = self._behind.pop(r.id, None)
+            if behind is not None and r.state != OutboxState.PENDING:
+                woken += [(i, max(now, behind[1])) for i in behind[0]]
+        if woken:
+            await outbox.bring_forward(self.pool, ids=[i for i, _ in woken], to=[at for _, at in woken])
+            self._push_timers(at for _, at in woken)
+            self._wake_all()
+
+    def _push_timers(self, times: Iterable[float]) -> None:
+        for at in set(times):
+            if len(self._timers) < MAX_TIMERS:
+                heapq.heappush(self._timers, at)
 
     def _breaker_key(self, scope: str, row: Any) -> str:
         if scope == "number":
@@ -301,18 +380,30 @@ class Sender:
                 beat()
                 wake.clear()
                 try:
-                    dealt = await self.step()
+                    claimed = await self._step()
                 except Exception as exc:
                     held = _WARN.allow("step", time.monotonic())
                     if held is not None:
                         log.warning("sender step failed: %s%s", describe(exc), _WARN.suffix(held))
-                    dealt = 0
-                if dealt < s.send_batch:
+                    claimed = Claimed([], 0, False)
+                if claimed.dealt < s.send_batch:
+                    idle_s = self._idle_s(poll_s)
+                    if claimed.contended:
+                        # Another sender's claim held rows this one saw: look again once it is done.
+                        idle_s = min(idle_s, CONTENDED_RETRY_S)
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(poll_s):
+                        async with asyncio.timeout(idle_s):
                             await first_set(stop, wake)
         finally:
             beat.done()
+
+    def _idle_s(self, poll_s: float) -> float:
+        """How long a loop with nothing due waits: until the next row this process put off is
+        due (so a row waits for its limits, not for a poll on top), at most a poll interval."""
+        now = self.clock.now()
+        while self._timers and self._timers[0] <= now:
+            heapq.heappop(self._timers)
+        return min(poll_s, self._timers[0] - now) if self._timers else poll_s
 
     async def _listen(self, stop: asyncio.Event) -> None:
         """Wake the loops on NOTIFY (polling covers the gaps)."""

@@ -129,6 +129,12 @@ async def defer(conn: Conn, *, ids: Sequence[int], until: Sequence[float]) -> No
         await conn.execute(q("outbox_defer"), list(ids), list(until))
 
 
+async def bring_forward(conn: Conn, *, ids: Sequence[int], to: Sequence[float]) -> None:
+    """Pending rows due later than ``to`` become due then (the send they waited for is done)."""
+    if ids:
+        await conn.execute(q("outbox_bring_forward"), list(ids), list(to))
+
+
 async def record_results(conn: Conn, results: Sequence[Result], *, now: float, key_window_s: float) -> None:
     """Each attempt's outcome, for rows still ``sending`` (a status may have overtaken it);
     ``key_window_s``: how long after an ambiguous attempt a Tenashi row may still be retried."""

@@ -187,6 +187,12 @@ def start_fake_provider(
     )
 
 
+def start_sender(dsn: str, log_dir: Path, name: str, port: int, extra: dict[str, str]) -> Proc:
+    """``gateway send`` (its /metrics and /healthz on ``port``: GATEWAY_METRICS_PORT in ``extra``)."""
+    env = gateway_env(dsn, free_port(), DEFAULT_SECRETS, consumers=False, extra=extra)
+    return Proc(name, [sys.executable, "-m", "gateway", "send"], env, log_dir / f"{name}.log", port)
+
+
 def start_baseline(
     kind: str, dsn: str, secrets: Secrets, log_dir: Path, pool_max: int, extra: list[str] | None = None
 ) -> Proc:

@@ -60,22 +60,50 @@ WHERE o.tenant = $1 AND o.idem_key = $2;
 -- person: whom the recipient names on the sending number, so the phone number and the BSUID of
 -- one customer are paced as one pair: the BSUID last seen with that phone number or parent
 -- BSUID (customer_ids), else the recipient itself.
-SELECT id, tenant, provider, phone_number_id, recipient,
-       coalesce(CASE WHEN recipient ~ '^[0-9]+$' THEN
-                         (SELECT c.user_id FROM customer_ids c
-                          WHERE c.phone_number_id = outbox.phone_number_id AND c.wa_id = outbox.recipient
-                          ORDER BY c.seen_at DESC LIMIT 1)
-                     WHEN recipient ~ '^[A-Z]{2}\.ENT\.' THEN
-                         (SELECT c.user_id FROM customer_ids c
-                          WHERE c.phone_number_id = outbox.phone_number_id
-                            AND c.parent_user_id = outbox.recipient
-                          ORDER BY c.seen_at DESC LIMIT 1)
-                END, recipient) AS person
-FROM outbox
-WHERE state = 'pending' AND next_attempt_at <= to_timestamp($1::float8)
-ORDER BY next_attempt_at, id
-LIMIT $2
-FOR UPDATE SKIP LOCKED;
+-- ahead_*: the nearest earlier row (by id) to the same person from the same number (whichever
+-- tenant enqueued it: the pair's pace is one too) that may still be sent: pending, sending, or unknown with its one resend still to come (named by the
+-- row's recipient, the person's BSUID, or the phone number or parent BSUID seen with it). The
+-- row waits for it, whether this claim holds it, another sender does (SKIP LOCKED hides it from
+-- this claim, not from this look-up), or it waits for a backoff, a breaker or its status.
+WITH due AS (
+    SELECT id, tenant, provider, phone_number_id, recipient, next_attempt_at
+    FROM outbox
+    WHERE state = 'pending' AND next_attempt_at <= to_timestamp($1::float8)
+    ORDER BY next_attempt_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), who AS MATERIALIZED (
+    SELECT d.*,
+           coalesce(CASE WHEN d.recipient ~ '^[0-9]+$' THEN
+                             (SELECT c.user_id FROM customer_ids c
+                              WHERE c.phone_number_id = d.phone_number_id AND c.wa_id = d.recipient
+                              ORDER BY c.seen_at DESC LIMIT 1)
+                         WHEN d.recipient ~ '^[A-Z]{2}\.ENT\.' THEN
+                             (SELECT c.user_id FROM customer_ids c
+                              WHERE c.phone_number_id = d.phone_number_id
+                                AND c.parent_user_id = d.recipient
+                              ORDER BY c.seen_at DESC LIMIT 1)
+                    END, d.recipient) AS person
+    FROM due d
+)
+SELECT w.id, w.tenant, w.provider, w.phone_number_id, w.recipient, w.person,
+       a.id AS ahead_id, a.state AS ahead_state, extract(epoch FROM a.next_attempt_at)::float8 AS ahead_due
+FROM who w
+LEFT JOIN customer_ids c ON c.phone_number_id = w.phone_number_id AND c.user_id = w.person
+LEFT JOIN LATERAL (
+    SELECT e.id, e.state, e.next_attempt_at
+    FROM outbox e
+    WHERE e.phone_number_id = w.phone_number_id
+      AND e.recipient IN (w.recipient, w.person, c.wa_id, c.parent_user_id)
+      AND e.id < w.id
+      AND e.state IN ('pending', 'sending', 'unknown')
+      AND e.provider = w.provider
+      AND (e.state <> 'unknown'
+           OR (e.unknown_policy = 'resend' AND NOT e.resent AND e.wamid IS NULL AND e.delivery_status IS NULL))
+    ORDER BY e.id DESC
+    LIMIT 1
+) a ON true
+ORDER BY w.next_attempt_at, w.id;
 
 -- name: outbox_mark_sending
 -- The rows that go become 'sending'. A row past its retry_until (a Tenashi send whose first
@@ -115,6 +143,14 @@ UPDATE outbox o
 SET next_attempt_at = to_timestamp(t.at), updated_at = clock_timestamp()
 FROM unnest($1::bigint[], $2::float8[]) AS t(id, at)
 WHERE o.id = t.id AND o.state = 'pending';
+
+-- name: outbox_bring_forward
+-- Rows put off until a recheck behind a send of their customer that is now done: due at the
+-- earliest their pair allows, if that is sooner.
+UPDATE outbox o
+SET next_attempt_at = to_timestamp(t.at), updated_at = clock_timestamp()
+FROM unnest($1::bigint[], $2::float8[]) AS t(id, at)
+WHERE o.id = t.id AND o.state = 'pending' AND o.next_attempt_at > to_timestamp(t.at);
 
 -- name: outbox_record_results
 -- Only rows still 'sending': a status webhook may already have moved one to accepted.

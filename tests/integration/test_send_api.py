@@ -20,7 +20,7 @@ from gateway.outbound.sender import Sender
 from gateway.store import idempotency
 from gateway.testing.fake_provider import FakeProvider
 from tests.support.config import replace
-from tests.support.send import send_settings
+from tests.support.send import FakeClock, send_everything, send_settings
 
 ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
 GLOBEX = {"Authorization": "Bearer globex-api-key-0123456789"}
@@ -217,6 +217,7 @@ async def test_openapi_served_matches_file_and_covers_routes(
     assert served == send_api.OPENAPI_PATH.read_bytes()
     doc = json.loads(served)
     assert doc["openapi"].startswith("3.")
+
     def documented_as(path: str) -> str:
         return path.replace("{key:.+}", "{key}").replace("{version:(?!(?:v1|webhooks)/)[^/]+}", "{version}")
 
@@ -325,7 +326,7 @@ async def test_twenty_concurrent_replies_to_one_message_one_accepted(
 async def test_reply_is_threaded_once_per_bot_for_a_tenant_that_opted_in(
     http: ClientSession, start_gateway: Any, settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
 ) -> None:
-    # No pair pacing: the three replies to the one customer go in one sender step.
+    # No pair pacing: the three replies to the one customer go one after the other at once.
     s = send_settings(settings, fake, reply_per_bot_tenants=("acme",), pair_interval_s=0.0)
     gw = await start_gateway(s)
     await received(pool, "wamid.IN1", "wamid.IN2")
@@ -343,9 +344,10 @@ async def test_reply_is_threaded_once_per_bot_for_a_tenant_that_opted_in(
     # Another tenant's bot learns that it was answered, not the other key.
     status, _, raw = await post(http, gw, reply(text="globex"), key="g1", auth=GLOBEX)
     assert status == 409 and "first_key" not in orjson.loads(raw) and "r1" not in raw.decode()
-    sender = Sender(pool, s)
+    clock = FakeClock()
+    sender = Sender(pool, s, clock=clock)
     try:
-        await sender.step()
+        await send_everything(sender, clock)
     finally:
         await sender.close()
     threaded = {r.message["context"]["message_id"] for r in fake.received}

@@ -26,7 +26,7 @@ from gateway.testing.messages import EXAMPLES
 from gateway.testing.payloads import contact_obj, message_obj, meta_payload, meta_value, to_bytes
 from tests.support.consume import stage
 from tests.support.forward import add, fast, forwarding, until
-from tests.support.send import FakeClock, send_settings
+from tests.support.send import FakeClock, send_everything, send_settings
 
 ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
 GLOBEX = {"Authorization": "Bearer globex-api-key-0123456789"}
@@ -44,10 +44,10 @@ async def post(
 
 
 async def send_all(pool: asyncpg.Pool, s: Settings) -> None:
-    sender = Sender(pool, s, clock=FakeClock())
+    clock = FakeClock()
+    sender = Sender(pool, s, clock=clock)
     try:
-        while await sender.step():
-            pass
+        await send_everything(sender, clock)
     finally:
         await sender.close()
 

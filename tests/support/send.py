@@ -37,6 +37,19 @@ async def drain_sender(
         raise AssertionError("sender never ran dry")
 
 
+async def send_everything(sender: Sender, clock: FakeClock, step_s: float = 0.25, rounds: int = 400) -> None:
+    """Step, advancing the clock, until no row is pending or sending: a customer's messages go
+    one after the other (one in flight per person), each a claim later."""
+    for _ in range(rounds):
+        await sender.step()
+        if not await sender.pool.fetchval(
+            "SELECT count(*) FROM outbox WHERE state IN ('pending', 'sending')"
+        ):
+            return
+        clock.advance(step_s)
+    raise AssertionError("rows still pending")
+
+
 class FakeClock:
     """Epoch seconds that move only when a test says so.
 

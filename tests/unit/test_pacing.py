@@ -6,6 +6,7 @@ import pytest
 
 from gateway.core.pacing import (
     CLOSED,
+    Ahead,
     Breaker,
     BreakerId,
     Candidate,
@@ -20,10 +21,18 @@ from gateway.core.pacing import (
 )
 
 META = Limits(pair_interval_s=6.0, number_interval_s=1 / 80, number_burst=80)
+RECHECK = 0.2
 
 
-def cand(i: int, to: str = "a", number: str = "n", provider: str = "meta", tenant: str = "t") -> Candidate:
-    return Candidate(i, provider, number, to, tenant)
+def cand(
+    i: int,
+    to: str = "a",
+    number: str = "n",
+    provider: str = "meta",
+    tenant: str = "t",
+    ahead: Ahead | None = None,
+) -> Candidate:
+    return Candidate(i, provider, number, to, tenant, ahead=ahead)
 
 
 def plan(
@@ -47,11 +56,14 @@ def plan(
         now=now,
         limit=limit,
         probe_lease_s=90.0,
+        recheck_s=RECHECK,
     )
 
 
 PAIR = pair_key("meta", "n", "a")
 NUM = number_key("meta", "n")
+TOKEN = BreakerId("token", "meta", "t")
+NUMBER = BreakerId("number", "meta", "n")
 
 
 @pytest.mark.parametrize(
@@ -65,7 +77,18 @@ NUM = number_key("meta", "n")
         ("pair booked by another sender", [cand(1)], {PAIR: 103.0}, [], {1: 103.0}),
         ("pair time passed", [cand(1)], {PAIR: 100.0}, [1], {}),
         ("number within its burst", [cand(1)], {NUM: 100.5}, [1], {}),
-        ("number past its burst", [cand(1)], {NUM: 102.0 - 1 / 80}, [], {1: pytest.approx(101.0)}),
+        # The burst used up by a send at 100: the next slot is one interval on.
+        ("number past its burst", [cand(1)], {NUM: 101.0}, [], {1: pytest.approx(100.0125)}),
+        # Further ahead than a send can book: written by a clock ahead of ours (ours stepped
+        # back since). It holds for one interval, not for the step.
+        ("a clock stepped back: the pair holds one interval", [cand(1)], {PAIR: 3700.0}, [], {1: 106.0}),
+        (
+            "a clock stepped back: the number holds one slot",
+            [cand(1)],
+            {NUM: 3700.0},
+            [],
+            {1: pytest.approx(100.0125)},
+        ),
     ],
 )
 def test_plan_table(
@@ -102,9 +125,97 @@ def test_limit_stops_the_claim() -> None:
     assert (p.go, p.defer) == ([0, 1, 2], {})
 
 
-def test_pair_interval_zero_books_no_pair_key() -> None:
-    p = plan([cand(1), cand(2)], limits=Limits(0.0, 1e-6, 1e6))
-    assert p.go == [1, 2] and PAIR not in p.pacing
+def test_pair_interval_zero_books_no_pair_key_and_keeps_one_in_flight() -> None:
+    p = plan([cand(1), cand(2), cand(3, "b")], limits=Limits(0.0, 1e-6, 1e6))
+    assert (p.go, p.defer) == ([1, 3], {2: 100.0 + RECHECK})
+    assert PAIR not in p.pacing
+
+
+# --- work-conserving, per-customer order ------------------------------------------------------
+
+
+def issue_claim() -> list[Candidate]:
+    """P#1 P#2 Q#1 Q#2 R#1 on one number, due together (three customers)."""
+    return [cand(1, "P"), cand(2, "P"), cand(3, "Q"), cand(4, "Q"), cand(5, "R")]
+
+
+def test_a_row_held_by_its_pair_holds_nobody_else() -> None:
+    """Before: P#2 held by its pair booked the number at 106, so Q#1 waited until ~105 and R#1
+    until ~110. A customer's first message goes now, whoever waits."""
+    p = plan(issue_claim())
+    assert (p.go, p.defer) == ([1, 3, 5], {2: 106.0, 4: 106.0})
+    assert p.pacing[NUM] == pytest.approx(100.0 + 3 / 80)  # three sends, nothing for the waits
+
+
+def test_a_later_claim_keeps_the_customers_order() -> None:
+    """Before: Q#1 was put off in the first claim; Q#3, enqueued just after it, found Q's pair
+    free (the put-off slot was never stored) and went first."""
+    first = plan([cand(1, "P"), cand(2, "P"), cand(3, "Q")], pacing={NUM: 101.0})
+    assert first.go == [] and first.defer == pytest.approx({1: 100.0125, 2: 106.0125, 3: 100.025})
+    # Q#3 due in the next claim, Q#1 (pending, due at its slot) is not among its candidates.
+    later = plan([cand(6, "Q", ahead=Ahead(3, "pending", first.defer[3]))], now=100.001)
+    assert later.go == [] and later.defer == pytest.approx({6: 106.025})
+
+
+@pytest.mark.parametrize(
+    ("name", "ahead", "pacing", "defer"),
+    [
+        ("earlier row waits for a backoff: after it, one interval on", Ahead(9, "pending", 130.0), {}, 136.0),
+        (
+            "earlier row due but not in this claim: one interval from now",
+            Ahead(9, "pending", 50.0),
+            {},
+            106.0,
+        ),
+        ("earlier row in flight: look again shortly", Ahead(9, "sending", 99.0), {}, 100.0 + RECHECK),
+        (
+            "earlier row in flight, its pair booked: at the pair's time",
+            Ahead(9, "sending", 99.0),
+            {PAIR: 105.0},
+            105.0,
+        ),
+        ("earlier row unknown, its resend may come: one interval on", Ahead(9, "unknown", 40.0), {}, 106.0),
+    ],
+)
+def test_a_row_waits_for_an_earlier_row_of_its_customer(
+    name: str, ahead: Ahead, pacing: dict[str, float], defer: float
+) -> None:
+    p = plan([cand(10, ahead=ahead), cand(11, "b")], pacing=pacing)
+    assert (p.go, p.defer) == ([11], {10: defer})
+
+
+def test_a_row_behind_a_send_of_this_claim_is_noted_to_go_when_it_is_done() -> None:
+    p = plan(
+        [cand(1), cand(2), cand(3, ahead=Ahead(2, "pending")), cand(4, "b")], limits=Limits(0.0, 1e-6, 1e6)
+    )
+    assert (p.go, p.defer) == ([1, 4], {2: 100.0 + RECHECK, 3: 100.0 + 2 * RECHECK})
+    assert p.behind == {1: ([2, 3], 100.0)}  # 3 behind 2 behind 1
+
+
+def test_within_a_claim_a_customers_rows_go_in_id_order() -> None:
+    """The claim's order is by due time: a retried row comes after a later one of its customer."""
+    p = plan([cand(7), cand(3), cand(5)])
+    assert (p.go, p.defer) == ([3], {5: 106.0, 7: 112.0})
+
+
+def test_the_order_is_per_pair_whichever_tenant_enqueued() -> None:
+    """Two tenants sending from one number to one person: one pace and one order (the customer
+    sees one business number)."""
+    token_t = BreakerId("token", "meta", "t")
+    held = plan([cand(1), cand(2, tenant="u")], breakers={token_t: Breaker("open", 1, 130.0)})
+    assert (held.go, held.defer) == ([], {1: 130.0, 2: 136.0})
+    paced = plan([cand(1), cand(2, tenant="u")])
+    assert (paced.go, paced.defer) == ([1], {2: 106.0})
+
+
+def test_rows_behind_a_row_a_breaker_holds_wait_for_its_probe_and_an_interval() -> None:
+    p = plan([cand(1), cand(2)], breakers={NUMBER: Breaker("open", 1, 130.0)})
+    assert (p.go, p.defer) == ([], {1: 130.0, 2: 136.0})
+
+
+def test_a_row_behind_one_the_claim_did_not_reach_is_left_alone() -> None:
+    p = plan([cand(1, "b"), cand(3), cand(2)], limit=1)  # claim order: 1, 3 (behind 2), 2
+    assert (p.go, p.defer) == ([1], {})
 
 
 def test_a_day_of_claims_never_breaks_the_pair_interval() -> None:
@@ -134,9 +245,6 @@ def test_a_day_of_claims_never_breaks_the_pair_interval() -> None:
 
 
 # --- breakers ---------------------------------------------------------------------------------
-
-TOKEN = BreakerId("token", "meta", "t")
-NUMBER = BreakerId("number", "meta", "n")
 
 
 @pytest.mark.parametrize(

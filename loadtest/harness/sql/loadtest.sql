@@ -110,3 +110,24 @@ WHERE p.event_key = ANY($1::text[]);
 -- aside and waiting for a retry.
 SELECT (inbox_oldest_unread() IS NOT NULL
         OR EXISTS (SELECT 1 FROM inbox_parked WHERE state = 'retry'))::int;
+
+-- name: pipeline_open_work
+-- bench-pipeline: what the pipeline has not finished: staged rows not processed, deliveries
+-- not yet delivered (or given up).
+SELECT (SELECT count(*) FROM webhook_inbox WHERE state = 'pending') AS pending,
+       (SELECT count(*) FROM deliveries WHERE state IN ('pending', 'delivering')) AS undelivered;
+
+-- name: lt_outbox_enqueue_ordered
+-- Load tests: many rows in one statement, their ids in the order given (the arrival order);
+-- each key with the time of its insert (epoch seconds).
+INSERT INTO outbox (tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload, unknown_policy)
+SELECT $1, t.k, $1 || ':' || t.k, $2, $3, t.r, $4, 'review'
+FROM unnest($5::text[], $6::text[]) WITH ORDINALITY AS t(k, r, n)
+ORDER BY t.n
+RETURNING idem_key, extract(epoch FROM created_at)::float8 AS at;
+
+-- name: lt_outbox_unsent_number
+SELECT count(*) FROM outbox WHERE state IN ('pending', 'sending') AND phone_number_id = $1;
+
+-- name: lt_outbox_accepted_number
+SELECT count(*) FROM outbox WHERE state = 'accepted' AND phone_number_id = $1;
