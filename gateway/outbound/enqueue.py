@@ -116,11 +116,15 @@ class Enqueued:
 
 
 class Enqueuer:
-    """Takes send requests into the outbox; ``pool()`` gives the database once it is up."""
+    """Takes send requests into the outbox; ``pool()`` gives the database once it is up;
+    ``wake()`` is called once a new row is committed (``gateway.outbound.wake``)."""
 
-    def __init__(self, settings: Settings, pool: Callable[[], asyncpg.Pool]) -> None:
+    def __init__(
+        self, settings: Settings, pool: Callable[[], asyncpg.Pool], wake: Callable[[], None] | None = None
+    ) -> None:
         self.settings = settings
         self.pool = pool
+        self.wake = wake
 
     async def refused(self, req: SendRequest) -> list[str]:
         """What the database shows is wrong with the message, before its key is claimed: a
@@ -223,7 +227,10 @@ class Enqueuer:
             notify_outcome=notify_outcome,
         )
         try:
-            return await self._enqueue(req, new, keyless=keyless)
+            done = await self._enqueue(req, new, keyless=keyless)
+            if not done.replayed and self.wake is not None:
+                self.wake()
+            return done
         except Refused:
             if not keyless:
                 # Nothing was written; the key is free again so it is not bound to a refusal.

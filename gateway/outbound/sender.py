@@ -7,7 +7,8 @@ another sender holds is skipped, never waited for; a number's lock covers its pa
 rows ``sending``. So pacing and breakers
 hold across every sender process. What an outcome means is ``gateway.core.classify``'s call; an
 account-level error opens a breaker and its row waits as ``pending``. Senders wake on NOTIFY
-``outbox`` (the send API's enqueue) and poll as a fallback. Time comes from an injectable clock
+``outbox`` (or directly, from the send front ends of their own process: gateway.outbound.wake)
+and poll as a fallback. Time comes from an injectable clock
 so tests can run minutes of pacing and backoff without sleeping. Reconciling sends whose fate
 is unknown is ``gateway.maintenance.reconciler``'s job.
 """
@@ -46,6 +47,9 @@ _WARN = LogThrottle(10.0)
 CHANNEL = "outbox"
 # Rows looked at per claim, per row that may go: room for rows pacing holds back.
 SCAN_FACTOR = 2
+# A claim that met rows whose number another claim holds looks again this soon: that claim
+# holds the lock only for its transaction, and the rows are due (nothing else wakes for them).
+HELD_RETRY_S = 0.005
 
 
 class Sender:
@@ -99,19 +103,23 @@ class Sender:
 
         Returns the rows dealt with (sent or put off); 0 when nothing was due (or free).
         """
-        rows, deferred = await self._claim(self.clock.now())
+        return (await self._step())[0]
+
+    async def _step(self) -> tuple[int, bool]:
+        """``step``, and whether it left due rows whose number another claim held."""
+        rows, deferred, held = await self._claim(self.clock.now())
         if rows:
             with tracing.span("sender.batch", rows=len(rows)):
                 results = await asyncio.gather(*(self._send(r) for r in rows))
                 await self._record(rows, results)
-        return len(rows) + deferred
+        return len(rows) + deferred, held
 
-    async def _claim(self, now: float) -> tuple[list[Any], int]:
+    async def _claim(self, now: float) -> tuple[list[Any], int, bool]:
         s = self.settings
         async with self.pool.acquire() as conn, conn.transaction():
             found = await outbox.claim_candidates(conn, now=now, limit=s.send_batch * SCAN_FACTOR)
             if not found:
-                return [], 0
+                return [], 0, False
             cands = [
                 Candidate(
                     r["id"],
@@ -148,6 +156,7 @@ class Sender:
             await pacing.put_breakers(conn, plan.breakers)
             await outbox.defer(conn, ids=list(plan.defer), until=list(plan.defer.values()))
             marked = await outbox.mark_sending(conn, ids=plan.go, now=now)
+        held = any(k not in locked for k in number_keys | {b.lock_key for b in ids})
         rows = [r for r in marked if not r["parked"]]
         for r in marked:
             if r["parked"]:
@@ -163,7 +172,8 @@ class Sender:
                     "breaker %s/%s/%s half-open: probing with one send", b_id.scope, b_id.provider, b_id.key
                 )
         # Rows parked for review were dealt with too (put off: not sent).
-        return sorted(rows, key=lambda r: (r["due"], r["id"])), len(plan.defer) + len(marked) - len(rows)
+        dealt = len(plan.defer) + len(marked) - len(rows)
+        return sorted(rows, key=lambda r: (r["due"], r["id"])), dealt, held
 
     async def _send(self, row: Any) -> tuple[Classified, float]:
         async with self._limit:
@@ -287,7 +297,8 @@ class Sender:
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
 
-    def _wake_all(self, *_: Any) -> None:
+    def wake(self, *_: Any) -> None:
+        """Rows are due: every idle claim loop claims now (a busy one claims when it is done)."""
         for w in self._wakes:
             w.set()
 
@@ -300,16 +311,19 @@ class Sender:
             while not stop.is_set():
                 beat()
                 wake.clear()
+                held_back = False
                 try:
-                    dealt = await self.step()
+                    dealt, held_back = await self._step()
                 except Exception as exc:
                     held = _WARN.allow("step", time.monotonic())
                     if held is not None:
                         log.warning("sender step failed: %s%s", describe(exc), _WARN.suffix(held))
                     dealt = 0
                 if dealt < s.send_batch:
+                    # Until a wake or the next poll; rows another claim held back are due now,
+                    # and no wake will come for them (theirs woke this loop): soon.
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(poll_s):
+                        async with asyncio.timeout(min(poll_s, HELD_RETRY_S) if held_back else poll_s):
                             await first_set(stop, wake)
         finally:
             beat.done()
@@ -318,7 +332,7 @@ class Sender:
         """Wake the loops on NOTIFY (polling covers the gaps)."""
         if self.listen:
             liveness_s = self.settings.liveness_s
-            await listen(self._listen_connection, CHANNEL, self._wake_all, stop, liveness_s=liveness_s)
+            await listen(self._listen_connection, CHANNEL, self.wake, stop, liveness_s=liveness_s)
 
     def _listen_connection(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """A connection of its own when the DSN is known; else one held from the pool (the

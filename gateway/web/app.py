@@ -17,6 +17,7 @@ from gateway.outbound.graph_api import GraphApi
 from gateway.outbound.media_api import MediaApi
 from gateway.outbound.outcomes import OutcomeWaiter, running
 from gateway.outbound.send_api import SendApi
+from gateway.outbound.wake import SenderWake
 from gateway.store.db import connect, create_pool, migrate_dsn
 from gateway.web import access
 from gateway.web.health import Health, metrics_listener
@@ -30,6 +31,7 @@ WEBHOOKS = web.AppKey("webhooks", Webhooks)
 SEND_API = web.AppKey("send_api", SendApi)
 MEDIA_API = web.AppKey("media_api", MediaApi)
 GRAPH_API = web.AppKey("graph_api", GraphApi)
+SENDER_WAKE = web.AppKey("sender_wake", SenderWake)
 HEALTH = web.AppKey("health", Health)
 
 
@@ -43,10 +45,12 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     app[SEND_API].pool = pool
     app[MEDIA_API].pool = pool
     app[GRAPH_API].pool = pool
+    app[SENDER_WAKE].pool = pool
     app[HEALTH].pool = pool
     # /readyz answers from a probe run once a second, not per request.
     async with app[HEALTH].probing():
         yield
+    await app[SENDER_WAKE].close()
     await pool.close()
 
 
@@ -94,9 +98,12 @@ def build_app(settings: Settings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[WEBHOOKS] = Webhooks(settings)
-    app[SEND_API] = SendApi(settings)
+    # Both send front ends wake the senders after their commits (this process's sender, when
+    # gateway.runtime.services runs one here, else by NOTIFY).
+    app[SENDER_WAKE] = SenderWake()
+    app[SEND_API] = SendApi(settings, app[SENDER_WAKE])
     app[MEDIA_API] = MediaApi(settings)
-    app[GRAPH_API] = GraphApi(settings, app[MEDIA_API], OutcomeWaiter(settings))
+    app[GRAPH_API] = GraphApi(settings, app[MEDIA_API], OutcomeWaiter(settings), app[SENDER_WAKE])
     app[HEALTH] = Health()
     app.router.add_routes(app[WEBHOOKS].routes())
     app.router.add_routes(app[HEALTH].routes(metrics=not settings.metrics_port))

@@ -30,7 +30,14 @@ WHERE tenant = $1 AND idem_key = $2 AND state = 'failed' AND generation = $12
 RETURNING id, state;
 
 -- name: outbox_notify
+-- Wake the senders when this transaction commits (a consumer's batch that enqueued replies).
 SELECT pg_notify('outbox', '');
+
+-- name: outbox_wake
+-- Wake the senders now, in a transaction of its own that does not wait for its WAL flush: it
+-- holds PostgreSQL's NOTIFY lock (which serialises the commits of all transactions that
+-- NOTIFY) for no flush, and a wake lost in a crash costs the senders one poll.
+SELECT set_config('synchronous_commit', 'off', true), pg_notify('outbox', '');
 
 -- name: outbox_get
 SELECT id, tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload, state,
