@@ -117,11 +117,22 @@ async def _running(dsn: str, log_dir: Path, services: str) -> AsyncIterator[Gate
             p.stop()
 
 
-async def _saturation(pool: asyncpg.Pool, n: int, tag: str) -> float:
-    """Sends per second of the gateway's sender draining ``n`` queued rows."""
+@dataclass(frozen=True, slots=True)
+class Saturation:
+    """A backlog drained: sends per second, and the cores each process used meanwhile."""
+
+    rate: float
+    elapsed_s: float
+    cores: dict[str, float]
+
+
+async def _saturation(pool: asyncpg.Pool, gw: Gateway, n: int, tag: str) -> Saturation:
+    """The gateway's sender draining ``n`` queued rows."""
     keys = [f"{tag}-{i}" for i in range(n)]
     recips = [f"49152{i:08d}" for i in range(n)]
     payload = {"type": "text", "text": {"body": "bench"}}
+    meter = await _meter(pool, gw)
+    meter.start()
     started = time.perf_counter()
     async with pool.acquire() as conn:
         await conn.execute(q("lt_outbox_enqueue_bulk"), tag, "meta", "1111", payload, keys, recips)
@@ -131,12 +142,13 @@ async def _saturation(pool: asyncpg.Pool, n: int, tag: str) -> float:
         await asyncio.sleep(0.01)
         unsent = await pool.fetchval(q("lt_outbox_unsent"))
     elapsed = time.perf_counter() - started
+    cores = meter.shares()
     accepted = await pool.fetchval(
         "SELECT count(*) FROM outbox WHERE tenant = $1 AND state = 'accepted'", tag
     )
     if accepted != n:
         raise RuntimeError(f"saturation round {tag}: {accepted} of {n} accepted")
-    return n / elapsed
+    return Saturation(n / elapsed, elapsed, cores)
 
 
 def _request(path: str, token: str, i: int) -> bytes:
@@ -324,10 +336,25 @@ def verdict(phases: dict[str, Phase], saturation: float, asked_rate: float = 0.0
     return v
 
 
-def _print(saturation_rounds: list[float], phases: dict[str, Phase], base: Phase, seconds: float) -> None:
+def _cores(cores: dict[str, float], wall_s: float, n: int, per: str) -> str:
+    """The cores each process used, and its CPU per ``per``."""
+    used = ", ".join(
+        f"{k} {c:.2f} ({c * wall_s / max(n, 1) * 1e6:.0f} µs/{per})"
+        for k, c in cores.items()
+        if k not in ("machine", "steal")
+    )
+    return (
+        f"  cores: {used}; the machine {cores.get('machine', 0.0):.2f}, steal {cores.get('steal', 0.0):.2f}"
+    )
+
+
+def _print(
+    rounds: list[Saturation], messages: int, phases: dict[str, Phase], base: Phase, seconds: float
+) -> None:
     print(machine())
-    print(f"sender saturation: {', '.join(f'{r:.0f}' for r in saturation_rounds)} sends/s "
-          f"(best {max(saturation_rounds):.0f})")  # fmt: skip
+    best = max(rounds, key=lambda r: r.rate)
+    print(f"sender saturation: {', '.join(f'{r.rate:.0f}' for r in rounds)} sends/s (best {best.rate:.0f})")
+    print(_cores(best.cores, best.elapsed_s, messages, "send"))
     for name, ph in phases.items():
         g = ph.summary()
         print(
@@ -339,15 +366,7 @@ def _print(saturation_rounds: list[float], phases: dict[str, Phase], base: Phase
             x = ph.parts.get(part)
             if x:
                 print(f"  {what}: p50 {x['p50']:.1f} ms, p99 {x['p99']:.1f} ms")
-        n = max(len(ph.latencies), 1)
-        wall = ph.elapsed_s
-        used = ", ".join(
-            f"{k} {c:.2f} ({c * wall / n * 1e6:.0f} µs/request)"
-            for k, c in ph.cores.items()
-            if k not in ("machine", "steal")
-        )
-        machine_ = ph.cores.get("machine", 0.0)
-        print(f"  cores: {used}; the machine {machine_:.2f}, steal {ph.cores.get('steal', 0.0):.2f}")
+        print(_cores(ph.cores, ph.elapsed_s, len(ph.latencies), "request"))
         for s in ph.statements:
             print(f"  sql {s['calls_per_request']:.3f}/request x {s['us_per_call']:.0f} µs = "
                   f"{s['us_per_request']:.1f} µs/request: {s['query']}")  # fmt: skip
@@ -365,8 +384,8 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
         async with _running(dsn, Path(tmp), args.services) as gw:
             pool = await create_pool(dsn, 1, 4)
             try:
-                rounds = [await _saturation(pool, args.messages, f"sat{r}") for r in range(2)]
-                saturation = max(rounds)
+                rounds = [await _saturation(pool, gw, args.messages, f"sat{r}") for r in range(2)]
+                saturation = max(r.rate for r in rounds)
                 rates = {f"{args.rate:.0f}/s": args.rate} if args.rate else {
                     name: saturation * share for name, share in SHARES.items()
                 }  # fmt: skip
@@ -387,7 +406,7 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
                     fake.close()
             finally:
                 await pool.close()
-    _print(rounds, phases, base, args.seconds)
+    _print(rounds, args.messages, phases, base, args.seconds)
     v = verdict(phases, saturation, args.rate)
     for t in v.targets:
         print(f"  {'met' if t.met else 'MISSED'}: {t.line()}")

@@ -27,7 +27,7 @@ for it, and a retry is a new message, as at Meta.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -117,7 +117,9 @@ class Enqueued:
 
 class Enqueuer:
     """Takes send requests into the outbox; ``pool()`` gives the database once it is up;
-    ``wake()`` is called once a new row is committed (``gateway.outbound.wake``)."""
+    ``wake()`` is called once a new row is committed (``gateway.outbound.wake``); ``batch``,
+    when set, writes the rows of keyless requests with those of concurrent ones
+    (``gateway.outbound.enqueue_batch``)."""
 
     def __init__(
         self, settings: Settings, pool: Callable[[], asyncpg.Pool], wake: Callable[[], None] | None = None
@@ -125,6 +127,7 @@ class Enqueuer:
         self.settings = settings
         self.pool = pool
         self.wake = wake
+        self.batch: Callable[[outbox.NewMessage], Awaitable[outbox.OutboxRow]] | None = None
 
     async def refused(self, req: SendRequest) -> list[str]:
         """What the database shows is wrong with the message, before its key is claimed: a
@@ -242,7 +245,10 @@ class Enqueuer:
     async def _enqueue(self, req: SendRequest, new: outbox.NewMessage, *, keyless: bool) -> Enqueued:
         m = req.body
         if keyless and m.in_reply_to is None:
-            # A fresh key, nothing else to write with it: one statement, its own transaction.
+            # A fresh key, nothing else to write with it: one statement, its own transaction,
+            # or a share of one.
+            if self.batch is not None:
+                return Enqueued(await self.batch(new), fresh=True)
             created, row = await outbox.enqueue(self.pool(), new)
             if not created:
                 raise RuntimeError("a fresh key found a row")

@@ -89,6 +89,14 @@ async def enqueue(conn: Conn, m: NewMessage) -> tuple[bool, OutboxRow]:
     return False, row
 
 
+async def enqueue_batch(conn: Conn, msgs: Sequence[NewMessage]) -> dict[tuple[str, str], OutboxRow]:
+    """Insert the rows of ``msgs`` (each under a key of its own) in one statement; the new rows
+    by (tenant, key). A key that exists gets none."""
+    columns = zip(*(_columns(m, 0) for m in msgs), strict=True)
+    rows = await conn.fetch(q("outbox_enqueue_batch"), *(list(c) for c in columns))
+    return {(r["tenant"], r["idem_key"]): r for r in rows}
+
+
 async def renew(conn: Conn, m: NewMessage, *, generation: int) -> OutboxRow | None:
     """Make the failed row of (tenant, key) at ``generation`` a new send of ``m`` (the next
     generation); the row, or None if it is no longer that failed row."""

@@ -13,6 +13,7 @@ from aiohttp import web
 from gateway.core.settings import Settings
 from gateway.inbound.groupcommit import GroupCommitter
 from gateway.inbound.webhooks import Webhooks
+from gateway.outbound.enqueue_batch import EnqueueBatcher
 from gateway.outbound.graph_api import GraphApi
 from gateway.outbound.media_api import MediaApi
 from gateway.outbound.outcomes import OutcomeWaiter, running
@@ -58,6 +59,23 @@ async def _outcomes(app: web.Application) -> AsyncIterator[None]:
     """The LISTEN the Graph-compatible endpoint's waiting requests are woken by."""
     async with running(app[GRAPH_API].waiter):
         yield
+
+
+async def _enqueue_batcher(app: web.Application) -> AsyncIterator[None]:
+    """Keyless Graph-compatible requests share INSERTs and COMMITs, on connections of their own."""
+    s = app[SETTINGS]
+    dsn = s.database_url
+    assert dsn
+
+    async def connect_() -> asyncpg.Connection:
+        return await connect(dsn, timeout=s.db_connect_timeout_s)
+
+    batcher = EnqueueBatcher(connect_)
+    enqueuer = app[GRAPH_API].enqueuer
+    enqueuer.batch = batcher.enqueue
+    yield
+    enqueuer.batch = None
+    await batcher.close()
 
 
 async def _metrics_listener(app: web.Application) -> AsyncIterator[None]:
@@ -116,6 +134,7 @@ def build_app(settings: Settings) -> web.Application:
         app.cleanup_ctx.append(_metrics_listener)
     app.cleanup_ctx.append(_database)
     app.cleanup_ctx.append(_outcomes)
+    app.cleanup_ctx.append(_enqueue_batcher)
     app.cleanup_ctx.append(_committer)
     if not settings.meta_app_secrets:
         log.warning("GATEWAY_META_APP_SECRETS is empty: every Meta webhook POST will get 401")
