@@ -5,7 +5,7 @@ background services ``gateway serve`` runs beside it are attached by gateway.run
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 from aiohttp import web
@@ -61,16 +61,21 @@ async def _outcomes(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-async def _enqueue_batcher(app: web.Application) -> AsyncIterator[None]:
-    """Keyless Graph-compatible requests share INSERTs and COMMITs, on connections of their own."""
-    s = app[SETTINGS]
+def _own_connections(s: Settings) -> Callable[[], Awaitable[asyncpg.Connection]]:
+    """Connections outside the pool: a hot path that owns them pays no acquire, no reset, and
+    busy consumers or senders cannot starve it."""
     dsn = s.database_url
     assert dsn
 
     async def connect_() -> asyncpg.Connection:
         return await connect(dsn, timeout=s.db_connect_timeout_s)
 
-    batcher = EnqueueBatcher(connect_)
+    return connect_
+
+
+async def _enqueue_batcher(app: web.Application) -> AsyncIterator[None]:
+    """Keyless Graph-compatible requests share INSERTs and COMMITs, on connections of their own."""
+    batcher = EnqueueBatcher(_own_connections(app[SETTINGS]))
     enqueuer = app[GRAPH_API].enqueuer
     enqueuer.batch = batcher.enqueue
     yield
@@ -87,15 +92,8 @@ async def _metrics_listener(app: web.Application) -> AsyncIterator[None]:
 
 async def _committer(app: web.Application) -> AsyncIterator[None]:
     s = app[SETTINGS]
-    dsn = s.database_url
-    assert dsn
-
-    # The ack path gets its own connections: busy consumers or senders can't starve it.
-    async def connect_() -> asyncpg.Connection:
-        return await connect(dsn, timeout=s.db_connect_timeout_s)
-
     committer = GroupCommitter(
-        connect_,
+        _own_connections(s),
         window_s=s.commit_window_ms / 1000,
         max_batch=s.commit_max_batch,
         max_inflight=s.commit_max_inflight,
