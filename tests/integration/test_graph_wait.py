@@ -22,7 +22,7 @@ from gateway.runtime import services
 from gateway.store import outbox, pacing
 from gateway.store.db import connect
 from gateway.testing.fake_provider import FakeProvider
-from tests.integration.test_graph_compat import ACME, TO, graph, post, text
+from tests.support.graph import ACME, TO, graph, post, text
 from tests.support.send import drain_sender, enqueue, send_settings
 
 # The senders poll this seldom here: only a wake gets a send out within a test's patience.
