@@ -46,7 +46,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     app[SEND_API].pool = pool
     app[MEDIA_API].pool = pool
     app[GRAPH_API].pool = pool
-    app[SENDER_WAKE].pool = pool
+    app[SENDER_WAKE].connect = _own_connections(s)
     app[HEALTH].pool = pool
     # /readyz answers from a probe run once a second, not per request.
     async with app[HEALTH].probing():

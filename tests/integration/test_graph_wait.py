@@ -18,10 +18,12 @@ from gateway.core.pacing import number_key
 from gateway.core.settings import Settings
 from gateway.outbound.outcomes import Outcome, OutcomeWaiter, running
 from gateway.outbound.sender import Sender
+from gateway.outbound.wake import SenderWake
 from gateway.runtime import services
 from gateway.store import outbox, pacing
 from gateway.store.db import connect
 from gateway.testing.fake_provider import FakeProvider
+from gateway.testing.ports import closed_port
 from tests.support.graph import ACME, TO, graph, post, text
 from tests.support.send import drain_sender, enqueue, send_settings
 
@@ -221,3 +223,27 @@ async def test_a_row_another_claim_held_back_goes_once_that_claim_ends(
         async with asyncio.timeout(5):  # not the 60 s poll
             while fake.count(callback) == 0:
                 await asyncio.sleep(0.01)
+
+
+async def test_wakes_of_concurrent_commits_share_notifies(
+    db_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Commits before the NOTIFY leaves share it; those while it is under way share one more;
+    a database that cannot be reached costs a warning, never the request."""
+    wake = SenderWake()
+    wake.connect = lambda: connect(db_dsn)
+
+    async def commits() -> None:
+        for _ in range(100):
+            wake()
+        await asyncio.sleep(0)  # the NOTIFY is under way
+        for _ in range(100):
+            wake()
+        await wake.close()
+
+    assert await _heard(db_dsn, "outbox", commits) == ["", ""]
+    down = SenderWake()
+    down.connect = lambda: connect(f"postgresql://nobody@127.0.0.1:{closed_port()}/none", timeout=1)
+    down()
+    await down.close()
+    assert "senders not woken (they poll)" in caplog.text
