@@ -118,8 +118,8 @@ class Enqueued:
 class Enqueuer:
     """Takes send requests into the outbox; ``pool()`` gives the database once it is up;
     ``wake()`` is called once a new row is committed (``gateway.outbound.wake``); ``batch``,
-    when set, writes the rows of keyless requests with those of concurrent ones
-    (``gateway.outbound.enqueue_batch``)."""
+    when set, writes the rows of keyless requests with those of concurrent ones and wakes the
+    senders itself (``gateway.outbound.enqueue_batch``)."""
 
     def __init__(
         self, settings: Settings, pool: Callable[[], asyncpg.Pool], wake: Callable[[], None] | None = None
@@ -229,6 +229,10 @@ class Enqueuer:
             fingerprint=req.fingerprint,
             notify_outcome=notify_outcome,
         )
+        if keyless and m.in_reply_to is None and self.batch is not None:
+            # A fresh key, nothing else to write with it: a share of one statement, whose
+            # commit wakes the senders once for the whole batch.
+            return Enqueued(await self.batch(new), fresh=True)
         try:
             done = await self._enqueue(req, new, keyless=keyless)
             if not done.replayed and self.wake is not None:
@@ -245,10 +249,7 @@ class Enqueuer:
     async def _enqueue(self, req: SendRequest, new: outbox.NewMessage, *, keyless: bool) -> Enqueued:
         m = req.body
         if keyless and m.in_reply_to is None:
-            # A fresh key, nothing else to write with it: one statement, its own transaction,
-            # or a share of one.
-            if self.batch is not None:
-                return Enqueued(await self.batch(new), fresh=True)
+            # A fresh key, nothing else to write with it: one statement, its own transaction.
             created, row = await outbox.enqueue(self.pool(), new)
             if not created:
                 raise RuntimeError("a fresh key found a row")

@@ -1,12 +1,12 @@
 """Fresh outbox rows of concurrent requests in one INSERT and one COMMIT.
 
 A Graph-compatible request without an Idempotency-Key or a quoted reply is one new row under a
-fresh key, nothing else. Written one by one, each such row cost a pool connection (acquire, and
-a reset round trip on release) and a commit of its own, about half of the HTTP worker's CPU per
-request, and a WAL flush each. Here the rows staged during one pass of the event loop go as one
-statement on a connection this batcher owns; while a batch is being written the next rows
-wait for it (or take a second connection), so batches grow exactly when the database is the
-bottleneck and an idle one costs a request no wait.
+fresh key, nothing else. Written one by one, each such row would cost a pool connection (acquire,
+and a reset round trip on release) and a commit and WAL flush of its own: about half of the HTTP
+worker's CPU per request. Here the rows staged during one pass of the event loop go as one
+statement on a connection this batcher owns, and the senders are woken once per batch; while a
+batch is being written the next rows wait for it (or take a second connection), so batches grow
+exactly when the database is the bottleneck and an idle one costs a request no wait.
 
 A batch that fails (the database down, a statement past ``timeout_s``) fails each of its
 requests with the error, as the single INSERT did: the caller answers 503. Its connection is
@@ -34,12 +34,20 @@ _Staged = tuple[outbox.NewMessage, asyncio.Future[outbox.OutboxRow]]
 
 
 class EnqueueBatcher:
-    """``await enqueue(message)``: its new row once committed."""
+    """``await enqueue(message)``: its new row once committed; ``on_commit()`` after each
+    batch's commit (the senders' wake)."""
 
     def __init__(
-        self, connect: Connect, *, max_batch: int = 256, max_inflight: int = 2, timeout_s: float = 60.0
+        self,
+        connect: Connect,
+        on_commit: Callable[[], None] = lambda: None,
+        *,
+        max_batch: int = 256,
+        max_inflight: int = 2,
+        timeout_s: float = 60.0,
     ) -> None:
         self._connect = connect
+        self._on_commit = on_commit
         self._max_batch = max_batch
         self._max_inflight = max_inflight
         self._timeout_s = timeout_s  # as the pool's command timeout
@@ -103,6 +111,7 @@ class EnqueueBatcher:
                     fut.set_exception(RuntimeError("a fresh key found a row"))
                 else:
                     fut.set_result(row)
+            self._on_commit()  # in this pass, before the requests resume: once per batch
         finally:
             if conn is not None:
                 self._idle.append(conn)

@@ -75,7 +75,7 @@ def _own_connections(s: Settings) -> Callable[[], Awaitable[asyncpg.Connection]]
 
 async def _enqueue_batcher(app: web.Application) -> AsyncIterator[None]:
     """Keyless Graph-compatible requests share INSERTs and COMMITs, on connections of their own."""
-    batcher = EnqueueBatcher(_own_connections(app[SETTINGS]))
+    batcher = EnqueueBatcher(_own_connections(app[SETTINGS]), app[SENDER_WAKE])
     enqueuer = app[GRAPH_API].enqueuer
     enqueuer.batch = batcher.enqueue
     yield

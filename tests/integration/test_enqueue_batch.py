@@ -23,7 +23,8 @@ def _message(i: int) -> outbox.NewMessage:
 async def test_concurrent_rows_share_statements_and_each_gets_its_own(
     pool: asyncpg.Pool, db_dsn: str
 ) -> None:
-    batcher = EnqueueBatcher(lambda: connect(db_dsn))
+    commits: list[int] = []
+    batcher = EnqueueBatcher(lambda: connect(db_dsn), lambda: commits.append(1))
     try:
         msgs = [_message(i) for i in range(60)]
         rows = await asyncio.gather(*(batcher.enqueue(m) for m in msgs))
@@ -36,6 +37,7 @@ async def test_concurrent_rows_share_statements_and_each_gets_its_own(
     assert {(r["id"], r["idem_key"]) for r in stored} == {(r["id"], r["idem_key"]) for r in rows}
     assert {(r["state"], r["notify_outcome"]) for r in stored} == {("pending", True)}
     assert batcher.batches < 10  # shared statements, not one per row
+    assert len(commits) == batcher.batches  # the senders woken once per batch
 
 
 async def test_a_broken_connection_costs_at_most_its_batch(pool: asyncpg.Pool, db_dsn: str) -> None:
