@@ -180,4 +180,6 @@ async def reply(
             payload=payload,
         ),
     )
+    if created:
+        await outbox.notify_senders(conn)
     return created

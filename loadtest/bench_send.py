@@ -192,8 +192,11 @@ async def _latency_mode(
     payload = {"type": "text", "text": {"body": "latency"}}
     for i in range(args.messages):
         m = outbox.NewMessage(tenant, f"l{i}", "meta", "1111", f"49153{i:08d}", payload)
-        async with pool.acquire() as conn, conn.transaction():
+        async with pool.acquire() as conn:
             await outbox.enqueue(conn, m)
+            # As the send front ends do after their commit (gateway.outbound.wake, in a process
+            # without a sender of its own).
+            await outbox.wake_senders(conn)
         committed[f"{tenant}:l{i}"] = time.time()
         await asyncio.sleep(1 / args.rate)
     deadline = time.monotonic() + 30

@@ -27,7 +27,7 @@ for it, and a retry is a new message, as at Meta.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -116,11 +116,18 @@ class Enqueued:
 
 
 class Enqueuer:
-    """Takes send requests into the outbox; ``pool()`` gives the database once it is up."""
+    """Takes send requests into the outbox; ``pool()`` gives the database once it is up;
+    ``wake()`` is called once a new row is committed (``gateway.outbound.wake``); ``batch``,
+    when set, writes the rows of keyless requests with those of concurrent ones and wakes the
+    senders itself (``gateway.outbound.enqueue_batch``)."""
 
-    def __init__(self, settings: Settings, pool: Callable[[], asyncpg.Pool]) -> None:
+    def __init__(
+        self, settings: Settings, pool: Callable[[], asyncpg.Pool], wake: Callable[[], None] | None = None
+    ) -> None:
         self.settings = settings
         self.pool = pool
+        self.wake = wake
+        self.batch: Callable[[outbox.NewMessage], Awaitable[outbox.OutboxRow]] | None = None
 
     async def refused(self, req: SendRequest) -> list[str]:
         """What the database shows is wrong with the message, before its key is claimed: a
@@ -222,8 +229,15 @@ class Enqueuer:
             fingerprint=req.fingerprint,
             notify_outcome=notify_outcome,
         )
+        if keyless and m.in_reply_to is None and self.batch is not None:
+            # A fresh key, nothing else to write with it: a share of one statement, whose
+            # commit wakes the senders once for the whole batch.
+            return Enqueued(await self.batch(new), fresh=True)
         try:
-            return await self._enqueue(req, new, keyless=keyless)
+            done = await self._enqueue(req, new, keyless=keyless)
+            if not done.replayed and self.wake is not None:
+                self.wake()
+            return done
         except Refused:
             if not keyless:
                 # Nothing was written; the key is free again so it is not bound to a refusal.

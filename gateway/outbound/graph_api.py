@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import secrets
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -76,12 +77,18 @@ def _unavailable(trace: str) -> web.Response:
 class GraphApi:
     """The Graph-compatible routes; ``pool`` is set once the app's database is up."""
 
-    def __init__(self, settings: Settings, media_api: MediaApi, waiter: OutcomeWaiter) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        media_api: MediaApi,
+        waiter: OutcomeWaiter,
+        wake: Callable[[], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.media_api = media_api
         self.waiter = waiter
         self.pool: asyncpg.Pool | None = None
-        self.enqueuer = Enqueuer(settings, self._pool)
+        self.enqueuer = Enqueuer(settings, self._pool, wake)
         doc = orjson.loads(openapi_bytes())
         self.validator = RequestValidator(doc, "GraphSendRequest")
         self.read_validator = BodyValidator(doc, "GraphReadRequest")

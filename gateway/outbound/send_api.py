@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -93,11 +94,11 @@ def request_validator() -> RequestValidator:
 class SendApi:
     """The send API's routes; ``pool`` is set once the app's database is up."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, wake: Callable[[], None] | None = None) -> None:
         self.settings = settings
         self.pool: asyncpg.Pool | None = None
         self.validator = request_validator()
-        self.enqueuer = Enqueuer(settings, self._pool)
+        self.enqueuer = Enqueuer(settings, self._pool, wake)
 
     def routes(self) -> list[web.RouteDef]:
         return [

@@ -9,7 +9,8 @@ pace and mark the chosen rows ``sending``. So pacing, per-customer order and bre
 across every sender process; one process claims one batch at a time. What an outcome means is
 ``gateway.core.classify``'s call; an account-level error opens a breaker and its row waits as
 ``pending``. Senders wake on NOTIFY ``outbox`` (the send API's enqueue), when a row they put
-off is due, and poll as a fallback. Time comes from an injectable clock
+off is due (or directly, from the send front ends of their own process:
+gateway.outbound.wake), and poll as a fallback. Time comes from an injectable clock
 so tests can run minutes of pacing and backoff without sleeping. Reconciling sends whose fate
 is unknown is ``gateway.maintenance.reconciler``'s job.
 """
@@ -291,7 +292,7 @@ class Sender:
         if woken:
             await outbox.bring_forward(self.pool, ids=[i for i, _ in woken], to=[at for _, at in woken])
             self._push_timers(at for _, at in woken)
-            self._wake_all()
+            self.wake()
 
     def _push_timers(self, times: Iterable[float]) -> None:
         for at in set(times):
@@ -366,7 +367,8 @@ class Sender:
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
 
-    def _wake_all(self, *_: Any) -> None:
+    def wake(self, *_: Any) -> None:
+        """Rows are due: every idle claim loop claims now (a busy one claims when it is done)."""
         for w in self._wakes:
             w.set()
 
@@ -409,7 +411,7 @@ class Sender:
         """Wake the loops on NOTIFY (polling covers the gaps)."""
         if self.listen:
             liveness_s = self.settings.liveness_s
-            await listen(self._listen_connection, CHANNEL, self._wake_all, stop, liveness_s=liveness_s)
+            await listen(self._listen_connection, CHANNEL, self.wake, stop, liveness_s=liveness_s)
 
     def _listen_connection(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """A connection of its own when the DSN is known; else one held from the pool (the

@@ -28,7 +28,7 @@ from gateway.inbound.consumer_group import ConsumerGroup
 from gateway.maintenance.jobs import Maintenance
 from gateway.outbound.forwarder import Forwarder
 from gateway.outbound.sender import Sender
-from gateway.web.app import POOL, SETTINGS, build_app
+from gateway.web.app import POOL, SENDER_WAKE, SETTINGS, build_app
 
 log = logging.getLogger("gateway")
 
@@ -178,9 +178,13 @@ def attach(app: web.Application, on_failure: Callable[[], None] | None = None) -
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         services = build(app[POOL], app[SETTINGS], roles)
         app[SERVICES] = services
+        # The send front ends wake this sender directly after their commits.
+        detach = app[SENDER_WAKE].attach(services.sender.wake) if services.sender is not None else None
         stop = asyncio.Event()
         task = asyncio.create_task(run(services.all(), stop, on_failure))
         yield
+        if detach is not None:
+            detach()
         stop.set()
         services.failed = await task
 

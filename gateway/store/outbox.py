@@ -79,7 +79,8 @@ def _columns(m: NewMessage, generation: int) -> tuple[Any, ...]:
 
 async def enqueue(conn: Conn, m: NewMessage) -> tuple[bool, OutboxRow]:
     """Insert the row unless (tenant, key) exists; returns (created, row). One statement when
-    it is new (it commits on its own outside a transaction)."""
+    it is new (it commits on its own outside a transaction). The senders are not woken: see
+    ``notify_senders`` and ``wake_senders``."""
     created: OutboxRow | None = await conn.fetchrow(q("outbox_enqueue"), *_columns(m, 0))
     if created is not None:
         return True, created
@@ -88,14 +89,33 @@ async def enqueue(conn: Conn, m: NewMessage) -> tuple[bool, OutboxRow]:
     return False, row
 
 
+async def enqueue_batch(conn: Conn, msgs: Sequence[NewMessage]) -> dict[tuple[str, str], OutboxRow]:
+    """Insert the rows of ``msgs`` (each under a key of its own) in one statement; the new rows
+    by (tenant, key). A key that exists gets none."""
+    columns = zip(*(_columns(m, 0) for m in msgs), strict=True)
+    rows = await conn.fetch(q("outbox_enqueue_batch"), *(list(c) for c in columns))
+    return {(r["tenant"], r["idem_key"]): r for r in rows}
+
+
 async def renew(conn: Conn, m: NewMessage, *, generation: int) -> OutboxRow | None:
     """Make the failed row of (tenant, key) at ``generation`` a new send of ``m`` (the next
     generation); the row, or None if it is no longer that failed row."""
     done = await conn.fetchrow(q("outbox_renew"), *_columns(m, generation + 1), generation)
     if done is None:
         return None
-    await conn.execute(q("outbox_notify"))
     return await get(conn, tenant=m.tenant, key=m.key)
+
+
+async def notify_senders(conn: Conn) -> None:
+    """Wake the senders when the caller's transaction commits (NOTIFY ``outbox``): for a
+    transaction that commits a batch, once; a request's own commit uses ``wake_senders`` after it."""
+    await conn.execute(q("outbox_notify"))
+
+
+async def wake_senders(conn: Conn) -> None:
+    """Wake the senders now: NOTIFY ``outbox`` in a transaction of its own, committed without
+    waiting for its flush (a hint: the senders also poll)."""
+    await conn.execute(q("outbox_wake"))
 
 
 async def get(conn: Conn, *, tenant: str, key: str) -> OutboxRow | None:

@@ -5,7 +5,7 @@ background services ``gateway serve`` runs beside it are attached by gateway.run
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 from aiohttp import web
@@ -13,10 +13,12 @@ from aiohttp import web
 from gateway.core.settings import Settings
 from gateway.inbound.groupcommit import GroupCommitter
 from gateway.inbound.webhooks import Webhooks
+from gateway.outbound.enqueue_batch import EnqueueBatcher
 from gateway.outbound.graph_api import GraphApi
 from gateway.outbound.media_api import MediaApi
 from gateway.outbound.outcomes import OutcomeWaiter, running
 from gateway.outbound.send_api import SendApi
+from gateway.outbound.wake import SenderWake
 from gateway.store.db import connect, create_pool, migrate_dsn
 from gateway.web import access
 from gateway.web.health import Health, metrics_listener
@@ -30,6 +32,7 @@ WEBHOOKS = web.AppKey("webhooks", Webhooks)
 SEND_API = web.AppKey("send_api", SendApi)
 MEDIA_API = web.AppKey("media_api", MediaApi)
 GRAPH_API = web.AppKey("graph_api", GraphApi)
+SENDER_WAKE = web.AppKey("sender_wake", SenderWake)
 HEALTH = web.AppKey("health", Health)
 
 
@@ -43,10 +46,12 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     app[SEND_API].pool = pool
     app[MEDIA_API].pool = pool
     app[GRAPH_API].pool = pool
+    app[SENDER_WAKE].connect = _own_connections(s)
     app[HEALTH].pool = pool
     # /readyz answers from a probe run once a second, not per request.
     async with app[HEALTH].probing():
         yield
+    await app[SENDER_WAKE].close()
     await pool.close()
 
 
@@ -54,6 +59,28 @@ async def _outcomes(app: web.Application) -> AsyncIterator[None]:
     """The LISTEN the Graph-compatible endpoint's waiting requests are woken by."""
     async with running(app[GRAPH_API].waiter):
         yield
+
+
+def _own_connections(s: Settings) -> Callable[[], Awaitable[asyncpg.Connection]]:
+    """Connections outside the pool: a hot path that owns them pays no acquire, no reset, and
+    busy consumers or senders cannot starve it."""
+    dsn = s.database_url
+    assert dsn
+
+    async def connect_() -> asyncpg.Connection:
+        return await connect(dsn, timeout=s.db_connect_timeout_s)
+
+    return connect_
+
+
+async def _enqueue_batcher(app: web.Application) -> AsyncIterator[None]:
+    """Keyless Graph-compatible requests share INSERTs and COMMITs, on connections of their own."""
+    batcher = EnqueueBatcher(_own_connections(app[SETTINGS]), app[SENDER_WAKE])
+    enqueuer = app[GRAPH_API].enqueuer
+    enqueuer.batch = batcher.enqueue
+    yield
+    enqueuer.batch = None
+    await batcher.close()
 
 
 async def _metrics_listener(app: web.Application) -> AsyncIterator[None]:
@@ -65,15 +92,8 @@ async def _metrics_listener(app: web.Application) -> AsyncIterator[None]:
 
 async def _committer(app: web.Application) -> AsyncIterator[None]:
     s = app[SETTINGS]
-    dsn = s.database_url
-    assert dsn
-
-    # The ack path gets its own connections: busy consumers or senders can't starve it.
-    async def connect_() -> asyncpg.Connection:
-        return await connect(dsn, timeout=s.db_connect_timeout_s)
-
     committer = GroupCommitter(
-        connect_,
+        _own_connections(s),
         window_s=s.commit_window_ms / 1000,
         max_batch=s.commit_max_batch,
         max_inflight=s.commit_max_inflight,
@@ -94,9 +114,12 @@ def build_app(settings: Settings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[WEBHOOKS] = Webhooks(settings)
-    app[SEND_API] = SendApi(settings)
+    # Both send front ends wake the senders after their commits (this process's sender, when
+    # gateway.runtime.services runs one here, else by NOTIFY).
+    app[SENDER_WAKE] = SenderWake()
+    app[SEND_API] = SendApi(settings, app[SENDER_WAKE])
     app[MEDIA_API] = MediaApi(settings)
-    app[GRAPH_API] = GraphApi(settings, app[MEDIA_API], OutcomeWaiter(settings))
+    app[GRAPH_API] = GraphApi(settings, app[MEDIA_API], OutcomeWaiter(settings), app[SENDER_WAKE])
     app[HEALTH] = Health()
     app.router.add_routes(app[WEBHOOKS].routes())
     # /metrics names destinations and phone-number ids: never on the public port unless asked for.
@@ -110,6 +133,7 @@ def build_app(settings: Settings) -> web.Application:
         app.cleanup_ctx.append(_metrics_listener)
     app.cleanup_ctx.append(_database)
     app.cleanup_ctx.append(_outcomes)
+    app.cleanup_ctx.append(_enqueue_batcher)
     app.cleanup_ctx.append(_committer)
     if not settings.meta_app_secrets:
         log.warning("GATEWAY_META_APP_SECRETS is empty: every Meta webhook POST will get 401")

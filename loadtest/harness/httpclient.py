@@ -1,7 +1,8 @@
 """A lean HTTP/1.1 keep-alive client for pre-built requests, so the generator is not the bottleneck.
 
 Each request is written as ready-made bytes (built and signed before the run); the
-response is parsed only as far as the status line and ``Content-Length``. One request at
+response is parsed only as far as the status line and ``Content-Length`` (its body is kept
+as bytes for a caller that reads it). One request at
 a time per connection (no pipelining, as Meta's senders behave); connections are opened
 on demand up to ``max_connections`` and reused.
 """
@@ -30,6 +31,8 @@ class _Conn(asyncio.Protocol):
         self._need = -1  # bytes needed for the current response, -1 until the head is parsed
         self._status = 0
         self._close_after = False
+        self._body_at = 0
+        self.body = b""  # the last response's body
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, but have its methods.
@@ -68,8 +71,10 @@ class _Conn(asyncio.Protocol):
                 self._fail(HttpError("protocol", "unparsable response head"))
                 return
             self._close_after = b"\nconnection: close" in head
+            self._body_at = end + 4
             self._need = end + 4 + length
         if len(self._buf) >= self._need:
+            self.body = bytes(self._buf[self._body_at : self._need])
             del self._buf[: self._need]
             self._need = -1
             w, self._waiter = self._waiter, None
@@ -94,7 +99,8 @@ class _Conn(asyncio.Protocol):
 
 
 class Pool:
-    """Keep-alive connections to one host:port; ``request(wire)`` returns the HTTP status."""
+    """Keep-alive connections to one host:port; ``request(wire)`` returns the HTTP status,
+    ``exchange(wire)`` the status and the body."""
 
     def __init__(self, host: str, port: int, max_connections: int = 512, timeout_s: float = 10.0) -> None:
         self.host = host
@@ -144,10 +150,15 @@ class Pool:
         self._wake()
 
     async def request(self, wire: bytes) -> int:
+        return (await self.exchange(wire))[0]
+
+    async def exchange(self, wire: bytes) -> tuple[int, bytes]:
+        """The response's status and body."""
         conn = await self._acquire()
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await conn.send(wire)
+                status = await conn.send(wire)
+                return status, conn.body
         except TimeoutError:
             conn.abort()
             raise HttpError("timeout", f"no response within {self.timeout_s}s") from None

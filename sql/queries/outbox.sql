@@ -13,6 +13,24 @@ RETURNING id, tenant, idem_key, callback_data, provider, phone_number_id, recipi
           delivery_status, delivery_errors, created_at, updated_at, sending_at, unknown_at, accepted_at,
           fingerprint, generation, ambiguous_at, retry_until, biz_opaque_callback_data;
 
+-- name: outbox_enqueue_batch
+-- The rows of concurrent requests, each under a fresh key of its own, in one statement: the
+-- new rows with outbox_get's columns (matched to their requests by tenant and key); a key
+-- that exists gets no row.
+INSERT INTO outbox (tenant, idem_key, callback_data, provider, phone_number_id, recipient,
+                    payload, unknown_policy, fingerprint, biz_opaque_callback_data, notify_outcome)
+SELECT t.tenant, t.idem_key, t.callback_data, t.provider, t.phone_number_id, t.recipient,
+       t.payload, t.unknown_policy, t.fingerprint, t.biz_opaque_callback_data, t.notify_outcome
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[],
+            $8::text[], $9::text[], $10::text[], $11::bool[])
+     AS t(tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload,
+          unknown_policy, fingerprint, biz_opaque_callback_data, notify_outcome)
+ON CONFLICT (tenant, idem_key) DO NOTHING
+RETURNING id, tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload, state,
+          unknown_policy, resent, attempts, next_attempt_at, last_error, last_error_code, wamid,
+          delivery_status, delivery_errors, created_at, updated_at, sending_at, unknown_at, accepted_at,
+          fingerprint, generation, ambiguous_at, retry_until, biz_opaque_callback_data;
+
 -- name: outbox_renew
 -- A failed row (the provider refused it for good: nothing was sent) made into a new send for
 -- the same key: a new body, a new generation with its own callback data, a fresh history.
@@ -30,7 +48,14 @@ WHERE tenant = $1 AND idem_key = $2 AND state = 'failed' AND generation = $12
 RETURNING id, state;
 
 -- name: outbox_notify
+-- Wake the senders when this transaction commits (a consumer's batch that enqueued replies).
 SELECT pg_notify('outbox', '');
+
+-- name: outbox_wake
+-- Wake the senders now, in a transaction of its own that does not wait for its WAL flush: it
+-- holds PostgreSQL's NOTIFY lock (which serialises the commits of all transactions that
+-- NOTIFY) for no flush, and a wake lost in a crash costs the senders one poll.
+SELECT set_config('synchronous_commit', 'off', true), pg_notify('outbox', '');
 
 -- name: outbox_get
 SELECT id, tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload, state,

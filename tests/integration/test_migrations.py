@@ -115,3 +115,24 @@ async def test_a_changed_source_is_applied_once_and_an_unchanged_one_never(pool:
         assert await conn.fetchval("SELECT delivery_rank('heard')") == 4
         assert await apply_functions(conn, [heard]) == []
         assert await migrate(conn) == [] and await conn.fetchval("SELECT delivery_rank('heard')") == 0
+
+
+async def test_a_database_that_woke_senders_by_trigger_loses_it(empty_db: str) -> None:
+    """A database from before 0020 (its functions applied, outbox_notify among them) ends with
+    no enqueue trigger, no function and no record of one: the current schema."""
+    conn = await connect(empty_db)
+    try:
+        await migrate(conn, upto=19)
+        # As `gateway migrate` left such a database: every function applied and recorded.
+        await conn.execute("CREATE TABLE schema_functions (name text PRIMARY KEY, checksum text NOT NULL,"
+                           " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
+        await conn.execute("INSERT INTO schema_functions (name, checksum) VALUES ('outbox_notify', 'old')")
+        assert await conn.fetchval("SELECT count(*) FROM pg_trigger WHERE tgname = 'outbox_notify'") == 1
+        assert await migrate(conn) == [v for v in range(20, latest_version() + 1)]
+        trigger = await conn.fetchval("SELECT count(*) FROM pg_trigger WHERE tgname = 'outbox_notify'")
+        recorded = await conn.fetchval("SELECT count(*) FROM schema_functions WHERE name = 'outbox_notify'")
+        upgraded = await describe(conn)
+    finally:
+        await conn.close()
+    assert (trigger, recorded) == (0, 0)
+    assert upgraded == SNAPSHOT.read_text()

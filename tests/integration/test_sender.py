@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 from gateway.core.classify import PERMANENT_CODES, RETRYABLE_CODES
 from gateway.core.settings import Settings
 from gateway.outbound.sender import Sender
+from gateway.store import outbox
 from gateway.testing.fake_provider import FakeProvider
 from gateway.testing.ports import closed_port
 from tests.support.config import replace
@@ -351,12 +352,13 @@ async def test_each_number_sends_with_its_own_token(
 
 
 @pytest.mark.parametrize("dsn", [True, False], ids=["own connection", "pool connection"])
-async def test_enqueue_wakes_the_sender_and_the_listener_reconnects(
+async def test_a_wake_after_the_enqueue_wakes_the_sender_and_the_listener_reconnects(
     dsn: bool, settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
 ) -> None:
-    """With a 60 s poll, only NOTIFY can get a send out within seconds; after its LISTEN
-    connection is killed the sender listens again. Without a DSN (the embedded database of a
-    standalone `gateway send`) it listens on a connection held from its pool."""
+    """With a 60 s poll, only NOTIFY can get a send out within seconds (the send front ends'
+    wake after their commit, as a process without a sender of its own sends it); after its
+    LISTEN connection is killed the sender listens again. Without a DSN (the embedded database
+    of a standalone `gateway send`) it listens on a connection held from its pool."""
     s = send_settings(settings, fake, send_poll_ms=60_000, pair_interval_s=0.0)
     if not dsn:
         s = replace(s, database_url=None)
@@ -380,7 +382,9 @@ async def test_enqueue_wakes_the_sender_and_the_listener_reconnects(
         async with asyncio.timeout(10):
             while await listening() == 0:
                 await asyncio.sleep(0.02)
-        await sent(await enqueue(pool, "n1", "4915100000001"))
+        n1 = await enqueue(pool, "n1", "4915100000001")
+        await outbox.wake_senders(pool)
+        await sent(n1)
         await pool.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE application_name = 'gateway LISTEN outbox'"
@@ -388,7 +392,9 @@ async def test_enqueue_wakes_the_sender_and_the_listener_reconnects(
         async with asyncio.timeout(10):
             while await listening() == 0:
                 await asyncio.sleep(0.02)
-        await sent(await enqueue(pool, "n2", "4915100000002"))
+        n2 = await enqueue(pool, "n2", "4915100000002")
+        await outbox.wake_senders(pool)
+        await sent(n2)
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)

@@ -1,0 +1,97 @@
+"""Waking the senders once a send request's row is committed.
+
+The wake is not part of the request's transaction: PostgreSQL serialises the commits of all
+transactions that NOTIFY (one database-wide lock, held through the commit's WAL flush), so a
+NOTIFY per request caps the requests at one per flush, and the rest queue for the pool. After
+the commit instead:
+
+- a sender running in this process (``gateway serve`` with its services inline) is woken
+  directly, with no database round trip;
+- otherwise one ``NOTIFY outbox`` goes out at a time, in a transaction of its own that does not
+  wait for its flush (``gateway.store.outbox.wake_senders``), on a connection of its own (a pool's
+  acquire and reset would cost more than the statement); requests that commit while it is under
+  way share the next one, so under load the wakes cost a few statements, not one per request.
+  A lost wake (the database unreachable for it) costs the senders one poll
+  (``GATEWAY_SEND_POLL_MS``), never a row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+
+from gateway.core.limits import LogThrottle
+from gateway.core.planning import describe
+from gateway.store import outbox
+from gateway.store.db import DB_ERRORS
+
+log = logging.getLogger(__name__)
+_WARN = LogThrottle(10.0)
+# A wake that takes longer than this is given up: the senders' poll finds the rows.
+TIMEOUT_S = 5.0
+
+
+Connect = Callable[[], Awaitable[asyncpg.Connection]]
+
+
+class SenderWake:
+    """Call it after a commit that made a row due; ``connect`` is set once the database is up."""
+
+    def __init__(self) -> None:
+        self.connect: Connect | None = None
+        self._conn: asyncpg.Connection | None = None
+        self._local: list[Callable[[], None]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+
+    def attach(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Wake this process's sender with ``wake`` instead of NOTIFY; returns the detach."""
+        self._local.append(wake)
+        return lambda: self._local.remove(wake)
+
+    def __call__(self) -> None:
+        if self._local:
+            for wake in self._local:
+                wake()
+            return
+        if self.connect is None:
+            return
+        if self._task is not None and not self._task.done():
+            self._again = True  # the one under way may have left before this commit
+            return
+        self._task = asyncio.get_running_loop().create_task(self._notify(self.connect))
+
+    async def _notify(self, connect: Connect) -> None:
+        again = True
+        while again:
+            self._again = False
+            try:
+                async with asyncio.timeout(TIMEOUT_S):
+                    if self._conn is None or self._conn.is_closed():
+                        self._conn = await connect()
+                    await outbox.wake_senders(self._conn)
+            except DB_ERRORS as exc:
+                if self._conn is not None:
+                    self._conn.terminate()  # broken, or cancelled mid-statement
+                    self._conn = None
+                held = _WARN.allow("wake", time.monotonic())
+                if held is not None:
+                    log.warning("senders not woken (they poll): %s%s", describe(exc), _WARN.suffix(held))
+                return
+            again = self._again
+
+    async def close(self) -> None:
+        """Let the wake under way finish, and close the connection."""
+        self.connect = None
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._task, TIMEOUT_S)
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.close(timeout=2)
+            self._conn = None
