@@ -1,4 +1,9 @@
-""""""
+"""The files of ``sql/`` this code needs, checked before a process touches its database
+(``gateway.store.sqlfiles.missing``): an image or wheel built without one of them fails at
+start-up with the file's name instead of at its first query. A test keeps this list equal to the
+tree; after adding or removing a file under sql/, regenerate it with
+``python -m gateway.store.sqlfiles > gateway/store/sql_manifest.py``."""
+
 
 FILES: tuple[str, ...] = (
     "functions/claim_reply.sql",
