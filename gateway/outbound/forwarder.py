@@ -1,11 +1,12 @@
 """The forwarder: POSTs each delivery's body to its destination, signed per Standard Webhooks (or,
 to a Meta-format destination, as Meta signs its webhooks).
 
-Deliveries are inserted by the consumers in the same transaction as their event's key (see
+Deliveries are queued by the consumers in the same transaction as their event's key (see
 ``inbox_apply_batch``). A forwarder works in rounds, one statement each (``forward_round()``,
 serialised across forwarders so per-destination limits hold), on a connection of its own:
-write the outcomes of finished attempts, claim due deliveries (``FOR UPDATE SKIP LOCKED``)
-and record what it holds in its leases (``delivery_leases``; a claim writes no delivery row).
+write the outcomes of finished attempts (a delivered one leaves the queue; every attempt is
+appended to the log), claim due deliveries (``FOR UPDATE SKIP LOCKED``) and record what it
+holds in its leases (``delivery_leases``; a claim writes no queue row).
 It is woken by ``LISTEN deliveries``, by its posters when the queue needs refilling or enough
 outcomes wait, with polling as a fallback. ``forward_concurrency`` posters (tasks that each
 send one request at a time) take claimed
@@ -63,6 +64,7 @@ STOP_GRACE_S = 5.0
 # (command_timeout): a silent network must not hang the loop. A timed-out round is
 # cancelled, which terminates the connection and so rolls the round back.
 ROUND_TIMEOUT_S = 60.0
+NO_BODY = "not sent: its event's body is gone"
 
 
 class Attempt:
@@ -107,8 +109,8 @@ class Forwarder:
         self._idle.set()
         self._posters: list[asyncio.Task[None]] = []
         self._done: list[Attempt] = []
-        # Ids claimed and not yet recorded: its leases hold these (the rounds say so).
-        self._held: set[int] = set()
+        # Deliveries claimed and not yet recorded: its leases hold these (the rounds say so).
+        self._held: set[deliveries.Ref] = set()
         # A round refills the queue when it is down to this; written outcomes wait for this many.
         self._refill_at = self._flush_at = max(1, settings.forward_batch // 2)
         self._backlog = False  # the last claim was as large as allowed: more is likely due
@@ -196,7 +198,7 @@ class Forwarder:
             return 0
         gone = set(self._gone)
         disabled = {d for d, written in self._skip.items() if written}
-        held = self._held.difference(r.id for r in results)
+        held = self._held.difference(r.ref for r in results)
         try:
             async with asyncio.timeout(ROUND_TIMEOUT_S), self._db() as conn:
                 claimed, changes, half_open = await deliveries.cycle(
@@ -215,7 +217,7 @@ class Forwarder:
         except BaseException:
             self._unwritten = (results, breakers)
             raise
-        self._held = held.union(c.id for c in claimed)
+        self._held = held.union(c.ref for c in claimed)
         self._backlog = 0 < limit == len(claimed)
         self._gone -= gone
         for dest in gone:
@@ -272,6 +274,10 @@ class Forwarder:
 
     async def _attempt(self, c: deliveries.Claimed) -> None:
         a = Attempt(c)
+        if c.body is None:  # its event's body is gone (dropped by hand?): nothing to send
+            a.error, a.finished = NO_BODY, self.clock.now()
+            self._finished(a)
+            return
         if c.destination_id in self._skip:
             # Claimed before its destination answered 410: back to pending, unsent.
             a.error, a.finished = "not sent: the destination answered 410 Gone", -1.0
@@ -339,13 +345,17 @@ class Forwarder:
         now = self.clock.now()
         for a in done:
             c = a.claimed
+            if c.body is None:
+                results.append(deliveries.Result(c.destination_id, c.id, "failed", None, None, a.error, c.ordered))
+                log.warning("delivery %d (%s) to %s failed: %s", c.id, c.webhook_id, c.destination, a.error)
+                continue
             if a.finished < 0:
-                results.append(deliveries.Result(c.id, "pending", 0.0, None, a.error, c.ordered))
+                results.append(deliveries.Result(c.destination_id, c.id, "pending", 0.0, None, a.error, c.ordered))
                 continue
             status = a.status
             if status is not None and 200 <= status < 300:
                 # The common case, without decide()'s retry arithmetic (what it would say).
-                results.append(deliveries.Result(c.id, "delivered", None, status, None, c.ordered))
+                results.append(deliveries.Result(c.destination_id, c.id, "delivered", None, status, None, c.ordered))
                 per_dest.setdefault(c.destination_id, []).append(True)
                 delivered[c.destination] = delivered.get(c.destination, 0) + 1
                 self._delivered_metrics(c.destination)[1].observe(max(0.0, a.finished - c.received_at))
@@ -361,7 +371,7 @@ class Forwarder:
                 ),
                 retry_window_s=s.forward_retry_h * 3600,
             )
-            results.append(deliveries.Result(c.id, d.state.value, d.delay_s, status, d.error, c.ordered))
+            results.append(deliveries.Result(c.destination_id, c.id, d.state.value, d.delay_s, status, d.error, c.ordered))
             metrics.FORWARD_DELIVERIES.labels(c.destination, d.outcome.value).inc()
             if d.outcome is Outcome.GONE:
                 # Not an outage to count towards the breaker: the endpoint says it is gone.
@@ -464,7 +474,7 @@ class Forwarder:
             try:
                 async with asyncio.timeout(ROUND_TIMEOUT_S), self._db() as conn:
                     await deliveries.cycle(
-                        conn, forwarder=self.id, held=self._held.difference(r.id for r in results),
+                        conn, forwarder=self.id, held=self._held.difference(r.ref for r in results),
                         results=results, breakers=breakers,
                         threshold=self.settings.forward_breaker_failures,
                         limit=0, lease_s=0, cooldown_s=0, housekeeping=False, gone=self._gone,

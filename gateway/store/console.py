@@ -153,6 +153,7 @@ async def deliveries_page(
     conn: Conn,
     *,
     destination_id: int,
+    destination: str,
     state: str | None,
     after: tuple[datetime, int] | None,
     since: datetime | None,
@@ -165,12 +166,16 @@ async def deliveries_page(
     at, ident = after or (FAR_FUTURE, FIRST_ID)
     if state == "failed":
         rows = list(
-            await conn.fetch(q("console_deliveries_failed"), destination_id, lo, hi, at, ident, limit + 1)
+            await conn.fetch(
+                q("console_deliveries_failed"), destination_id, lo, hi, at, ident, limit + 1, destination
+            )
         )
         nxt = (rows[limit - 1]["received_at"], rows[limit - 1]["id"]) if len(rows) > limit else None
         return rows[:limit], nxt, None
     scan = SCAN if state is not None else limit + 1
-    got = await conn.fetch(q("console_deliveries"), destination_id, lo, hi, at, ident, limit + 1, scan, state)
+    got = await conn.fetch(
+        q("console_deliveries"), destination_id, lo, hi, at, ident, limit + 1, scan, state, destination
+    )
     hits = [r for r in got if r["id"] is not None]
     scanned = int(got[0]["scanned"]) if got else 0
     if len(hits) > limit:

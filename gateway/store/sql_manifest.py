@@ -1,13 +1,12 @@
-"""The files of ``sql/`` this code needs, checked before a process touches its database
-(``gateway.store.sqlfiles.missing``): an image or wheel built without one of them fails at
-start-up with the file's name instead of at its first query. A test keeps this list equal to the
-tree; after adding or removing a file under sql/, regenerate it with
-``python -m gateway.store.sqlfiles > gateway/store/sql_manifest.py``."""
+""""""
 
 FILES: tuple[str, ...] = (
     "functions/claim_reply.sql",
     "functions/deliveries_notify.sql",
+    "functions/delivery_conversation.sql",
+    "functions/delivery_lane.sql",
     "functions/delivery_rank.sql",
+    "functions/delivery_webhook_id.sql",
     "functions/event_subject.sql",
     "functions/forward_round.sql",
     "functions/inbound_messages_notify.sql",
@@ -41,6 +40,7 @@ FILES: tuple[str, ...] = (
     "migrations/0017_partitions_on_demand.sql",
     "migrations/0018_operator_console.sql",
     "migrations/0019_meta_format_and_graph_compat.sql",
+    "migrations/0021_deliveries_queue_and_log.sql",
     "queries/audit.sql",
     "queries/console.sql",
     "queries/dead_events.sql",

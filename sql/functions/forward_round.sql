@@ -1,110 +1,137 @@
 -- One forwarder round in one statement and one round trip: write the outcomes of finished
--- attempts and the breaker counts they imply, claim due deliveries, and record what the
--- forwarder ($13) now holds in its leases (delivery_leases: a claim writes no delivery row; a
--- delivery row is written once, with its outcome). Called by the query forward_round in
--- sql/queries/deliveries.sql (gateway.store.deliveries.cycle).
+-- attempts (a delivered one is deleted from delivery_queue, any other updated, every one
+-- appended to delivery_log) and the breaker counts they imply, claim due deliveries, and record
+-- what the forwarder (p_forwarder) now holds in its leases (delivery_leases: a claim writes no
+-- queue row). Called by the query forward_round in sql/queries/deliveries.sql
+-- (gateway.store.deliveries.cycle), with named arguments.
 --
 -- A function, because the round's snapshot must be taken after the lock: a VOLATILE plpgsql
 -- function takes a new snapshot per statement, and one SELECT of it is one (implicit)
--- transaction. Rounds are serialised across forwarders by the advisory lock 0x666F72776172
--- ("forward"), so per-destination limits and half-open probes are exact however many
--- forwarders run. The round commits without waiting for the WAL flush: a crash of PostgreSQL
--- may forget its last few ms, i.e. a claim (the deliveries are due again), an outcome (the
--- lease runs out and the delivery is sent again with the same webhook-id, which the receiver
--- deduplicates) or a breaker count. At least once holds; the deliveries themselves are
--- inserted by the consumers' synchronous commit.
+-- transaction. Its statements are planned once per connection (generic plans: their cost does
+-- not depend on the arrays' values). Rounds are serialised across forwarders by the advisory
+-- lock 0x666F72776172 ("forward"), so per-destination limits and half-open probes are exact
+-- however many forwarders run. The round commits without waiting for the WAL flush: a crash of
+-- PostgreSQL may forget its last few ms, i.e. a claim (the deliveries are due again), an
+-- outcome (the lease runs out and the delivery is sent again with the same webhook-id, which
+-- the receiver deduplicates) or a breaker count. At least once holds; the deliveries themselves
+-- are inserted by the consumers' synchronous commit.
 --
 -- Every part of the statement sees the same snapshot: the claim counts every lease as it was
 -- before this round, gives back each destination the room this round's outcomes free, and
 -- uses the breaker states this statement decides. A conversation's next delivery waits for
--- the next round (in this snapshot its predecessor is still pending); the forwarder runs that
+-- the next round (in this snapshot its predecessor is still queued); the forwarder runs that
 -- round at once.
 --
--- Outcomes: $1 ids, $2 new states, $3 seconds to the next attempt (pending only), $4 HTTP
--- statuses (NULL: no answer), $5 errors. Only deliveries this forwarder still holds are
--- written: a lease that ran out was deleted and its deliveries may be another forwarder's.
--- Breakers: $6 destination ids, $7 any success, $8 failures after the last success, $9 the
--- threshold: a success restarts the count and closes the breaker unless it is open (then only
--- its half-open probe closes it); N consecutive failures (or a failed half-open probe) open
--- it. A destination row is written only when its count or state changes (the common all-2xx
--- round touches none). $12: destinations that answered 410 Gone: disabled (no breaker
--- count); nothing more is claimed for them.
--- Claim: due pending deliveries of enabled destinations whose breaker lets them through and
+-- p_outcomes: finished attempts (delivery_outcome: destination, event, the state it leaves the
+-- delivery in, seconds to the next attempt, HTTP status, error). Only deliveries this
+-- forwarder still holds are written: a lease that ran out was deleted and its deliveries may be
+-- another forwarder's. p_tallies: per destination, any success and the failures after the last
+-- one; p_breaker_failures the threshold: a success restarts the count and closes the breaker
+-- unless it is open (then only its half-open probe closes it); N consecutive failures (or a
+-- failed half-open probe) open it. A destination row is written only when its count or state
+-- changes (the common all-2xx round touches none). p_gone: destinations that answered 410
+-- Gone: disabled (no breaker count); nothing more is claimed for them.
+-- Claim: due queued deliveries of enabled destinations whose breaker lets them through and
 -- that no lease holds, at most (max_in_flight - held) per destination (1 when half-open),
--- $10 in all; with ordering, only the oldest open delivery of each conversation. A claim
--- starts at its destination's due_from, a lower bound of the next_attempt_at of every pending
--- delivery: it skips the dead index entries delivered rows leave at the head of
--- deliveries_due until a vacuum. The forwarder's lease rows get the ids it holds now and a
--- lease of $11 seconds; $16 names the ids it still holds (claimed, not yet finished): its
--- leases keep only those and what this round claims, so a claim whose answer never reached
--- it is due again.
--- With $14 (housekeeping), after the round, in the same transaction (so a lease is renewed
--- before leases are judged): the leases of dead forwarders are deleted (and rows left
--- 'delivering' with a lease_until that passed are released), each destination's due_from is
--- recomputed (the oldest pending delivery's next_attempt_at, at most 10 s back: a row is
--- written with a next_attempt_at of its write time or later, so only a transaction that took
--- longer than that to commit can fall below the bound, and the next recomputation sees it),
--- and open breakers whose cool-down ($15 seconds) has passed turn half-open.
+-- p_limit in all, of the lanes p_lanes (NULL: every lane); with ordering, only the oldest open
+-- delivery of each customer. A claim starts at its destination's due_from, a lower bound of
+-- every queued delivery's due time: it skips the dead index entries delivered rows leave at
+-- the head of delivery_queue_due until a vacuum. The forwarder's lease rows get what it holds
+-- now and a lease of p_lease_s seconds; p_held names what it still holds (claimed, not yet
+-- finished): its leases keep only those and what this round claims, so a claim whose answer
+-- never reached it is due again.
+-- With p_housekeeping, after the round, in the same transaction (so a lease is renewed before
+-- leases are judged): the leases of dead forwarders are deleted, each destination's due_from
+-- is recomputed (the oldest queued delivery's due time, at most 10 s back: a row is written
+-- due at its write time or later, so only a transaction that took longer than that to commit
+-- can fall below the bound, and the next recomputation sees it), and open breakers whose
+-- cool-down (p_cooldown_s) has passed turn half-open.
 --
--- Rows, told apart by o_kind:
---   'claimed'   a claimed delivery: o_id .. o_meta are the columns of
---               gateway.store.deliveries.Claimed, in its order (times as Unix seconds);
---   'breaker'   a breaker transition of o_destination, o_old_state -> o_new_state;
---   'disabled'  o_destination answered 410 Gone and was disabled;
---   'half_open' o_destination's breaker turned half-open (housekeeping).
--- The return type is part of the signature: changing it needs the DROP.
+-- Rows, told apart by kind:
+--   'claimed'   a claimed delivery: destination_id .. meta (gateway.store.deliveries.Claimed;
+--               times as Unix seconds; body NULL if its event's body is gone);
+--   'breaker'   a breaker transition of destination, old_state -> new_state;
+--   'disabled'  destination answered 410 Gone and was disabled;
+--   'half_open' destination's breaker turned half-open (housekeeping).
+-- The signature is part of the function's identity: changing it needs the DROP.
 DROP FUNCTION IF EXISTS forward_round(
     bigint[], text[], float8[], int[], text[], bigint[], bool[], int[], int, int, float8,
     bigint[], text, boolean, float8, bigint[]
 );
+DROP FUNCTION IF EXISTS forward_round(
+    text, delivery_outcome[], delivery_ref[], breaker_tally[], bigint[], integer, smallint[], float8,
+    integer, boolean, float8
+);
 CREATE FUNCTION forward_round(
-    bigint[], text[], float8[], int[], text[], bigint[], bool[], int[], int, int, float8,
-    bigint[], text, boolean, float8, bigint[]
+    p_forwarder text,
+    p_outcomes delivery_outcome[],
+    p_held delivery_ref[],
+    p_tallies breaker_tally[],
+    p_gone bigint[],
+    p_limit integer,
+    p_lanes smallint[],
+    p_lease_s float8,
+    p_breaker_failures integer,
+    p_housekeeping boolean,
+    p_cooldown_s float8
 ) RETURNS TABLE (
-    o_kind text, o_id bigint, o_webhook_id text, o_body text, o_attempts int, o_received_at float8,
-    o_window_start float8, o_destination_id bigint, o_destination text, o_url text,
-    o_secret text, o_ordered boolean, o_previous_secret text, o_meta boolean, o_old_state text,
-    o_new_state text
-) LANGUAGE plpgsql VOLATILE AS $fn$
+    kind text, destination_id bigint, event_id bigint, event_key text, body bytea, attempts integer,
+    received_at float8, window_start float8, destination text, url text, secret text,
+    previous_secret text, ordered boolean, meta boolean, old_state text, new_state text
+) LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+AS $fn$
+#variable_conflict use_column
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock(28832985044316772);
     RETURN QUERY
     WITH r AS (
-        SELECT * FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::int[], $5::text[])
-            AS r(id, state, delay, status, error)
+        SELECT o.* FROM unnest(p_outcomes) AS o
     ), leased AS (
         -- every forwarder's held deliveries, before this round
         SELECT l.forwarder, l.destination_id, h.id
         FROM delivery_leases l CROSS JOIN LATERAL unnest(l.ids) AS h(id)
-    ), ok AS (
-        SELECT r.*, x.destination_id FROM r JOIN leased x ON x.id = r.id AND x.forwarder = $13
-    ), upd AS (
-        UPDATE deliveries d SET
-            state = ok.state,
-            attempts = d.attempts + 1,
-            next_attempt_at = CASE WHEN ok.state = 'pending'
-                                   THEN clock_timestamp() + make_interval(secs => ok.delay)
-                                   ELSE d.next_attempt_at END,
-            last_status = ok.status,
-            last_error = ok.error,
-            delivered_at = CASE WHEN ok.state = 'delivered' THEN clock_timestamp() ELSE d.delivered_at END
-        FROM ok
-        -- "still pending", written so that it implies no partial index's predicate: only the
-        -- primary key can serve this join (with stale statistics, as after a large backlog is
-        -- queued, the planner may choose a skip scan of deliveries_due here, 150 µs a row).
-        WHERE d.id = ok.id AND d.state NOT IN ('delivering', 'delivered', 'failed')
+    ), mine AS (
+        SELECT r.* FROM r
+        WHERE (r.destination_id, r.event_id) IN (
+            SELECT x.destination_id, x.id FROM leased x WHERE x.forwarder = p_forwarder)
+    ), sent AS (
+        DELETE FROM delivery_queue q USING mine m
+        WHERE m.state = 'delivered' AND q.destination_id = m.destination_id AND q.event_id = m.event_id
+        RETURNING q.destination_id, q.event_id, q.received_at, q.event_day, q.lane,
+                  q.attempts + 1 AS attempt, m.state, m.status, m.error
+    ), kept AS (
+        UPDATE delivery_queue q SET
+            attempts = q.attempts + 1,
+            due = CASE WHEN m.state = 'pending' THEN clock_timestamp() + make_interval(secs => m.delay_s)
+                       ELSE q.due END,
+            failed = m.state = 'failed',
+            last_status = m.status,
+            last_error = m.error
+        FROM mine m
+        WHERE m.state <> 'delivered' AND q.destination_id = m.destination_id AND q.event_id = m.event_id
+        RETURNING q.destination_id, q.event_id, q.received_at, q.event_day, q.lane, q.attempts AS attempt,
+                  m.state, m.status, m.error
+    ), logged AS (
+        INSERT INTO delivery_log
+            (day, at, destination_id, event_id, received_at, event_day, attempt, lane, status, outcome, error)
+        SELECT (now() AT TIME ZONE 'UTC')::date, now(), w.destination_id, w.event_id, w.received_at,
+               w.event_day, w.attempt, w.lane, w.status, w.state, w.error
+        FROM (SELECT * FROM sent UNION ALL SELECT * FROM kept) w
     ), held AS (
         -- per destination: held by any forwarder, and freed by this round's outcomes
         SELECT x.destination_id, count(*)::int AS n,
-               count(*) FILTER (WHERE x.forwarder = $13 AND x.id IN (SELECT id FROM r))::int AS freed
+               count(*) FILTER (WHERE x.forwarder = p_forwarder AND (x.destination_id, x.id) IN (
+                   SELECT r.destination_id, r.event_id FROM r))::int AS freed
         FROM leased x GROUP BY x.destination_id
     ), b0 AS (
-        SELECT * FROM unnest($6::bigint[], $7::bool[], $8::int[]) AS b(id, ok, fails)
+        SELECT t.* FROM unnest(p_tallies) AS t
     ), b AS (
-        -- with the destinations that answered 410 Gone ($12), which are disabled here
-        SELECT coalesce(b0.id, g.id) AS id, coalesce(b0.ok, false) AS ok, coalesce(b0.fails, 0) AS fails,
-               b0.id IS NOT NULL AS counted, g.id IS NOT NULL AS gone
-        FROM b0 FULL JOIN unnest($12::bigint[]) AS g(id) ON g.id = b0.id
+        -- with the destinations that answered 410 Gone (p_gone), which are disabled here
+        SELECT coalesce(b0.destination_id, g.id) AS id, coalesce(b0.ok, false) AS ok,
+               coalesce(b0.fails, 0) AS fails, b0.destination_id IS NOT NULL AS counted,
+               g.id IS NOT NULL AS gone
+        FROM b0 FULL JOIN unnest(p_gone) AS g(id) ON g.id = b0.destination_id
     ), n AS (
         SELECT d.id, d.breaker_state AS old, d.consecutive_failures AS old_fails, d.enabled AS was_enabled,
                b.ok, b.fails AS new_fails, b.counted, b.gone,
@@ -113,7 +140,7 @@ BEGIN
     ), s AS (
         SELECT n.*,
                CASE WHEN NOT n.counted THEN n.old
-                    WHEN n.fails >= $9 OR (n.old = 'half_open' AND n.new_fails > 0) THEN 'open'
+                    WHEN n.fails >= p_breaker_failures OR (n.old = 'half_open' AND n.new_fails > 0) THEN 'open'
                     -- An open breaker is closed only by its half-open probe: a 2xx now comes from
                     -- a request sent before it opened and says little (else it flaps).
                     WHEN n.ok AND n.old <> 'open' THEN 'closed'
@@ -140,79 +167,78 @@ BEGIN
                d.due_from
         FROM destinations d LEFT JOIN s ON s.id = d.id LEFT JOIN held h ON h.destination_id = d.id
         WHERE d.enabled AND NOT coalesce(s.gone, false)
-          AND coalesce(s.state, d.breaker_state) <> 'open' AND $10 > 0
+          AND coalesce(s.state, d.breaker_state) <> 'open' AND p_limit > 0
     ), picked AS (
         SELECT c.*, dest.id AS destination_id, dest.name AS destination, dest.url, dest.secret,
                dest.ordered, dest.previous_secret, dest.meta
         FROM dest
         CROSS JOIN LATERAL (
-            SELECT dl.id, dl.webhook_id, dl.envelope, dl.attempts, dl.received_at, dl.window_start,
-                   dl.next_attempt_at
-            FROM deliveries dl
-            WHERE dl.destination_id = dest.id
-              AND dl.state = 'pending'
-              AND dl.next_attempt_at >= dest.due_from  -- past the dead index entries (see above)
-              AND dl.next_attempt_at <= clock_timestamp()
+            SELECT q.event_id, q.event_day, q.lane, q.attempts, q.received_at, q.window_start, q.due
+            FROM delivery_queue q
+            WHERE q.destination_id = dest.id
+              AND NOT q.failed
+              AND q.due >= dest.due_from  -- past the dead index entries (see above)
+              AND q.due <= clock_timestamp()
+              AND (p_lanes IS NULL OR q.lane = ANY (p_lanes))
               -- held ones: in flight, or finished in this round (not yet visible as such)
-              AND dl.id NOT IN (SELECT id FROM leased)
-              AND (NOT dest.ordered OR dl.conversation = '' OR NOT EXISTS (
-                    SELECT 1 FROM deliveries e
-                    WHERE e.destination_id = dl.destination_id
-                      AND e.conversation = dl.conversation
-                      AND e.id < dl.id
-                      AND e.state IN ('pending', 'delivering')))
-            ORDER BY dl.next_attempt_at, dl.id
-            LIMIT least(dest.room, $10)
-            FOR UPDATE OF dl SKIP LOCKED
+              AND (q.destination_id, q.event_id) NOT IN (SELECT x.destination_id, x.id FROM leased x)
+              AND (q.conv IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM delivery_queue e
+                    WHERE e.destination_id = q.destination_id
+                      AND e.conv = q.conv
+                      AND e.event_id < q.event_id
+                      AND NOT e.failed))
+            ORDER BY q.due, q.event_id
+            LIMIT least(dest.room, p_limit)
+            FOR UPDATE OF q SKIP LOCKED
         ) c
         WHERE dest.room > 0
-        ORDER BY c.next_attempt_at, c.id
-        LIMIT $10
+        ORDER BY c.due, c.event_id
+        LIMIT p_limit
     ), lease AS (
         INSERT INTO delivery_leases AS l (forwarder, destination_id, ids, lease_until)
-        SELECT $13, k.destination_id, coalesce(array_agg(k.id) FILTER (WHERE k.id IS NOT NULL), '{}'),
-               clock_timestamp() + make_interval(secs => $11)
+        SELECT p_forwarder, k.destination_id, coalesce(array_agg(k.id) FILTER (WHERE k.id IS NOT NULL), '{}'),
+               clock_timestamp() + make_interval(secs => p_lease_s)
         FROM (
             SELECT x.destination_id, x.id FROM leased x
-            -- what the forwarder still holds ($16): an id it does not name (a claim whose answer
-            -- it never got: the round failed to reach it) is dropped, and due again. A semi-join,
-            -- which is hashed: "= ANY ($16)" would compare each held id with each of $16 (a
-            -- generic plan's array is a parameter, and PostgreSQL hashes only constant arrays).
-            WHERE x.forwarder = $13 AND x.id IN (SELECT unnest($16::bigint[]))
-              AND x.id NOT IN (SELECT id FROM r)
+            -- what the forwarder still holds (p_held): a delivery it does not name (a claim whose
+            -- answer it never got: the round failed to reach it) is dropped, and due again.
+            -- Semi-joins, which are hashed (a generic plan's array is a parameter, and
+            -- PostgreSQL hashes "= ANY" only of constant arrays).
+            WHERE x.forwarder = p_forwarder
+              AND (x.destination_id, x.id) IN (SELECT h.destination_id, h.event_id FROM unnest(p_held) h)
+              AND (x.destination_id, x.id) NOT IN (SELECT r.destination_id, r.event_id FROM r)
             UNION ALL
-            SELECT p.destination_id, p.id FROM picked p
+            SELECT p.destination_id, p.event_id FROM picked p
             UNION ALL  -- every lease of this forwarder is renewed, an empty one too
-            SELECT l0.destination_id, NULL FROM delivery_leases l0 WHERE l0.forwarder = $13
+            SELECT l0.destination_id, NULL FROM delivery_leases l0 WHERE l0.forwarder = p_forwarder
         ) k
         GROUP BY k.destination_id
         ON CONFLICT (forwarder, destination_id)
             DO UPDATE SET ids = excluded.ids, lease_until = excluded.lease_until
     )
-    -- upd and lease run to completion unreferenced, as every data-modifying CTE does.
-    SELECT 'claimed', p.id, p.webhook_id, p.envelope::text, p.attempts + 1,
+    -- sent, kept, logged and lease run to completion unreferenced, as every data-modifying CTE
+    -- does.
+    SELECT 'claimed'::text, p.destination_id, p.event_id, e.event_key,
+           CASE WHEN p.meta THEN e.meta_body ELSE e.body END, p.attempts + 1,
            extract(epoch FROM p.received_at)::float8, extract(epoch FROM p.window_start)::float8,
-           p.destination_id, p.destination, p.url, p.secret, p.ordered, p.previous_secret, p.meta,
-           NULL, NULL
+           p.destination, p.url, p.secret, p.previous_secret, p.ordered, p.meta, NULL::text, NULL::text
     FROM picked p
+    LEFT JOIN delivery_events e ON e.id = p.event_id AND e.day = p.event_day AND e.lane = p.lane
     UNION ALL
     SELECT 'breaker', NULL, NULL, NULL, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL, NULL, NULL, old, new
     FROM brk WHERE old <> new
     UNION ALL
-    SELECT 'disabled', NULL, NULL, NULL, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL, NULL, NULL, NULL,
-           NULL
+    SELECT 'disabled', NULL, NULL, NULL, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL, NULL, NULL, NULL, NULL
     FROM brk WHERE disabled;
-    IF $14 THEN
+    IF p_housekeeping THEN
         DELETE FROM delivery_leases WHERE lease_until < clock_timestamp();
-        UPDATE deliveries SET state = 'pending', lease_until = NULL
-        WHERE state = 'delivering' AND lease_until < clock_timestamp();
         -- Lowered whenever it must be; raised only by more than a second (not a write of
         -- every destination row twice a second for nothing).
         UPDATE destinations d SET due_from = b.due_from
         FROM (
             SELECT x.id, least(
-                       (SELECT min(dl.next_attempt_at) FROM deliveries dl
-                        WHERE dl.destination_id = x.id AND dl.state = 'pending'),
+                       (SELECT min(q.due) FROM delivery_queue q WHERE q.destination_id = x.id AND NOT q.failed),
                        clock_timestamp() - interval '10 seconds') AS due_from
             FROM destinations x WHERE x.enabled
         ) b
@@ -221,9 +247,9 @@ BEGIN
         RETURN QUERY
         UPDATE destinations SET breaker_state = 'half_open', breaker_changed_at = now()
         WHERE breaker_state = 'open'
-          AND breaker_changed_at <= clock_timestamp() - make_interval(secs => $15)
-        RETURNING 'half_open'::text, NULL::bigint, NULL::text, NULL::text, NULL::int, NULL::float8,
-                  NULL::float8, NULL::bigint, name, NULL::text, NULL::text, NULL::boolean, NULL::text,
+          AND breaker_changed_at <= clock_timestamp() - make_interval(secs => p_cooldown_s)
+        RETURNING 'half_open'::text, NULL::bigint, NULL::bigint, NULL::text, NULL::bytea, NULL::int,
+                  NULL::float8, NULL::float8, name, NULL::text, NULL::text, NULL::text, NULL::boolean,
                   NULL::boolean, 'open'::text, 'half_open'::text;
     END IF;
 END

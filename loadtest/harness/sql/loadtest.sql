@@ -88,11 +88,12 @@ SELECT count(*) FROM dead_events WHERE inbox_id > $1 AND state = 'retry';
 
 -- name: pipeline_segments
 -- bench-pipeline: the times the database keeps of each event and delivery of $1 (event keys):
--- its webhook row's INSERT, its dedup key's, its delivery row's (Unix seconds).
+-- its webhook row's INSERT, its dedup key's, its delivery's (queued in the key's transaction:
+-- the same time) (Unix seconds).
 SELECT p.event_key, d.name,
        extract(epoch FROM w.received_at)::float8 AS stored,
        extract(epoch FROM p.processed_at)::float8 AS keyed,
-       extract(epoch FROM dl.created_at)::float8 AS queued
+       extract(epoch FROM p.processed_at)::float8 AS queued
 FROM processed_webhook_events p
 JOIN webhook_inbox w ON w.id = p.inbox_id
 JOIN deliveries dl ON dl.event_key = p.event_key
@@ -103,4 +104,4 @@ WHERE p.event_key = ANY($1::text[]);
 -- bench-pipeline: what the pipeline has not finished: staged rows not processed, deliveries
 -- not yet delivered (or given up).
 SELECT (SELECT count(*) FROM webhook_inbox WHERE state = 'pending') AS pending,
-       (SELECT count(*) FROM deliveries WHERE state IN ('pending', 'delivering')) AS undelivered;
+       (SELECT count(*) FROM delivery_queue WHERE NOT failed) AS undelivered;
