@@ -236,9 +236,9 @@ class Forwarder:
             log.info("destination %s: breaker half-open, probing", name)
         for c in claimed:
             self._queue.put_nowait(c)
-        # The round's claim could not see what it freed: a conversation's next delivery (its
-        # predecessor was still open in the statement's snapshot) and a half-open probe.
-        self.again = bool(half_open) or any(r.ordered for r in results)
+        # The round's claim came before its housekeeping turned a breaker half-open: the probe
+        # is claimed by the next round.
+        self.again = bool(half_open)
         return len(claimed)
 
     def _host_refused(self, url: str) -> str | None:
@@ -346,16 +346,16 @@ class Forwarder:
         for a in done:
             c = a.claimed
             if c.body is None:
-                results.append(deliveries.Result(c.destination_id, c.id, "failed", None, None, a.error, c.ordered))
+                results.append(deliveries.Result(c.destination_id, c.id, "failed", None, None, a.error))
                 log.warning("delivery %d (%s) to %s failed: %s", c.id, c.webhook_id, c.destination, a.error)
                 continue
             if a.finished < 0:
-                results.append(deliveries.Result(c.destination_id, c.id, "pending", 0.0, None, a.error, c.ordered))
+                results.append(deliveries.Result(c.destination_id, c.id, "pending", 0.0, None, a.error))
                 continue
             status = a.status
             if status is not None and 200 <= status < 300:
                 # The common case, without decide()'s retry arithmetic (what it would say).
-                results.append(deliveries.Result(c.destination_id, c.id, "delivered", None, status, None, c.ordered))
+                results.append(deliveries.Result(c.destination_id, c.id, "delivered", None, status, None))
                 per_dest.setdefault(c.destination_id, []).append(True)
                 delivered[c.destination] = delivered.get(c.destination, 0) + 1
                 self._delivered_metrics(c.destination)[1].observe(max(0.0, a.finished - c.received_at))
@@ -371,7 +371,7 @@ class Forwarder:
                 ),
                 retry_window_s=s.forward_retry_h * 3600,
             )
-            results.append(deliveries.Result(c.destination_id, c.id, d.state.value, d.delay_s, status, d.error, c.ordered))
+            results.append(deliveries.Result(c.destination_id, c.id, d.state.value, d.delay_s, status, d.error))
             metrics.FORWARD_DELIVERIES.labels(c.destination, d.outcome.value).inc()
             if d.outcome is Outcome.GONE:
                 # Not an outage to count towards the breaker: the endpoint says it is gone.

@@ -92,7 +92,6 @@ class Result(NamedTuple):
     delay_s: float | None
     status: int | None
     error: str | None
-    ordered: bool = False  # of an ordered destination (its conversation's next may be due)
 
     @property
     def ref(self) -> Ref:

@@ -1,26 +1,28 @@
--- One forwarder round in one statement and one round trip: write the outcomes of finished
--- attempts (a delivered one is deleted from delivery_queue, any other updated, every one
--- appended to delivery_log) and the breaker counts they imply, claim due deliveries, and record
--- what the forwarder (p_forwarder) now holds in its leases (delivery_leases: a claim writes no
--- queue row). Called by the query forward_round in sql/queries/deliveries.sql
+-- One forwarder round in one call and one round trip: write the outcomes of finished attempts
+-- (a delivered one is deleted from delivery_queue, any other updated, every one appended to
+-- delivery_log) and the breaker counts they imply, claim due deliveries, and record what the
+-- forwarder (p_forwarder) now holds in its leases (delivery_leases: a claim writes no queue
+-- row). Called by the query forward_round in sql/queries/deliveries.sql
 -- (gateway.store.deliveries.cycle), with named arguments.
 --
 -- A function, because the round's snapshot must be taken after the lock: a VOLATILE plpgsql
 -- function takes a new snapshot per statement, and one SELECT of it is one (implicit)
--- transaction. Its statements are planned once per connection (generic plans: their cost does
--- not depend on the arrays' values). Rounds are serialised across forwarders by the advisory
--- lock 0x666F72776172 ("forward"), so per-destination limits and half-open probes are exact
--- however many forwarders run. The round commits without waiting for the WAL flush: a crash of
--- PostgreSQL may forget its last few ms, i.e. a claim (the deliveries are due again), an
--- outcome (the lease runs out and the delivery is sent again with the same webhook-id, which
--- the receiver deduplicates) or a breaker count. At least once holds; the deliveries themselves
--- are inserted by the consumers' synchronous commit.
+-- transaction. Rounds are serialised across forwarders by the advisory lock 0x666F72776172
+-- ("forward"), so per-destination limits and half-open probes are exact however many
+-- forwarders run. The round commits without waiting for the WAL flush: a crash of PostgreSQL
+-- may forget its last few ms, i.e. a claim (the deliveries are due again), an outcome (the
+-- lease runs out and the delivery is sent again with the same webhook-id, which the receiver
+-- deduplicates) or a breaker count. At least once holds; the deliveries themselves are queued
+-- by the consumers' synchronous commit.
 --
--- Every part of the statement sees the same snapshot: the claim counts every lease as it was
--- before this round, gives back each destination the room this round's outcomes free, and
--- uses the breaker states this statement decides. A conversation's next delivery waits for
--- the next round (in this snapshot its predecessor is still queued); the forwarder runs that
--- round at once.
+-- Small statements, each run only when it has something to do (outcomes, breaker counts, a
+-- claim), each planned once per connection (generic plans: their cost does not depend on the
+-- arrays' values): a round's fixed cost is what keeps the database's share of a delivery small
+-- at the rates people run, where a round carries a handful of deliveries. Each statement sees
+-- what the ones before it wrote: the claim sees the breakers as this round left them and the
+-- queue without what this round delivered (a customer's next delivery to a destination with
+-- --ordered is claimed in the round that records its predecessor), and counts the leases as
+-- they were before the round, giving back the room this round's outcomes free.
 --
 -- p_outcomes: finished attempts (delivery_outcome: destination, event, the state it leaves the
 -- delivery in, seconds to the next attempt, HTTP status, error). Only deliveries this
@@ -82,155 +84,182 @@ CREATE FUNCTION forward_round(
 SET plan_cache_mode = force_generic_plan
 AS $fn$
 #variable_conflict use_column
+DECLARE
+    -- what this round claims (its queue rows, in claim order), and their events' days
+    c_rows delivery_queue[] := '{}';
+    c_days date[] := '{}';
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock(28832985044316772);
-    RETURN QUERY
-    WITH r AS (
-        SELECT o.* FROM unnest(p_outcomes) AS o
-    ), leased AS (
-        -- every forwarder's held deliveries, before this round
-        SELECT l.forwarder, l.destination_id, h.id
-        FROM delivery_leases l CROSS JOIN LATERAL unnest(l.ids) AS h(id)
-    ), mine AS (
-        SELECT r.* FROM r
-        WHERE (r.destination_id, r.event_id) IN (
-            SELECT x.destination_id, x.id FROM leased x WHERE x.forwarder = p_forwarder)
-    ), sent AS (
-        DELETE FROM delivery_queue q USING mine m
-        WHERE m.state = 'delivered' AND q.destination_id = m.destination_id AND q.event_id = m.event_id
-        RETURNING q.destination_id, q.event_id, q.received_at, q.event_day, q.lane,
-                  q.attempts + 1 AS attempt, m.state, m.status, m.error
-    ), kept AS (
-        UPDATE delivery_queue q SET
-            attempts = q.attempts + 1,
-            due = CASE WHEN m.state = 'pending' THEN clock_timestamp() + make_interval(secs => m.delay_s)
-                       ELSE q.due END,
-            failed = m.state = 'failed',
-            last_status = m.status,
-            last_error = m.error
-        FROM mine m
-        WHERE m.state <> 'delivered' AND q.destination_id = m.destination_id AND q.event_id = m.event_id
-        RETURNING q.destination_id, q.event_id, q.received_at, q.event_day, q.lane, q.attempts AS attempt,
-                  m.state, m.status, m.error
-    ), logged AS (
+
+    -- Outcomes: a delivered one leaves the queue, any other is updated; each is logged.
+    IF cardinality(p_outcomes) > 0 THEN
+        WITH mine AS (
+            SELECT o.* FROM unnest(p_outcomes) AS o
+            WHERE (o.destination_id, o.event_id) IN (
+                SELECT l.destination_id, h.id
+                FROM delivery_leases l CROSS JOIN LATERAL unnest(l.ids) AS h(id)
+                WHERE l.forwarder = p_forwarder)
+        ), sent AS (
+            DELETE FROM delivery_queue q USING mine m
+            WHERE m.state = 'delivered' AND q.destination_id = m.destination_id AND q.event_id = m.event_id
+            RETURNING q.destination_id, q.event_id, q.received_at, q.event_day, q.lane,
+                      q.attempts + 1 AS attempt, m.state, m.status, m.error
+        ), kept AS (
+            UPDATE delivery_queue q SET
+                attempts = q.attempts + 1,
+                due = CASE WHEN m.state = 'pending' THEN clock_timestamp() + make_interval(secs => m.delay_s)
+                           ELSE q.due END,
+                failed = m.state = 'failed',
+                last_status = m.status,
+                last_error = m.error
+            FROM mine m
+            WHERE m.state <> 'delivered' AND q.destination_id = m.destination_id AND q.event_id = m.event_id
+            RETURNING q.destination_id, q.event_id, q.received_at, q.event_day, q.lane, q.attempts AS attempt,
+                      m.state, m.status, m.error
+        )
         INSERT INTO delivery_log
             (day, at, destination_id, event_id, received_at, event_day, attempt, lane, status, outcome, error)
         SELECT (now() AT TIME ZONE 'UTC')::date, now(), w.destination_id, w.event_id, w.received_at,
                w.event_day, w.attempt, w.lane, w.status, w.state, w.error
-        FROM (SELECT * FROM sent UNION ALL SELECT * FROM kept) w
-    ), held AS (
-        -- per destination: held by any forwarder, and freed by this round's outcomes
-        SELECT x.destination_id, count(*)::int AS n,
-               count(*) FILTER (WHERE x.forwarder = p_forwarder AND (x.destination_id, x.id) IN (
-                   SELECT r.destination_id, r.event_id FROM r))::int AS freed
-        FROM leased x GROUP BY x.destination_id
-    ), b0 AS (
-        SELECT t.* FROM unnest(p_tallies) AS t
-    ), b AS (
-        -- with the destinations that answered 410 Gone (p_gone), which are disabled here
-        SELECT coalesce(b0.destination_id, g.id) AS id, coalesce(b0.ok, false) AS ok,
-               coalesce(b0.fails, 0) AS fails, b0.destination_id IS NOT NULL AS counted,
-               g.id IS NOT NULL AS gone
-        FROM b0 FULL JOIN unnest(p_gone) AS g(id) ON g.id = b0.destination_id
-    ), n AS (
-        SELECT d.id, d.breaker_state AS old, d.consecutive_failures AS old_fails, d.enabled AS was_enabled,
-               b.ok, b.fails AS new_fails, b.counted, b.gone,
-               CASE WHEN b.ok THEN b.fails ELSE d.consecutive_failures + b.fails END AS fails
-        FROM destinations d JOIN b ON b.id = d.id
-    ), s AS (
-        SELECT n.*,
-               CASE WHEN NOT n.counted THEN n.old
-                    WHEN n.fails >= p_breaker_failures OR (n.old = 'half_open' AND n.new_fails > 0) THEN 'open'
-                    -- An open breaker is closed only by its half-open probe: a 2xx now comes from
-                    -- a request sent before it opened and says little (else it flaps).
-                    WHEN n.ok AND n.old <> 'open' THEN 'closed'
-                    ELSE n.old END AS state
-        FROM n
-    ), brk AS (
-        UPDATE destinations d SET
-            consecutive_failures = s.fails,
-            breaker_state = s.state,
-            breaker_changed_at = CASE WHEN s.state <> s.old THEN now() ELSE d.breaker_changed_at END,
-            enabled = d.enabled AND NOT s.gone,
-            updated_at = CASE WHEN s.gone AND d.enabled THEN now() ELSE d.updated_at END
-        FROM s
-        WHERE d.id = s.id AND (s.state <> s.old OR s.fails <> s.old_fails OR (s.gone AND s.was_enabled))
-        RETURNING d.name, s.old, s.state AS new, s.gone AND s.was_enabled AS disabled
-    ), dest AS (
-        SELECT d.id, d.name, d.url, d.secret, d.ordered, d.format = 'meta' AS meta,
-               -- during a rotation's grace period, signed with the previous secret too (a
-               -- Meta-format receiver verifies one signature: its secret switches at once)
-               CASE WHEN d.format = 'standard' AND d.previous_secret_until > clock_timestamp()
-                    THEN d.previous_secret END AS previous_secret,
-               CASE WHEN coalesce(s.state, d.breaker_state) = 'half_open' THEN 1 ELSE d.max_in_flight END
-               - coalesce(h.n, 0) + coalesce(h.freed, 0) AS room,
-               d.due_from
-        FROM destinations d LEFT JOIN s ON s.id = d.id LEFT JOIN held h ON h.destination_id = d.id
-        WHERE d.enabled AND NOT coalesce(s.gone, false)
-          AND coalesce(s.state, d.breaker_state) <> 'open' AND p_limit > 0
-    ), picked AS (
-        SELECT c.*, dest.id AS destination_id, dest.name AS destination, dest.url, dest.secret,
-               dest.ordered, dest.previous_secret, dest.meta
-        FROM dest
-        CROSS JOIN LATERAL (
-            SELECT q.event_id, q.event_day, q.lane, q.attempts, q.received_at, q.window_start, q.due
-            FROM delivery_queue q
-            WHERE q.destination_id = dest.id
-              AND NOT q.failed
-              AND q.due >= dest.due_from  -- past the dead index entries (see above)
-              AND q.due <= clock_timestamp()
-              AND (p_lanes IS NULL OR q.lane = ANY (p_lanes))
-              -- held ones: in flight, or finished in this round (not yet visible as such)
-              AND (q.destination_id, q.event_id) NOT IN (SELECT x.destination_id, x.id FROM leased x)
-              AND (q.conv IS NULL OR NOT EXISTS (
-                    SELECT 1 FROM delivery_queue e
-                    WHERE e.destination_id = q.destination_id
-                      AND e.conv = q.conv
-                      AND e.event_id < q.event_id
-                      AND NOT e.failed))
-            ORDER BY q.due, q.event_id
-            LIMIT least(dest.room, p_limit)
-            FOR UPDATE OF q SKIP LOCKED
-        ) c
-        WHERE dest.room > 0
-        ORDER BY c.due, c.event_id
-        LIMIT p_limit
-    ), lease AS (
+        FROM (SELECT * FROM sent UNION ALL SELECT * FROM kept) w;
+    END IF;
+
+    -- Breakers (only rows whose count or state changes are written) and 410 Gone.
+    IF cardinality(p_tallies) > 0 OR cardinality(p_gone) > 0 THEN
+        RETURN QUERY
+        WITH b AS (
+            -- with the destinations that answered 410 Gone (p_gone), which are disabled here
+            SELECT coalesce(t.destination_id, g.id) AS id, coalesce(t.ok, false) AS ok,
+                   coalesce(t.fails, 0) AS fails, t.destination_id IS NOT NULL AS counted,
+                   g.id IS NOT NULL AS gone
+            FROM unnest(p_tallies) AS t FULL JOIN unnest(p_gone) AS g(id) ON g.id = t.destination_id
+        ), n AS (
+            SELECT d.id, d.breaker_state AS old, d.consecutive_failures AS old_fails,
+                   d.enabled AS was_enabled, b.ok, b.fails AS new_fails, b.counted, b.gone,
+                   CASE WHEN b.ok THEN b.fails ELSE d.consecutive_failures + b.fails END AS fails
+            FROM destinations d JOIN b ON b.id = d.id
+        ), s AS (
+            SELECT n.*,
+                   CASE WHEN NOT n.counted THEN n.old
+                        WHEN n.fails >= p_breaker_failures OR (n.old = 'half_open' AND n.new_fails > 0) THEN 'open'
+                        -- An open breaker is closed only by its half-open probe: a 2xx now comes
+                        -- from a request sent before it opened and says little (else it flaps).
+                        WHEN n.ok AND n.old <> 'open' THEN 'closed'
+                        ELSE n.old END AS state
+            FROM n
+        ), brk AS (
+            UPDATE destinations d SET
+                consecutive_failures = s.fails,
+                breaker_state = s.state,
+                breaker_changed_at = CASE WHEN s.state <> s.old THEN now() ELSE d.breaker_changed_at END,
+                enabled = d.enabled AND NOT s.gone,
+                updated_at = CASE WHEN s.gone AND d.enabled THEN now() ELSE d.updated_at END
+            FROM s
+            WHERE d.id = s.id AND (s.state <> s.old OR s.fails <> s.old_fails OR (s.gone AND s.was_enabled))
+            RETURNING d.name, s.old, s.state AS new, s.gone AND s.was_enabled AS disabled
+        )
+        SELECT 'breaker'::text, NULL::bigint, NULL::bigint, NULL::text, NULL::bytea, NULL::int, NULL::float8,
+               NULL::float8, name, NULL::text, NULL::text, NULL::text, NULL::boolean, NULL::boolean, old, new
+        FROM brk WHERE old <> new
+        UNION ALL
+        SELECT 'disabled', NULL, NULL, NULL, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+        FROM brk WHERE disabled;
+    END IF;
+
+    -- The claim: with the breakers as this round left them; the leases as they were before it
+    -- (what this round finished is still held there: its room is given back).
+    IF p_limit > 0 THEN
+        WITH leased AS (
+            SELECT l.forwarder, l.destination_id, h.id
+            FROM delivery_leases l CROSS JOIN LATERAL unnest(l.ids) AS h(id)
+        ), held AS (
+            SELECT x.destination_id, count(*)::int AS n,
+                   count(*) FILTER (WHERE x.forwarder = p_forwarder AND (x.destination_id, x.id) IN (
+                       SELECT o.destination_id, o.event_id FROM unnest(p_outcomes) AS o))::int AS freed
+            FROM leased x GROUP BY x.destination_id
+        ), dest AS (
+            SELECT d.id, d.due_from,
+                   CASE WHEN d.breaker_state = 'half_open' THEN 1 ELSE d.max_in_flight END
+                   - coalesce(h.n, 0) + coalesce(h.freed, 0) AS room
+            FROM destinations d LEFT JOIN held h ON h.destination_id = d.id
+            WHERE d.enabled AND d.breaker_state <> 'open'
+        ), picked AS (
+            SELECT c.*
+            FROM dest
+            CROSS JOIN LATERAL (
+                SELECT q, q.event_id, q.event_day, q.due
+                FROM delivery_queue q
+                WHERE q.destination_id = dest.id
+                  AND NOT q.failed
+                  AND q.due >= dest.due_from  -- past the dead index entries (see above)
+                  AND q.due <= clock_timestamp()
+                  AND (p_lanes IS NULL OR q.lane = ANY (p_lanes))
+                  -- held ones: in flight, or finished in this round
+                  AND (q.destination_id, q.event_id) NOT IN (SELECT x.destination_id, x.id FROM leased x)
+                  AND (q.conv IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM delivery_queue e
+                        WHERE e.destination_id = q.destination_id
+                          AND e.conv = q.conv
+                          AND e.event_id < q.event_id
+                          AND NOT e.failed))
+                ORDER BY q.due, q.event_id
+                LIMIT least(dest.room, p_limit)
+                FOR UPDATE OF q SKIP LOCKED
+            ) c
+            WHERE dest.room > 0
+            ORDER BY c.due, c.event_id
+            LIMIT p_limit
+        )
+        SELECT coalesce(array_agg(p.q ORDER BY p.due, p.event_id), '{}'),
+               coalesce(array_agg(DISTINCT p.event_day), '{}')
+        INTO c_rows, c_days
+        FROM picked p;
+    END IF;
+
+    -- The forwarder's leases: what it still holds (p_held: a delivery it does not name, a claim
+    -- whose answer it never got, is dropped and due again), less what it finished, and what it
+    -- claimed; every lease of this forwarder renewed, an empty one too. Only what its lease
+    -- still held is kept: a lease that ran out was deleted, and its deliveries may be another
+    -- forwarder's now. Semi-joins, which are hashed (a generic plan's array is a parameter,
+    -- and PostgreSQL hashes "= ANY" only of constant arrays). Then the claimed deliveries with
+    -- their bodies: delivery_events is read in the partitions of the claim's days only (c_days,
+    -- a parameter: pruned when the statement starts, instead of an index probe into every day
+    -- per delivery).
+    RETURN QUERY
+    WITH lease AS (
         INSERT INTO delivery_leases AS l (forwarder, destination_id, ids, lease_until)
         SELECT p_forwarder, k.destination_id, coalesce(array_agg(k.id) FILTER (WHERE k.id IS NOT NULL), '{}'),
                clock_timestamp() + make_interval(secs => p_lease_s)
         FROM (
-            SELECT x.destination_id, x.id FROM leased x
-            -- what the forwarder still holds (p_held): a delivery it does not name (a claim whose
-            -- answer it never got: the round failed to reach it) is dropped, and due again.
-            -- Semi-joins, which are hashed (a generic plan's array is a parameter, and
-            -- PostgreSQL hashes "= ANY" only of constant arrays).
-            WHERE x.forwarder = p_forwarder
-              AND (x.destination_id, x.id) IN (SELECT h.destination_id, h.event_id FROM unnest(p_held) h)
-              AND (x.destination_id, x.id) NOT IN (SELECT r.destination_id, r.event_id FROM r)
+            SELECT l0.destination_id, h.id
+            FROM delivery_leases l0 CROSS JOIN LATERAL unnest(l0.ids) AS h(id)
+            WHERE l0.forwarder = p_forwarder
+              AND (l0.destination_id, h.id) IN (SELECT x.destination_id, x.event_id FROM unnest(p_held) x)
+              AND (l0.destination_id, h.id) NOT IN (SELECT o.destination_id, o.event_id FROM unnest(p_outcomes) o)
             UNION ALL
-            SELECT p.destination_id, p.event_id FROM picked p
-            UNION ALL  -- every lease of this forwarder is renewed, an empty one too
-            SELECT l0.destination_id, NULL FROM delivery_leases l0 WHERE l0.forwarder = p_forwarder
-        ) k
+            SELECT x.destination_id, x.event_id FROM unnest(c_rows) x
+            UNION ALL
+            SELECT l1.destination_id, NULL FROM delivery_leases l1 WHERE l1.forwarder = p_forwarder
+        ) k(destination_id, id)
         GROUP BY k.destination_id
         ON CONFLICT (forwarder, destination_id)
             DO UPDATE SET ids = excluded.ids, lease_until = excluded.lease_until
     )
-    -- sent, kept, logged and lease run to completion unreferenced, as every data-modifying CTE
-    -- does.
-    SELECT 'claimed'::text, p.destination_id, p.event_id, e.event_key,
-           CASE WHEN p.meta THEN e.meta_body ELSE e.body END, p.attempts + 1,
-           extract(epoch FROM p.received_at)::float8, extract(epoch FROM p.window_start)::float8,
-           p.destination, p.url, p.secret, p.previous_secret, p.ordered, p.meta, NULL::text, NULL::text
-    FROM picked p
-    LEFT JOIN delivery_events e ON e.id = p.event_id AND e.day = p.event_day AND e.lane = p.lane
-    UNION ALL
-    SELECT 'breaker', NULL, NULL, NULL, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL, NULL, NULL, old, new
-    FROM brk WHERE old <> new
-    UNION ALL
-    SELECT 'disabled', NULL, NULL, NULL, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-    FROM brk WHERE disabled;
+    SELECT 'claimed'::text, c.destination_id, c.event_id, e.event_key,
+           CASE WHEN d.format = 'meta' THEN e.meta_body ELSE e.body END, c.attempts + 1,
+           extract(epoch FROM c.received_at)::float8, extract(epoch FROM c.window_start)::float8,
+           d.name, d.url, d.secret,
+           -- during a rotation's grace period, signed with the previous secret too (a
+           -- Meta-format receiver verifies one signature: its secret switches at once)
+           CASE WHEN d.format = 'standard' AND d.previous_secret_until > clock_timestamp()
+                THEN d.previous_secret END,
+           d.ordered, d.format = 'meta', NULL::text, NULL::text
+    FROM unnest(c_rows) WITH ORDINALITY AS c
+    JOIN destinations d ON d.id = c.destination_id
+    LEFT JOIN delivery_events e
+        ON e.id = c.event_id AND e.day = c.event_day AND e.lane = c.lane AND e.day = ANY (c_days)
+    ORDER BY c.ordinality;
+
     IF p_housekeeping THEN
         DELETE FROM delivery_leases WHERE lease_until < clock_timestamp();
         -- Lowered whenever it must be; raised only by more than a second (not a write of

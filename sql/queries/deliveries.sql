@@ -160,9 +160,9 @@ RETURNING q.event_id;
 
 -- name: deliveries_replay_delivered
 -- Delivered deliveries in a receipt time range queued again, due now (the same delivery: its
--- event, body and webhook id). Only while their event's body is kept: a body stored before $4
--- (the day the next retention passes may drop) is not referenced again; those are counted as
--- expired. Returns (replayed, expired).
+-- event, body and webhook id), while their event's body is kept (the caller holds
+-- deliveries_bodies_lock_shared: retention neither carries nor drops bodies meanwhile); those
+-- whose body retention dropped are counted as expired. Returns (replayed, expired).
 WITH cand AS (
     SELECT DISTINCT ON (l.destination_id, l.event_id)
            l.destination_id, l.event_id, l.received_at, l.event_day, l.lane, d.ordered
@@ -173,22 +173,21 @@ WITH cand AS (
       AND ($2::timestamptz IS NULL OR l.received_at >= $2)
       AND ($3::timestamptz IS NULL OR l.received_at < $3)
     ORDER BY l.destination_id, l.event_id
-), ins AS (
-    INSERT INTO delivery_queue (destination_id, event_id, received_at, conv, event_day, lane)
-    SELECT c.destination_id, c.event_id, c.received_at,
-           CASE WHEN c.ordered THEN delivery_conversation(e.conversation) END, c.event_day, c.lane
+), kept AS (
+    SELECT c.*, e.conversation
     FROM cand c
     JOIN delivery_events e ON e.id = c.event_id AND e.day = c.event_day AND e.lane = c.lane
-    WHERE c.event_day >= $4
-    ORDER BY c.destination_id, c.event_id
+), ins AS (
+    INSERT INTO delivery_queue (destination_id, event_id, received_at, conv, event_day, lane)
+    SELECT k.destination_id, k.event_id, k.received_at,
+           CASE WHEN k.ordered THEN delivery_conversation(k.conversation) END, k.event_day, k.lane
+    FROM kept k
+    ORDER BY k.destination_id, k.event_id
     ON CONFLICT (destination_id, event_id, lane) DO NOTHING
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM ins) AS replayed,
-       (SELECT count(*) FROM cand c
-        WHERE c.event_day < $4
-           OR NOT EXISTS (SELECT 1 FROM delivery_events e
-                          WHERE e.id = c.event_id AND e.day = c.event_day AND e.lane = c.lane)) AS expired;
+       (SELECT count(*) FROM cand) - (SELECT count(*) FROM kept) AS expired;
 
 -- name: deliveries_notify
 SELECT pg_notify('deliveries', '');

@@ -270,12 +270,16 @@ WITH ev AS (
                        AND (d.format = 'standard' OR f.envelope->>'source' = 'meta')
 ), fwd_ev AS (
     -- In the batch's arrival order, so event ids (the order of a customer's deliveries to a
-    -- destination with --ordered) follow it. received_at: a lookup by id per event (an index
-    -- probe per partition), not a join: with stale statistics (a new day partition, a burst)
-    -- the planner hashed the whole webhook_inbox for every batch.
+    -- destination with --ordered) follow it. received_at: a lookup by id per event, not a join
+    -- (with stale statistics, as after a burst, the planner hashed the whole webhook_inbox for
+    -- every batch); first in the last day's partitions only (pruned when the statement starts),
+    -- then, for an older row (a backlog, a replayed webhook), in every partition.
     INSERT INTO delivery_events (lane, received_at, event_key, kind, conversation, body, meta_body)
     SELECT delivery_lane(f.conversation, f.subject),
-           coalesce((SELECT w.received_at FROM webhook_inbox w WHERE w.id = f.inbox_id), now()),
+           coalesce((SELECT w.received_at FROM webhook_inbox w
+                     WHERE w.id = f.inbox_id AND w.received_at >= now() - interval '1 day'
+                       AND w.received_at <= now()),
+                    (SELECT w.received_at FROM webhook_inbox w WHERE w.id = f.inbox_id), now()),
            f.key, f.kind, f.conversation,
            CASE WHEN EXISTS (SELECT 1 FROM fwd_want w WHERE w.n = f.n AND w.format = 'standard')
                 THEN convert_to(CASE WHEN f.tracker IS NULL THEN f.envelope
