@@ -23,6 +23,12 @@
 -- are dropped, and what they held is due again (stop forwarders and consumers first:
 -- docs/forwarding.md, "Upgrading to the queue and log").
 
+-- Consumers and forwarders of the previous version write deliveries until this commits: they
+-- wait here instead (a row one of them committed after the copy below would be dropped with the
+-- table), and fail once it is gone (their transactions roll back: nothing is lost, the staged
+-- rows are read again by the new consumers).
+LOCK TABLE deliveries, delivery_leases IN ACCESS EXCLUSIVE MODE;
+
 -- Typed rows the forwarder's round takes (sql/functions/forward_round.sql).
 CREATE TYPE delivery_outcome AS (
     destination_id bigint,

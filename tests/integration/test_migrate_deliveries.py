@@ -6,6 +6,7 @@ nothing delivered twice. Failed ones wait for a replay; events processed after i
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
 from collections.abc import AsyncIterator
@@ -177,3 +178,34 @@ async def test_a_populated_database_migrates_and_nothing_is_lost_or_sent_twice(
 
 async def _states(pool: asyncpg.Pool, expected: dict[str, int]) -> bool:
     return await deliveries.count_deliveries(pool, destination=None, since=None, until=None) == expected
+
+
+async def test_a_delivery_an_old_consumer_commits_during_the_migration_is_migrated(old_db: str) -> None:
+    """The previous version's consumers may still be running: one that queues a delivery while
+    0021 runs makes it wait, and its delivery is there afterwards."""
+    conn = await connect(old_db)
+    old = await connect(old_db)
+    try:
+        await migrate(conn, upto=BEFORE)
+        dest = await conn.fetchval(
+            "INSERT INTO destinations (name, url, events, secret) VALUES ('crm', 'http://x', '{message}', $1)"
+            " RETURNING id",
+            DESTINATION_SECRET,
+        )
+        tx = old.transaction()
+        await tx.start()
+        await old.execute(
+            "INSERT INTO deliveries (destination_id, event_key, webhook_id, kind, envelope, subject)"
+            " VALUES ($1, 'msg:wamid.LATE', 'wh_late', 'message', '{}', 'wamid.LATE')",
+            dest,
+        )
+        migrating = asyncio.create_task(migrate(conn))
+        await asyncio.sleep(1.0)
+        assert not migrating.done()  # waiting for the old consumer's transaction
+        await tx.commit()
+        await asyncio.wait_for(migrating, 60)
+        assert await conn.fetchval("SELECT event_key FROM deliveries") == "msg:wamid.LATE"
+        assert await conn.fetchval("SELECT state FROM deliveries") == "pending"
+    finally:
+        await old.close()
+        await conn.close()
