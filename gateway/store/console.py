@@ -172,7 +172,9 @@ async def deliveries_page(
         )
         nxt = (rows[limit - 1]["received_at"], rows[limit - 1]["id"]) if len(rows) > limit else None
         return rows[:limit], nxt, None
-    scan = SCAN if state is not None else limit + 1
+    # Delivered ones are all the log holds: no filter to scan past (pending ones share the queue
+    # with failed ones).
+    scan = SCAN if state == "pending" else limit + 1
     got = await conn.fetch(
         q("console_deliveries"), destination_id, lo, hi, at, ident, limit + 1, scan, state, destination
     )
@@ -181,8 +183,8 @@ async def deliveries_page(
     if len(hits) > limit:
         return hits[:limit], (hits[limit - 1]["received_at"], hits[limit - 1]["id"]), None
     if scanned >= scan and got and got[0]["scanned_at"] is not None:
-        return hits, (got[0]["scanned_at"], got[0]["scanned_id"]), scanned if state else None
-    return hits, None, scanned if state else None
+        return hits, (got[0]["scanned_at"], got[0]["scanned_id"]), scanned if state == "pending" else None
+    return hits, None, scanned if state == "pending" else None
 
 
 async def deliveries_count(

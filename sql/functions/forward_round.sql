@@ -124,24 +124,18 @@ BEGIN
         FROM (SELECT * FROM sent UNION ALL SELECT * FROM kept) w;
     END IF;
 
-    -- Breakers (only rows whose count or state changes are written) and 410 Gone.
-    IF cardinality(p_tallies) > 0 OR cardinality(p_gone) > 0 THEN
+    -- Breakers: only rows whose count or state changes are written (the common all-2xx round
+    -- writes none).
+    IF cardinality(p_tallies) > 0 THEN
         RETURN QUERY
-        WITH b AS (
-            -- with the destinations that answered 410 Gone (p_gone), which are disabled here
-            SELECT coalesce(t.destination_id, g.id) AS id, coalesce(t.ok, false) AS ok,
-                   coalesce(t.fails, 0) AS fails, t.destination_id IS NOT NULL AS counted,
-                   g.id IS NOT NULL AS gone
-            FROM unnest(p_tallies) AS t FULL JOIN unnest(p_gone) AS g(id) ON g.id = t.destination_id
-        ), n AS (
-            SELECT d.id, d.breaker_state AS old, d.consecutive_failures AS old_fails,
-                   d.enabled AS was_enabled, b.ok, b.fails AS new_fails, b.counted, b.gone,
-                   CASE WHEN b.ok THEN b.fails ELSE d.consecutive_failures + b.fails END AS fails
-            FROM destinations d JOIN b ON b.id = d.id
+        WITH n AS (
+            SELECT d.id, d.breaker_state AS old, d.consecutive_failures AS old_fails, t.ok,
+                   t.fails AS new_fails,
+                   CASE WHEN t.ok THEN t.fails ELSE d.consecutive_failures + t.fails END AS fails
+            FROM unnest(p_tallies) AS t JOIN destinations d ON d.id = t.destination_id
         ), s AS (
             SELECT n.*,
-                   CASE WHEN NOT n.counted THEN n.old
-                        WHEN n.fails >= p_breaker_failures OR (n.old = 'half_open' AND n.new_fails > 0) THEN 'open'
+                   CASE WHEN n.fails >= p_breaker_failures OR (n.old = 'half_open' AND n.new_fails > 0) THEN 'open'
                         -- An open breaker is closed only by its half-open probe: a 2xx now comes
                         -- from a request sent before it opened and says little (else it flaps).
                         WHEN n.ok AND n.old <> 'open' THEN 'closed'
@@ -151,19 +145,25 @@ BEGIN
             UPDATE destinations d SET
                 consecutive_failures = s.fails,
                 breaker_state = s.state,
-                breaker_changed_at = CASE WHEN s.state <> s.old THEN now() ELSE d.breaker_changed_at END,
-                enabled = d.enabled AND NOT s.gone,
-                updated_at = CASE WHEN s.gone AND d.enabled THEN now() ELSE d.updated_at END
+                breaker_changed_at = CASE WHEN s.state <> s.old THEN now() ELSE d.breaker_changed_at END
             FROM s
-            WHERE d.id = s.id AND (s.state <> s.old OR s.fails <> s.old_fails OR (s.gone AND s.was_enabled))
-            RETURNING d.name, s.old, s.state AS new, s.gone AND s.was_enabled AS disabled
+            WHERE d.id = s.id AND (s.state <> s.old OR s.fails <> s.old_fails)
+            RETURNING d.name, s.old, s.state AS new
         )
         SELECT 'breaker'::text, NULL::bigint, NULL::bigint, NULL::text, NULL::bytea, NULL::int, NULL::float8,
-               NULL::float8, name, NULL::text, NULL::text, NULL::text, NULL::boolean, NULL::boolean, old, new
-        FROM brk WHERE old <> new
-        UNION ALL
-        SELECT 'disabled', NULL, NULL, NULL, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-        FROM brk WHERE disabled;
+               NULL::float8, brk.name, NULL::text, NULL::text, NULL::text, NULL::boolean, NULL::boolean,
+               brk.old, brk.new
+        FROM brk WHERE brk.old <> brk.new;
+    END IF;
+    -- Destinations that answered 410 Gone: disabled (no breaker count); nothing more is claimed
+    -- for them.
+    IF cardinality(p_gone) > 0 THEN
+        RETURN QUERY
+        UPDATE destinations SET enabled = false, updated_at = now()
+        WHERE id = ANY (p_gone) AND enabled
+        RETURNING 'disabled'::text, NULL::bigint, NULL::bigint, NULL::text, NULL::bytea, NULL::int,
+                  NULL::float8, NULL::float8, name, NULL::text, NULL::text, NULL::text, NULL::boolean,
+                  NULL::boolean, NULL::text, NULL::text;
     END IF;
 
     -- The claim: with the breakers as this round left them; the leases as they were before it

@@ -202,9 +202,12 @@ LIMIT $6;
 
 -- name: console_deliveries
 -- One destination's deliveries ($1 id: its name is $9), newest first: the open ones on
--- delivery_queue_received, the delivered ones on delivery_log_delivered (the latest delivery of
--- each, none that is open again), merged; at most $7 scanned from the cursor ($4, $5) in
--- [$2, $3), those in state $8 (NULL: any) kept, $6 at most.
+-- delivery_queue_received, the delivered ones on delivery_log_delivered (each delivered attempt
+-- of a delivery that is not open again: one replayed and delivered again shows twice), merged;
+-- at most $7 scanned from the cursor ($4, $5) in [$2, $3), those in state $8 (NULL: any) kept,
+-- $6 at most. A state names one of the two only: the other is not read. Whether a delivered
+-- one is open again is asked of the rows the scan took (a probe each), never as a join: the
+-- planner would hash the queue against every delivered row of the destination.
 WITH scan AS (
     SELECT * FROM (
         (SELECT q.event_id AS id, q.event_day, q.lane,
@@ -212,21 +215,22 @@ WITH scan AS (
                 q.due AS next_attempt_at, q.last_status::integer AS last_status, q.last_error,
                 NULL::timestamptz AS delivered_at
          FROM delivery_queue q
-         WHERE q.destination_id = $1 AND q.received_at >= $2 AND q.received_at < $3
+         WHERE ($8::text IS NULL OR $8 <> 'delivered')
+           AND q.destination_id = $1 AND q.received_at >= $2 AND q.received_at < $3
            AND q.received_at <= $4 AND (q.received_at, q.event_id) < ($4, $5)
          ORDER BY q.received_at DESC, q.event_id DESC
          LIMIT $7)
         UNION ALL
-        (SELECT l.event_id, l.event_day, l.lane, 'delivered', l.attempt, l.received_at, l.at,
-                l.status::integer, l.error, l.at
+        (SELECT l.event_id, l.event_day, l.lane,
+                CASE WHEN EXISTS (SELECT 1 FROM delivery_queue q
+                                  WHERE q.destination_id = $1 AND q.event_id = l.event_id)
+                     THEN 'reopened' ELSE 'delivered' END,
+                l.attempt, l.received_at, l.at, l.status::integer, l.error, l.at
          FROM delivery_log l
-         WHERE l.destination_id = $1 AND l.outcome = 'delivered'
+         WHERE ($8::text IS NULL OR $8 = 'delivered')
+           AND l.destination_id = $1 AND l.outcome = 'delivered'
            AND l.received_at >= $2 AND l.received_at < $3
            AND l.received_at <= $4 AND (l.received_at, l.event_id) < ($4, $5)
-           AND NOT EXISTS (SELECT 1 FROM delivery_queue q WHERE q.destination_id = $1 AND q.event_id = l.event_id)
-           AND NOT EXISTS (SELECT 1 FROM delivery_log n
-                           WHERE n.destination_id = $1 AND n.outcome = 'delivered' AND n.day >= l.day
-                             AND n.received_at = l.received_at AND n.event_id = l.event_id AND n.at > l.at)
          ORDER BY l.received_at DESC, l.event_id DESC
          LIMIT $7)
     ) u
@@ -235,7 +239,7 @@ WITH scan AS (
 ), hit AS (
     SELECT s.id, delivery_webhook_id($9, e.event_key) AS webhook_id, e.event_key, e.kind, s.state,
            s.attempts, s.received_at, s.next_attempt_at, s.last_status, s.last_error, s.delivered_at
-    FROM (SELECT * FROM scan WHERE $8::text IS NULL OR state = $8
+    FROM (SELECT * FROM scan WHERE state <> 'reopened' AND ($8::text IS NULL OR state = $8)
           ORDER BY received_at DESC, id DESC LIMIT $6) s
     JOIN delivery_events e ON e.id = s.id AND e.day = s.event_day AND e.lane = s.lane
 ), last AS (
@@ -247,17 +251,24 @@ ORDER BY h.received_at DESC, h.id DESC;
 
 -- name: console_deliveries_count
 -- What a replay of destination $1's deliveries in state $2 (failed or delivered) received in
--- [$3, $4) touches, counted up to $5 ($1 NULL: every destination).
+-- [$3, $4) touches, counted up to $5 ($1 NULL: every destination), per destination on its
+-- index: failed ones in the queue, delivered attempts in the log (a delivery delivered twice,
+-- after a replay, counts twice: at most this many).
 SELECT count(*) FROM (
-    (SELECT FROM delivery_queue q JOIN destinations d ON d.id = q.destination_id
-     WHERE $2 = 'failed' AND ($1::text IS NULL OR d.name = $1) AND q.failed
-       AND q.received_at >= $3 AND q.received_at < $4
+    (SELECT FROM destinations d
+     CROSS JOIN LATERAL (SELECT FROM delivery_queue q
+                         WHERE q.destination_id = d.id AND q.failed
+                           AND q.received_at >= $3 AND q.received_at < $4
+                         LIMIT $5) x
+     WHERE $2 = 'failed' AND ($1::text IS NULL OR d.name = $1)
      LIMIT $5)
     UNION ALL
-    (SELECT FROM (SELECT DISTINCT l.destination_id, l.event_id
-                  FROM delivery_log l JOIN destinations d ON d.id = l.destination_id
-                  WHERE $2 = 'delivered' AND ($1::text IS NULL OR d.name = $1) AND l.outcome = 'delivered'
-                    AND l.received_at >= $3 AND l.received_at < $4) x
+    (SELECT FROM destinations d
+     CROSS JOIN LATERAL (SELECT FROM delivery_log l
+                         WHERE l.destination_id = d.id AND l.outcome = 'delivered'
+                           AND l.received_at >= $3 AND l.received_at < $4
+                         LIMIT $5) x
+     WHERE $2 = 'delivered' AND ($1::text IS NULL OR d.name = $1)
      LIMIT $5)
 ) x;
 

@@ -13,7 +13,9 @@ FROM unnest(ARRAY['webhook_inbox', 'inbound_messages', 'message_statuses', 'deli
 -- The indexes (other than those of constraints) of the filled tables, to drop before the fill
 -- and build again after it: a build sorts once, where row-by-row inserts would touch a random
 -- leaf page per row.
-SELECT c.relname AS table, i.relname AS name, pg_get_indexdef(x.indexrelid) AS def
+SELECT c.relname AS table, i.relname AS name,
+       -- a partitioned table's index is built on every partition (its definition says ON ONLY)
+       replace(pg_get_indexdef(x.indexrelid), ' ON ONLY ', ' ON ') AS def
 FROM pg_index x
 JOIN pg_class i ON i.oid = x.indexrelid
 JOIN pg_class c ON c.oid = x.indrelid
