@@ -199,7 +199,9 @@ async def _drop(conn: retention.Session, s: Settings, today: date, report: Repor
                 # Open deliveries' bodies move to today first; nothing refers to an old body
                 # again until the old days are gone.
                 async with retention.bodies_locked(conn):
-                    report.carried_events += await retention.delivery_events_carry_forward(conn, before=cutoff)
+                    report.carried_events += await retention.delivery_events_carry_forward(
+                        conn, before=cutoff
+                    )
                     await _drop_days(conn, p, cutoff, report)
             else:
                 await _drop_days(conn, p, cutoff, report)

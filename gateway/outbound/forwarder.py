@@ -371,7 +371,9 @@ class Forwarder:
                 ),
                 retry_window_s=s.forward_retry_h * 3600,
             )
-            results.append(deliveries.Result(c.destination_id, c.id, d.state.value, d.delay_s, status, d.error))
+            results.append(
+                deliveries.Result(c.destination_id, c.id, d.state.value, d.delay_s, status, d.error)
+            )
             metrics.FORWARD_DELIVERIES.labels(c.destination, d.outcome.value).inc()
             if d.outcome is Outcome.GONE:
                 # Not an outage to count towards the breaker: the endpoint says it is gone.

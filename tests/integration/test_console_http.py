@@ -282,7 +282,8 @@ async def test_deliveries_pages_and_a_messages_story_read_the_queue_and_the_log(
         async with forwarding(pool, slow):
             await until(attempted, what="crm delivered, down attempted")
         await pool.execute(
-            "UPDATE delivery_queue SET failed = true WHERE event_id = (SELECT min(event_id) FROM delivery_queue)"
+            "UPDATE delivery_queue SET failed = true"
+            " WHERE event_id = (SELECT min(event_id) FROM delivery_queue)"
         )
     finally:
         await receiver.close()

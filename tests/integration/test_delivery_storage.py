@@ -34,13 +34,15 @@ async def test_a_body_is_stored_once_per_event_and_format(pool: asyncpg.Pool, se
     assert await pool.fetchval("SELECT count(*) FROM delivery_queue") == 6
     # Both standard destinations get the same stored bytes; the Meta one its own format's.
     rows = await pool.fetch(
-        "SELECT d.name, x.envelope::text AS body FROM deliveries x JOIN destinations d ON d.id = x.destination_id"
+        "SELECT d.name, x.envelope::text AS body FROM deliveries x"
+        " JOIN destinations d ON d.id = x.destination_id"
         " WHERE x.event_key = 'msg:wamid.F0'"
     )
     bodies = {r["name"]: r["body"] for r in rows}
     assert bodies["a"] == bodies["b"] != bodies["bot"]
     assert await pool.fetchval(
-        "SELECT body IS NOT NULL AND meta_body IS NOT NULL FROM delivery_events WHERE event_key = 'msg:wamid.F0'"
+        "SELECT body IS NOT NULL AND meta_body IS NOT NULL FROM delivery_events"
+        " WHERE event_key = 'msg:wamid.F0'"
     )
 
 
@@ -52,7 +54,8 @@ async def test_a_customers_deliveries_share_a_lane_and_a_round_claims_its_lanes_
     await stage(pool, to_bytes(meta_payload(("messages", meta_value(errors=[{"code": 131000}])))))
     await drain(pool, settings)
     lanes = await pool.fetch(
-        "SELECT e.conversation, array_agg(DISTINCT q.lane) AS lanes, array_agg(DISTINCT e.lane) AS event_lanes"
+        "SELECT e.conversation, array_agg(DISTINCT q.lane) AS lanes,"
+        " array_agg(DISTINCT e.lane) AS event_lanes"
         " FROM delivery_queue q JOIN delivery_events e ON e.id = q.event_id GROUP BY 1"
     )
     assert len(lanes) == 7  # six customers and the account-level event (no customer)
@@ -60,7 +63,8 @@ async def test_a_customers_deliveries_share_a_lane_and_a_round_claims_its_lanes_
         assert len(r["lanes"]) == 1 and r["lanes"] == r["event_lanes"]
     # The SQL rule: a hash of the customer, else of the subject.
     assert await pool.fetchval(
-        "SELECT bool_and(e.lane = delivery_lane(e.conversation, event_subject(e.event_key))) FROM delivery_events e"
+        "SELECT bool_and(e.lane = delivery_lane(e.conversation, event_subject(e.event_key)))"
+        " FROM delivery_events e"
     )
     some = sorted({r["lanes"][0] for r in lanes})[:3]
     async with pool.acquire() as conn:
@@ -69,7 +73,9 @@ async def test_a_customers_deliveries_share_a_lane_and_a_round_claims_its_lanes_
             cooldown_s=30, housekeeping=False, lanes=some,
         )  # fmt: skip
     expected = await pool.fetchval(
-        "SELECT count(*) FROM delivery_queue WHERE destination_id = $1 AND lane = ANY ($2::smallint[])", dest, some
+        "SELECT count(*) FROM delivery_queue WHERE destination_id = $1 AND lane = ANY ($2::smallint[])",
+        dest,
+        some,
     )
     assert 0 < len(claimed) == expected < 31
     got = await pool.fetchval(
@@ -114,7 +120,9 @@ async def test_a_replay_of_delivered_ones_skips_and_counts_those_whose_bodies_ar
     # One event's body dropped (as a retention pass past its days would).
     await pool.execute("DELETE FROM delivery_events WHERE event_key = 'msg:wamid.F0'")
     async with pool.acquire() as conn:
-        n = await actions.replay_deliveries(conn, ACTOR, destination="crm", since=None, until=None, state="delivered")
+        n = await actions.replay_deliveries(
+            conn, ACTOR, destination="crm", since=None, until=None, state="delivered"
+        )
     assert n == 2
     outcome = await pool.fetchval("SELECT outcome FROM operator_actions WHERE action = 'deliveries.replay'")
     assert outcome == "replayed 2 delivered deliveries; 1 not: their events' bodies are past retention"
@@ -158,7 +166,9 @@ async def test_removing_a_destination_counts_and_drops_its_deliveries_and_orphan
     assert await pool.fetchval("SELECT count(*) FROM delivery_queue") == 0
 
 
-async def test_a_webhook_with_two_events_queues_each_in_arrival_order(pool: asyncpg.Pool, settings: Settings) -> None:
+async def test_a_webhook_with_two_events_queues_each_in_arrival_order(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
     await add(pool, "crm", "http://127.0.0.1:9/x")
     body = to_bytes(messages_payload(message_obj("wamid.O1", "one"), message_obj("wamid.O2", "two")))
     await stage(pool, body)

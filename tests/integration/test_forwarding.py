@@ -29,8 +29,8 @@ from gateway.testing.payloads import (
     tenashi_event,
     to_bytes,
 )
-from tests.support.config import DESTINATION_SECRET, META_SECRET, replace
 from tests.support import deliveries as moved
+from tests.support.config import DESTINATION_SECRET, META_SECRET, replace
 from tests.support.consume import drain, stage
 from tests.support.forward import (
     add,
@@ -223,9 +223,9 @@ async def test_failed_after_the_retry_window_then_replayed_by_time_range(
     assert len(listed) == 3
     receiver.outage = False
     async with pool.acquire() as conn:
-        assert (
-            await deliveries.replay(conn, destination="crm", since=since, until=until_, state="failed") == (3, 0)
-        )
+        assert await deliveries.replay(
+            conn, destination="crm", since=since, until=until_, state="failed"
+        ) == (3, 0)
     async with forwarding(pool, fast(settings)):
         await until(lambda: _states_are(pool, {"failed": 6, "delivered": 3}), what="the slice delivered")
     assert set(receiver.state.processed) == {x.webhook_id for x in listed}

@@ -59,9 +59,10 @@ async def old_db(pg_admin_dsn: str) -> AsyncIterator[str]:
 def _envelope(key: str, customer: str, meta: bool) -> dict[str, Any]:
     """A stored body as the old consumers wrote it (its jsonb text is what was sent)."""
     if meta:
-        return {"object": "whatsapp_business_account", "entry": [{"id": "1", "changes": [
-            {"field": "messages", "value": {"messaging_product": "whatsapp",
-                                            "messages": [{"id": key, "from": customer, "type": "text"}]}}]}]}  # fmt: skip
+        message = {"id": key, "from": customer, "type": "text"}
+        value = {"messaging_product": "whatsapp", "messages": [message]}
+        return {"object": "whatsapp_business_account",
+                "entry": [{"id": "1", "changes": [{"field": "messages", "value": value}]}]}  # fmt: skip
     return {"v": 1, "type": "message.received", "event_key": key, "source": "meta",
             "data": {"from": customer or None, "wamid": key}, "raw": {"text": {"body": "é ü"}}}  # fmt: skip
 
@@ -91,7 +92,8 @@ async def fill(conn: asyncpg.Connection) -> dict[str, dict[str, Any]]:
                 " state, attempts, next_attempt_at, lease_until, received_at, window_start, last_status,"
                 " last_error, delivered_at, created_at, subject)"
                 " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() - interval '1 second',"
-                " CASE WHEN $7 = 'delivering' THEN now() + interval '1 hour' END, $9::timestamptz, $9, $10, $11,"
+                " CASE WHEN $7 = 'delivering' THEN now() + interval '1 hour' END,"
+                " $9::timestamptz, $9, $10, $11,"
                 " CASE WHEN $7 = 'delivered' THEN $9 + interval '1 second' END, $9, event_subject($2))"
                 " RETURNING id, envelope::text AS text",
                 dest, key, stdwebhooks.webhook_id(name, key), "message" if customer else "account", customer,
@@ -133,7 +135,8 @@ async def test_a_populated_database_migrates_and_nothing_is_lost_or_sent_twice(
         for wid, old in rows.items():
             new = view[wid]
             assert (new["id"], new["event_key"], new["state"], new["attempts"]) == (
-                old["id"], old["key"], "pending" if old["state"] == "delivering" else old["state"], old["attempts"],
+                old["id"], old["key"], "pending" if old["state"] == "delivering" else old["state"],
+                old["attempts"],
             )  # fmt: skip
             assert (new["last_status"], new["received_at"]) == (old["status"], old["received_at"])
             assert new["last_error"] == (None if old["state"] == "delivered" else old["error"])
@@ -144,7 +147,9 @@ async def test_a_populated_database_migrates_and_nothing_is_lost_or_sent_twice(
 
         # A forwarder sends exactly the open ones, once each, the same bytes as before.
         for name, receiver in (("crm", std), ("bot", meta)):
-            await pool.execute("UPDATE destinations SET url = $2 WHERE name = $1", name, await receiver.start())
+            await pool.execute(
+                "UPDATE destinations SET url = $2 WHERE name = $1", name, await receiver.start()
+            )
         async with forwarding(pool, s):
             await until(lambda: _states(pool, {"delivered": 12, "failed": 4}), what="the open ones delivered")
         opened = {w for w, r in rows.items() if r["state"] in ("pending", "delivering")}
@@ -162,7 +167,10 @@ async def test_a_populated_database_migrates_and_nothing_is_lost_or_sent_twice(
 
         # Failed ones wait for a replay, then go out; a new event goes out too.
         async with pool.acquire() as c:
-            assert await deliveries.replay(c, destination=None, since=None, until=None, state="failed") == (4, 0)
+            assert await deliveries.replay(c, destination=None, since=None, until=None, state="failed") == (
+                4,
+                0,
+            )
         await stage(pool, to_bytes(messages_payload(message_obj("wamid.AFTER", sender="491510009"))))
         await drain(pool, s)
         async with forwarding(pool, s):

@@ -232,7 +232,8 @@ def test_a_review_row_is_released_and_a_bulk_replay_asks_first(served: dict[str,
         dsn,
         "WITH e AS (INSERT INTO delivery_events (lane, received_at, event_key, kind, body)"
         " SELECT 0, now(), 'msg:w' || i, 'message', '{}' FROM generate_series(1, 3) i RETURNING id, day)"
-        " INSERT INTO delivery_queue (destination_id, event_id, received_at, event_day, lane, failed, last_status)"
+        " INSERT INTO delivery_queue"
+        " (destination_id, event_id, received_at, event_day, lane, failed, last_status)"
         " SELECT d.id, e.id, now(), e.day, 0, true, 500 FROM destinations d, e",
     )
     log_in(browser, console, OPS, "/outbox?state=review")

@@ -57,8 +57,8 @@ async def made_up(
             )
             if state == "delivered":
                 await conn.execute(
-                    "INSERT INTO delivery_log (day, at, destination_id, event_id, received_at, event_day, attempt,"
-                    " lane, status, outcome) VALUES ($1, $2, $3, $4, $2, $1, 1, 0, $5, 'delivered')",
+                    "INSERT INTO delivery_log (day, at, destination_id, event_id, received_at, event_day,"
+                    " attempt, lane, status, outcome) VALUES ($1, $2, $3, $4, $2, $1, 1, 0, $5, 'delivered')",
                     day,
                     received_at,
                     destination_id,
@@ -67,8 +67,8 @@ async def made_up(
                 )
             else:
                 await conn.execute(
-                    "INSERT INTO delivery_queue (destination_id, event_id, received_at, event_day, lane, failed,"
-                    " last_status) VALUES ($1, $2, $3, $4, 0, $5, $6)",
+                    "INSERT INTO delivery_queue (destination_id, event_id, received_at, event_day, lane,"
+                    " failed, last_status) VALUES ($1, $2, $3, $4, 0, $5, $6)",
                     destination_id,
                     event_id,
                     received_at,
