@@ -161,13 +161,15 @@ async def deliveries_page(
     limit: int,
 ) -> tuple[list[Row], tuple[datetime, int] | None, int | None]:
     """One destination's deliveries, newest first: (rows, the next page's cursor, rows
-    scanned when a state other than failed filtered them)."""
+    scanned when pending ones were told from failed ones)."""
     lo, hi = _range(since, until)
-    at, ident = after or (FAR_FUTURE, FIRST_ID)
+    # One upper bound, the tighter of the cursor and the range's end (receipt times before
+    # ``hi``: every id after (hi, 0)).
+    at, ident = min(after or (FAR_FUTURE, FIRST_ID), (hi, 0))
     if state == "failed":
         rows = list(
             await conn.fetch(
-                q("console_deliveries_failed"), destination_id, lo, hi, at, ident, limit + 1, destination
+                q("console_deliveries_failed"), destination_id, lo, at, ident, limit + 1, destination
             )
         )
         nxt = (rows[limit - 1]["received_at"], rows[limit - 1]["id"]) if len(rows) > limit else None
@@ -176,7 +178,7 @@ async def deliveries_page(
     # with failed ones).
     scan = SCAN if state == "pending" else limit + 1
     got = await conn.fetch(
-        q("console_deliveries"), destination_id, lo, hi, at, ident, limit + 1, scan, state, destination
+        q("console_deliveries"), destination_id, lo, at, ident, limit + 1, scan, state, destination
     )
     hits = [r for r in got if r["id"] is not None]
     scanned = int(got[0]["scanned"]) if got else 0

@@ -188,28 +188,30 @@ FROM destinations d
 ORDER BY d.name;
 
 -- name: console_deliveries_failed
--- One destination ($1 id: its name is $7) failed deliveries, newest first, on
--- delivery_queue_failed; received in [$2, $3), ($4, $5) the cursor, $6 limit.
+-- One destination ($1 id: its name is $6) failed deliveries, newest first, on
+-- delivery_queue_failed; received from $2, before the cursor ($3, $4) (the range's end is one
+-- too: gateway/store/console.py), $5 limit. One upper bound: with two (a time and a row), the
+-- index scan of a day partition started at the wrong one and read all of it.
 -- (The page first, then its events, one probe each: a join would let the planner hash every
 -- event of the table.)
-SELECT q.event_id AS id, delivery_webhook_id($7, e.event_key) AS webhook_id, e.event_key, e.kind,
+SELECT q.event_id AS id, delivery_webhook_id($6, e.event_key) AS webhook_id, e.event_key, e.kind,
        'failed' AS state, q.attempts, q.received_at, q.due AS next_attempt_at,
        q.last_status::integer AS last_status, q.last_error, NULL::timestamptz AS delivered_at
 FROM (SELECT * FROM delivery_queue q
-      WHERE q.destination_id = $1 AND q.failed AND q.received_at >= $2 AND q.received_at < $3
-        AND (q.received_at, q.event_id) < ($4, $5)
+      WHERE q.destination_id = $1 AND q.failed AND q.received_at >= $2
+        AND (q.received_at, q.event_id) < ($3, $4)
       ORDER BY q.received_at DESC, q.event_id DESC
-      LIMIT $6) q
+      LIMIT $5) q
 LEFT JOIN LATERAL (SELECT e.event_key, e.kind FROM delivery_events e
                    WHERE e.id = q.event_id AND e.day = q.event_day AND e.lane = q.lane LIMIT 1) e ON true
 ORDER BY q.received_at DESC, q.event_id DESC;
 
 -- name: console_deliveries
--- One destination's deliveries ($1 id: its name is $9), newest first: the open ones on
+-- One destination's deliveries ($1 id: its name is $8), newest first: the open ones on
 -- delivery_queue_received, the delivered ones on delivery_log_delivered (each delivered attempt
 -- of a delivery that is not open again: one replayed and delivered again shows twice), merged;
--- at most $7 scanned from the cursor ($4, $5) in [$2, $3), those in state $8 (NULL: any) kept,
--- $6 at most. A state names one of the two only: the other is not read. Whether a delivered
+-- at most $6 scanned from $2 up to the cursor ($3, $4) (as console_deliveries_failed), those
+-- in state $7 (NULL: any) kept, $5 at most. A state names one of the two only: the other is not read. Whether a delivered
 -- one is open again is asked of the rows the scan took (a probe each), never as a join: the
 -- planner would hash the queue against every delivered row of the destination.
 WITH scan AS (
@@ -219,32 +221,31 @@ WITH scan AS (
                 q.due AS next_attempt_at, q.last_status::integer AS last_status, q.last_error,
                 NULL::timestamptz AS delivered_at
          FROM delivery_queue q
-         WHERE ($8::text IS NULL OR $8 <> 'delivered')
-           AND q.destination_id = $1 AND q.received_at >= $2 AND q.received_at < $3
-           AND q.received_at <= $4 AND (q.received_at, q.event_id) < ($4, $5)
+         WHERE ($7::text IS NULL OR $7 <> 'delivered')
+           AND q.destination_id = $1 AND q.received_at >= $2 AND (q.received_at, q.event_id) < ($3, $4)
          ORDER BY q.received_at DESC, q.event_id DESC
-         LIMIT $7)
+         LIMIT $6)
         UNION ALL
         (SELECT l.event_id, l.event_day, l.lane,
-                CASE WHEN EXISTS (SELECT 1 FROM delivery_queue q
-                                  WHERE q.destination_id = $1 AND q.event_id = l.event_id)
+                -- (a probe, never hashed: LIMIT keeps it a probe of the rows the scan takes)
+                CASE WHEN (SELECT true FROM delivery_queue q
+                           WHERE q.destination_id = $1 AND q.event_id = l.event_id LIMIT 1)
                      THEN 'reopened' ELSE 'delivered' END,
                 l.attempt, l.received_at, l.at, l.status::integer, l.error, l.at
          FROM delivery_log l
-         WHERE ($8::text IS NULL OR $8 = 'delivered')
+         WHERE ($7::text IS NULL OR $7 = 'delivered')
            AND l.destination_id = $1 AND l.outcome = 'delivered'
-           AND l.received_at >= $2 AND l.received_at < $3
-           AND l.received_at <= $4 AND (l.received_at, l.event_id) < ($4, $5)
+           AND l.received_at >= $2 AND (l.received_at, l.event_id) < ($3, $4)
          ORDER BY l.received_at DESC, l.event_id DESC
-         LIMIT $7)
+         LIMIT $6)
     ) u
     ORDER BY received_at DESC, id DESC
-    LIMIT $7
+    LIMIT $6
 ), hit AS (
-    SELECT s.id, delivery_webhook_id($9, e.event_key) AS webhook_id, e.event_key, e.kind, s.state,
+    SELECT s.id, delivery_webhook_id($8, e.event_key) AS webhook_id, e.event_key, e.kind, s.state,
            s.attempts, s.received_at, s.next_attempt_at, s.last_status, s.last_error, s.delivered_at
-    FROM (SELECT * FROM scan WHERE state <> 'reopened' AND ($8::text IS NULL OR state = $8)
-          ORDER BY received_at DESC, id DESC LIMIT $6) s
+    FROM (SELECT * FROM scan WHERE state <> 'reopened' AND ($7::text IS NULL OR state = $7)
+          ORDER BY received_at DESC, id DESC LIMIT $5) s
     LEFT JOIN LATERAL (SELECT e.event_key, e.kind FROM delivery_events e
                        WHERE e.id = s.id AND e.day = s.event_day AND e.lane = s.lane LIMIT 1) e ON true
 ), last AS (
