@@ -21,6 +21,7 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     GATEWAY_HOST=0.0.0.0 \
     GATEWAY_PORT=8080 \
+    GATEWAY_METRICS_PORT=9100 \
     GATEWAY_LOG_FORMAT=json \
     GATEWAY_EMBEDDED=0
 COPY --from=build /wheels /wheels
@@ -28,7 +29,9 @@ RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels \
     && useradd --system --uid 10001 --home-dir /app --create-home gateway
 USER gateway
 WORKDIR /app
-EXPOSE 8080
+# 8080: webhooks and the send API, for the public proxy. 9100: /metrics and /healthz, for
+# Prometheus on the inside network only (/metrics names destinations and phone-number ids).
+EXPOSE 8080 9100
 # /readyz on the configured port (GATEWAY_PORT): database reachable and schema current.
 # The workers (consume, send, forward) serve /healthz on GATEWAY_METRICS_PORT instead; compose
 # gives them their own health check.

@@ -4,8 +4,13 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # podman-compose 1.6 runs the bundle on Debian 12's podman 4.3 (make compose-test).
 PODMAN_COMPOSE ?= podman-compose==1.6.0
+# The failover tests' Patroni (gateway/testing/patroni.py) runs as the unprivileged user PostgreSQL
+# needs, so its virtualenv is made from a Python that user can run: the system's, not one under /root.
+HA_PYTHON ?= /usr/bin/python3
+HA_VENV   ?= .venv-ha
+PATRONI   ?= patroni[etcd3,psycopg3]==4.1.5
 
-.PHONY: run test lint typecheck unit compose-test bench-ingest clean
+.PHONY: run test lint typecheck unit compose-test bench-ingest clean ha
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 required"'
@@ -20,9 +25,19 @@ $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 run: $(VENV)/.installed
 	$(BIN)/gateway serve
 
-## Lint, type-check and run every test against a real PostgreSQL.
+## Lint, type-check and run every test against a real PostgreSQL (the failover tests too
+## when `make ha` could build Patroni and etcd is installed; .ci/run installs etcd).
 test: $(VENV)/.installed lint typecheck
+	@$(MAKE) --no-print-directory ha || echo "make: Patroni could not be installed: the failover tests will be skipped" >&2
 	$(BIN)/pytest -q -p no:cacheprovider
+
+## Patroni in its own virtualenv, for the failover tests and `python -m loadtest chaos --failover`.
+ha: $(HA_VENV)/.installed
+
+$(HA_VENV)/.installed: Makefile
+	$(HA_PYTHON) -m venv $(HA_VENV)
+	$(HA_VENV)/bin/pip install --quiet '$(PATRONI)'
+	touch $@
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check gateway tests loadtest
@@ -41,4 +56,4 @@ compose-test: $(VENV)/.installed
 	.ci/compose-test
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(HA_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from gateway import __version__
 from gateway.core.enums import OutboxState, Provider, Source
+from gateway.store import db
 
 # `_created` series double the series count and no dashboard or alert here reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -373,3 +374,45 @@ MAINTENANCE_FAILURES = Counter(
     "gateway_maintenance_failures_total",
     "Maintenance pass steps that failed (each retried on the next pass)",
 )
+
+# Following the writable primary (gateway.store.db.connect_any, gateway.store.listen).
+DB_PRIMARY_CHANGES = Counter(
+    "gateway_db_primary_changes_total",
+    "Times new connections went to another database server than before (a failover)",
+)
+DB_NO_PRIMARY = Counter(
+    "gateway_db_no_primary_total",
+    "Connection attempts that found no usable server, by reason (no host writable, none reachable)",
+    ["reason"],
+)
+DB_WRITABLE = Gauge(
+    "gateway_db_writable",
+    "1 while the readiness probe finds a writable primary with the current schema, else 0",
+    multiprocess_mode="min",
+)
+LISTEN_UP = Gauge(
+    "gateway_listen_up",
+    "LISTEN sessions up, by channel (0 while reconnecting: work is found by polling meanwhile)",
+    ["channel"],
+    multiprocess_mode="livesum",
+)
+LISTEN_SESSIONS = Counter(
+    "gateway_listen_sessions_total",
+    "LISTEN sessions opened, by channel: more than one each means reconnections",
+    ["channel"],
+)
+
+
+def _observe_db(event: str, detail: str) -> None:
+    if event == "primary":
+        DB_PRIMARY_CHANGES.inc()
+    elif event == "no_primary":
+        DB_NO_PRIMARY.labels(detail).inc()
+    elif event == "listen_up":
+        LISTEN_UP.labels(detail).inc()
+        LISTEN_SESSIONS.labels(detail).inc()
+    elif event == "listen_down":
+        LISTEN_UP.labels(detail).dec()
+
+
+db.observers.append(_observe_db)

@@ -15,22 +15,20 @@ and dropped there).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
+import dataclasses
 import re
 import statistics
-import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import asyncpg
 
 from gateway.core.console import cursor
 from gateway.store.db import connect, migrate
-from gateway.testing.ports import free_port
 from gateway.testing.scratch import scratch_database
-from loadtest.harness import database
+from loadtest.harness import contract, database, processes, report
 from loadtest.harness.sql import queries
 
 SQL = queries("console.sql")
@@ -78,6 +76,7 @@ async def fill(dsn: str, ns: argparse.Namespace) -> None:
         await conn.execute(SQL["console_fill_destinations"])
         await _chunks(conn, "console_fill_dead_events", ns.dead, "dead events")
         await _chunks(conn, "console_fill_inbox", ns.dead // 5, "staged webhooks (every 10th dead)")
+        await conn.execute(SQL["console_fill_read"])
         await _chunks(conn, "console_fill_outbox", ns.outbox, "outbox")
         await _chunks(conn, "console_fill_deliveries", ns.deliveries, "deliveries")
         await _chunks(conn, "console_fill_inbound", ns.dead, "inbound messages")
@@ -182,68 +181,36 @@ async def measure(base: str, todo: list[Page], rounds: int) -> tuple[list[Timing
     return out, statistics.median(baseline)
 
 
-async def serve_and_measure(dsn: str, rounds: int) -> tuple[list[Timing], float]:
+async def serve_and_measure(dsn: str, rounds: int, log_dir: Path) -> tuple[list[Timing], float]:
     todo = await pages(dsn)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    env.update(
-        DATABASE_URL=dsn,
-        GATEWAY_CONSOLE_PORT=str(port),
-        GATEWAY_CONSOLE_TOKENS=f"bench:{TOKEN}",
-        GATEWAY_LOG_LEVEL="WARNING",
-    )
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gateway", "console", env=env)
+    console = processes.start_console(dsn, TOKEN, log_dir)
     try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        async with aiohttp.ClientSession() as http:
-            while True:
-                try:
-                    async with http.get(f"{base}/login") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                if time.monotonic() > deadline or proc.returncode is not None:
-                    raise SystemExit("gateway console did not start")
-                await asyncio.sleep(0.2)
-        return await measure(base, todo, rounds)
+        await console.wait_ready("/login")
+        return await measure(console.url, todo, rounds)
     finally:
-        proc.terminate()
-        await asyncio.wait_for(proc.wait(), 20)
+        console.stop()
 
 
-async def bench(admin_dsn: str, ns: argparse.Namespace) -> int:
+async def bench(admin_dsn: str, ns: argparse.Namespace, run: contract.Run) -> str:
     async with scratch_database(admin_dsn, "bench_console") as dsn:
         print(
             f"filling: {ns.dead:,} dead events, {ns.outbox:,} outbox rows, {ns.deliveries:,} deliveries",
             flush=True,
         )
         await fill(dsn, ns)
-        timings, baseline = await serve_and_measure(dsn, ns.rounds)
+        timings, baseline = await serve_and_measure(dsn, ns.rounds, run.log_dir)
     width = max(len(t.name) for t in timings)
-    print(f"\n{'page':{width}}  median    max  (target <= {TARGET_MS:.0f} ms, median of {ns.rounds})")
-    for t in timings:
-        verdict = "ok" if t.ok else "MISS"
-        print(f"{t.name:{width}}  {t.median_ms:6.1f}  {t.max_ms:6.1f}  {verdict}")
-    print(f"{'baseline: the stylesheet':{width}}  {baseline:6.1f}")
+    lines = [f"{'page':{width}}  median    max  (median of {ns.rounds})"]
+    lines += [f"{t.name:{width}}  {t.median_ms:6.1f}  {t.max_ms:6.1f}" for t in timings]
+    lines.append(f"{'baseline: the stylesheet':{width}}  {baseline:6.1f}")
+    slowest = max(timings, key=lambda t: t.median_ms)
+    run.target(
+        report.Target(f"the slowest console page ({slowest.name})", slowest.median_ms, TARGET_MS, "<=", " ms")
+    )
     missed = [t.name for t in timings if not t.ok]
-    print(f"\n{len(timings) - len(missed)} of {len(timings)} pages within {TARGET_MS:.0f} ms" + (
-        f"; missed: {', '.join(missed)}" if missed else ""
-    ))  # fmt: skip
-    return 1 if missed else 0
-
-
-async def _configure(admin_dsn: str) -> None:
-    """Our own embedded server only: checkpoints far enough apart for a fill of tens of GB
-    (the default max_wal_size would checkpoint every few seconds of it)."""
-    conn = await asyncpg.connect(admin_dsn)
-    try:
-        await conn.execute("ALTER SYSTEM SET max_wal_size = '8GB'")
-        await conn.execute("ALTER SYSTEM SET checkpoint_timeout = '15min'")
-        await conn.execute("SELECT pg_reload_conf()")
-    finally:
-        await conn.close()
+    run.check(f"every page within {TARGET_MS:.0f} ms", not missed, f"missed: {', '.join(missed)}")
+    run.figures = {"pages": [dataclasses.asdict(t) for t in timings], "baseline_ms": baseline}
+    return "\n".join(lines)
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -254,7 +221,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 async def main(ns: argparse.Namespace) -> int:
+    run = contract.Run(ns)
     with database.server("bench-console") as (admin_dsn, embedded):
         if embedded:
-            await _configure(admin_dsn)
-        return await bench(admin_dsn, ns)
+            await database.configure(admin_dsn, database.BULK_FILL)
+        text = await bench(admin_dsn, ns, run)
+    return run.finish({}, text)

@@ -1,6 +1,6 @@
 """Forwarder throughput and receipt -> downstream latency, against the fake receiver.
 
-    python -m loadtest bench-forward [--deliveries 4000] [--rounds 2] [--seconds 8]
+    python -m loadtest bench-forward [--deliveries 12000] [--rounds 3] [--seconds 8]
 
 Self-contained: an embedded PostgreSQL in a temp dir (or a scratch database on DATABASE_URL),
 the fake receiver in a subprocess (verifying every signature with ``standardwebhooks``), the
@@ -10,7 +10,7 @@ forwarder in this process. Short on purpose: the machine is shared.
    posts the same bodies at the same concurrency, signing each request as it sends it (no
    database), then the forwarder delivers the same number of queued deliveries (claim, sign,
    POST, record) with as many requests in flight. Target: forwarder >= 0.7 x the bare client
-   (best round of each).
+   (the median of the rounds' ratios).
 2. Latency at half the forwarder's saturation rate, through the whole pipeline: inbound
    messages are staged in ``webhook_inbox`` at a constant rate (as the ingest edge commits
    them), the consumers turn them into deliveries, the forwarder posts them; latency is from
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import time
@@ -45,55 +44,16 @@ from gateway.outbound.forwarder import Forwarder
 from gateway.store import deliveries, inbox
 from gateway.store.db import connect, create_pool, migrate
 from gateway.testing import payloads
-from gateway.testing.ports import free_port
 from gateway.testing.scratch import scratch_database
-from loadtest.harness import database
-from loadtest.harness.stats import machine, percentile
+from loadtest.harness import contract, database, processes, report
+from loadtest.harness.receiver import Receiver
+from loadtest.harness.sql import queries
+from loadtest.harness.stats import percentile
 
 DEST = "bench"
+SQL = queries("forwarding.sql")
 TARGET_RATIO = 0.7
 TARGET_P99_MS = 100.0
-
-
-async def _start_receiver(secret: str, port: int, max_s: float) -> asyncio.subprocess.Process:
-    env = {**os.environ, "FAKE_RECEIVER_SECRET": secret}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.testing.fake_receiver",
-        "--port", str(port), "--max-seconds", str(max_s), env=env, stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), 30)
-    if b"listening" not in line:
-        raise RuntimeError(f"fake receiver did not start: {line!r}")
-    return proc
-
-
-class Receiver:
-    """The receiver subprocess's control endpoints."""
-
-    def __init__(self, base: str, session: aiohttp.ClientSession) -> None:
-        self.base = base
-        self.http = session
-
-    async def state(self, ids: bool = False) -> dict[str, Any]:
-        async with self.http.get(f"{self.base}/_fake/state", params={"ids": "1"} if ids else {}) as r:
-            out: dict[str, Any] = await r.json()
-            return out
-
-    async def wait(self, processed: int, timeout_s: float) -> dict[str, Any]:
-        """The state once ``processed`` distinct ids arrived (or at the timeout): one request."""
-        params = {"processed": str(processed), "timeout": str(timeout_s)}
-        async with self.http.get(f"{self.base}/_fake/wait", params=params) as r:
-            out: dict[str, Any] = await r.json()
-            return out
-
-    async def reset(self) -> None:
-        async with self.http.delete(f"{self.base}/_fake/state") as r:
-            assert r.status == 200
-
-    async def config(self, **cfg: Any) -> None:
-        async with self.http.post(f"{self.base}/_fake/config", json=cfg) as r:
-            assert r.status == 200
 
 
 def _rows(prefix: str, n: int) -> list[dict[str, Any]]:
@@ -122,10 +82,7 @@ def _rows(prefix: str, n: int) -> list[dict[str, Any]]:
 async def _queue(pool: asyncpg.Pool, dest_id: int, prefix: str, n: int) -> list[tuple[str, bytes]]:
     """Queue n deliveries (destination disabled meanwhile); their (webhook id, body) pairs."""
     await deliveries.insert_rebuilt(pool, destination_id=dest_id, rows=_rows(prefix, n))
-    recs = await pool.fetch(
-        "SELECT webhook_id, envelope::text AS body FROM deliveries WHERE event_key LIKE $1",
-        f"msg:wamid.{prefix}%",
-    )
+    recs = await pool.fetch(SQL["fw_bodies_like"], f"msg:wamid.{prefix}%")
     return [(r["webhook_id"], r["body"].encode()) for r in recs]
 
 
@@ -150,10 +107,7 @@ async def _baseline(url: str, key: bytes, items: list[tuple[str, bytes]], concur
 
 
 async def _delivered(pool: asyncpg.Pool, prefix: str) -> int:
-    n: int = await pool.fetchval(
-        "SELECT count(*) FROM deliveries WHERE state = 'delivered' AND event_key LIKE $1",
-        f"msg:wamid.{prefix}%",
-    )
+    n: int = await pool.fetchval(SQL["fw_delivered_like"], f"msg:wamid.{prefix}%")
     return n
 
 
@@ -171,10 +125,7 @@ async def _forwarded(
     deadline = started + timeout_s
     if (await rx.wait(n, timeout_s))["processed"] < n:
         raise TimeoutError(f"forwarder did not deliver {n} in {timeout_s}s")
-    while await pool.fetchval(
-        "SELECT count(*) FROM deliveries WHERE destination_id = $1 AND state IN ('pending', 'delivering')",
-        dest_id,
-    ):
+    while await pool.fetchval(SQL["fw_open_of_destination"], dest_id):
         if time.perf_counter() > deadline:
             raise TimeoutError(f"forwarder did not record {n} outcomes in {timeout_s}s")
         await asyncio.sleep(0.002)
@@ -221,16 +172,14 @@ async def _wait_delivered(pool: asyncpg.Pool, prefix: str, n: int, timeout_s: fl
     return True
 
 
-async def _run(dsn: str, args: argparse.Namespace) -> int:
+async def _run(dsn: str, args: argparse.Namespace, run: contract.Run) -> tuple[dict[str, Any], list[str]]:
+    """The phases; (figures, lines of text). Targets and checks go to ``run``."""
     conn = await connect(dsn)
     await migrate(conn)
     await conn.close()
     secret = stdwebhooks.generate_secret()
     key = stdwebhooks.secret_key(secret)
-    port = free_port()
-    proc = await _start_receiver(secret, port, max_s=600)
-    base = f"http://127.0.0.1:{port}"
-    url = f"{base}/hooks"
+    proc = processes.start_receiver(secret, run.log_dir, max_s=600)
     pool = await create_pool(dsn, 2, 10)
     settings = Settings(
         database_url=dsn,
@@ -252,71 +201,82 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
     forwarder = Forwarder(pool, settings)
     fw_task = asyncio.create_task(forwarder.run(stop))
     group_task: asyncio.Task[None] | None = None
-    failures: list[str] = []
+    figures: dict[str, Any] = {}
+    lines: list[str] = []
     try:
-        async with aiohttp.ClientSession() as http:
-            rx = Receiver(base, http)
-            dest_id = await deliveries.add_destination(
-                pool, name=DEST, url=url, events=["message", "status", "account"], secret=secret,
-                # claimed ones count: in flight (concurrency) + queued for a poster (a batch)
-                max_in_flight=9 * args.concurrency, ordered=False,
-            )  # fmt: skip
-            await deliveries.set_enabled(pool, name=DEST, enabled=False)
+        await proc.wait_ready(None)
+        rx = Receiver(proc.url)
+        dest_id = await deliveries.add_destination(
+            pool, name=DEST, url=rx.hooks, events=["message", "status", "account"], secret=secret,
+            # claimed ones count: in flight (concurrency) + queued for a poster (a batch)
+            max_in_flight=9 * args.concurrency, ordered=False,
+        )  # fmt: skip
+        await deliveries.set_enabled(pool, name=DEST, enabled=False)
 
-            # 1. saturation, side by side
-            base_rates: list[float] = []
-            fw_rates: list[float] = []
-            for rnd in range(args.rounds):
-                prefix = f"sat{rnd}_"
-                items = await _queue(pool, dest_id, prefix, args.deliveries)
-                base_rates.append(await _baseline(url, key, items, args.concurrency))
-                await rx.reset()
-                fw_rates.append(await _forwarded(pool, rx, dest_id, prefix, args.deliveries, 120))
-                st = await rx.state()
-                if st["processed"] != args.deliveries or st["bad_signatures"]:
-                    failures.append(f"round {rnd}: receiver processed {st}")
-                await rx.reset()
-                print(f"round {rnd + 1}: bare client {base_rates[-1]:.0f}/s, forwarder {fw_rates[-1]:.0f}/s")
-            best_base, best_fw = max(base_rates), max(fw_rates)
-            ratio = best_fw / best_base
-            rounds = ", ".join(f"{f / b:.2f}" for f, b in zip(fw_rates, base_rates, strict=True))
-            print(
-                f"saturation ({args.deliveries} deliveries/round, concurrency {args.concurrency}): "
-                f"forwarder {best_fw:.0f}/s, bare aiohttp client {best_base:.0f}/s, "
-                f"ratio {ratio:.2f} (rounds: {rounds})"
-            )
-            ok_ratio = ratio >= TARGET_RATIO
-            print(f"target forwarder >= {TARGET_RATIO} x bare: {'met' if ok_ratio else 'NOT met'}")
-
-            # 2. latency at half saturation, Meta webhook receipt -> receiver, with consumers
-            await deliveries.set_enabled(pool, name=DEST, enabled=True)
-            group = ConsumerGroup(pool, settings)
-            group.on_deliveries(forwarder.wake.set)  # as gateway serve wires them
-            group_task = asyncio.create_task(group.run(stop))
-            rate = best_fw / 2
-            receipts = await _pipeline(pool, "lat", rate, args.seconds)
-            if not await _wait_delivered(pool, "lat", len(receipts), 60):
-                failures.append("latency phase: not every event delivered within 60 s")
-            arrived = (await rx.state(ids=True))["ids"]
-            lat_ms = [(arrived[i] - t) * 1000 for i, t in receipts.items() if i in arrived]
-            lost = len(receipts) - len(lat_ms)
-            p50, p99 = percentile(lat_ms, 50), percentile(lat_ms, 99)
-            worst = max(lat_ms, default=float("nan"))
-            mean = statistics.fmean(lat_ms) if lat_ms else float("nan")
-            print(
-                f"receipt -> downstream at {rate:.0f}/s for {args.seconds:.0f} s ({len(receipts)} webhooks, "
-                f"consumers + forwarder in-process): p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
-                f"max {worst:.1f} ms, mean {mean:.1f} ms"
-            )
-            ok_p99 = p99 <= TARGET_P99_MS
-            print(f"target p99 <= {TARGET_P99_MS:.0f} ms: {'met' if ok_p99 else 'NOT met'}")
-            if lost:
-                failures.append(f"latency phase: {lost} events never reached the receiver")
+        # 1. saturation, side by side
+        base_rates: list[float] = []
+        fw_rates: list[float] = []
+        for rnd in range(args.rounds):
+            prefix = f"sat{rnd}_"
+            items = await _queue(pool, dest_id, prefix, args.deliveries)
+            base_rates.append(await _baseline(rx.hooks, key, items, args.concurrency))
             await rx.reset()
+            fw_rates.append(await _forwarded(pool, rx, dest_id, prefix, args.deliveries, 120))
+            st = await rx.state()
+            run.check(
+                f"round {rnd + 1}: every delivery processed once, correctly signed",
+                st["processed"] == args.deliveries and not st["bad_signatures"],
+                f"receiver state {st}",
+            )
+            await rx.reset()
+            sys.stderr.write(
+                f"round {rnd + 1}: bare client {base_rates[-1]:.0f}/s, forwarder {fw_rates[-1]:.0f}/s\n"
+            )
+        ratios = [f / b for f, b in zip(fw_rates, base_rates, strict=True)]
+        run.median("forwarder / bare aiohttp client throughput", ratios, TARGET_RATIO, ">=", "x")
+        lines.append(
+            f"saturation ({args.deliveries} deliveries a round, concurrency {args.concurrency}): "
+            f"forwarder {' / '.join(f'{r:.0f}' for r in fw_rates)}/s, "
+            f"bare aiohttp client {' / '.join(f'{r:.0f}' for r in base_rates)}/s"
+        )
+        figures["saturation"] = {"forwarder": fw_rates, "bare_client": base_rates, "ratios": ratios}
 
-            # 3. faults: 10 % 5xx, 2 % late answers, one outage
-            if args.faults:
-                failures += await _faults(pool, rx, args, rate / 2)
+        # 2. latency at half saturation, Meta webhook receipt -> receiver, with consumers
+        await deliveries.set_enabled(pool, name=DEST, enabled=True)
+        group = ConsumerGroup(pool, settings)
+        group.on_deliveries(forwarder.wake.set)  # as gateway serve wires them
+        group_task = asyncio.create_task(group.run(stop))
+        rate = statistics.median(fw_rates) / 2
+        receipts = await _pipeline(pool, "lat", rate, args.seconds)
+        run.check(
+            "latency phase: every event delivered within 60 s",
+            await _wait_delivered(pool, "lat", len(receipts), 60),
+        )
+        arrived = (await rx.state(ids=True))["ids"]
+        lat_ms = [(arrived[i] - t) * 1000 for i, t in receipts.items() if i in arrived]
+        lost = len(receipts) - len(lat_ms)
+        p50, p99 = percentile(lat_ms, 50), percentile(lat_ms, 99)
+        worst = max(lat_ms, default=float("nan"))
+        lines.append(
+            f"receipt -> downstream at {rate:.0f}/s for {args.seconds:.0f} s ({len(receipts)} webhooks, "
+            f"consumers + forwarder in-process): p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {worst:.1f} ms"
+        )
+        run.target(report.Target("receipt -> downstream 2xx p99 at half the forwarder's saturation", p99,
+                                 TARGET_P99_MS, "<=", " ms"))  # fmt: skip
+        run.check("latency phase: every event reached the receiver", not lost, f"{lost} never did")
+        figures["latency"] = {
+            "rate": rate,
+            "webhooks": len(receipts),
+            "p50_ms": p50,
+            "p99_ms": p99,
+            "max_ms": worst,
+        }
+        await rx.reset()
+
+        # 3. faults: 10 % 5xx, 2 % late answers, one outage
+        if args.faults:
+            figures["faults"], line = await _faults(pool, rx, args, rate / 2, run)
+            lines.append(line)
     finally:
         stop.set()
         if group_task is not None:
@@ -324,15 +284,13 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
         await fw_task
         await forwarder.close()
         await pool.close()
-        proc.terminate()
-        await proc.wait()
-    for f in failures:
-        print(f"ERROR: {f}", file=sys.stderr)
-    print(machine())
-    return 0 if ok_ratio and ok_p99 and not failures else 1
+        proc.stop()
+    return figures, lines
 
 
-async def _faults(pool: asyncpg.Pool, rx: Receiver, args: argparse.Namespace, rate: float) -> list[str]:
+async def _faults(
+    pool: asyncpg.Pool, rx: Receiver, args: argparse.Namespace, rate: float, run: contract.Run
+) -> tuple[dict[str, Any], str]:
     """The pipeline through receiver faults and an outage: nothing lost, nothing processed twice."""
     await rx.config(p_5xx=0.10, p_timeout=0.02, timeout_s=1.5, outage=False)
     half = args.fault_seconds / 2
@@ -350,29 +308,23 @@ async def _faults(pool: asyncpg.Pool, rx: Receiver, args: argparse.Namespace, ra
     st = await rx.state(ids=True)
     processed = set(st["ids"])
     expected = set(receipts)
-    attempts = st["attempts"]
-    states = {
-        r["state"]: r["n"]
-        for r in await pool.fetch(
-            "SELECT state, count(*) AS n FROM deliveries WHERE event_key LIKE 'msg:wamid.flt%' GROUP BY state"
-        )
-    }
-    print(
+    states = {r["state"]: r["n"] for r in await pool.fetch(SQL["fw_states_like"], "msg:wamid.flt%")}
+    line = (
         f"faults ({len(receipts)} webhooks at {rate:.0f}/s, 10 % 5xx, 2 % late answers, "
         f"{args.outage_s:.0f} s outage): receiver processed {len(processed & expected)}, "
-        f"attempts {attempts}, copies deduplicated {st['duplicates']}, answers {st['answered']}, "
+        f"attempts {st['attempts']}, copies deduplicated {st['duplicates']}, answers {st['answered']}, "
         f"deliveries {states}"
     )
-    out = []
-    if not drained or expected - processed:
-        out.append(f"faults: {len(expected - processed)} events never processed by the receiver")
-    if processed - expected:
-        out.append(f"faults: {len(processed - expected)} unexpected ids")
-    if st["bad_signatures"]:
-        out.append(f"faults: {st['bad_signatures']} bad signatures")
-    if states != {"delivered": len(expected)}:
-        out.append(f"faults: deliveries not all delivered: {states}")
-    return out
+    lost = expected - processed
+    run.check(
+        "faults: every event processed by the receiver", drained and not lost, f"{len(lost)} never were"
+    )
+    run.check("faults: no unexpected id", not processed - expected, f"{len(processed - expected)}")
+    run.check("faults: every signature good", not st["bad_signatures"], f"{st['bad_signatures']} bad")
+    run.check("faults: every delivery delivered", states == {"delivered": len(expected)}, f"{states}")
+    figures = {"webhooks": len(receipts), "processed": len(processed & expected), "attempts": st["attempts"],
+               "duplicates": st["duplicates"], "deliveries": states}  # fmt: skip
+    return figures, line
 
 
 HELP = "forwarder vs a bare aiohttp client; receipt -> downstream latency (--faults)"
@@ -380,7 +332,7 @@ HELP = "forwarder vs a bare aiohttp client; receipt -> downstream latency (--fau
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deliveries", type=int, default=12000, help="per saturation round")
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="saturation rounds (the median ratio is judged)")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--seconds", type=float, default=8.0, help="latency phase length")
     p.add_argument("--faults", action="store_true", help="also run the fault scenario")
@@ -394,6 +346,8 @@ async def main(args: argparse.Namespace) -> int:
     from gateway.runtime import tune_gc
 
     tune_gc()
+    run = contract.Run(args, key="bench-forward-faults" if args.faults else None)
     with database.server("bench-forward") as (admin_dsn, _embedded):
         async with scratch_database(admin_dsn, "bench_forward") as dsn:
-            return await _run(dsn, args)
+            figures, lines = await _run(dsn, args, run)
+    return run.finish(figures, "\n".join(lines))

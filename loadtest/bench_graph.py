@@ -35,9 +35,9 @@ import orjson
 
 from gateway.store.db import create_pool
 from gateway.testing.scratch import scratch_database
-from loadtest.harness import database, processes
+from loadtest.harness import contract, database, processes, report
 from loadtest.harness.sql import q
-from loadtest.harness.stats import machine, percentile
+from loadtest.harness.stats import percentile
 
 HELP = "Graph-compatible send answered with the wamid: p99 at half the sender's saturation"
 TARGET_P99_MS = 50.0
@@ -163,25 +163,18 @@ def _summary(latencies: list[float]) -> dict[str, float]:
     return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99), "max": max(latencies)}
 
 
-def verdict(p99_ms: float, wrong: int, rate: float, half: float) -> tuple[str, int]:
-    """The verdict line and the exit status. The target holds at half the sender's saturation:
-    a run at another ``--rate`` says so and judges only the answers."""
+def judge(run: contract.Run, p99_ms: float, wrong: int, rate: float, half: float) -> None:
+    """The target holds at half the sender's saturation: a run at another ``--rate`` says so
+    and judges only the answers."""
     if abs(rate - half) > 0.5:
-        ok = not wrong
-        return (
-            f"run at {rate:.0f}/s, not at half the sender's saturation ({half:.0f}/s): "
-            f"the p99 target is not judged; answers {'all' if ok else 'NOT all'} 200 with a wamid",
-            0 if ok else 1,
-        )
-    ok = p99_ms <= TARGET_P99_MS and not wrong
-    what = "met" if ok else "MISSED"
-    if wrong:
-        what += f", {wrong} answers not 200 with a wamid"
-    return (f"target p99 <= {TARGET_P99_MS:.0f} ms at half the sender's saturation: {what} ({p99_ms:.1f} ms)",
-            0 if ok else 1)  # fmt: skip
+        run.note(f"run at {rate:.0f}/s, not at half the sender's saturation ({half:.0f}/s): p99 not judged")
+    else:
+        name = "graph-compatible send p99 at half the sender's saturation"
+        run.target(report.Target(name, p99_ms, TARGET_P99_MS, "<=", " ms"))
+    run.check("every answer 200 with a wamid", not wrong, f"{wrong} were not")
 
 
-async def _run(dsn: str, args: argparse.Namespace) -> int:
+async def _run(dsn: str, args: argparse.Namespace, run: contract.Run) -> str:
     with tempfile.TemporaryDirectory(prefix="bench-graph-") as tmp:
         async with _running(dsn, Path(tmp)) as (gw_url, fake_url):
             pool = await create_pool(dsn, 1, 4)
@@ -204,29 +197,30 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
                     http, direct, {"Authorization": "Bearer bench"}, rate, args.seconds, 20_000_000
                 )
     g, b = _summary(lat), _summary(base)
-    line, code = verdict(g["p99"], len(wrong), rate, saturation / 2)
-    print(machine())
-    print(f"sender saturation: {', '.join(f'{r:.0f}' for r in rounds)} sends/s (best {saturation:.0f})")
-    print(
+    judge(run, g["p99"], len(wrong), rate, saturation / 2)
+    run.figures = {"saturation": rounds, "rate": rate, "graph_ms": g, "direct_ms": b, "parts": parts}
+    lines = [f"sender saturation: {', '.join(f'{r:.0f}' for r in rounds)} sends/s (best {saturation:.0f})"]
+    lines.append(
         f"graph-compatible sends at {rate:.0f}/s for {args.seconds:.0f} s ({len(lat)} requests): "
         f"p50 {g['p50']:.1f} ms, p99 {g['p99']:.1f} ms, max {g['max']:.1f} ms; "
         f"{len(wrong)} not answered 200 with a wamid"
     )
-    print(
+    lines.append(
         f"baseline, the same bodies straight to the fake provider at {rate:.0f}/s: "
         f"p50 {b['p50']:.1f} ms, p99 {b['p99']:.1f} ms, max {b['max']:.1f} ms ({len(base_wrong)} wrong)"
     )
     for name, what in (("queued", "commit -> claimed by the sender"), ("sent", "claimed -> accepted")):
         x = parts.get(name) or {}
         if x:
-            print(f"  {what}: p50 {x['p50']:.1f} ms, p99 {x['p99']:.1f} ms")
+            lines.append(f"  {what}: p50 {x['p50']:.1f} ms, p99 {x['p99']:.1f} ms")
     for w in wrong[:5]:
-        print(f"  {w}")
-    print(line)
-    return code
+        lines.append(f"  {w}")
+    return "\n".join(lines)
 
 
 async def main(args: argparse.Namespace) -> int:
+    run = contract.Run(args)
     with database.server("bench-graph") as (admin_dsn, _embedded):
         async with scratch_database(admin_dsn, "bench_graph") as dsn:
-            return await _run(dsn, args)
+            text = await _run(dsn, args, run)
+    return run.finish({}, text)

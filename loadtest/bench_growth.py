@@ -19,25 +19,22 @@ and dropped). Sizes are parameters: the machine this runs on decides what is pra
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
-import json
 import random
 import re
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import asyncpg
 
 from gateway.core.settings import Settings
-from gateway.inbound.consumer import Consumer
 from gateway.store import inbox
 from gateway.store import retention as partitions
 from gateway.store.db import connect, create_pool, migrate
 from gateway.testing import payloads
 from gateway.testing.scratch import scratch_database
-from loadtest.harness import database
+from loadtest.harness import consumers, contract, database
+from loadtest.harness import report as report_
 from loadtest.harness.sql import queries
 
 SQL = queries("growth.sql")
@@ -119,14 +116,10 @@ async def measure(pool: asyncpg.Pool, settings: Settings, bodies: list[bytes]) -
         ingest = len(bodies) / (time.perf_counter() - started)
         await conn.execute("VACUUM ANALYZE webhook_inbox")
 
-    async def loop(c: Consumer) -> None:
-        while await c.process_batch():
-            pass
-
     started = time.perf_counter()
-    await asyncio.gather(*(loop(Consumer(pool, settings)) for _ in range(settings.consumer_concurrency)))
+    await consumers.drain(pool, settings)
     consumed = len(bodies) / (time.perf_counter() - started)
-    left = await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state <> 'done'")
+    left = await pool.fetchval(SQL["growth_not_done"])
     if left:
         raise SystemExit(f"{left} staged rows not processed")
     return ingest, consumed
@@ -191,7 +184,7 @@ async def run_layout(dsn: str, name: str, ns: argparse.Namespace, sizes: list[in
     return layout
 
 
-def report(layouts: list[Layout], ns: argparse.Namespace) -> tuple[str, bool]:
+def report(layouts: list[Layout], ns: argparse.Namespace, run: contract.Run) -> str:
     part = next(la for la in layouts if la.name == "partitioned")
     lines = [f"bench-growth: {ns.events} events per point, {ns.concurrency} consumers, batch {ns.batch}"]
     lines.append(
@@ -217,42 +210,18 @@ def report(layouts: list[Layout], ns: argparse.Namespace) -> tuple[str, bool]:
             f"retention of one day ({ns.day_keys:,} keys): {la.retention_how} {la.retention_s:.3f} s"
         )
     ratio = part.points[-1].consumer_events_s / part.points[0].consumer_events_s
-    ok_ratio = ratio >= TARGET_RATIO
-    ok_drop = part.retention_s <= TARGET_DROP_S
-    verdict = {True: "ok", False: "MISSED"}
-    lines.append(
-        f"targets (partitioned): consumers >= {TARGET_RATIO}x empty: {ratio:.2f}x {verdict[ok_ratio]}; "
-        f"one day's retention <= {TARGET_DROP_S:.0f} s: {part.retention_s:.3f} s {verdict[ok_drop]}"
+    run.target(
+        report_.Target(
+            f"partitioned: consumers at {part.points[-1].size:,} keys / the empty table",
+            ratio,
+            TARGET_RATIO,
+            ">=",
+            "x",
+        )
     )
-    return "\n".join(lines), ok_ratio and ok_drop
-
-
-async def bench(admin_dsn: str, ns: argparse.Namespace) -> tuple[int, list[Layout]]:
-    sizes = sorted({int(s) for s in ns.sizes.split(",")} | {0})
-    layouts = []
-    for name in ("partitioned", "unpartitioned"):
-        async with scratch_database(admin_dsn, f"bench_growth_{name}") as dsn:
-            layouts.append(await run_layout(dsn, name, ns, sizes))
-    text, ok = report(layouts, ns)
-    print(text)
-    return (0 if ok else 1), layouts
-
-
-async def _configure(admin_dsn: str, max_wal_size: str) -> None:
-    """Our own embedded server only: the default max_wal_size (1 GB) checkpoints every few
-    seconds while tens of millions of keys are loaded, and each checkpoint makes the next
-    write of every page log the whole page. A server that stores 600 M keys has more."""
-    if not max_wal_size:
-        return
-    if not re.fullmatch(r"[0-9]+(MB|GB)", max_wal_size):
-        raise SystemExit(f"--max-wal-size: a size like 8GB or 512MB, not {max_wal_size!r}")
-    conn = await asyncpg.connect(admin_dsn)
-    try:
-        await conn.execute(f"ALTER SYSTEM SET max_wal_size = '{max_wal_size}'")
-        await conn.execute("ALTER SYSTEM SET checkpoint_timeout = '15min'")
-        await conn.execute("SELECT pg_reload_conf()")
-    finally:
-        await conn.close()
+    run.target(report_.Target(f"partitioned: retention of one day of {ns.day_keys:,} keys", part.retention_s,
+                              TARGET_DROP_S, "<=", " s"))  # fmt: skip
+    return "\n".join(lines)
 
 
 HELP = "throughput as the dedup table grows; DROP vs DELETE retention"
@@ -271,18 +240,19 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="max_wal_size of the embedded server the bench starts ('' keeps the default; "
         "never changed on a DATABASE_URL server)",
     )
-    p.add_argument("--json", default="", help="also write the figures to this JSON file")
 
 
 async def main(ns: argparse.Namespace) -> int:
+    run = contract.Run(ns)
+    if ns.max_wal_size and not re.fullmatch(r"[0-9]+(MB|GB)", ns.max_wal_size):
+        raise SystemExit(f"--max-wal-size: a size like 8GB or 512MB, not {ns.max_wal_size!r}")
+    sizes = sorted({int(s) for s in ns.sizes.split(",")} | {0})
+    layouts = []
     with database.server("bench-growth") as (admin_dsn, embedded):
-        if embedded:
-            await _configure(admin_dsn, ns.max_wal_size)
-        code, layouts = await bench(admin_dsn, ns)
-    if ns.json:
-        doc = {
-            "args": {k: v for k, v in vars(ns).items() if k != "main"},
-            "layouts": [dataclasses.asdict(la) for la in layouts],
-        }
-        Path(ns.json).write_text(json.dumps(doc, indent=2))  # noqa: ASYNC240 - the run is over
-    return code
+        if embedded and ns.max_wal_size:
+            await database.configure(admin_dsn, {**database.BULK_FILL, "max_wal_size": ns.max_wal_size})
+        for name in ("partitioned", "unpartitioned"):
+            async with scratch_database(admin_dsn, f"bench_growth_{name}") as dsn:
+                layouts.append(await run_layout(dsn, name, ns, sizes))
+    text = report(layouts, ns, run)
+    return run.finish({"layouts": [dataclasses.asdict(la) for la in layouts]}, text)

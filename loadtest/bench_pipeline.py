@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import datetime as dt
 import os
 import shutil
 import sys
@@ -39,28 +38,37 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import psutil
 
 from gateway.core import stdwebhooks
-from gateway.store import deliveries
+from gateway.store import deliveries, inbox
 from gateway.store.db import connect
-from loadtest.harness import fixed, forwardcheck, processes, report, segments, sustain, wrk
+from loadtest.harness import (
+    contract,
+    database,
+    fixed,
+    pgstat,
+    pipeline_report,
+    processes,
+    segments,
+    sustain,
+    wrk,
+)
 from loadtest.harness.cpu import CpuMeter, postgres_pids, tree
 from loadtest.harness.driver import run_open
 from loadtest.harness.httpclient import Pool
 from loadtest.harness.options import add_common_args
 from loadtest.harness.payloads import PayloadFactory
 from loadtest.harness.plan import NO_DUPLICATES, build
+from loadtest.harness.receiver import Receivers
 from loadtest.harness.scenarios import SCENARIOS, scenario
 from loadtest.harness.schedule import arrivals, constant
-from loadtest.harness.sql import q
+from loadtest.harness.sql import queries
 from loadtest.harness.stats import percentile
 
 HELP = "webhooks through the default gateway serve to a Standard Webhooks and a Meta-format destination"
-TARGET_P99_MS = 100.0
-TARGET_RSS_MB = 150.0
-CORES = ("server", "postgres", "machine", "steal")
+SQL = queries("forwarding.sql")
+OPEN_CAP = 10_000_000  # counted exactly below it
 DESTINATIONS = {"std": "standard", "meta": "meta"}
 META_SECRET = "bench-pipeline-meta-app-secret"
 # Short retries for a run of minutes (production defaults retry for hours); the receivers are
@@ -88,38 +96,20 @@ def add_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seconds", type=float, default=20.0, help="latency phase length")
     p.add_argument("--soak", type=float, default=0.0, help="seconds of soak after the latency phase")
+    p.add_argument(
+        "--rounds", type=int, default=3, help="rounds of the cost phase (the median ratio is judged)"
+    )
+    p.add_argument("--cost-rate", type=float, default=300.0, help="webhooks/s of the cost phase (0: skip it)")
+    p.add_argument("--cost-seconds", type=float, default=20.0, help="seconds of each side of a cost round")
     p.add_argument("--serve-env", action="append", default=[], metavar="K=V", help="extra env of serve")
     p.add_argument("--name", default="bench-pipeline")
     add_common_args(p)
 
 
-class Receivers:
-    """The two fake receivers, by destination name."""
-
-    def __init__(self, log_dir: Path, max_s: float) -> None:
-        self.secrets = {"std": stdwebhooks.generate_secret(), "meta": META_SECRET}
-        self.procs = {
-            name: forwardcheck.start_receiver(
-                self.secrets[name], log_dir, max_s, meta=fmt == "meta", name=f"receiver-{name}"
-            )
-            for name, fmt in DESTINATIONS.items()
-        }
-
-    async def ready(self) -> None:
-        for p in self.procs.values():
-            await p.wait_ready(None)
-
-    def base(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.procs[name].port}"
-
-    async def call(self, method: str, name: str, path: str, **kw: Any) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as http, http.request(method, self.base(name) + path, **kw) as r:
-            out: dict[str, Any] = await r.json()
-            return out
-
-    def stop(self) -> None:
-        for p in self.procs.values():
-            p.stop()
+def receivers(log_dir: Path, max_s: float) -> Receivers:
+    """A Standard Webhooks and a Meta-format fake receiver."""
+    secrets = {"std": stdwebhooks.generate_secret(), "meta": META_SECRET}
+    return Receivers(log_dir, max_s, DESTINATIONS, secrets)
 
 
 async def _destinations(dsn: str, rx: Receivers, enabled: bool) -> None:
@@ -128,7 +118,7 @@ async def _destinations(dsn: str, rx: Receivers, enabled: bool) -> None:
         for name, fmt in DESTINATIONS.items():
             if await deliveries.get_destination(conn, name=name) is None:
                 await deliveries.add_destination(
-                    conn, name=name, url=rx.base(name) + "/hooks", events=["message", "status", "account"],
+                    conn, name=name, url=rx.clients[name].hooks, events=["message", "status", "account"],
                     secret=rx.secrets[name], max_in_flight=256, ordered=False, format=fmt,
                 )  # fmt: skip
             await deliveries.set_enabled(conn, name=name, enabled=enabled)
@@ -139,7 +129,7 @@ async def _destinations(dsn: str, rx: Receivers, enabled: bool) -> None:
 async def _open_deliveries(dsn: str) -> dict[str, int]:
     conn = await connect(dsn)
     try:
-        rows = await conn.fetch("SELECT state, count(*) AS n FROM deliveries GROUP BY state")
+        rows = await conn.fetch(SQL["fw_states"])
         return {r["state"]: r["n"] for r in rows}
     finally:
         await conn.close()
@@ -152,7 +142,7 @@ async def saturation(ns: argparse.Namespace, dsn: str, serve: processes.Proc, pg
     async def truncate(dsn: str) -> None:
         conn = await connect(dsn)
         try:
-            await conn.execute("TRUNCATE webhook_inbox")
+            await conn.execute(SQL["fw_reset_inbox"])
         finally:
             await conn.close()
 
@@ -165,12 +155,13 @@ async def saturation(ns: argparse.Namespace, dsn: str, serve: processes.Proc, pg
 
 
 async def _open_work(dsn: str) -> tuple[int, int]:
-    """(staged rows pending, deliveries not yet delivered)."""
+    """(staged rows pending, deliveries not yet delivered), as the gateway's own gauges count
+    them (its metrics: whatever its storage, the harness asks it the same way)."""
     conn = await connect(dsn)
     try:
-        row = await conn.fetchrow(q("pipeline_open_work"))
-        assert row is not None
-        return int(row["pending"]), int(row["undelivered"])
+        pending = await inbox.depth(conn, cap=OPEN_CAP)
+        undelivered = sum(g.backlog for g in await deliveries.gauges(conn, cap=OPEN_CAP))
+        return pending, undelivered
     finally:
         await conn.close()
 
@@ -252,8 +243,7 @@ async def latency(
     shots = list(
         build(arrivals(constant(rate, ns.seconds)), scenario("meta-text", factory), factory, NO_DUPLICATES)
     )
-    for name in DESTINATIONS:
-        await rx.call("DELETE", name, "/_fake/state")
+    await rx.reset()
     pool = Pool("127.0.0.1", serve.port, ns.connections, ns.timeout)
     meter = CpuMeter(serve.pid, pg, groups=lambda: _roles(serve, pg, rx))
     meter.start()
@@ -266,10 +256,8 @@ async def latency(
     }  # fmt: skip
     received: dict[str, dict[str, float]] = {}
     for name in DESTINATIONS:
-        st = await rx.call(
-            "GET", name, "/_fake/wait", params={"processed": str(len(events)), "timeout": "60"}
-        )
-        ids = (await rx.call("GET", name, "/_fake/state", params={"ids": "1"}))["ids"]
+        st = await rx.clients[name].wait(len(events), 60)
+        ids = (await rx.clients[name].state(ids=True))["ids"]
         received[name] = ids
         lat = [
             (ids[wid] - sent) * 1000
@@ -308,9 +296,7 @@ def _rss(pid: int) -> dict[str, float]:
 
 
 async def soak(ns: argparse.Namespace, rx: Receivers, serve: processes.Proc, rate: float) -> dict[str, Any]:
-    for name in DESTINATIONS:
-        await rx.call("DELETE", name, "/_fake/state")
-        await rx.call("POST", name, "/_fake/config", json={"count_only": True})
+    await rx.reset(count_only=True)
     samples: list[dict[str, Any]] = []
 
     async def sampler() -> dict[str, float]:
@@ -336,16 +322,102 @@ async def soak(ns: argparse.Namespace, rx: Receivers, serve: processes.Proc, rat
             "rss": per_process}  # fmt: skip
 
 
-def rss_verdict(
-    rss: dict[str, list[tuple[float, float]]], seconds: float
-) -> list[tuple[str, float, float, float]]:
-    """Per process: (name, peak of the first minute, peak of the last minute, peak)."""
-    out = []
-    for name, series in rss.items():
-        first = [v for t, v in series if t <= 60.0] or [series[0][1]]
-        last = [v for t, v in series if t >= seconds - 60.0] or [series[-1][1]]
-        out.append((name, max(first), max(last), max(v for _, v in series)))
+def start_relay(rx: Receivers, log_dir: Path) -> processes.Proc:
+    """The bare relay (loadtest.harness.servers): verify, POST to both receivers, answer."""
+    return processes.start_baseline(
+        "relay", "", processes.DEFAULT_SECRETS, log_dir, 0,
+        ["--std-url", rx.clients["std"].hooks, "--std-secret", rx.secrets["std"],
+         "--meta-url", rx.clients["meta"].hooks, "--meta-dest-secret", rx.secrets["meta"]],
+    )  # fmt: skip
+
+
+async def relay_saturation(ns: argparse.Namespace, relay: processes.Proc, rx: Receivers) -> dict[str, Any]:
+    """The bare relay's throughput with wrk, the best of ``--conns`` (the receivers count only)."""
+    await rx.reset(count_only=True)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
+        reqs = fixed.Requests(ns, Path(tmp))
+        runner = wrk.Wrk(reqs.shared[0], ns.wrk)
+        try:
+            for c in [int(x) for x in ns.conns.split(",") if x.strip()]:
+                r = await runner.run(relay.port, c, ns.fixed_duration)
+                sys.stderr.write(f"relay -c{c}: {r.rate:.0f}/s, p99 {r.p99_ms:.1f} ms, non-2xx {r.non2xx}\n")
+                runs.append({"connections": c, "rate": r.rate, "p99_ms": r.p99_ms, "non2xx": r.non2xx,
+                             "errors": r.socket_errors})  # fmt: skip
+        finally:
+            runner.close()
+    await rx.quiet()
+    await rx.reset(count_only=False)
+    return {"runs": runs, "rate": max((x["rate"] for x in runs), default=0.0)}
+
+
+async def _drive(ns: argparse.Namespace, port: int, rate: float, seconds: float, tag: str) -> tuple[int, int]:
+    """One inbound message per webhook at ``rate`` for ``seconds``; (webhooks, errors)."""
+    factory = PayloadFactory(processes.DEFAULT_SECRETS, ns.seed + 13, run_tag=f"{tag}{time.time_ns():x}")
+    shots = build(arrivals(constant(rate, seconds)), scenario("meta-text", factory), factory, NO_DUPLICATES)
+    pool = Pool("127.0.0.1", port, ns.connections, ns.timeout)
+    try:
+        res = await run_open(shots, pool, duration_s=seconds, progress=False)
+    finally:
+        pool.close()
+    return res.recorder.sent, sum(res.recorder.errors().values())
+
+
+async def cost_round(
+    ns: argparse.Namespace, rnd: int, serve: processes.Proc, relay: processes.Proc, rx: Receivers, dsn: str,
+    pg: Any, statements: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """The bare relay, then serve (both destinations), each at ``--cost-rate``: CPU per webhook
+    from the start of the load until every event reached both receivers (and, for serve, its
+    deliveries' outcomes were recorded)."""
+    await rx.reset()
+    meter = CpuMeter(relay.pid, None)
+    meter.start()
+    sent, errors = await _drive(ns, relay.port, ns.cost_rate, ns.cost_seconds, f"cr{rnd}")
+    missing = await rx.missing(sent)
+    relay_s = meter.used()["server"]
+    out: dict[str, Any] = {"round": rnd}
+    out["relay"] = {
+        "webhooks": sent,
+        "errors": errors,
+        "missing": missing,
+        "us": relay_s / max(sent, 1) * 1e6,
+    }
+    await rx.reset()
+    if statements:
+        statements = await pgstat.reset(dsn)
+    meter = CpuMeter(serve.pid, pg, groups=lambda: _roles(serve, pg, rx))
+    meter.start()
+    sent, errors = await _drive(ns, serve.port, ns.cost_rate, ns.cost_seconds, f"cg{rnd}")
+    missing = await rx.missing(sent)
+    settled = await _settle(dsn)
+    used = meter.used()
+    if statements:
+        out["statements"] = await pgstat.top(dsn)
+    roles = {k: v for k, v in used.items() if k not in ("postgres", "generator", "receivers")}
+    serve_us = sum(roles.values()) / max(sent, 1) * 1e6
+    pg_us = used.get("postgres", 0.0) / max(sent, 1) * 1e6
+    out["gateway"] = {
+        "webhooks": sent, "errors": errors, "missing": missing, "settled_s": settled, "serve_us": serve_us,
+        "postgres_us": pg_us, "us": serve_us + pg_us,
+        "roles_us": {k: v / max(sent, 1) * 1e6 for k, v in roles.items()},
+    }  # fmt: skip
+    out["ratio"] = out["gateway"]["us"] / out["relay"]["us"] if out["relay"]["us"] else float("nan")
+    sys.stderr.write(
+        f"cost round {rnd + 1}: relay {out['relay']['us']:.0f} us/webhook, serve + PostgreSQL "
+        f"{out['gateway']['us']:.0f} us/webhook: {out['ratio']:.2f}x\n"
+    )
     return out
+
+
+async def cost(
+    ns: argparse.Namespace, serve: processes.Proc, relay: processes.Proc, rx: Receivers, dsn: str, pg: Any
+) -> dict[str, Any]:
+    rounds = []
+    for rnd in range(ns.rounds):
+        rounds.append(await cost_round(ns, rnd, serve, relay, rx, dsn, pg, statements=rnd == ns.rounds - 1))
+    statements = rounds[-1].pop("statements", None) if rounds else None
+    return {"rate": ns.cost_rate, "seconds": ns.cost_seconds, "rounds": rounds, "statements": statements}
 
 
 async def main(ns: argparse.Namespace) -> int:
@@ -353,28 +425,32 @@ async def main(ns: argparse.Namespace) -> int:
     if ns.wrk is None and not ns.rate:
         print(wrk.INSTALL, file=sys.stderr)
         return 2
-    ns.results.mkdir(parents=True, exist_ok=True)
-    stem = f"{ns.name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    log_dir = ns.results / f"{stem}-logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    run = contract.Run(ns, key="bench-pipeline-soak" if ns.soak else None)
+    log_dir = run.log_dir
     tmp = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
-    result: dict[str, Any] = {"load_average": list(os.getloadavg()), "parameters": _parameters(ns)}
-    pg, serve, rx = None, None, None
+    result: dict[str, Any] = {}
+    pg, serve, rx, relay = None, None, None, None
     try:
         pg, dsn = processes.start_database(tmp)
+        database.load_statements(pg)
         await processes.migrate(dsn)
-        rx = Receivers(log_dir, max_s=ns.seconds + ns.soak + 3600)
+        rx = receivers(log_dir, max_s=ns.seconds + ns.soak + 3600)
         await rx.ready()
+        relay = start_relay(rx, log_dir)
+        await relay.wait_ready()
         await _destinations(dsn, rx, enabled=False)
         extra = {**SERVE_ENV, **dict(kv.split("=", 1) for kv in ns.serve_env)}
         serve = processes.start_serve(dsn, processes.DEFAULT_SECRETS, log_dir, extra=extra)
         await serve.wait_ready()
+        if not ns.rate:
+            result["saturation"] = await saturation(ns, dsn, serve, pg)
+            result["relay_saturation"] = await relay_saturation(ns, relay, rx)
+        await _destinations(dsn, rx, enabled=True)
+        if ns.cost_rate:
+            result["cost"] = await cost(ns, serve, relay, rx, dsn, pg)
         if ns.rate:
             rate = ns.rate
-            await _destinations(dsn, rx, enabled=True)
         else:
-            result["saturation"] = await saturation(ns, dsn, serve, pg)
-            await _destinations(dsn, rx, enabled=True)
             result["pipeline"] = await pipeline_saturation(ns, serve, dsn, result["saturation"]["rate"])
             rate = (result["pipeline"]["rate"] or ns.probe_min) / 2
         result["latency"] = await latency(ns, rx, serve, rate, dsn, pg)
@@ -382,125 +458,14 @@ async def main(ns: argparse.Namespace) -> int:
             result["soak"] = await soak(ns, rx, serve, rate)
             result["deliveries_drained_s"] = await _settle(dsn)
         result["deliveries"] = await _open_deliveries(dsn)
-        result["load_average_after"] = list(os.getloadavg())
     finally:
-        if serve is not None:
-            serve.stop()
+        for proc in (serve, relay):
+            if proc is not None:
+                proc.stop()
         if rx is not None:
             rx.stop()
         if pg is not None:
             pg.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
-    text = table(result)
-    print(text)
-    verdict = pipeline_verdict(result)
-    jpath, hpath = report.write(ns.results, stem, result, text, [], verdict)
-    print(f"\nresults: {jpath}\n         {hpath}")
-    print(verdict.summary())
-    return 0 if verdict.passed else 1
-
-
-def pipeline_verdict(r: dict[str, Any]) -> report.Verdict:
-    v = report.Verdict()
-    for name, d in r["latency"]["destinations"].items():
-        v.targets.append(
-            report.Target(
-                f"receipt -> {d['format']} destination 2xx p99", d["p99_ms"], TARGET_P99_MS, "<=", " ms"
-            )
-        )
-        for what in ("missing", "duplicates", "bad_signatures"):
-            if d[what]:
-                v.failed_checks.append(f"{name}: {d[what]} {what.replace('_', ' ')}")
-    if r["latency"]["acks"]["errors"]:
-        v.failed_checks.append(f"webhooks not acknowledged: {r['latency']['acks']['errors']}")
-    pipe = r.get("pipeline")
-    if pipe is not None and not pipe["rate"]:
-        v.failed_checks.append(f"the pipeline kept up at no rate probed (from {pipe['low']:.0f}/s)")
-    sat = r.get("saturation")
-    if sat is not None:
-        for run in sat["runs"]:
-            if not fixed.kept_up(run):
-                v.failed_checks.append(f"saturation -c{run['connections']}: the consumers fell behind")
-    if "soak" in r:
-        s = r["soak"]
-        for name, first, last, peak in rss_verdict(s["rss"], s["seconds"]):
-            v.targets.append(report.Target(f"RSS {name} peak", peak, TARGET_RSS_MB, "<=", " MB"))
-            v.targets.append(
-                report.Target(
-                    f"RSS {name} last-minute growth", last - first, min(20.0, 0.1 * first), "<=", " MB"
-                )
-            )
-        if r.get("deliveries_drained_s") is None:
-            v.failed_checks.append("deliveries not drained within 120 s after the soak")
-        if set(r["deliveries"]) - {"delivered"}:
-            v.failed_checks.append(f"deliveries not all delivered: {r['deliveries']}")
-    return v
-
-
-def table(r: dict[str, Any]) -> str:
-    start = " / ".join(f"{x:.2f}" for x in r["load_average"])
-    end = " / ".join(f"{x:.2f}" for x in r.get("load_average_after", []))
-    out = f"load average (1, 5, 15 min) at the start {start}, at the end {end}\n"
-    if "saturation" in r:
-        runs = r["saturation"]["runs"]
-        out += "\ningest saturation of the default serve (destinations disabled)\n" + report.table(
-            ("conns", "req/s", "p99 ms", "backlog end", "drained s", "cores srv / pg / machine / stolen"),
-            [
-                (str(x["connections"]), f"{x['rate']:.0f}", f"{x['p99_ms']:.1f}", str(x["backlog_end"]),
-                 str(x["drain_s"]), " / ".join(f"{x['cpu'].get(k, 0):.2f}" for k in CORES))
-                for x in runs
-            ],
-        )  # fmt: skip
-    if "pipeline" in r:
-        pipe = r["pipeline"]
-        out += (
-            f"\n\npipeline saturation (both destinations enabled): {pipe['rate']:.0f} webhooks/s "
-            f"(kept up there; fell behind at {pipe['high']:.0f}/s)\n"
-        )
-        out += report.table(
-            ("probe req/s", "staged left", "deliveries left", "errors", "kept up", "settled s"),
-            [
-                (f"{x['rate']:.0f}", str(x["pending"]), str(x["undelivered"]), str(x["errors"]),
-                 "yes" if x["kept_up"] else "no", str(x["settled_s"]))
-                for x in pipe["probes"]
-            ],
-        )  # fmt: skip
-    lat = r["latency"]
-    seconds = r["parameters"]["seconds"]
-    out += (
-        f"\n\nreceipt -> downstream 2xx at {lat['rate']:.0f} webhooks/s for {seconds:.0f} s "
-        f"({lat['events']} events, each to both destinations)\n"
-    )
-    out += report.table(
-        ("destination", "format", "p50 ms", "p90", "p99", "max", "processed", "missing", "dups", "bad sig"),
-        [
-            (name, d["format"], *(f"{d[k]:.1f}" for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")),
-             str(d["processed"]), str(d["missing"]), str(d["duplicates"]), str(d["bad_signatures"]))
-            for name, d in lat["destinations"].items()
-        ],
-    )  # fmt: skip
-    out += "\n\nwhere the time went (every event and destination; the database's and receivers' clocks)\n"
-    out += report.table(
-        ("segment", "p50 ms", "p90", "p99"),
-        [
-            (k, *(f"{v[q]:.1f}" for q in ("p50_ms", "p90_ms", "p99_ms")))
-            for k, v in lat.get("segments", {}).items()
-        ],
-    )
-    out += "\ncores used meanwhile: " + ", ".join(f"{k} {v:.2f}" for k, v in lat.get("cores", {}).items())
-    out += " (steal: taken by the hypervisor)" if lat.get("cores", {}).get("steal") else ""
-    if "soak" in r:
-        s = r["soak"]
-        out += f"\n\nsoak: {s['seconds']:.0f} s at {s['rate']:.0f}/s, {s['sent']} webhooks"
-        out += f", errors {s['errors']}\n"
-        out += report.table(
-            ("process", "first minute peak MB", "last minute peak MB", "peak MB"),
-            [(n, f"{a:.1f}", f"{b:.1f}", f"{c:.1f}") for n, a, b, c in rss_verdict(s["rss"], s["seconds"])],
-        )
-        out += f"\ndeliveries drained {r.get('deliveries_drained_s')} s after the soak"
-    out += f"\ndeliveries by state: {r.get('deliveries')}"
-    return out
-
-
-def _parameters(ns: argparse.Namespace) -> dict[str, Any]:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(ns).items() if k not in ("main", "func")}
+    result["parameters"] = contract.parameters(ns)
+    return run.finish(result, pipeline_report.table(result), verdict=pipeline_report.verdict(result))

@@ -29,50 +29,57 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
-import itertools
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import orjson
-
-from gateway.core.messages import callback_data
-from gateway.testing.ports import free_port
-from loadtest.harness import driver, options, plan, poison, processes, redact, verify
-from loadtest.harness.httpclient import Pool
-from loadtest.harness.payloads import PayloadFactory, Secrets
+from loadtest.harness import contract, driver, failover, poison, processes, verify
+from loadtest.harness.chaoskit import (
+    Cast,
+    TimedPool,
+    fake_faults,
+    fake_received,
+    outage_figures,
+    send_checks,
+    send_load,
+    webhook_load,
+)
+from loadtest.harness.payloads import PayloadFactory
 from loadtest.harness.resilient import Db
-from loadtest.harness.scenarios import scenario
-from loadtest.harness.schedule import arrivals, constant
 from loadtest.harness.sql import q
 from loadtest.harness.stats import Ledger
 
-TENANT = "chaos"
-API_KEY = "chaos-api-key-0123456789"
-NUMBER = "100200300"
 # Offsets inside a round, seconds.
 KILL_GATEWAY_AT, KILL_CONSUMER_AT, KILL_SENDER_AT, HANG_AT, DB_STOP_AT = 1.0, 5.0, 8.0, 10.0, 12.0
 POISON_AT = 3.0
 # The forgotten session: from this long before the round's end, until 2 s before it.
 FORGET_BEFORE_END_S, FORGET_HOLD_S = 15.0, 13.0
-PAIR_SLACK_S = 0.25  # clock and network jitter between the claim and the fake's receipt
 
 
 HELP = "kill and restart every part, PostgreSQL included, under load; verify"
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--failover",
+        action="store_true",
+        help="instead: a Patroni cluster (etcd, 3 nodes, synchronous standby) whose primary is killed "
+        "or frozen each round (loadtest.harness.failover; needs etcd and `make ha`)",
+    )
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--round-s", type=float, default=40.0, help="seconds per round (>= 25)")
+    p.add_argument(
+        "--round-s",
+        type=float,
+        default=None,
+        help="seconds per round (default 40, >= 25; --failover: 60, >= 50)",
+    )
     p.add_argument("--outage-s", type=float, default=5.0, help="seconds PostgreSQL stays down")
     p.add_argument("--rate", type=float, default=100.0, help="webhook requests/s")
     p.add_argument("--send-rate", type=float, default=4.0, help="sends/s through the send API")
@@ -80,7 +87,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair-interval-s", type=float, default=2.0, help="GATEWAY_PAIR_INTERVAL_S for the run")
     p.add_argument("--drain-timeout", type=float, default=180.0)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--results", type=Path, default=options.RESULTS)
 
 
 @dataclass
@@ -122,174 +128,6 @@ class Postgres:
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self._pg_ctl("-m", "fast", "-w", "stop")
-
-
-class TimedPool(Pool):
-    """The load's pool, logging when each answer came and its status."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.answers: list[tuple[float, int]] = []
-        self.failures: list[float] = []
-
-    async def request(self, wire: bytes) -> int:
-        try:
-            status = await super().request(wire)
-        except Exception:
-            self.failures.append(time.monotonic())
-            raise
-        self.answers.append((time.monotonic(), status))
-        return status
-
-
-class Cast:
-    """The processes under test; each role restarts under a new log file."""
-
-    def __init__(self, dsn: str, secrets: Secrets, log_dir: Path, fake_url: str, pair_s: float) -> None:
-        self.dsn = dsn
-        self.secrets = secrets
-        self.log_dir = log_dir
-        self.port = free_port()
-        self.env = {
-            "GATEWAY_GRAPH_URL": f"{fake_url}/v21.0",
-            "GATEWAY_GRAPH_TOKEN": "chaos-token",
-            "GATEWAY_API_KEYS": f"{TENANT}:{API_KEY}",
-            "GATEWAY_PAIR_INTERVAL_S": str(pair_s),
-            "GATEWAY_SEND_READ_TIMEOUT_MS": "2000",
-            "GATEWAY_SEND_POLL_MS": "200",
-            "GATEWAY_CONSUMER_POLL_MS": "200",
-            "GATEWAY_LOG_LEVEL": "warning",
-            # Maintenance passes every few seconds (a forgotten session meets several), and
-            # poisoned events reach their last attempt within the run.
-            "GATEWAY_PURGE_INTERVAL_S": "5",
-            "GATEWAY_MAX_ATTEMPTS": "3",
-            "GATEWAY_RETRY_MAX_MS": "2000",
-        }
-        self.procs: dict[str, processes.Proc] = {}
-        self._n = itertools.count(1)
-
-    def start(self, role: str) -> processes.Proc:
-        command = {"gateway": "serve", "consumer": "consume", "sender": "send"}[role]
-        port = self.port if role == "gateway" else free_port()
-        env = processes.gateway_env(self.dsn, port, self.secrets, consumers=False, extra=self.env)
-        argv = [sys.executable, "-m", "gateway", command]
-        proc = processes.Proc(role, argv, env, self.log_dir / f"{role}-{next(self._n)}.log", port)
-        self.procs[role] = proc
-        return proc
-
-    def kill(self, role: str) -> None:
-        proc = self.procs[role]
-        if proc.alive():
-            proc.popen.kill()
-        proc.stop()  # reaps it and closes its log
-
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            proc.stop()
-
-
-async def send_load(
-    url: str, rate: float, recipients: int, stop: asyncio.Event, accepted: set[str], counts: Counter[str]
-) -> None:
-    """POST /v1/messages at ``rate``; a key not answered 202 is retried (same key, same body)."""
-    retry: list[tuple[str, dict[str, Any]]] = []
-    seq = itertools.count(1)
-    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
-    timeout = aiohttp.ClientTimeout(total=5)
-    async with aiohttp.ClientSession(timeout=timeout) as http:
-        while not stop.is_set():
-            if retry:
-                key, body = retry.pop(0)
-            else:
-                i = next(seq)
-                key = f"chaos-{i}"
-                to = f"49151{i % recipients:07d}"
-                body = {"to": to, "phone_number_id": NUMBER, "type": "text", "text": {"body": f"chaos {i}"}}
-            try:
-                async with http.post(
-                    f"{url}/v1/messages", data=orjson.dumps(body), headers={**headers, "Idempotency-Key": key}
-                ) as r:
-                    counts[str(r.status)] += 1
-                    if r.status in (200, 202):
-                        accepted.add(key)
-                    elif r.status >= 500 or r.status == 409:
-                        retry.append((key, body))
-            except (aiohttp.ClientError, TimeoutError):
-                counts["error"] += 1
-                retry.append((key, body))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1 / rate)
-
-
-async def fake_faults(fake_url: str, rules: list[dict[str, Any]]) -> None:
-    async with aiohttp.ClientSession() as http, http.post(f"{fake_url}/_fake/faults", json=rules) as r:
-        r.raise_for_status()
-
-
-async def fake_received(fake_url: str) -> list[dict[str, Any]]:
-    async with aiohttp.ClientSession() as http, http.get(f"{fake_url}/_fake/received") as r:
-        r.raise_for_status()
-        data: list[dict[str, Any]] = await r.json()
-        return data
-
-
-def send_checks(
-    received: list[dict[str, Any]], outbox: dict[str, str], accepted: set[str], pair_s: float
-) -> tuple[list[verify.Check], dict[str, Any]]:
-    """Pure: what customers received (the fake's log) against the outbox and the API's answers."""
-    per_row = Counter(r["callback_data"] for r in received)
-    twice = [c for c, n in per_row.items() if n > 1]
-    orphans = [c for c in per_row if c not in outbox]
-    missing = [k for k in accepted if callback_data(TENANT, k) not in outbox]
-    by_to: dict[str, list[float]] = defaultdict(list)
-    for r in received:
-        by_to[r["to"]].append(float(r["at"]))
-    gaps = [b - a for ts in by_to.values() for a, b in itertools.pairwise(sorted(ts))]
-    close = [g for g in gaps if g < pair_s - PAIR_SLACK_S]
-    checks = [
-        verify.Check(
-            "sends: each row sent at most once",
-            not twice,
-            f"{len(twice)} rows received twice or more",
-            tuple(twice[:3]),
-        ),
-        verify.Check(
-            "sends: nothing received without its row",
-            not orphans,
-            f"{len(orphans)} unknown",
-            tuple(orphans[:3]),
-        ),
-        verify.Check(
-            "sends: every 202 in the outbox",
-            not missing,
-            f"{len(missing)} of {len(accepted)} missing",
-            tuple(missing[:3]),
-        ),
-        verify.Check(
-            "sends: pair interval kept",
-            not close,
-            f"{len(close)} gaps under {pair_s:g} s (min gap {min(gaps, default=float('nan')):.2f} s)",
-        ),
-    ]
-    stats = {
-        "accepted": len(accepted),
-        "received": len(received),
-        "outbox_states": dict(Counter(outbox.values())),
-        "min_gap_s": round(min(gaps), 3) if gaps else None,
-    }
-    return checks, stats
-
-
-def outage_figures(
-    answers: list[tuple[float, int]], failures: list[float], stopped: float, started: float
-) -> tuple[int, int, float]:
-    """Pure: (503s, other failures) from the stop to the first 200 after the start, and the
-    seconds from the start to that 200 (NaN if none)."""
-    first = next((t for t, s in sorted(answers) if t > started and s == 200), float("nan"))
-    end = first if first == first else float("inf")
-    n503 = sum(1 for t, s in answers if stopped <= t <= end and s == 503)
-    other = sum(1 for t in failures if stopped <= t <= end)
-    return n503, other, first - started
 
 
 @dataclass
@@ -389,11 +227,13 @@ def table(rounds: list[Round]) -> str:
 
 
 async def main(ns: argparse.Namespace) -> int:
+    if ns.failover:
+        return await failover.main(ns)
+    ns.round_s = ns.round_s or 40.0
     if ns.round_s < 25:
         raise SystemExit("--round-s must be at least 25 (the schedule's steps take that long)")
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    log_dir = ns.results / f"chaos-{stamp}-logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    run = contract.Run(ns)
+    log_dir = run.log_dir
     tmp = Path(tempfile.mkdtemp(prefix="chaos-"))
     os.chmod(tmp, 0o755)  # noqa: S103 - the postgres user must traverse it
     secrets = processes.DEFAULT_SECRETS
@@ -406,7 +246,8 @@ async def main(ns: argparse.Namespace) -> int:
     stop_sends = asyncio.Event()
     accepted: set[str] = set()
     send_counts: Counter[str] = Counter()
-    code = 1
+    result: dict[str, Any] = {}
+    lines: list[str] = []
     try:
         await fake.wait_ready(path=None)
         gw = cast.start("gateway")
@@ -420,21 +261,9 @@ async def main(ns: argparse.Namespace) -> int:
         )
         start_id = int(await db.wait(lambda conn: conn.fetchval(q("lt_inbox_max_id")), 30))
         duration = ns.rounds * ns.round_s + 5
-        factory = PayloadFactory(secrets, ns.seed, run_tag=f"c{os.getpid():x}{int(time.time()):x}")
-        shots = plan.build(
-            arrivals(constant(ns.rate, duration)),
-            scenario("mixed", factory),
-            factory,
-            plan.Mix(0.02, 0.03, 0.02, 0.01, 2.0),
-            ns.seed,
-        )
-        ledger = Ledger()
-        pool = TimedPool("127.0.0.1", cast.port, 256, 10.0)
+        factory, ledger, pool, load = webhook_load(secrets, ns.seed, ns.rate, duration, "c", cast.port)
         sends = asyncio.create_task(
             send_load(gw.url, ns.send_rate, ns.recipients, stop_sends, accepted, send_counts)
-        )
-        load = asyncio.create_task(
-            driver.run_open(shots, pool, duration_s=duration, ledger=ledger, progress=False, prewarm=16)
         )
         bad = Bad(factory, ledger, dsn)
         rounds = await run_rounds(ns, pg, cast, db, pool, fake.url, start_id, bad)
@@ -455,28 +284,23 @@ async def main(ns: argparse.Namespace) -> int:
         checks, send_stats = send_checks(await fake_received(fake.url), outbox, accepted, ns.pair_interval_s)
         verdict.checks += checks
         summary = driver.summary_row(res)
-        text = table(rounds)
-        print(text)
-        print(f"\nwebhooks: {summary['sent']} sent, outcomes {dict(res.recorder.outcomes)}")
-        print(f"sends: API answers {dict(send_counts)}; {send_stats}")
-        print(
+        lines = [
+            table(rounds),
+            f"\nwebhooks: {summary['sent']} sent, outcomes {dict(res.recorder.outcomes)}",
+            f"sends: API answers {dict(send_counts)}; {send_stats}",
             f"bad inputs: {len(bad.poison.dead)} poisoned bodies stored, "
-            f"{bad.poison.sessions} forgotten sessions; {'; '.join(bad.poison.notes) or 'no notes'}"
-        )
+            f"{bad.poison.sessions} forgotten sessions; {'; '.join(bad.poison.notes) or 'no notes'}",
+        ]
         for c in verdict.checks:
-            print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}")
+            lines.append(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}")
+            run.check(c.name, c.ok, c.detail)
+        lines.append(f"logs: {log_dir}")
         result = {
-            "parameters": {k: str(v) for k, v in vars(ns).items() if k != "func"},
             "rounds": [asdict(r) for r in rounds],
             "webhooks": summary,
             "sends": {"answers": dict(send_counts), **send_stats},
             "verification": verdict.as_dict(),
         }
-        path = ns.results / f"chaos-{stamp}.json"
-        path.write_bytes(orjson.dumps(redact.redact(result), option=orjson.OPT_INDENT_2))  # no secrets
-        print(f"\nresults: {path}\nlogs: {log_dir}")
-        code = 0 if verdict.ok else 1
-        print("PASS" if code == 0 else "FAIL: verification found violations (see above)")
     finally:
         stop_sends.set()
         cast.stop_all()
@@ -486,4 +310,4 @@ async def main(ns: argparse.Namespace) -> int:
         with contextlib.suppress(Exception):
             server.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
-    return code
+    return run.finish(result, "\n".join(lines))

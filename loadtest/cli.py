@@ -2,7 +2,10 @@
 
 Every command is a module of this package with the same three names: ``HELP`` (its line in
 ``--help``), ``add_args(parser)`` and ``async main(ns) -> int`` (the exit status: non-zero
-when a check fails or a target is missed). The library they share is loadtest.harness."""
+when a check fails or a target is missed). Those that measure hand their figures, targets
+and checks to loadtest.harness.contract, which judges, prints and writes them. ``COMMANDS``
+is the one list of them: loadtest/README.md's layout and the import-linter contract for
+loadtest (pyproject.toml) are tested against it. The library they share is loadtest.harness."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import sys
 from types import ModuleType
 
 from gateway.runtime import install_uvloop, setup_logging
+from loadtest.harness import contract
 
 COMMANDS = (
     "run",
@@ -28,11 +32,17 @@ COMMANDS = (
     "bench-console",
     "verify",
     "render",
+    "render-benchmarks",
 )
 
 
+def module_name(name: str) -> str:
+    """The module of a command: ``bench-ingest`` -> ``bench_ingest``."""
+    return name.replace("-", "_")
+
+
 def command(name: str) -> ModuleType:
-    return importlib.import_module(f"loadtest.{name.replace('-', '_')}")
+    return importlib.import_module(f"loadtest.{module_name(name)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,13 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_args(p)
-        p.set_defaults(main=module.main)
+        contract.add_args(p)
+        p.set_defaults(main=module.main, command=name)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     setup_logging("WARNING")
-    ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    ns = build_parser().parse_args(args)
+    ns.argv = list(args)
     install_uvloop()
     code: int = asyncio.run(ns.main(ns))
     return code

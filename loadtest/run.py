@@ -17,9 +17,20 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.testing.ports import free_port
-from loadtest.harness import database, driver, forwardcheck, options, plan, processes, redact, report, verify
+from loadtest.harness import (
+    contract,
+    database,
+    driver,
+    forwardcheck,
+    options,
+    plan,
+    processes,
+    report,
+    verify,
+)
 from loadtest.harness.httpclient import Pool
 from loadtest.harness.payloads import PayloadFactory, Secrets
+from loadtest.harness.receiver import Receiver
 from loadtest.harness.resilient import Db
 from loadtest.harness.scenarios import SCENARIOS, scenario
 from loadtest.harness.schedule import Profile, arrivals, constant, parse_profile
@@ -88,7 +99,7 @@ class Target:
     port: int
     dsn: str | None
     gateway_pid: int | None
-    receiver: str | None = None  # the fake receiver's base URL (run --forward)
+    receiver: Receiver | None = None  # the fake receiver (run --forward)
 
 
 @contextlib.asynccontextmanager
@@ -104,16 +115,16 @@ async def self_contained(
         if not dsn:
             server, dsn = processes.start_database(tmp)
         await processes.migrate(dsn)
-        receiver: str | None = None
+        receiver: Receiver | None = None
         if getattr(ns, "forward", False):
             fmt = ns.forward_format
             secret = forwardcheck.new_secret(fmt)
             max_s = ns.duration + ns.drain_timeout + 600
-            rx = forwardcheck.start_receiver(secret, log_dir, max_s=max_s, meta=fmt == "meta")
+            rx = processes.start_receiver(secret, log_dir, max_s=max_s, meta=fmt == "meta")
             procs.append(rx)
             await rx.wait_ready(path=None)
-            receiver = rx.url
-            await forwardcheck.register(dsn, f"{rx.url}/hooks", secret, fmt)
+            receiver = Receiver(rx.url)
+            await forwardcheck.register(dsn, receiver.hooks, secret, fmt)
             extra_env = {**forwardcheck.GATEWAY_ENV, **extra_env}
         fake_port = free_port()
         gw = processes.start_gateway(
@@ -170,8 +181,8 @@ def make_sampler(db: Db | None, start_id: int, pid: int | None) -> driver.Sample
     return sample
 
 
-async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> tuple[int, dict[str, Any]]:
-    """One run against ``target``; returns (exit code, result).
+async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> dict[str, Any]:
+    """One run against ``target``; its result (judged by ``report.run_verdict``).
 
     The harness's own database connections survive a database restart during the run (they
     reconnect), so a run that takes PostgreSQL away still ends with a verification.
@@ -229,9 +240,8 @@ async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> t
         if db is not None:
             await db.close()
     summary = driver.summary_row(res)
-    bad_accepted = {k: v for k, v in summary["errors"].items() if k.startswith("bad_signature_got_")}
     result: dict[str, Any] = {
-        "parameters": {k: str(v) if isinstance(v, Path) else v for k, v in vars(ns).items() if k != "func"},
+        "parameters": contract.parameters(ns),
         "target_rate": profile.expected_count() / profile.duration,
         "duration_s": profile.duration,
         "started": started.isoformat(),
@@ -248,9 +258,7 @@ async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> t
         res.warnings.append("Meta events only: no Tenashi secret given")
     if forwarding is not None:
         result["forwarding"] = forwarding
-    failed = (verdict is not None and not verdict.ok) or bool(bad_accepted)
-    failed = failed or (forwarding is not None and not forwarding["ok"])
-    return (1 if failed else 0), result
+    return result
 
 
 def minute_rows(ack: list[dict[str, float]], samples: list[dict[str, float]]) -> list[dict[str, float]]:
@@ -280,11 +288,8 @@ def secrets_from(ns: argparse.Namespace, self_contained_mode: bool) -> Secrets:
 
 
 async def main(ns: argparse.Namespace) -> int:
-    ns.results.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    stem = f"{ns.name}-{stamp}"
-    log_dir = ns.results / f"{stem}-logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    run = contract.Run(ns)
+    log_dir = run.log_dir
     extra_env = dict(kv.split("=", 1) for kv in ns.gateway_env)
     if ns.url:
         u = urlsplit(ns.url)
@@ -292,11 +297,11 @@ async def main(ns: argparse.Namespace) -> int:
         target = Target(u.hostname or "127.0.0.1", u.port or 80, ns.database_url, None)
         if not target.dsn and not ns.no_verify:
             sys.stderr.write(database.no_database_hint() + "\n")
-        code, result = await execute(ns, target, secrets)
+        result = await execute(ns, target, secrets)
     else:
         secrets = secrets_from(ns, True)
         async with self_contained(ns, secrets, log_dir, not ns.no_consumers, extra_env) as target:
-            code, result = await execute(ns, target, secrets)
+            result = await execute(ns, target, secrets)
     verdict = report.run_verdict(result, p50_ms=ns.target_p50_ms, p99_ms=ns.target_p99_ms)
     if ns.no_verify:
         verdict.notes = ["not verified (--no-verify)"]
@@ -307,11 +312,5 @@ async def main(ns: argparse.Namespace) -> int:
         text += "\n" + forwardcheck.describe(result["forwarding"])
     for w in result["warnings"]:
         text += f"\nWARNING: {w}"
-    shown = {secrets.meta, secrets.tenashi}
-    print(redact.redact_text(text, {v for v in shown if v}))
-    jpath, hpath = report.write(
-        ns.results, stem, result, text, report.run_charts(result, verdict), verdict, secrets=shown - {""}
-    )
-    print(f"\nresults: {jpath}\n         {hpath}")
-    print(verdict.summary())
-    return code if code else (0 if verdict.passed else 1)
+    shown = {v for v in (secrets.meta, secrets.tenashi) if v}
+    return run.finish(result, text, report.run_charts(result, verdict), secrets=shown, verdict=verdict)

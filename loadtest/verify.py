@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from gateway.store.db import connect
-from loadtest.harness import report, verify
+from loadtest.harness import contract, report, verify
 from loadtest.harness.sql import q
 from loadtest.harness.stats import Ledger
 
@@ -37,15 +37,15 @@ async def main(ns: argparse.Namespace) -> int:
         if ns.ledger is None:
             sys.stderr.write("verify needs --mark or --ledger\n")
             return 2
+        run = contract.Run(ns)
         ledger = Ledger.from_json(ns.ledger.read_bytes())
         consumers = False if ns.no_consumers else None
         verdict = await verify.verify(conn, ledger.entries, ns.start_id, ns.drain_timeout, consumers)
     finally:
         await conn.close()
-    print(
-        report.table(
-            ("check", "ok", "detail"), [(c.name, "yes" if c.ok else "NO", c.detail) for c in verdict.checks]
-        )
+    for c in verdict.checks:
+        run.check(c.name, c.ok, c.detail)
+    text = report.table(
+        ("check", "ok", "detail"), [(c.name, "yes" if c.ok else "NO", c.detail) for c in verdict.checks]
     )
-    print("PASS" if verdict.ok else "FAIL: the database does not match what was sent")
-    return 0 if verdict.ok else 1
+    return run.finish({"verification": verdict.as_dict()}, text)

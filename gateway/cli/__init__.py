@@ -10,9 +10,18 @@ import sys
 from collections.abc import Callable
 
 from gateway import __version__, runtime, tracing
+from gateway.cli import guard
 from gateway.cli.common import Command
 from gateway.cli.downstream import cmd_deliveries, cmd_destinations, deliveries_args, destinations_args
-from gateway.cli.operators import cmd_dead, cmd_outbox, cmd_senders, dead_args, outbox_args, senders_args
+from gateway.cli.operators import (
+    cmd_dead,
+    cmd_lanes,
+    cmd_outbox,
+    cmd_senders,
+    dead_args,
+    outbox_args,
+    senders_args,
+)
 from gateway.cli.processes import (
     cmd_console,
     cmd_consume,
@@ -48,6 +57,7 @@ COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None
         cmd_senders,
         senders_args,
     ),
+    "lanes": ("the staging log's lanes: owner, lease and how far each cursor has read", cmd_lanes, None),
     "forward": ("run the forwarder (deliveries → downstream destinations) alone", cmd_forward, None),
     "destinations": (
         "downstream destinations: add NAME URL --events … | list | rotate-secret | disable | enable | remove",
@@ -72,7 +82,8 @@ COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None
 # What `gateway COMMAND --help` says: what the command does, what it needs, how it ends.
 HELP: dict[str, str] = {
     "serve": """Run the HTTP gateway: Meta's and Tenashi's webhooks (answered 200 only after the raw body
-is committed), the send API (/v1/messages), /healthz, /readyz and /metrics. Unless switched off
+is committed), the send API (/v1/messages), /healthz and /readyz; /metrics on GATEWAY_METRICS_PORT
+(a listener of its own; never the public port, unless it is GATEWAY_PORT itself). Unless switched off
 (GATEWAY_RUN_CONSUMERS, GATEWAY_RUN_SENDER, GATEWAY_RUN_FORWARDER = false) it also runs the
 consumers, the sender and the forwarder.
 
@@ -86,10 +97,11 @@ Processes, by core count unless set: with two cores or more, HTTP workers on the
 (--workers N, GATEWAY_WORKERS; default 0 = one per core less one) and one process of its own
 for the consumers, sender and forwarder (GATEWAY_SERVE_SERVICES=process); on one core, one
 process runs everything (inline). A parent starts the database and migrates once, restarts a
-child that dies and forwards SIGTERM; /metrics on any worker reports all (docs/scaling.md).
+child that dies and forwards SIGTERM; /metrics of any worker reports all (docs/scaling.md).
 
 Examples:
   GATEWAY_META_APP_SECRETS=<app secret> GATEWAY_META_VERIFY_TOKEN=<token> gateway serve
+  GATEWAY_METRICS_PORT=9100 gateway serve  # Prometheus scrapes :9100/metrics
   GATEWAY_WORKERS=4 gateway serve          # or: gateway serve --workers 4
   GATEWAY_SERVE_SERVICES=inline gateway serve --workers 1   # one process, everything in it""",
     "migrate": """Apply the pending database migrations and exit (0). Safe to run from several places at
@@ -122,11 +134,15 @@ Examples:
   gateway dead replay --since 2026-11-30T08:00 --until 2026-11-30T09:00
   gateway dead replay --all""",
     "outbox": """Outbox rows an operator decides on: sends parked for review (their fate stayed unknown and
-their policy is review), failed or unknown ones.
+their policy is review), failed or unknown ones. A release never sends a row the provider
+accepted, nor an unknown one inside its reconcile window (GATEWAY_RECONCILE_WINDOW_S from when
+its fate became unknown: its status may still come) unless --i-know-it-may-duplicate says the
+customer may get it twice (the audit log records it). `gateway outbox release --help` says more.
 
 Examples:
   gateway outbox list --state review
   gateway outbox release order-7781        # send it (again)
+  gateway outbox release --state unknown --since 2h
   gateway outbox cancel order-7781 --tenant acme""",
     "senders": """Circuit breakers of the sender, per sending number and per tenant token. An account-level
 error from the provider (e.g. a number blocked or a token expired) opens one: its rows stay
@@ -137,6 +153,13 @@ Examples:
   gateway senders list
   gateway senders resume number 1111
   gateway senders resume token acme --provider tenashi""",
+    "lanes": """The 32 lanes of the staging log (webhook_inbox) and which consumer process owns each: its
+member name (host:pid:token), when its lease runs out (GATEWAY_CONSUMER_LANE_LEASE_S), how many
+times its cursor moved and when last, and its cursor's snapshots. A lane with no owner is read
+by nobody: start a consumer (`gateway consume`, or `gateway serve`).
+
+Example:
+  gateway lanes""",
     "forward": """Run the forwarder alone: delivers processed events to the downstream destinations
 (`gateway destinations`), signed, retried with backoff for GATEWAY_FORWARD_RETRY_H, a breaker per
 destination. With GATEWAY_METRICS_PORT set, serves /metrics and /healthz there. Runs until
@@ -174,7 +197,7 @@ from the environment; an unknown GATEWAY_* variable (a typo) is reported at star
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = guard.Parser(
         prog="gateway",
         description="WhatsApp Cloud API webhook gateway: durable ingest, exactly-once processing, "
         "at-most-once sends. `gateway COMMAND --help` says more about each command; settings come "
@@ -213,10 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return fn(settings, ns)
     except StartupError as exc:
-        line = str(exc)
-        for secret in secrets:
-            line = line.replace(secret, "***")
-        print(f"gateway: {line}", file=sys.stderr)
+        guard.say(f"gateway: {exc}", secrets)
         return EXIT_STARTUP
+    except guard.DATABASE_ERRORS as exc:
+        # Every command, one place: the exception's own text (and a traceback) may hold a row.
+        guard.say(f"gateway {ns.command}: {guard.database_error(exc)}", secrets)
+        return guard.EXIT_REFUSED
     finally:
         tracing.shutdown()

@@ -29,7 +29,7 @@ def when(raw: str) -> datetime:
 def dead_id(raw: str) -> tuple[str, int]:
     """``R12`` (or ``12``) a whole inbox row, ``E7`` one dead event."""
     kind, digits = (raw[0].upper(), raw[1:]) if raw[:1].isalpha() else ("R", raw)
-    if kind not in ("R", "E") or not digits.isdigit():
+    if kind not in ("R", "E") or not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
         raise argparse.ArgumentTypeError(f"not a dead id: {raw!r} (R<row id> or E<event id>)")
     return kind, int(digits)
 

@@ -14,7 +14,7 @@ from gateway.cli.common import actor, actor_args, dead_id, epoch, one_line, when
 from gateway.core.enums import OutboxState
 from gateway.core.settings import Settings
 from gateway.operator import actions
-from gateway.store import dead_events, inbox, outbox, pacing
+from gateway.store import dead_events, inbox, lanes, outbox, pacing
 
 log = logging.getLogger("gateway")
 
@@ -124,6 +124,9 @@ async def _dead_replay(conn: asyncpg.Connection, ns: argparse.Namespace) -> int:
     return 0 if not done.missing else 1
 
 
+MAY_DUPLICATE = "--i-know-it-may-duplicate"
+
+
 def outbox_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True)
     ls = sub.add_parser("list", help="list outbox rows in a state")
@@ -142,6 +145,15 @@ def outbox_args(p: argparse.ArgumentParser) -> None:
         )
         a.add_argument("--since", type=epoch, default=None, help="bulk: last changed at or after (ISO-8601)")
         a.add_argument("--until", type=epoch, default=None, help="bulk: last changed before (ISO-8601)")
+        if name == "release":
+            a.add_argument(
+                MAY_DUPLICATE,
+                action="store_true",
+                dest="may_duplicate",
+                help="release an unknown row inside its reconcile window (GATEWAY_RECONCILE_WINDOW_S) "
+                "anyway: its status may still come, and the customer may get it twice (the audit log "
+                "records that you said so)",
+            )
         actor_args(a)
 
 
@@ -166,20 +178,32 @@ def cmd_outbox(settings: Settings, ns: argparse.Namespace) -> int:
                 print("\t".join(str(c) for c in cols))
             return 0
         who = actor(ns)
+        window_s, may_duplicate = settings.reconcile_window_s, getattr(ns, "may_duplicate", False)
         if bulk:
             try:
                 done = await actions.outbox_bulk(
-                    conn, who, ns.action, state=ns.state, since=ns.since, until=ns.until, tenant=ns.tenant
-                )
+                    conn, who, ns.action, state=ns.state, since=ns.since, until=ns.until, tenant=ns.tenant,
+                    window_s=window_s, may_duplicate=may_duplicate,
+                )  # fmt: skip
             except ValueError as exc:
                 print(f"gateway: {exc}", file=sys.stderr)
                 return 1
             for line in actions.bulk_lines("released" if ns.action == "release" else "cancelled", done):
                 print(line)
+            if done.early:
+                print(f"to release them now anyway: add {MAY_DUPLICATE}")
             return 0
-        fn = actions.release if ns.action == "release" else actions.cancel
         try:
-            print(await fn(conn, who, ns.key, ns.tenant))
+            if ns.action == "release":
+                line = await actions.release(
+                    conn, who, ns.key, ns.tenant, window_s=window_s, may_duplicate=may_duplicate
+                )
+            else:
+                line = await actions.cancel(conn, who, ns.key, ns.tenant)
+            print(line)
+        except outbox.TooEarly as exc:
+            print(f"gateway: {exc}; to release it now anyway: add {MAY_DUPLICATE}", file=sys.stderr)
+            return 1
         except outbox.AmbiguousKey as exc:
             print(f"gateway: key {ns.key!r} is used by tenants {exc}: pass --tenant", file=sys.stderr)
             return 2
@@ -224,6 +248,22 @@ def cmd_senders(settings: Settings, ns: argparse.Namespace) -> int:
         except actions.Refused as exc:
             print(f"gateway: {exc}", file=sys.stderr)
             return 1
+        return 0
+
+    return runtime.with_connection(settings, work)
+
+
+def cmd_lanes(settings: Settings, ns: argparse.Namespace) -> int:
+    async def work(conn: asyncpg.Connection) -> int:
+        rows = await lanes.state(conn)
+        print("lane\tshard\towner\tlease_until\tmoves\tmoved_at\tdone\twindow")
+        for r in rows:
+            lease = r["lease_until"].isoformat() if r["lease_until"] else ""
+            cols = [r["lane"], r["shard"], r["owner"] or "-", lease, r["version"]]
+            cols += [r["advanced_at"].isoformat(), r["done"], r["win"] or ""]
+            print("\t".join(str(c) for c in cols))
+        owned = [r["owner"] for r in rows if r["owner"]]
+        print(f"{len(rows)} lanes, {len(owned)} owned by {len(set(owned))} consumer process(es)")
         return 0
 
     return runtime.with_connection(settings, work)

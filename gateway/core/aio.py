@@ -16,6 +16,17 @@ async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> bool:
     return stop.is_set()
 
 
+async def back_off(stop: asyncio.Event, wake: asyncio.Event, seconds: float, floor_s: float) -> None:
+    """Wait ``seconds``, or less: after ``floor_s`` a ``wake`` ends it (a NOTIFY, or a LISTEN
+    made again: the database answers again, after a failover say, and a long backoff would only
+    leave the work waiting); ``stop`` ends it at any time."""
+    if await sleep_unless_stopped(stop, min(floor_s, seconds)):
+        return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(max(0.0, seconds - floor_s)):
+            await first_set(stop, wake)
+
+
 def setter(event: asyncio.Event) -> Callable[[Any], None]:
     """A callback that sets ``event``, e.g. an asyncpg termination listener (LISTEN connection lost)."""
     return lambda _conn: event.set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,43 +45,84 @@ def session_key(tokens: Sequence[tuple[str, str, str]]) -> bytes:
     return hmac.new(b"gateway console session key v1", material, hashlib.sha256).digest()
 
 
+def source_of(remote: str | None) -> str:
+    """Whom a login's failures are counted against: its IPv4 address, or the /64 of its IPv6
+    address (what one host or customer line is given, so a host cannot dodge the limit by
+    walking its own network); an IPv4-mapped IPv6 address is its IPv4 address."""
+    if not remote:
+        return "?"
+    try:
+        ip = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return remote
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+def token_key(given: str) -> str:
+    """What a presented token's failures are counted under: a digest, so the wrong tokens tried
+    (typos of real ones among them) are not kept in memory as they were typed."""
+    return hashlib.sha256(b"gateway-console-attempt\0" + given.encode()).hexdigest()[:32]
+
+
 class FailureLimit:
-    """Failed logins allowed per client (and in all) within a sliding window. ``check`` says
-    how many seconds to wait (0: go on); ``failed`` counts one."""
+    """Failed logins allowed within a sliding window, per source (``source_of``) and per
+    presented token (``token_key``): a source that failed too often waits, whatever token it
+    presents next, and so does a wrong token presented too often, from wherever. There is no
+    limit over all failures: failures from other sources never lock out the right token
+    presented from a source that has not failed (a right token is never counted).
 
-    def __init__(self, per_client: int = 10, total: int = 200, window_s: float = 300.0) -> None:
-        self.per_client = per_client
-        self.total = total
+    ``check_*`` say how many seconds to wait (0: go on). A source's attempt is counted when it
+    begins (``begin``), before its form is read, and forgotten with the source's other failures
+    when it logs in (``succeeded``): requests sent at once cannot all pass the check before the
+    first of them is counted. ``failed`` counts a wrong token."""
+
+    def __init__(
+        self, per_source: int = 10, per_token: int = 10, window_s: float = 300.0, tracked: int = 100_000
+    ) -> None:
+        self.per_source = per_source
+        self.per_token = per_token
         self.window_s = window_s
-        self._clients: dict[str, deque[float]] = {}
-        self._all: deque[float] = deque()
+        self.tracked = tracked  # keys kept per table; the least recently failing go first
+        self._sources: dict[str, deque[float]] = {}
+        self._tokens: dict[str, deque[float]] = {}
 
-    def _trim(self, q: deque[float], now: float) -> None:
+    def check_source(self, source: str, now: float) -> float:
+        return self._wait(self._sources, source, self.per_source, now)
+
+    def check_token(self, key: str, now: float) -> float:
+        return self._wait(self._tokens, key, self.per_token, now)
+
+    def begin(self, source: str, now: float) -> None:
+        self._count(self._sources, source, self.per_source, now)
+
+    def failed(self, key: str, now: float) -> None:
+        self._count(self._tokens, key, self.per_token, now)
+
+    def succeeded(self, source: str) -> None:
+        self._sources.pop(source, None)
+
+    def _wait(self, table: dict[str, deque[float]], key: str, limit: int, now: float) -> float:
+        q = table.get(key)
+        if q is None:
+            return 0.0
         while q and q[0] <= now - self.window_s:
             q.popleft()
+        if not q:
+            del table[key]
+            return 0.0
+        return q[0] + self.window_s - now if len(q) >= limit else 0.0
 
-    def check(self, client: str, now: float) -> float:
-        self._trim(self._all, now)
-        q = self._clients.get(client)
-        if q is not None:
-            self._trim(q, now)
-            if not q:
-                del self._clients[client]
-        waits = []
-        if q is not None and len(q) >= self.per_client:
-            waits.append(q[0] + self.window_s - now)
-        if len(self._all) >= self.total:
-            waits.append(self._all[0] + self.window_s - now)
-        return max(waits, default=0.0)
-
-    def failed(self, client: str, now: float) -> None:
-        if len(self._clients) > 100_000:  # a flood of addresses cannot grow it without bound
-            self._clients.clear()
-        self._clients.setdefault(client, deque()).append(now)
-        self._all.append(now)
-
-    def succeeded(self, client: str) -> None:
-        self._clients.pop(client, None)
+    def _count(self, table: dict[str, deque[float]], key: str, limit: int, now: float) -> None:
+        # The last ``limit`` failures are all a wait needs: it ends when the oldest leaves the window.
+        q = table.pop(key, None) or deque(maxlen=limit)
+        q.append(now)
+        table[key] = q  # last in the table's order: the most recent failure
+        while len(table) > self.tracked:  # a flood of sources or tokens cannot grow it without bound
+            del table[next(iter(table))]
 
 
 def safe_next(raw: str | None) -> str:
@@ -99,7 +141,7 @@ def parse_when(raw: str, now: datetime) -> datetime:
     ValueError otherwise."""
     raw = raw.strip()
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if raw[-1:] in units and raw[:-1].replace(".", "", 1).isdigit():
+    if raw[-1:] in units and raw.isascii() and raw[:-1].replace(".", "", 1).isdigit():
         return now - timedelta(seconds=float(raw[:-1]) * units[raw[-1]])
     try:
         value = datetime.fromisoformat(raw)

@@ -56,3 +56,35 @@ def _mangled(netloc: str, colon: str, port: str) -> bool:
     """No userinfo, but a ``host:port`` whose "port" is not a number: a ``user:password``
     whose ``@`` was forgotten."""
     return bool(colon) and not port.isdigit() and not netloc.endswith("]")
+
+
+def per_host(dsn: str) -> list[str]:
+    """A multi-host URL (``postgresql://u:p@h1:5432,h2:5432/db?...``, libpq's form for a
+    primary and its standbys) as one URL per host, in order, each keeping the user, password,
+    database and every parameter (``target_session_attrs`` included); any other DSN as itself."""
+    scheme, sep, rest = dsn.partition("://")
+    if not sep:
+        return [dsn]
+    creds, at, hostpart = rest.rpartition("@")
+    netloc, end = _netloc(hostpart)
+    hosts = netloc.split(",")
+    if len(hosts) < 2:
+        return [dsn]
+    tail = hostpart[end:]
+    return [f"{scheme}://{creds}{at}{h}{tail}" for h in hosts if h]
+
+
+def host_of(dsn: str) -> str:
+    """The ``host:port`` part of a URL (``?host=`` for a socket), to name a server in logs."""
+    _scheme, sep, rest = dsn.partition("://")
+    if not sep:
+        return "?"
+    netloc, _end = _netloc(rest.rpartition("@")[2])
+    if netloc:
+        return netloc
+    query = rest[rest.find("?") + 1 :] if "?" in rest else ""
+    for part in query.split("&"):
+        key, _eq, value = part.partition("=")
+        if key == "host":
+            return value
+    return "localhost"

@@ -105,6 +105,15 @@ def missing_partition(exc: BaseException) -> str | None:
     return rest.split('"')[1] if rest.count('"') >= 2 else None
 
 
+# inbox_advance's error: the lanes a batch read were taken over, or their cursors moved.
+FENCED = "GWL01"
+
+
+def fenced(exc: BaseException) -> bool:
+    """Whether ``exc`` says the lanes a batch read are no longer this consumer's as it read them."""
+    return getattr(exc, "sqlstate", None) == FENCED
+
+
 def classify(exc: BaseException) -> Fault:
     """Which kind of failure ``exc``, raised while one event was applied, is."""
     if isinstance(exc, BadEvent):

@@ -28,7 +28,7 @@ EVENT_KINDS = ("message", "status", "account")
 FORMATS = ("standard", "meta")
 MAX_META_SECRET = 512
 MAX_NAME = 63
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _NUMBER = re.compile(r"[0-9A-Za-z_-]{1,64}")
 MAX_URL = 2000
 # Retry-After larger than this is clamped: a receiver must not park deliveries for days.
@@ -252,7 +252,7 @@ def account_update_from_row(row: dict[str, Any]) -> AccountUpdate:
 
 
 def check_name(name: str) -> str:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise ValueError(
             "a destination name is 1..63 of a-z, 0-9, '_' and '-', starting with a letter or digit"
         )
@@ -421,7 +421,7 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return min(float(value), MAX_RETRY_AFTER_S)
     try:
         when = parsedate_to_datetime(value)

@@ -39,6 +39,8 @@ class StagedRow:
     body: bytes
     delivery_id: str | None
     attempts: int = 0
+    txid: int = 0  # the transaction that wrote it, and its lane (gateway/core/lanes.py)
+    lane: int = 0
 
 
 # Event kinds, each with its side-effect table (the plan's rows per kind).

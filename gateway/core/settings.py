@@ -113,7 +113,7 @@ def _api_keys(raw: str) -> tuple[tuple[str, str], ...]:
     return pairs
 
 
-_CONSOLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+_CONSOLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 
 
 def _console_tokens(raw: str) -> tuple[tuple[str, str, str], ...]:
@@ -122,7 +122,7 @@ def _console_tokens(raw: str) -> tuple[tuple[str, str, str], ...]:
     for item in _csv(raw):
         name, _, rest = item.partition(":")
         token, _, role = rest.partition(":")
-        if not _CONSOLE_NAME.match(name.strip()):
+        if not _CONSOLE_NAME.fullmatch(name.strip()):
             raise ValueError("each entry is name:token[:ro], the name 1..64 of A-Z a-z 0-9 _ . @ -")
         if len(token.strip()) < 16:
             raise ValueError(f"the token of {name.strip()!r} must be at least 16 characters")
@@ -174,13 +174,18 @@ def _dsn(raw: str) -> str:
     scheme, sep, _ = value.partition("://")
     if not sep or scheme not in ("postgres", "postgresql"):
         raise ValueError("must be a postgresql://user:password@host:port/database URL")
+    hosts = dsn.per_host(value)
     try:
-        parsed = urllib.parse.urlsplit(value)
-        parsed.port  # noqa: B018 - raises on a port that is not a number
+        for one in hosts:
+            urllib.parse.urlsplit(one).port  # noqa: B018 - raises on a port that is not a number
     except ValueError:
         raise ValueError(
             "has an invalid host or port (a password with special characters must be percent-encoded)"
         ) from None
+    attrs = urllib.parse.parse_qs(urllib.parse.urlsplit(hosts[0]).query).get("target_session_attrs", [""])[-1]
+    if len(hosts) > 1 and attrs not in ("read-write", "primary"):
+        # Every connection writes: with several hosts, only the primary of the moment will do.
+        raise ValueError("lists several hosts: add ?target_session_attrs=read-write (the gateway writes)")
     return value
 
 
@@ -199,7 +204,8 @@ class Settings:
         "DATABASE_URL",
         None,
         _dsn,
-        "PostgreSQL URL (postgresql://user:password@host:port/db); unset: the embedded server",
+        "PostgreSQL URL (postgresql://user:password@host:port/db; a primary and its standbys: "
+        "host1:port,host2:port/db?target_session_attrs=read-write); unset: the embedded server",
     )
     data_dir: Path = _env(
         "GATEWAY_DATA_DIR",
@@ -217,7 +223,7 @@ class Settings:
         "GATEWAY_DB_CONNECT_TIMEOUT_S",
         5.0,
         _float(0.1, 120),
-        "seconds to wait for one database connection to open",
+        "seconds to wait for one database connection to open (per host of a multi-host DATABASE_URL)",
     )
     migrate_on_start: bool = _env(
         "GATEWAY_MIGRATE_ON_START",
@@ -284,7 +290,9 @@ class Settings:
         "GATEWAY_METRICS_PORT",
         0,
         _int(0, 65535),
-        "separate /metrics + /healthz listener (serve, consume, send, forward); 0: serve keeps /metrics",
+        "/metrics + /healthz on a listener of their own (serve, consume, send, forward); 0: none. "
+        "The public port never serves /metrics (it names destinations and phone-number ids) unless "
+        "this is GATEWAY_PORT itself",
     )
 
     # Group commit of the ingest edge
@@ -471,6 +479,14 @@ class Settings:
         _float(0, 1000),
         "least time between the starts of two batches a process's consumers begin on a wake-up, so "
         "that webhooks staged meanwhile share one (a backlog is claimed at once); 0: none",
+    )
+    consumer_lane_lease_s: float = _env(
+        "GATEWAY_CONSUMER_LANE_LEASE_S",
+        10.0,
+        _float(1, 3600),
+        "how long a consumer process's hold on its lanes lasts unrenewed (renewed every third of "
+        "it): a process that hangs loses its lanes to the others after this; one that dies or "
+        "stops, at once",
     )
     consumer_poll_ms: int = _env(
         "GATEWAY_CONSUMER_POLL_MS",
@@ -779,6 +795,12 @@ class Settings:
         return tenant in self.reply_per_bot_tenants
 
     @property
+    def metrics_public(self) -> bool:
+        """``gateway serve`` answers /metrics on the public port (GATEWAY_METRICS_PORT is
+        GATEWAY_PORT), not on a listener of its own."""
+        return bool(self.metrics_port) and self.metrics_port == self.port
+
+    @property
     def send_lease_s(self) -> float:
         """After this long a row still ``sending`` belongs to a sender that died mid-request.
 
@@ -832,11 +854,15 @@ _SINGLE_SECRETS = {"tenashi_secret", "graph_token", "tenashi_token", "meta_verif
 
 # Read by other parts than Settings: the fake provider (gateway fake-provider) reads its own.
 KNOWN_PREFIXES = ("GATEWAY_FAKE_",)
+# Set by `gateway serve --workers N` for each child it starts (the path of the child's /healthz
+# socket): the supervisor's own, not a setting, so never reported as unknown.
+WORKER_HEALTH_SOCKET = "GATEWAY_WORKER_HEALTH_SOCKET"
+INTERNAL_VARIABLES = frozenset({WORKER_HEALTH_SOCKET})
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
     """``GATEWAY_*`` variables no setting reads, each with the closest known name (a typo's fix)."""
-    known = {f.metadata["env"] for f in dataclasses.fields(Settings)}
+    known = {f.metadata["env"] for f in dataclasses.fields(Settings)} | INTERNAL_VARIABLES
     out: list[tuple[str, str | None]] = []
     for name in sorted(environ):
         if not name.startswith("GATEWAY_") or name in known or name.startswith(KNOWN_PREFIXES):

@@ -1,29 +1,33 @@
-"""Consumers: claim staged webhook rows and act on each event exactly once.
+"""Consumers: read the lanes of ``webhook_inbox`` by cursor and act on each event exactly once.
 
-Fast path, a constant number of statements per batch whatever its size: one claim
-(``FOR UPDATE SKIP LOCKED``) and one statement that inserts every key into
-``processed_webhook_events`` and applies side effects only for the keys it newly inserted,
-then the handlers of the fresh events (if any are configured), then COMMIT.
+A process's consumers own lanes (``gateway.inbound.lanes``) and read them in commit order
+(``gateway.core.lanes``). Fast path, a constant number of statements per batch whatever its
+size: one read (nothing locked, nothing written) and one statement that inserts every key into
+``processed_webhook_events``, applies side effects only for the keys it newly inserted and moves
+the lanes' cursors past the batch, then the handlers of the fresh events (if any are
+configured), then COMMIT. A cursor moves only while this process owns its lane as it read it,
+so a consumer that hung and lost its lanes commits nothing.
 
-Everything after the claim runs under a savepoint, so when it fails the failure is recorded
-in the transaction that still holds the rows' locks (no other consumer can grab them in
-between). What is recorded depends on where the failure came from (``gateway.core.faults``):
+Everything after the read runs under a savepoint, so when it fails the failure is recorded in
+the same transaction that moves the cursors. What is recorded depends on where the failure came
+from (``gateway.core.faults``):
 
-- parsing and planning never fail a batch: a body that is no payload is parked at once, a
-  fragment or event that cannot be planned is a dead item at once, with its bytes;
+- parsing and planning never fail a batch: a body that is no payload moves aside dead at once
+  (``inbox_parked``), a fragment or event that cannot be planned is a dead item at once, with
+  its bytes;
 - anything raised while applying one event is that event's: the batch is redone event by
-  event, each in its own savepoint. The good events commit and their rows are marked done;
-  an event that fails becomes a ``dead_events`` item (its raw fragment, its key, the error),
+  event, each in its own savepoint. The good events commit and the cursors pass the batch; an
+  event that fails becomes a ``dead_events`` item (its raw fragment, its key, the error),
   retried on its own with backoff and parked dead after ``max_attempts``;
 - only an error the database reports as systemic pauses the pipeline, and only when a probe
-  (harmless events of the same kinds, applied and rolled back) fails too: the rows are put
-  off with capped backoff, no attempt counted, and stay visible as lag. A day that has no
-  partition yet is created on the spot.
+  (harmless events of the same kinds, applied and rolled back) fails too: nothing is written,
+  the cursors stay, and the consumer backs off (the lag shows it). A day that has no partition
+  yet is created on the spot.
 
-A row that heads claim after claim that commit nothing (its batch kills the connection, or
+A row that heads batch after batch that commit nothing (its batch kills the connection, or
 fails where nothing can be recorded) is taken alone after ``faults.STALL_CLAIMS`` such
-claims; failing alone, it is counted an attempt in a transaction of its own, and parked dead
-after ``max_attempts`` while the rows behind it flow.
+batches; failing alone, it moves aside (``inbox_parked``, retried on its own with backoff,
+dead after ``max_attempts``) and its lane's cursor passes it, while the rows behind it flow.
 """
 
 from __future__ import annotations
@@ -35,13 +39,13 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from typing import Any
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from gateway import metrics, tracing
-from gateway.core.aio import sleep_unless_stopped
+from gateway.core.aio import back_off
 from gateway.core.backoff import backoff_delay
 from gateway.core.events import Event, Item, Status
 from gateway.core.faults import (
@@ -51,11 +55,14 @@ from gateway.core.faults import (
     Verdict,
     classify,
     fault_delay,
+    fenced,
     missing_partition,
     verdict,
 )
 from gateway.core.heartbeat import HEARTBEATS
 from gateway.core.jsonspan import pointer
+from gateway.core.lanes import Cursor, LaneSet
+from gateway.core.lanes import advance as advance_cursors
 from gateway.core.limits import LogThrottle
 from gateway.core.planning import Plan, StagedRow, describe, plan_batch, plan_event
 from gateway.core.settings import Settings
@@ -64,7 +71,9 @@ from gateway.handlers import Registry, set_reply_per_bot
 from gateway.handlers import load as load_handlers
 from gateway.inbound import triage
 from gateway.inbound.dead_items import Failure, bad_item, error_text, failed_item, raw_fragment, rebuild
+from gateway.inbound.lanes import LaneLease
 from gateway.store import dead_events, inbox
+from gateway.store import lanes as lanes_store
 
 log = logging.getLogger(__name__)
 # The fast path's savepoint (one per transaction: a batch is one transaction).
@@ -75,6 +84,13 @@ _SAVEPOINT = "gateway_consumer_batch"
 # and no partition key is among them. Local to the fast path: ROLLBACK TO SAVEPOINT undoes it
 # for the event-by-event path, and handlers' own statements get the session's setting back.
 _FAST_PATH = f"SAVEPOINT {_SAVEPOINT}; SET LOCAL plan_cache_mode = force_generic_plan"
+# A consumer that hangs mid-transaction (SIGSTOP, a stuck event loop) keeps its connection, and
+# with it the locks of its batch: the keys it inserted, the outbox rows it locked. Another
+# consumer inserting the same key (a redelivery read in another lane) would wait for it for
+# ever; the server ends such a transaction once it has been idle this long (its lanes are
+# taken over after their lease; a handler may keep it idle up to its timeout). Set before the
+# savepoint, so that rolling back to it keeps the bound.
+_IDLE_BOUND = "SET LOCAL idle_in_transaction_session_timeout = {ms}"
 _HANDLERS_PLANS = "SET LOCAL plan_cache_mode TO DEFAULT"
 # A database outage fails every batch alike: at most one line per kind per 10 s.
 _WARN = LogThrottle(10.0)
@@ -89,6 +105,8 @@ def _warn(kind: str, msg: str, *args: object) -> None:
 # A connection the consumer holds a transaction on.
 Conn = asyncpg.Connection | PoolConnectionProxy
 
+# The lanes' cursors' move in a batch statement (inbox.advance_arg; None: rows from aside).
+Advance = list[dict[str, Any]] | None
 # One per process: what its consumers have seen lately (see ``Health``).
 HEALTH = Health(time.monotonic)
 # Dead items are looked at when no staged row is due, and at least this often.
@@ -97,17 +115,19 @@ ITEMS_EVERY_S = 1.0
 PARTITION_RETRY_S = 0.05
 
 
-class DueFrom:
-    """A lower bound of every pending row's next_attempt_at, shared by a process's consumers
-    (``inbox.due_from``, read every ``DUE_FROM_S`` by their group): their claims start there,
-    past the dead index entries of rows done since the last vacuum. None: from the start."""
+class Deferred(Exception):
+    """The database failed systemically (a probe confirmed it): nothing was written, the
+    cursors stay, and the consumer waits ``delay`` before reading again."""
 
-    def __init__(self) -> None:
-        self.at: datetime | None = None
+    def __init__(self, delay: float, cause: BaseException) -> None:
+        self.delay = delay
+        self.cause = cause
+        super().__init__(describe(cause))
 
 
 class Consumer:
-    """One claim-process-commit loop over ``webhook_inbox`` and its dead items."""
+    """One read-process-commit loop over its process's lanes, and over the webhooks and events
+    moved aside."""
 
     def __init__(
         self,
@@ -117,11 +137,12 @@ class Consumer:
         rand: Callable[[], float] = random.random,
         health: Health | None = None,
         handlers: Registry | None = None,
-        due: DueFrom | None = None,
         spacing: Spacing | None = None,
+        lanes: LaneSet | None = None,
+        member: str | None = None,
+        loops: int = 1,
     ) -> None:
         self._pool = pool
-        self._due = due
         # Shared by a process's consumers (their group passes one): woken batches start apart.
         self._spacing = spacing if spacing is not None else Spacing(settings.consumer_batch_gap_ms / 1000)
         self._s = settings
@@ -131,24 +152,37 @@ class Consumer:
             handlers = load_handlers(settings.handlers)
         set_reply_per_bot(settings.reply_per_bot_tenants)
         self._handlers = handlers if handlers else None
+        # The lanes are the group's (it leases them); a consumer made on its own leases its own.
+        if lanes is None:
+            self._lanes = LaneSet()
+            self._lease: LaneLease | None = LaneLease(settings, self._lanes, member)
+            self.member = self._lease.member
+        else:
+            assert member is not None
+            self._lanes, self._lease, self.member = lanes, None, member
+        self._loops = max(1, loops)
+        self._idle_ms = int(settings.consumer_lane_lease_s * 1000 + settings.handler_timeout_ms)
+        self._idle_bound = _IDLE_BOUND.format(ms=self._idle_ms)
+        self._more_before = False  # the last batch left rows: read a share of the lanes
+        self.deferred_s = 0.0  # the last step met a systemic fault: wait this long first
         self._items_at = -ITEMS_EVERY_S
-        # The rows of the claim being handled, head first (until its transaction commits).
+        # The rows of the batch being handled, head first (until its transaction commits).
         self._claimed: list[int] = []
         self.wake = asyncio.Event()
-        # The last step may have left work due right now: staged rows (its batch was full, or the
-        # byte budget cut it short), or dead items (it claimed some). Otherwise the loop waits for
-        # a wake-up: a NOTIFY that came during the step sets it, and claiming again at once would
-        # find nothing.
+        # The last step may have left work due right now: rows its batch did not reach (the
+        # limit or the byte budget cut it), or dead items (it claimed some). Otherwise the loop
+        # waits for a wake-up: a NOTIFY that came during the step sets it, and reading again at
+        # once would find nothing.
         self._more = False
         self._again = False
         # True while the loop waits for a wake-up (a group wakes one idle consumer per NOTIFY).
         self.idle = False
         # True from a wake-up to the start of the batch it calls for (its group sets it when it
-        # wakes this one; the loop while it waits for its turn, Spacing): that batch will claim
+        # wakes this one; the loop while it waits for its turn, Spacing): that batch will read
         # what a NOTIFY announces meanwhile, so the group wakes no other consumer for it.
         self.starting = False
         # Called when a batch left more due (a group wakes an idle sibling: a backlog is
-        # drained in parallel).
+        # drained in parallel, each loop on its share of the lanes).
         self.on_more: Callable[[], None] | None = None
         # Called after a batch that may have inserted deliveries has committed: a forwarder in
         # the same process starts its round at once instead of waiting for the NOTIFY to come
@@ -158,9 +192,14 @@ class Consumer:
     # -- the loop -------------------------------------------------------------------------
 
     async def step(self) -> int:
-        """One batch of staged rows, then due dead items when idle or once a second; work done."""
+        """One batch of the lanes' rows, then due dead items when idle or once a second; work done."""
         self._more = False
-        n = await self.process_batch()
+        try:
+            n = await self.process_batch()
+        except Deferred as d:
+            # Nothing was written: the lanes are read again after the fault's backoff.
+            self.deferred_s = d.delay
+            return 0
         items = 0
         now = time.monotonic()
         if n == 0 or now - self._items_at >= ITEMS_EVERY_S:
@@ -190,16 +229,19 @@ class Consumer:
                     await self.step()
                 except Exception as exc:
                     # Nothing could be recorded (the connection or the transaction is gone):
-                    # the rows are unlocked and due, so this consumer itself waits before
-                    # trying again, with the same capped backoff, and counts no attempt
-                    # anywhere; the row that headed the claim is remembered (a stall is
-                    # taken alone).
+                    # the cursors did not move, so this consumer waits before reading again,
+                    # with the same capped backoff, and counts no attempt anywhere; the row that
+                    # headed the batch is remembered (a stall is taken alone).
                     self._uncommitted()
                     delay = self._fault(exc)
-                    await sleep_unless_stopped(stop, delay)
+                    await back_off(stop, self.wake, delay, min(delay, s.retry_base_ms / 1000))
+                    continue
+                if self.deferred_s:
+                    delay, self.deferred_s = self.deferred_s, 0.0
+                    await back_off(stop, self.wake, delay, min(delay, s.retry_base_ms / 1000))
                     continue
                 if self._again:
-                    if self._more and self.on_more is not None:  # staged rows: a sibling helps
+                    if self._more and self.on_more is not None:  # rows left: a sibling helps
                         self.on_more()
                     continue
                 self.idle = True
@@ -216,45 +258,97 @@ class Consumer:
         finally:
             beat.done()
 
-    # -- staged rows ----------------------------------------------------------------------
+    # -- the lanes ------------------------------------------------------------------------
 
     async def process_batch(self) -> int:
-        """Claim one batch of due rows and handle it; returns the rows claimed (0: none due)."""
+        """Read one batch of this process's lanes and handle it; returns the rows read (0: none).
+        A consumer made on its own (tests, tools) holds the lanes for the batch only."""
+        if self._lease is None:
+            return await self._batch()
+        async with self._pool.acquire() as conn:
+            await self._lease.refresh(conn)
+        try:
+            return await self._batch()
+        finally:
+            async with self._pool.acquire() as conn:
+                await self._lease.leave(conn)
+
+    async def _batch(self) -> int:
         stalled = self._health.stalled()
         if stalled is not None:
             return await self._alone(stalled)
+        # A loop whose last batch left rows reads its share of the lanes, so that the siblings
+        # it wakes read the rest in parallel; otherwise every free lane, in one statement.
+        share = -(-len(self._lanes.cursors) // self._loops) if self._more_before else None
+        taken = self._lanes.take(share)
+        if not taken:
+            return 0
+        lanes_out = [c.lane for c in taken]
+        moved: list[Cursor] | None = None
         started = time.perf_counter()
-        async with self._pool.acquire() as conn, conn.transaction():
-            rows, more = await inbox.claim_batch(
-                conn,
-                limit=self._s.consumer_batch,
-                max_bytes=self._s.consumer_batch_bytes,
-                due_from=None if self._due is None else self._due.at,
-            )
-            if not rows:
-                return 0
-            self._more = more
-            forwards = await self._handle(conn, rows)
+        try:
+            async with self._pool.acquire() as conn:
+                taken = await self._current(conn, taken)
+                if not taken:
+                    moved = []
+                    return 0
+                async with conn.transaction():
+                    await inbox.read_mode(conn, idle_ms=self._idle_ms)
+                    batch = await inbox.read(
+                        conn, taken, limit=self._s.consumer_batch, max_bytes=self._s.consumer_batch_bytes
+                    )
+                    if not batch.rows or batch.snapshot is None:
+                        moved = taken
+                        self._more_before = False
+                        return 0
+                    last = batch.rows[-1]
+                    advance = advance_cursors(taken, batch.snapshot, (last.txid, last.id), batch.exhausted)
+                    self._more = self._more_before = not batch.exhausted
+                    forwards = await self._handle(conn, batch.rows, taken, advance)
+                moved = advance
+        finally:
+            self._lanes.give_back(lanes_out, moved)
         self._committed(forwards)
-        metrics.CONSUMER_BATCH_ROWS.observe(len(rows))
+        metrics.CONSUMER_BATCH_ROWS.observe(len(batch.rows))
         metrics.CONSUMER_BATCH_SECONDS.observe(time.perf_counter() - started)
-        return len(rows)
+        return len(batch.rows)
 
-    async def _handle(self, conn: Conn, rows: list[StagedRow]) -> bool:
-        """The claimed rows, in the claim's transaction; whether deliveries may be new."""
+    async def _current(self, conn: Conn, taken: list[Cursor]) -> list[Cursor]:
+        """The cursors to read from: as cached, or read again for lanes whose last batch's fate
+        is unknown (a lane this member no longer owns is dropped)."""
+        stale = [c.lane for c in taken if c.lane in self._lanes.stale]
+        if not stale:
+            return taken
+        fresh = {c.lane: c for c in await lanes_store.cursors(conn, lanes=stale, member=self.member)}
+        self._lanes.refresh(fresh.values())
+        gone = [lane for lane in stale if lane not in fresh]
+        self._lanes.drop(gone)
+        return [fresh.get(c.lane, c) for c in taken if c.lane not in gone]
+
+    async def _handle(
+        self,
+        conn: Conn,
+        rows: list[StagedRow],
+        cursors: Sequence[Cursor] | None,
+        moved: Sequence[Cursor] | None,
+    ) -> bool:
+        """The rows read, in the batch's transaction, with the lanes' cursors moving from
+        ``cursors`` to ``moved`` (None: rows taken from the side table, no cursor moves);
+        whether deliveries may be new."""
         self._claimed = [r.id for r in rows]
+        advance = None if cursors is None or moved is None else inbox.advance_arg(cursors, moved)
         plan = plan_batch(rows)  # never raises
         try:
             # A savepoint of our own, not a nested transaction(): COMMIT releases it, one
             # round trip (RELEASE SAVEPOINT) fewer per batch.
-            await conn.execute(_FAST_PATH)
+            await conn.execute(f"SET LOCAL enable_sort = on; {self._idle_bound}; {_FAST_PATH}")
             with tracing.span("consumer.batch", rows=len(rows)):
-                result = await self._fast(conn, plan)
+                result = await self._fast(conn, plan, advance)
         except Exception as exc:
-            if conn.is_closed():
+            if conn.is_closed() or fenced(exc):
                 raise
             await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-            await self._slow(conn, plan, exc)
+            await self._slow(conn, plan, exc, advance)
             return bool(plan.forwards)
         triage.observe(plan, result)
         return result.deliveries > 0
@@ -271,32 +365,86 @@ class Consumer:
         self._claimed = []
 
     async def _alone(self, inbox_id: int) -> int:
-        """A row that headed claims that committed nothing, taken alone. Failing again where
-        nothing can be recorded, it is counted an attempt in a transaction of its own (that
-        the database takes it shows the database works): dead after ``max_attempts``."""
+        """A row that headed batches that committed nothing, taken alone. Failing again where
+        nothing can be recorded, it moves aside (that the database takes that shows the database
+        works) and its lane's cursor passes it; a webhook already aside counts an attempt."""
+        async with self._pool.acquire() as conn:
+            row = await inbox.get_row(conn, inbox_id=inbox_id)
+            aside = await inbox.parked_state(conn, inbox_id=inbox_id)
+        if aside == "retry":
+            return await self._alone_parked(inbox_id)
+        lane = None if row is None else row.lane
+        if row is None or aside is not None or lane not in self._lanes.cursors or lane in self._lanes.out:
+            self._health.succeeded([inbox_id])  # gone, done, or not this process's to take now
+            return 0
+        taken = self._lanes.take_lane(lane)
+        moved: list[Cursor] | None = None
         try:
-            async with self._pool.acquire() as conn, conn.transaction():
-                row = await inbox.claim_due_row(conn, inbox_id=inbox_id)
-                if row is None:  # done, dead, put off or held by another consumer: not ours now
+            async with self._pool.acquire() as conn:
+                taken = await self._current(conn, taken)
+                async with conn.transaction():
+                    await inbox.read_mode(conn, idle_ms=self._idle_ms)
+                    batch = await inbox.read(conn, taken, limit=1, max_bytes=1)
+                if not batch.rows or batch.rows[0].id != inbox_id or batch.snapshot is None:
+                    # read by now, or not at the head of its lane any more: not stalled
                     self._health.succeeded([inbox_id])
+                    moved = taken
                     return 0
-                forwards = await self._handle(conn, [row])
-        except Exception as exc:
-            if not self._claimed:
-                raise
-            self._claimed = []
-            s = self._s
-            delay = backoff_delay(1, s.retry_base_ms / 1000, s.retry_max_ms / 1000, self._rand)
-            await triage.stall_attempt(
-                self._pool, inbox_id=inbox_id, exc=exc, max_attempts=s.max_attempts, delay_s=delay
-            )
-            self._health.succeeded([inbox_id])
-            return 1
+                head = batch.rows[0]
+                advance = advance_cursors(taken, batch.snapshot, (head.txid, head.id), exhausted=False)
+                try:
+                    async with conn.transaction():
+                        forwards = await self._handle(conn, [head], taken, advance)
+                except Exception as exc:
+                    if fenced(exc) or not self._claimed:
+                        raise
+                    self._claimed = []
+                    moved = await self._move_aside(head, taken, advance, exc)
+                    self._health.succeeded([inbox_id])
+                    return 1
+                moved = advance
+        finally:
+            self._lanes.give_back([lane], moved)
         self._committed(forwards)
         return 1
 
-    async def _fast(self, conn: Conn, plan: Plan) -> inbox.Applied:
-        result = await inbox.apply_plan(conn, plan)
+    async def _move_aside(
+        self, row: StagedRow, cursors: list[Cursor], advance: list[Cursor], exc: BaseException
+    ) -> list[Cursor] | None:
+        """``row`` leaves its lane for ``inbox_parked``, in a transaction of its own (on a fresh
+        connection: the failed one may be gone); the cursors as they are now, None if unknown."""
+        s = self._s
+        delay = backoff_delay(1, s.retry_base_ms / 1000, s.retry_max_ms / 1000, self._rand)
+        try:
+            async with self._pool.acquire() as conn:
+                state = await inbox.move_aside(
+                    conn,
+                    row=row,
+                    member=self.member,
+                    cursors=cursors,
+                    moved=advance,
+                    max_attempts=s.max_attempts,
+                    delay_s=delay,
+                    error=f"taken alone after batches that committed nothing: {describe(exc)}",
+                )
+        except Exception as failed:
+            if fenced(failed):
+                return None
+            raise
+        triage.moved_aside(row.id, state, exc)
+        return advance
+
+    async def _alone_parked(self, inbox_id: int) -> int:
+        """A webhook aside that headed retries that committed nothing: one attempt counted, in a
+        transaction of its own; dead at ``max_attempts``."""
+        s = self._s
+        delay = backoff_delay(1, s.retry_base_ms / 1000, s.retry_max_ms / 1000, self._rand)
+        await triage.parked_attempt(self._pool, inbox_id=inbox_id, max_attempts=s.max_attempts, delay_s=delay)
+        self._health.succeeded([inbox_id])
+        return 1
+
+    async def _fast(self, conn: Conn, plan: Plan, advance: Advance) -> inbox.Applied:
+        result = await inbox.apply_plan(conn, plan, member=self.member, advance=advance)
         if plan.bad:
             await dead_events.record(conn, [bad_item(row, item) for row, item in plan.bad])
         await self._fragments(conn, [(ev, row, item) for ev, row, item in plan.events if item.scrubbed])
@@ -308,29 +456,29 @@ class Consumer:
                     await self._run_handlers(conn, ev, result.callers)
         return result
 
-    async def _slow(self, conn: Conn, plan: Plan, exc: BaseException) -> None:
-        """The fast path failed (rolled back to its savepoint): defer, or go event by event."""
+    async def _slow(self, conn: Conn, plan: Plan, exc: BaseException, advance: Advance) -> None:
+        """The fast path failed (rolled back to its savepoint): put off, or go event by event."""
         ids = [r.id for r, _ in plan.parsed] + plan.parked
         if classify(exc) is Fault.SYSTEM:
             source = plan.events[0][1].source if plan.events else "meta"
             kinds = {ev.kind for ev, _, _ in plan.events}
             confirmed = await triage.probe(self._pool, conn, exc, kinds, source)
             if confirmed is not None:
-                await self._defer(conn, ids, confirmed)
-                return
+                raise Deferred(self._defer_delay(confirmed), confirmed) from exc
         metrics.CONSUMER_FALLBACKS.inc()
         _warn("fallback", "batch of %d rows failed (%s); retrying event by event", len(ids), describe(exc))
         try:
             async with conn.transaction():
-                await self._per_event(conn, plan)
+                await self._per_event(conn, plan, advance)
         except Exception as inner:
-            if conn.is_closed():
+            if conn.is_closed() or fenced(inner):
                 raise
-            await self._defer(conn, ids, triage.cause(inner))
+            cause = triage.cause(inner)
+            raise Deferred(self._defer_delay(cause), cause) from inner
 
-    async def _per_event(self, conn: Conn, plan: Plan) -> None:
+    async def _per_event(self, conn: Conn, plan: Plan, advance: Advance) -> None:
         """Each event in its own savepoint; an event's failure is its own unless the database
-        reports a systemic error that a probe confirms (then SystemFault: defer them all)."""
+        reports a systemic error that a probe confirms (then SystemFault: put them all off)."""
         failures: list[Failure] = []
         seen: set[str] = set()
         for row, items in plan.parsed:
@@ -359,24 +507,23 @@ class Consumer:
         for f in failures:
             v = verdict(f.fault, probe_failed=False)
             new.append(failed_item(f, v, max_attempts=self._s.max_attempts, delay=self._item_delay))
-        rows = Plan(done=plan.done, parked=plan.parked, parked_why=plan.parked_why)
+        rows = Plan(parked=plan.parked, parked_why=plan.parked_why)
         try:
             async with conn.transaction():
                 await dead_events.record(conn, new)
         except Exception as exc:
-            # The items themselves cannot be stored: their rows are parked whole, bytes intact
-            # (a replay finds the events that went through already done).
+            # The items themselves cannot be stored: their rows move aside dead whole, bytes
+            # intact (a replay finds the events that went through already done).
             await self._triage(conn, exc, "message")
             bad = {i.inbox_id for i in new}
             why = f"its failed events could not be recorded: {describe(exc)}"
             rows = Plan(
-                done=[d for d in plan.done if d not in bad],
                 parked=[*plan.parked, *sorted(bad)],
                 parked_why=[*plan.parked_why, *(why for _ in bad)],
             )
             new = []
             metrics.DEAD_LETTERS.labels("unparseable").inc(len(bad))
-        await inbox.apply_plan(conn, rows)
+        await inbox.apply_plan(conn, rows, member=self.member, advance=advance)
         for i in new:
             self._count_item(i.state, i.deferrals > 0, i.kind)
 
@@ -393,10 +540,9 @@ class Consumer:
             return Fault.EVENT
         return fault
 
-    async def _defer(self, conn: Conn, ids: Sequence[int], exc: BaseException) -> None:
-        """The system failed: rows due again after the fault backoff, no attempt counted."""
-        delay = PARTITION_RETRY_S if missing_partition(exc) else self._fault(exc)
-        await inbox.defer(conn, ids=ids, delay_s=delay, error=describe(exc))
+    def _defer_delay(self, exc: BaseException) -> float:
+        """The system failed: how long before the lanes are read again (no attempt counted)."""
+        return PARTITION_RETRY_S if missing_partition(exc) else self._fault(exc)
 
     def _fault(self, exc: BaseException) -> float:
         """Count a system fault; the capped backoff to wait; log at most every few seconds."""
@@ -416,8 +562,46 @@ class Consumer:
     # -- dead items -----------------------------------------------------------------------
 
     async def process_items(self) -> int:
-        """Retry due dead items, each in its own savepoint; returns the items claimed."""
+        """Retry due webhooks moved aside, then due dead items, each in its own savepoint;
+        returns how many were claimed."""
+        return await self._retry_parked() + await self._retry_dead_events()
+
+    async def _retry_parked(self) -> int:
         async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(self._idle_bound)
+            rows = await inbox.parked_claim(conn, limit=self._s.consumer_batch)
+            done: list[int] = []
+            for i, row in enumerate(rows):
+                try:
+                    async with conn.transaction():
+                        forwards = await self._handle(conn, [row], None, None)
+                except Deferred as d:
+                    rest = [r.id for r in rows[i:]]
+                    await inbox.parked_defer(conn, ids=rest, delay_s=d.delay, error=describe(d.cause))
+                    break
+                except Exception as exc:
+                    if conn.is_closed():
+                        raise
+                    s = self._s
+                    delay = backoff_delay(
+                        row.attempts + 1, s.retry_base_ms / 1000, s.retry_max_ms / 1000, self._rand
+                    )
+                    await triage.parked_attempt(
+                        conn, inbox_id=row.id, max_attempts=s.max_attempts, delay_s=delay, exc=exc
+                    )
+                else:
+                    done.append(row.id)
+                    if forwards and self.on_deliveries is not None:
+                        self.on_deliveries()
+            await inbox.parked_done(conn, ids=done)
+        self._claimed = []
+        if rows:
+            self._health.succeeded([r.id for r in rows])
+        return len(rows)
+
+    async def _retry_dead_events(self) -> int:
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(self._idle_bound)
             claimed = await dead_events.claim(conn, limit=self._s.consumer_batch)
             if not claimed:
                 return 0

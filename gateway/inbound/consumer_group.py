@@ -1,9 +1,11 @@
-"""A process's consumers: ``consumer_concurrency`` loops sharing one LISTEN connection, which
+"""A process's consumers: ``consumer_concurrency`` loops sharing the process's lanes (leased on a
+connection of the group's own, ``gateway.inbound.lanes``) and one LISTEN connection, which
 wakes one idle consumer per NOTIFY (a service: gateway.runtime.services)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Callable
@@ -11,19 +13,21 @@ from typing import Any
 
 import asyncpg
 
-from gateway.core.aio import sleep_unless_stopped
+from gateway.core.aio import first_set
+from gateway.core.lanes import LaneSet
 from gateway.core.limits import LogThrottle
+from gateway.core.planning import describe
 from gateway.core.settings import Settings
 from gateway.core.spacing import Spacing
 from gateway.handlers import Registry
 from gateway.handlers import load as load_handlers
-from gateway.inbound.consumer import Consumer, DueFrom
+from gateway.inbound.consumer import Consumer
+from gateway.inbound.lanes import LaneLease
 from gateway.store import inbox
+from gateway.store.db import connect
 from gateway.store.listen import listen, own_connection
 
 log = logging.getLogger(__name__)
-# How often the consumers' claim bound is read again (a row below it waits at most this long).
-DUE_FROM_S = 0.5
 _WARN = LogThrottle(60.0)
 
 
@@ -40,11 +44,24 @@ class ConsumerGroup:
         self._s = settings
         if handlers is None and settings.handlers:
             handlers = load_handlers(settings.handlers)  # an import error stops the start-up
-        self.due = DueFrom()
         spacing = Spacing(settings.consumer_batch_gap_ms / 1000)
+        self.lanes = LaneSet()
+        self.lease = LaneLease(settings, self.lanes)
+        # Set by NOTIFY webhook_inbox 'lanes' (a member came or went, lanes were let go): the
+        # lease is renewed at once instead of at its next third.
+        self._lanes_changed = asyncio.Event()
+        n = settings.consumer_concurrency
         self.consumers = [
-            Consumer(pool, settings, handlers=handlers, due=self.due, spacing=spacing)
-            for _ in range(settings.consumer_concurrency)
+            Consumer(
+                pool,
+                settings,
+                handlers=handlers,
+                spacing=spacing,
+                lanes=self.lanes,
+                member=self.lease.member,
+                loops=n,
+            )
+            for _ in range(n)
         ]
         for c in self.consumers:
             c.on_more = self._wake_one
@@ -76,39 +93,68 @@ class ConsumerGroup:
         self._wake_all()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Consume until ``stop`` is set; then each consumer finishes its batch."""
-        tasks = [asyncio.create_task(c.run(stop)) for c in self.consumers]
-        tasks.append(asyncio.create_task(self._listen(stop)))
-        tasks.append(asyncio.create_task(self._due_from(stop)))
+        """Consume until ``stop`` is set; then each consumer finishes its batch, and the lanes
+        are let go for the other processes' consumers."""
+        done = asyncio.Event()
+        loops = [asyncio.create_task(c.run(stop)) for c in self.consumers]
+        aides = [asyncio.create_task(self._listen(stop)), asyncio.create_task(self._hold_lanes(done))]
         stopped = asyncio.create_task(stop.wait())
         stopped.add_done_callback(self._wake_all)  # idle consumers wait on their wake-up
         try:
-            await asyncio.gather(*tasks)
+            await asyncio.gather(*loops)
         finally:
+            done.set()
             stopped.cancel()
-            for t in tasks:
+            for t in loops:
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*loops, return_exceptions=True)
+            await asyncio.gather(*aides, return_exceptions=True)
 
     async def close(self) -> None:
-        """Nothing to release: the consumers use the pool, the listener closed its connection."""
+        """Nothing to release: the consumers use the pool, the lease and the listener closed
+        their connections."""
 
-    async def _due_from(self, stop: asyncio.Event) -> None:
-        """Keep the claims' lower bound current; when it cannot be read, claims scan from the
-        head of the index (slower, never wrong)."""
-        while not stop.is_set():
+    async def _hold_lanes(self, done: asyncio.Event) -> None:
+        """Renew this process's lanes every third of their lease, on a connection of its own
+        (its backend stands for this member), until the consumers are done; then let them go."""
+        assert self._s.database_url
+        conn: asyncpg.Connection | None = None
+        try:
+            while not done.is_set():
+                try:
+                    if conn is None or conn.is_closed():
+                        conn = await connect(self._s.database_url, timeout=self._s.db_connect_timeout_s)
+                    if await self.lease.refresh(conn):
+                        self._wake_all()  # lanes gained may hold a backlog
+                except Exception as exc:  # the database is failing: the consumers say so themselves
+                    if conn is not None:
+                        conn.terminate()
+                    conn = None
+                    held = _WARN.allow("lanes", asyncio.get_running_loop().time())
+                    if held is not None:
+                        log.warning("lanes not renewed: %s%s", describe(exc), _WARN.suffix(held))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(first_set(done, self._lanes_changed), self.lease.ttl / 3)
+                self._lanes_changed.clear()
+        finally:
             try:
-                self.due.at = await inbox.due_from(self._pool)
-            except Exception as exc:  # the database is failing: the consumers say so themselves
-                self.due.at = None
-                held = _WARN.allow("due_from", asyncio.get_running_loop().time())
-                if held is not None:
-                    log.info("claim bound not read: %s%s", type(exc).__name__, _WARN.suffix(held))
-            if await sleep_unless_stopped(stop, DUE_FROM_S):
-                break
+                async with self._pool.acquire() as own:
+                    await self.lease.leave(own)
+            except Exception as exc:
+                log.info("lanes not let go (they expire): %s", describe(exc))
+            if conn is not None:
+                conn.terminate()
 
     async def _listen(self, stop: asyncio.Event) -> None:
         """Wake the consumers on NOTIFY (polling covers the gaps)."""
         assert self._s.database_url
         opener = functools.partial(own_connection, self._s.database_url, self._s.db_connect_timeout_s)
-        await listen(opener, inbox.CHANNEL, self._wake_one, stop, liveness_s=self._s.liveness_s)
+        await listen(
+            opener, inbox.CHANNEL, self._wake_one, stop, self._on_payload, liveness_s=self._s.liveness_s
+        )
+
+    def _on_payload(self, payload: str) -> None:
+        if payload == inbox.LANES_CHANGED:
+            self._lanes_changed.set()
+        else:
+            self._wake_one()

@@ -13,6 +13,12 @@ timer for the whole write) and for rows still waiting for a free slot, not per r
 a timer per request was the largest single cost of the ack path. For the same reason each
 write slot owns its connection instead of borrowing one from a pool: acquire and release
 cost about as much CPU as the INSERT itself.
+
+A batch is one statement in its own implicit transaction, so a connection lost while it runs
+(a failover, the server killed) leaves its COMMIT's fate unknown: every row of it is answered
+503, never 200, and a copy Meta redelivers is absorbed by deduplication if it had committed.
+A lost connection is replaced at the next batch (``connect``: the writable primary of the
+moment).
 """
 
 from __future__ import annotations
@@ -82,6 +88,7 @@ class GroupCommitter:
         self._closed = False
         self._loop = asyncio.get_running_loop()
         self.batches_written = 0
+        self._failing: tuple[float, int] | None = None  # since when, and how many batches failed
 
     @property
     def pending(self) -> int:
@@ -147,12 +154,19 @@ class GroupCommitter:
                         conn = await self._connect()
                     await self._insert(conn, batch)
         except Exception as exc:  # any failure: nobody in this batch may get a 200
-            # The connection's state is unknown (cancelled mid-query, or broken): drop it.
+            # The connection's state is unknown (cancelled mid-query, or broken): drop it, and
+            # the idle ones with it: they went to the same server, which may be gone or frozen
+            # (a failover), and each would cost its batch a deadline to find out.
             if conn is not None:
                 conn.terminate()
                 conn = None
+            idle, self._idle = self._idle, []
+            for c in idle:
+                c.terminate()
             reason = "timeout" if isinstance(exc, TimeoutError) else "unavailable"
             metrics.COMMIT_FAILURES.inc()
+            since, n = self._failing or (time.monotonic(), 0)
+            self._failing = (since, n + 1)
             held = _WARN.allow("commit", time.monotonic())
             if held is not None:
                 log.warning(
@@ -161,6 +175,11 @@ class GroupCommitter:
             _fail(batch, Unavailable(reason))
         else:
             self.batches_written += 1
+            if self._failing is not None:
+                since, n = self._failing
+                self._failing = None
+                took = time.monotonic() - since
+                log.info("group commit: writing again after %d failed batches in %.1f s", n, took)
             for item in batch:
                 if not item.future.done():
                     item.future.set_result(None)

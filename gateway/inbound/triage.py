@@ -1,6 +1,6 @@
 """The consumers' I/O around a failure (``gateway.core.faults`` decides what it means): the probe
 that confirms a systemic error, the partition a row found missing, the attempt counted against
-a row that failed alone, and the metrics and log lines of a batch."""
+a webhook moved aside, and the metrics and log lines of a batch."""
 
 from __future__ import annotations
 
@@ -64,17 +64,19 @@ async def probe(
         return failed
 
 
-async def stall_attempt(
-    pool: asyncpg.Pool, *, inbox_id: int, exc: BaseException, max_attempts: int, delay_s: float
+async def parked_attempt(
+    conn: asyncpg.Pool | Conn,
+    *,
+    inbox_id: int,
+    max_attempts: int,
+    delay_s: float,
+    exc: BaseException | None = None,
 ) -> None:
-    """A row that failed alone where nothing could be recorded: one attempt, in a transaction
-    of its own (that the database takes it shows the database works); dead at ``max_attempts``."""
-    row = await inbox.stall_attempt(
-        pool,
-        inbox_id=inbox_id,
-        max_attempts=max_attempts,
-        delay_s=delay_s,
-        error=f"taken alone after claims that committed nothing: {describe(exc)}",
+    """A webhook moved aside failed again (``exc``; None: it headed retries that committed
+    nothing): one attempt, in ``conn``'s transaction or one of its own; dead at ``max_attempts``."""
+    why = "taken alone after retries that committed nothing" if exc is None else describe(exc)
+    row = await inbox.parked_attempt(
+        conn, inbox_id=inbox_id, max_attempts=max_attempts, delay_s=delay_s, error=why
     )
     if row is None:
         return
@@ -82,9 +84,20 @@ async def stall_attempt(
     metrics.CONSUMER_FAILURES.inc()
     if state == "dead":
         metrics.DEAD_LETTERS.labels("stalled").inc()
-        log.error("inbox row %d dead after %d attempts alone: %s", inbox_id, attempts, describe(exc))
+        log.error("inbox row %d dead after %d attempts on its own: %s", inbox_id, attempts, why)
     else:
-        log.warning("inbox row %d failed alone (attempt %d): %s", inbox_id, attempts, describe(exc))
+        log.warning("inbox row %d failed on its own (attempt %d): %s", inbox_id, attempts, why)
+
+
+def moved_aside(inbox_id: int, state: str | None, exc: BaseException) -> None:
+    """A row that failed alone where nothing could be recorded left its lane (``state`` in
+    ``inbox_parked``; None: it was there already)."""
+    metrics.CONSUMER_FAILURES.inc()
+    if state == "dead":
+        metrics.DEAD_LETTERS.labels("stalled").inc()
+        log.error("inbox row %d moved aside dead: %s", inbox_id, describe(exc))
+    else:
+        log.warning("inbox row %d moved aside, retried on its own: %s", inbox_id, describe(exc))
 
 
 def observe(plan: Plan, result: inbox.Applied) -> None:
@@ -105,7 +118,7 @@ def observe(plan: Plan, result: inbox.Applied) -> None:
     if plan.parked:
         metrics.DEAD_LETTERS.labels("unparseable").inc(len(plan.parked))
         for inbox_id, why in zip(plan.parked, plan.parked_why, strict=True):
-            log.error("inbox row %d parked as dead: %s", inbox_id, why)
+            log.error("inbox row %d moved aside dead: %s", inbox_id, why)
     if plan.bad:
         metrics.DEAD_LETTERS.labels("bad_fragment").inc(len(plan.bad))
         for row, item in plan.bad:

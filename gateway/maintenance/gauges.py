@@ -10,6 +10,7 @@ process takes over at its next try.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 # Rows in terminal outbox states (accepted, cancelled), the bulk of the table, are not counted:
 # gateway_sends_total counts them as they happen.
 GAUGE_CAP = 100_000
+# The longest a refresh may take (its counts stop at GAUGE_CAP rows: seconds at most).
+PASS_BOUND_S = 30.0
 
 
 async def refresh_inbox(conn: Conn) -> None:
@@ -98,23 +101,30 @@ class GaugeLeader:
         self.leading = False
 
     async def run_once(self) -> bool:
-        """Try to lead (if not yet), then refresh; returns whether this process leads."""
+        """Try to lead (if not yet), then refresh; returns whether this process leads. A pass
+        is bounded: a server frozen or cut off closes nothing, and the lock's connection would
+        wait on it for good; dropped, it is made again (to the primary of the moment) next time,
+        and the lock taken there."""
         try:
-            if self._conn is None or self._conn.is_closed():
-                self._conn = await connect(self.dsn, timeout=self.timeout_s)
-                self.leading = False
-            if not self.leading:
-                self.leading = await leader.try_lock(self._conn, lock_id=self.lock_id)
-                if not self.leading:
-                    return False
-                log.info("this process now exports the database-wide gauges")
-            await refresh_inbox(self._conn)
-            await refresh_outbox(self._conn)
-            await refresh_forward(self._conn)
-            return True
+            async with asyncio.timeout(PASS_BOUND_S):
+                return await self._pass()
         except BaseException:
             await self._drop()
             raise
+
+    async def _pass(self) -> bool:
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await connect(self.dsn, timeout=self.timeout_s)
+            self.leading = False
+        if not self.leading:
+            self.leading = await leader.try_lock(self._conn, lock_id=self.lock_id)
+            if not self.leading:
+                return False
+            log.info("this process now exports the database-wide gauges")
+        await refresh_inbox(self._conn)
+        await refresh_outbox(self._conn)
+        await refresh_forward(self._conn)
+        return True
 
     async def _drop(self) -> None:
         if self.leading:

@@ -223,6 +223,7 @@ async def _purges(conn: retention.Session, s: Settings, report: Report, stop: as
         # Open deliveries of removed destinations (the rest of the deliveries are partitioned).
         ("delivery_queue", 1),
         ("dead_events", s.inbox_retention_days),  # only those a retry or replay finished
+        ("inbox_parked", s.inbox_retention_days),  # the same
         # Exact bytes of escaped events: kept as long as the raw bodies they came from.
         ("event_fragments", s.inbox_retention_days),
         # Meta keeps a media file 30 days: its id means nothing after that.

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import asyncpg
+
 from gateway.core import forwarding
 from gateway.core.enums import OutboxState
 from gateway.core.pacing import BreakerId
@@ -76,6 +78,8 @@ async def _audited(
                 params=params, rows=out.rows, outcome=out.text,
             )  # fmt: skip
     except (Refused, LookupError, ValueError, outbox.AmbiguousKey) as exc:
+        if isinstance(exc, asyncpg.InterfaceError):
+            raise  # the driver's (a value it could not send, quoted in its text): not a refusal
         await audit.record(
             conn, actor=actor.name, via=actor.via, action=action, target=target,
             params=params, rows=0, outcome=f"refused: {exc}"[:1000],
@@ -148,13 +152,26 @@ async def dead_replay(
 # --- outbox -------------------------------------------------------------------------------
 
 
-async def release(conn: Tx, actor: Actor, key: str, tenant: str | None = None) -> str:
+async def release(
+    conn: Tx,
+    actor: Actor,
+    key: str,
+    tenant: str | None = None,
+    *,
+    window_s: float,
+    may_duplicate: bool = False,
+) -> str:
     """One row (review, unknown or failed) back to pending: the operator decided to send it.
-    Refused for a row that reached the provider (it would be sent twice) and while webhooks
-    that may hold its status are unprocessed. The one place that decides what "release" may
-    do: the command line and the console both call it."""
-    async with _audited(conn, actor, "outbox.release", _key(key, tenant), {"tenant": tenant}) as out:
-        out.text = await outbox.release(conn, key, tenant)
+    Refused for a row that reached the provider (it would be sent twice), for an unknown row
+    inside its reconcile window (``window_s``: its status may still come) unless the operator
+    accepts that it may be sent twice (``may_duplicate``, recorded in the audit entry), and
+    while webhooks that may hold its status are unprocessed. The one place that decides what
+    "release" may do: the command line and the console both call it."""
+    params: dict[str, Any] = {"tenant": tenant}
+    if may_duplicate:
+        params["may_duplicate"] = True
+    async with _audited(conn, actor, "outbox.release", _key(key, tenant), params) as out:
+        out.text = await outbox.release(conn, key, tenant, window_s=window_s, may_duplicate=may_duplicate)
         out.rows = 1
     return out.text
 
@@ -185,6 +202,19 @@ def bulk_lines(verb: str, done: outbox.Bulk) -> list[str]:
             f"{done.waiting} row(s) not released yet: webhooks received since they were created "
             "are unprocessed (pending or dead) and may hold their status"
         )
+    if done.early and done.early_first and done.early_last:
+        first, last = outbox.utc_text(done.early_first), outbox.utc_text(done.early_last)
+        out.append(
+            f"{done.early} row(s) not released yet: unknown for less than the reconcile window "
+            "(GATEWAY_RECONCILE_WINDOW_S), their status may still come and a release now may send "
+            f"them twice; they may be released from {first}"
+            + (f" (the last from {last})" if last != first else "")
+        )
+    if done.released_early:
+        out.append(
+            f"{done.released_early} of them released inside their reconcile window: the operator "
+            "accepted that they may be sent twice"
+        )
     return out
 
 
@@ -197,16 +227,26 @@ async def outbox_bulk(
     since: float | None,
     until: float | None,
     tenant: str | None,
+    window_s: float,
+    may_duplicate: bool = False,
 ) -> outbox.Bulk:
     """Release or cancel every row in ``state`` last changed in [since, until) (of ``tenant``),
-    with the same refusals as one row."""
+    with the same refusals as one row (``window_s``, ``may_duplicate``: as for ``release``)."""
     if action not in ("release", "cancel"):
         raise ValueError(f"not a bulk action: {action!r}")
-    params = {"state": str(state), "since": _when(since), "until": _when(until), "tenant": tenant}
+    params: dict[str, Any] = {"state": str(state), "since": _when(since), "until": _when(until)}
+    params["tenant"] = tenant
+    if may_duplicate and action == "release":
+        params["may_duplicate"] = True
     target = f"state={state}" + (f" tenant={tenant}" if tenant else "")
     async with _audited(conn, actor, f"outbox.{action}_bulk", target, params) as out:
-        many = outbox.release_bulk if action == "release" else outbox.cancel_bulk
-        done = await many(conn, state=state, since=since, until=until, tenant=tenant)
+        if action == "release":
+            done = await outbox.release_bulk(
+                conn, state=state, since=since, until=until, tenant=tenant, window_s=window_s,
+                may_duplicate=may_duplicate,
+            )  # fmt: skip
+        else:
+            done = await outbox.cancel_bulk(conn, state=state, since=since, until=until, tenant=tenant)
         out.rows = done.done
         out.text = "; ".join(bulk_lines("released" if action == "release" else "cancelled", done))
     return done

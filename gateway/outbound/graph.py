@@ -138,12 +138,12 @@ class Graph:
         target = download_target(info.get("url"), self.settings.graph_url)
         if isinstance(target, str):
             raise GraphError(502, target)
-        size = info.get("file_size")
+        size = str(info.get("file_size"))
         mime = info.get("mime_type")
         return MediaInfo(
             target,
             mime if isinstance(mime, str) else None,
-            int(size) if isinstance(size, int | str) and str(size).isdigit() else None,
+            int(size) if size.isascii() and size.isdigit() else None,
         )
 
     @contextlib.asynccontextmanager

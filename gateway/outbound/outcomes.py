@@ -42,7 +42,7 @@ class Outcome:
 def parse(payload: str) -> tuple[int, Outcome] | None:
     """``<id> <state> <wamid>`` (the wamid empty until known); None for anything else."""
     parts = payload.split(" ", 2)
-    if len(parts) != 3 or not parts[0].isdigit():
+    if len(parts) != 3 or not (parts[0].isascii() and parts[0].isdigit()):
         return None
     return int(parts[0]), Outcome(parts[1], parts[2] or None)
 

@@ -268,7 +268,7 @@ def serve_workers(settings: Settings, lay: workers.Layout, *, embedded: Any = No
         if settings.migrate_on_start:
             await migrate_dsn(settings.database_url, timeout=settings.db_connect_timeout_s)
         workers.check_free(settings.host, settings.port, "GATEWAY_PORT")
-        if settings.metrics_port:
+        if settings.metrics_port and not settings.metrics_public:
             workers.check_free(settings.host, settings.metrics_port, "GATEWAY_METRICS_PORT")
         if settings.console_port:
             workers.check_free(settings.console_host, settings.console_port, "GATEWAY_CONSOLE_PORT")

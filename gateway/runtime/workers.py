@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import aiohttp
 from prometheus_client import multiprocess
 
-from gateway.core.settings import Settings
+from gateway.core.settings import WORKER_HEALTH_SOCKET, Settings
 from gateway.runtime.startup import EXIT_STARTUP, LISTEN_ERRNOS, listen_error
 
 log = logging.getLogger("gateway")
@@ -52,7 +52,7 @@ log = logging.getLogger("gateway")
 RESTART_DELAY_S = 1.0
 STOP_TIMEOUT_S = 20.0
 # Each worker's /healthz on a Unix socket of its own, asked this often by the parent.
-HEALTH_SOCKET_ENV = "GATEWAY_WORKER_HEALTH_SOCKET"
+HEALTH_SOCKET_ENV = WORKER_HEALTH_SOCKET
 HEALTH_EVERY_S = 2.0
 UNRESPONSIVE_S = 20.0
 PR_SET_PDEATHSIG = 1

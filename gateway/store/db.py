@@ -1,15 +1,18 @@
-"""asyncpg pool with orjson codecs, and the migration runner."""
+"""asyncpg pool with orjson codecs, connections that follow the writable primary, and the
+migration runner."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 import asyncpg
 import orjson
 from asyncpg.pool import PoolConnectionProxy
 
+from gateway.core import dsn as dsns
 from gateway.store.sqlfiles import Function, functions, migrations, q
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,100 @@ async def _no_reset(conn: asyncpg.Connection) -> None:
     """Skip the RESET ALL round trip on release: for pools whose users never change session state."""
 
 
+# Told of what connecting finds (gateway.metrics, a layer above, counts it): ("primary",
+# "host:port") when new connections go to another server than the last ones did,
+# ("no_primary", reason) when none of the hosts would do, and by gateway.store.listen,
+# ("listen_up" | "listen_down", channel).
+Observer = Callable[[str, str], None]
+observers: list[Observer] = []
+_primary: str | None = None
+# How soon a host that refused for being a standby is asked again while another is silent.
+STANDBY_RETRY_S = 0.5
+
+
+def observe(event: str, detail: str) -> None:
+    for fn in observers:
+        fn(event, detail)
+
+
+async def _connect_one(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+    """One host, each with its own ``timeout`` (an asyncpg timeout covers all of a multi-host
+    DSN's hosts in turn: one that accepts TCP but never answers, frozen or cut off, would use
+    all of it, and the writable primary after it would never be tried)."""
+    conn: asyncpg.Connection = await asyncpg.connect(dsn, **kwargs)
+    return conn
+
+
+async def connect_any(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+    """A connection to ``dsn``; with several hosts (``h1:5432,h2:5432``) to the first of them,
+    tried all at once, that accepts it and meets its ``target_session_attrs`` (asyncpg checks
+    it per host): with ``read-write``, the primary of the moment, whichever host it is now.
+    While a host has not answered yet (frozen, cut off, or slow), one that refused for being a
+    standby is asked again every ``STANDBY_RETRY_S``: it may be promoted meanwhile, and the
+    silent one could hold the attempt for its whole timeout. Raises the hosts' error when none
+    will do. (The signature of asyncpg's ``connect``: the pools' ``connect``.)"""
+    kwargs.pop("loop", None)
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + float(kwargs.get("timeout", 60))
+    tasks = {asyncio.ensure_future(_connect_one(h, **kwargs)): h for h in dsns.per_host(dsn)}
+    errors: list[BaseException] = []
+    winner: asyncpg.Connection | None = None
+    try:
+        pending = set(tasks)
+        while pending and winner is None:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                exc = t.exception()
+                if exc is None:
+                    if winner is None:
+                        winner = t.result()
+                        _note_primary(dsns.host_of(tasks[t]))
+                    continue
+                errors.append(exc)
+                standby = isinstance(exc, asyncpg.TargetServerAttributeNotMatched)
+                if standby and pending and loop.time() + STANDBY_RETRY_S < give_up:
+                    again = asyncio.ensure_future(_connect_later(STANDBY_RETRY_S, tasks[t], kwargs))
+                    tasks[again] = tasks[t]
+                    pending.add(again)
+    finally:
+        for t in tasks:
+            t.cancel()
+            # One that answers after the winner (or after a cancellation) is closed, not leaked.
+            t.add_done_callback(_terminate_unless(winner))
+    if winner is not None:
+        return winner
+    unmatched = [e for e in errors if isinstance(e, asyncpg.TargetServerAttributeNotMatched)]
+    observe("no_primary", "no host writable" if unmatched else "no host reachable")
+    raise (unmatched or errors)[0]
+
+
+async def _connect_later(delay_s: float, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
+    await asyncio.sleep(delay_s)
+    return await _connect_one(dsn, **kwargs)
+
+
+def _terminate_unless(keep: asyncpg.Connection | None) -> Callable[[asyncio.Future[Any]], None]:
+    def done(t: asyncio.Future[Any]) -> None:
+        if t.cancelled() or t.exception() is not None:
+            return
+        conn = t.result()
+        if conn is not keep:
+            conn.terminate()
+
+    return done
+
+
+def _note_primary(host: str) -> None:
+    """Log (once per change) and report the server new connections go to."""
+    global _primary
+    if host == _primary:
+        return
+    if _primary is not None:
+        log.warning("database: new connections go to %s now (they went to %s)", host, _primary)
+        observe("primary", host)
+    _primary = host
+
+
 async def create_pool(
     dsn: str,
     min_size: int = 2,
@@ -55,6 +152,7 @@ async def create_pool(
 ) -> Pool:
     pool = await asyncpg.create_pool(
         dsn,
+        connect=cast(Any, connect_any),  # asyncpg.connect's signature, typed loosely
         min_size=min_size,
         max_size=max_size,
         init=init_connection,
@@ -68,7 +166,7 @@ async def create_pool(
 
 
 async def connect(dsn: str, timeout: float = 5.0) -> asyncpg.Connection:
-    conn: asyncpg.Connection = await asyncpg.connect(dsn, timeout=timeout)
+    conn = await connect_any(dsn, timeout=timeout)
     await init_connection(conn)
     return conn
 
@@ -146,6 +244,13 @@ async def schema_version(conn: Conn) -> int:
     """The highest migration applied (0: none)."""
     v: int = await conn.fetchval(q("schema_migrations_version"))
     return v
+
+
+async def readiness(conn: Conn) -> tuple[int, bool]:
+    """(the highest migration applied, whether the server takes writes)."""
+    row = await conn.fetchrow(q("schema_readiness"))
+    assert row is not None
+    return int(row["version"]), bool(row["writable"])
 
 
 def latest_version() -> int:

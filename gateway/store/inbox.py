@@ -1,21 +1,26 @@
-"""``webhook_inbox`` and what the consumers write beside it: staging, claims, the batch
-statement, failures and dead letters. The only module that knows these tables' SQL."""
+"""``webhook_inbox`` and what the consumers write beside it: staging, the lanes' reads, the
+batch statement, webhooks moved aside (``inbox_parked``). The only module that knows these
+tables' SQL (the lanes' leases: ``gateway.store.lanes``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 import orjson
 from asyncpg.pool import PoolConnectionProxy
 
+from gateway.core.lanes import Cursor, Snapshot, read_params
 from gateway.core.planning import Plan, StagedRow
 from gateway.store.db import Conn
 from gateway.store.sqlfiles import q
 
 CHANNEL = "webhook_inbox"
+# The payload on CHANNEL when the lanes' members or owners changed (empty: rows were staged).
+LANES_CHANGED = "lanes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,13 +35,13 @@ class Applied:
     outbox_updated: int
     messages_inserted: int
     statuses_inserted: int
-    done: int
     parked: int
     fresh_keys: list[str]
     deliveries: int = 0
     identities: int = 0
     # Status key -> the send API caller's biz_opaque_callback_data of its message (fresh only).
     callers: dict[str, str] = field(default_factory=dict)
+    advanced: int = 0  # lanes whose cursors moved
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +56,17 @@ class DeadRow:
 
 
 def _staged(r: asyncpg.Record) -> StagedRow:
-    return StagedRow(r["id"], r["source"], bytes(r["body"]), r["delivery_id"], r["attempts"])
+    return StagedRow(r["id"], r["source"], bytes(r["body"]), r["delivery_id"], txid=r["txid"], lane=r["lane"])
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """What ``inbox_read`` found: rows in (txid, id) order, the snapshot it read them in, and
+    whether it returned everything it found (else more is due at once)."""
+
+    rows: list[StagedRow]
+    snapshot: Snapshot | None
+    exhausted: bool
 
 
 async def insert_batch(
@@ -61,42 +76,105 @@ async def insert_batch(
     await conn.execute(q("inbox_insert_batch"), sources, bodies, delivery_ids)
 
 
-async def claim_batch(
-    conn: Conn, *, limit: int, max_bytes: int, due_from: datetime | None = None
-) -> tuple[list[StagedRow], bool]:
-    """Due pending rows, locked for the caller's transaction (SKIP LOCKED), and whether more
-    may be due right now: the claim was full, or the byte budget left some of the rows it
-    locked. ``due_from``: a lower bound of every pending row's next_attempt_at (``due_from``),
-    None to scan from the head of the due index."""
-    recs = await conn.fetch(q("inbox_claim_batch"), limit, max_bytes, due_from)
-    more = len(recs) >= limit or (bool(recs) and recs[0]["locked"] > len(recs))
-    return [_staged(r) for r in recs], more
+async def read(conn: Conn, cursors: Sequence[Cursor], *, limit: int, max_bytes: int) -> Read:
+    """The next rows of these lanes (``gateway.core.lanes``); nothing is locked or written."""
+    p = read_params(cursors)
+    recs = await conn.fetch(
+        q("inbox_read"),
+        p.lanes,
+        p.dones,
+        p.windows,
+        p.pos_txids,
+        p.pos_ids,
+        p.start[0],
+        p.start[1],
+        p.in_progress,
+        limit,
+        max_bytes,
+    )
+    if not recs:
+        return Read([], None, True)
+    taken = recs[0]["taken"]
+    exhausted = taken < limit and taken == len(recs)
+    return Read([_staged(r) for r in recs], Snapshot.parse(recs[0]["snapshot"]), exhausted)
 
 
-async def due_from(conn: Conn) -> datetime:
-    """A lower bound of every pending row's next_attempt_at, for ``claim_batch``."""
-    at: datetime = await conn.fetchval(q("inbox_due_from"))
-    return at
+async def read_mode(conn: Conn, *, idle_ms: int) -> None:
+    """In the caller's transaction: ``read`` plans without sorts, and the transaction may not
+    sit idle longer than ``idle_ms``."""
+    await conn.execute(q("inbox_read_mode"), str(idle_ms))
 
 
-async def claim_row(conn: Conn, *, inbox_id: int) -> StagedRow | None:
-    r = await conn.fetchrow(q("inbox_claim_row"), inbox_id)
+async def get_row(conn: Conn, *, inbox_id: int) -> StagedRow | None:
+    r = await conn.fetchrow(q("inbox_get_row"), inbox_id)
     return None if r is None else _staged(r)
 
 
-async def claim_due_row(conn: Conn, *, inbox_id: int) -> StagedRow | None:
-    """One row alone, if still pending and due; locked for the caller's transaction."""
-    r = await conn.fetchrow(q("inbox_claim_due_row"), inbox_id)
-    return None if r is None else _staged(r)
+def advance_arg(cursors: Sequence[Cursor], moved: Sequence[Cursor]) -> list[dict[str, Any]]:
+    """The argument of ``inbox_advance``: each lane's version as read, and where it goes."""
+    was = {c.lane: c.version for c in cursors}
+    return [
+        {
+            "lane": c.lane,
+            "version": was[c.lane],
+            "done": c.done.text(),
+            "win": None if c.window is None else c.window.text(),
+            "pos_txid": None if c.pos is None else c.pos[0],
+            "pos_id": None if c.pos is None else c.pos[1],
+        }
+        for c in moved
+    ]
 
 
-async def stall_attempt(
+async def move_aside(
+    conn: Conn,
+    *,
+    row: StagedRow,
+    member: str,
+    cursors: Sequence[Cursor],
+    moved: Sequence[Cursor],
+    max_attempts: int,
+    delay_s: float,
+    error: str,
+) -> str | None:
+    """A row that failed where nothing could be recorded leaves its lane for ``inbox_parked``
+    (retried on its own), and the lane's cursor passes it; its state there."""
+    r = await conn.fetchrow(
+        q("inbox_move_aside"), row.id, max_attempts, member, advance_arg(cursors, moved), error, delay_s
+    )
+    return None if r is None else r["state"]
+
+
+async def parked_state(conn: Conn, *, inbox_id: int) -> str | None:
+    """The state of a webhook moved aside (None: it was not)."""
+    state: str | None = await conn.fetchval(q("inbox_parked_state"), inbox_id)
+    return state
+
+
+async def parked_claim(conn: Conn, *, limit: int) -> list[StagedRow]:
+    """Whole webhooks moved aside and due again, locked for the caller's transaction."""
+    return [
+        StagedRow(r["id"], r["source"], bytes(r["body"]), r["delivery_id"], r["attempts"])
+        for r in await conn.fetch(q("inbox_parked_claim"), limit)
+    ]
+
+
+async def parked_attempt(
     conn: Conn, *, inbox_id: int, max_attempts: int, delay_s: float, error: str
 ) -> tuple[str, int] | None:
-    """Count one attempt against a row that failed alone (dead at ``max_attempts``); its
-    state and attempts, or None if it is no longer pending."""
-    r = await conn.fetchrow(q("inbox_stall_attempt"), inbox_id, max_attempts, delay_s, error)
+    """One more attempt against a webhook moved aside (dead at ``max_attempts``); its state and
+    attempts, or None if it is no longer waiting for a retry."""
+    r = await conn.fetchrow(q("inbox_parked_attempt"), inbox_id, max_attempts, delay_s, error)
     return None if r is None else (r["state"], r["attempts"])
+
+
+async def parked_defer(conn: Conn, *, ids: Sequence[int], delay_s: float, error: str) -> None:
+    """The system failed while these were retried: due again later, no attempt counted."""
+    await conn.execute(q("inbox_parked_defer"), list(ids), delay_s, error)
+
+
+async def parked_done(conn: Conn, *, ids: Sequence[int]) -> None:
+    await conn.execute(q("inbox_parked_done"), list(ids))
 
 
 async def ensure_partition(conn: asyncpg.Connection | PoolConnectionProxy, *, table: str) -> bool:
@@ -107,8 +185,11 @@ async def ensure_partition(conn: asyncpg.Connection | PoolConnectionProxy, *, ta
         return bool(await conn.fetchval(q("inbox_ensure_partition"), table))
 
 
-async def apply_plan(conn: Conn, plan: Plan) -> Applied:
-    """handle_once for a whole batch: keys, side effects and row states in one statement."""
+async def apply_plan(
+    conn: Conn, plan: Plan, *, member: str | None = None, advance: list[dict[str, Any]] | None = None
+) -> Applied:
+    """handle_once for a whole batch: keys, side effects, rows moved aside and the lanes'
+    cursors (``advance``, from ``advance_arg``; None: none move) in one statement."""
     r = await conn.fetchrow(
         q("inbox_apply_batch"),
         plan.keys,
@@ -117,21 +198,17 @@ async def apply_plan(conn: Conn, plan: Plan) -> Applied:
         plan.statuses,
         plan.account_errors,
         plan.account_updates,
-        plan.done,
         plan.parked,
         plan.parked_why,
         orjson.dumps(plan.forwards).decode(),
         plan.key_days,
         plan.key_subjects,
         plan.links,
+        member,
+        advance,
     )
     assert r is not None
     return Applied(**dict(r))
-
-
-async def defer(conn: Conn, *, ids: Sequence[int], delay_s: float, error: str) -> None:
-    """The system failed on these rows: due again after ``delay_s``; no attempt counted."""
-    await conn.execute(q("inbox_defer"), list(ids), delay_s, error)
 
 
 async def notify(conn: Conn) -> None:

@@ -1,4 +1,8 @@
-"""One process at a time: a session-level advisory lock held on a dedicated connection."""
+"""One process at a time: a session-level advisory lock held on a dedicated connection.
+
+The lock lives in the server session: it goes with the connection (the holder's exit, a lost
+connection, a failover, where the old primary's sessions are gone with it), and the next
+process to reconnect, to the primary of the moment, takes it there."""
 
 from __future__ import annotations
 

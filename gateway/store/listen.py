@@ -1,7 +1,11 @@
-"""LISTEN with reconnection: how the consumers, the sender and the forwarder are woken.
+"""LISTEN with reconnection: how the consumers, the sender, the forwarder and the outcome
+waiter are woken.
 
 NOTIFY only shortens waits: each of those loops also polls, so a lost LISTEN connection costs
-latency, never work. One loop here keeps the listener up for as long as the process runs.
+latency, never work. One loop here keeps the listener up for as long as the process runs. A
+registration lives in the server session that made it: after a failover, or any lost
+connection, the loop connects again (to the new primary: ``gateway.store.db.connect_any``),
+LISTENs again, and wakes its owner once to catch up on what was published meanwhile.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -19,14 +24,20 @@ from gateway.core.aio import first_set, setter, sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.heartbeat import HEARTBEATS, Beat
 from gateway.core.planning import describe
+from gateway.store import db
 from gateway.store.db import connect
 
 log = logging.getLogger(__name__)
 
 Opener = Callable[[], AbstractAsyncContextManager[Any]]
-# An idle LISTEN connection is asked this often whether it is still there.
-KEEPALIVE_S = 30.0
-MAX_BACKOFF_S = 30.0
+# An idle LISTEN connection is asked this often whether it is still there (a server frozen or
+# cut off closes nothing: only an unanswered question finds it out).
+KEEPALIVE_S = 10.0
+# Reconnection backoff: 0.5 s doubling to this. Short: a failover's new primary should be
+# listened to within seconds of its promotion, and a try costs one connection attempt.
+MAX_BACKOFF_S = 5.0
+# A listener's application_name: this and its channel (a channel name is an identifier).
+LISTENER_NAME = "gateway LISTEN "
 
 
 @contextlib.asynccontextmanager
@@ -54,7 +65,9 @@ async def listen(
     """Call ``on_notify`` on every NOTIFY on ``channel`` (``on_payload`` with its payload
     instead, when given), and ``on_notify`` once on each (re)connection (rows may have come
     while nobody listened), until ``stop`` is set. A failed or lost connection is retried with
-    backoff (0.5 s doubling to 30 s), one warning per failure. An idle connection is asked
+    backoff (0.5 s doubling to ``MAX_BACKOFF_S``), one warning per failure, one line when
+    listening again; ``gateway.store.db.observers`` are told ("listen_up" / "listen_down",
+    ``channel``: the metrics count them). An idle connection is asked
     ``SELECT 1`` every ``keepalive_s``: a half-open one (a peer gone without a word) never
     reports its loss, and would stop the wake-ups for good; each answer is a heartbeat."""
 
@@ -66,16 +79,27 @@ async def listen(
 
     beat = HEARTBEATS.loop(f"LISTEN {channel}", liveness_s + 2 * keepalive_s + MAX_BACKOFF_S)
     attempt = 0
+    down_since: float | None = None  # when the last LISTEN session was lost (None: never)
     try:
         while not stop.is_set():
             beat()
+            up = False
             try:
                 async with open_conn() as conn:
                     lost = asyncio.Event()
                     on_lost = setter(lost)
                     conn.add_termination_listener(on_lost)
                     await conn.add_listener(channel, callback)
-                    attempt = 0
+                    # Operators (and the failover test) find the listeners in pg_stat_activity.
+                    await conn.execute(f"SET application_name = '{LISTENER_NAME}{channel}'")
+                    attempt, up = 0, True
+                    db.observe("listen_up", channel)
+                    if down_since is not None:
+                        log.info(
+                            "LISTEN %s: listening again after %.1f s (catching up by a poll)",
+                            channel,
+                            time.monotonic() - down_since,
+                        )
                     on_notify()
                     try:
                         await _hold(conn, stop, lost, keepalive_s, beat)
@@ -84,9 +108,15 @@ async def listen(
                         if not conn.is_closed():
                             with contextlib.suppress(Exception):
                                 await conn.remove_listener(channel, callback)
+                if not stop.is_set():
+                    raise ConnectionError("connection lost")
             except Exception as exc:
                 attempt += 1
                 log.warning("LISTEN %s failed (%s); polling meanwhile", channel, describe(exc))
+            finally:
+                if up:
+                    db.observe("listen_down", channel)
+                    down_since = time.monotonic()
             if not stop.is_set():
                 await sleep_unless_stopped(stop, backoff_delay(max(attempt, 1), 0.5, MAX_BACKOFF_S))
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -208,9 +208,48 @@ async def _resolve_tenant(conn: Conn, key: str, tenant: str | None) -> str | Non
     return tenant_name
 
 
-async def release(conn: Conn, key: str, tenant: str | None = None) -> str:
-    """review/unknown/failed → pending (an operator decided to send). Returns a one-line result."""
-    return await _transition(conn, "outbox_release", key, tenant, "released")
+class TooEarly(ValueError):
+    """An unknown row inside its reconcile window: its status may still come, and a release now
+    may send it twice. ``at``: when it may be released."""
+
+    def __init__(self, text: str, at: datetime) -> None:
+        super().__init__(text)
+        self.at = at
+
+
+def releasable_at(row: OutboxRow, window_s: float) -> datetime | None:
+    """When an unknown row's reconcile window ends (None: the row is not unknown). The window
+    runs from the moment its fate became unknown, as the reconciler's does."""
+    if row["state"] != OutboxState.UNKNOWN:
+        return None
+    since: datetime = row["unknown_at"] or row["updated_at"]
+    return since + timedelta(seconds=window_s)
+
+
+def utc_text(t: datetime) -> str:
+    return f"{t.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+
+
+async def release(
+    conn: Conn, key: str, tenant: str | None = None, *, window_s: float, may_duplicate: bool = False
+) -> str:
+    """review/unknown/failed → pending (an operator decided to send). Returns a one-line result.
+    An unknown row inside its reconcile window (``window_s``) is refused (``TooEarly``) unless
+    ``may_duplicate``: the operator accepts that the customer may get it twice."""
+    early: datetime | None = None
+    if may_duplicate:
+        row = await _row_of(conn, key, tenant)
+        at = None if row is None else releasable_at(row, window_s)
+        early = at if at is not None and at > datetime.now(UTC) else None
+    text = await _transition(
+        conn, "outbox_release", key, tenant, "released", window_s=window_s, may_duplicate=may_duplicate
+    )
+    if early is not None:
+        text += (
+            f" (before its reconcile window ended at {utc_text(early)}: the operator accepted that it"
+            " may be sent twice)"
+        )
+    return text
 
 
 async def cancel(conn: Conn, key: str, tenant: str | None = None) -> str:
@@ -218,11 +257,26 @@ async def cancel(conn: Conn, key: str, tenant: str | None = None) -> str:
     return await _transition(conn, "outbox_cancel", key, tenant, "cancelled")
 
 
-async def _transition(conn: Conn, query: str, key: str, tenant: str | None, verb: str) -> str:
+async def _row_of(conn: Conn, key: str, tenant: str | None) -> OutboxRow | None:
+    found = await _resolve_tenant(conn, key, tenant)
+    return None if found is None else await get(conn, tenant=found, key=key)
+
+
+async def _transition(
+    conn: Conn,
+    query: str,
+    key: str,
+    tenant: str | None,
+    verb: str,
+    *,
+    window_s: float = 0.0,
+    may_duplicate: bool = False,
+) -> str:
     found = await _resolve_tenant(conn, key, tenant)
     if found is None:
         raise LookupError(f"no outbox row with key {key!r}" + (f" for tenant {tenant!r}" if tenant else ""))
-    state = await conn.fetchval(q(query), found, key)
+    extra = (window_s, may_duplicate) if verb == "released" else ()
+    state = await conn.fetchval(q(query), found, key, *extra)
     if state is None:
         row = await get(conn, tenant=found, key=key)
         if row is None:
@@ -231,6 +285,15 @@ async def _transition(conn: Conn, query: str, key: str, tenant: str | None, verb
         if verb == "released" and reached and row["state"] in RELEASABLE:
             raise ValueError(
                 f"{found}/{key} is {row['state']} but {reached}: not {verb} (it would be sent twice)"
+            )
+        at = releasable_at(row, window_s)
+        if verb == "released" and not may_duplicate and at is not None and at > datetime.now(UTC):
+            raise TooEarly(
+                f"{found}/{key} is unknown since {utc_text(row['unknown_at'] or row['updated_at'])} and its "
+                f"status may still come (the reconcile window, GATEWAY_RECONCILE_WINDOW_S, is "
+                f"{window_s:g} s): not {verb} yet; it may be released from {utc_text(at)}, when the "
+                "reconciler also decides on it (a release before then may send it twice)",
+                at,
             )
         if verb == "released" and row["state"] in RELEASABLE:
             u = await conn.fetchrow(q("outbox_unprocessed_since"), found, key)
@@ -282,18 +345,35 @@ class Bulk:
     done: int
     refused: int  # release only: rows that must never be sent again (``never_again``)
     waiting: int = 0  # release only: rows whose period has unprocessed webhooks
+    early: int = 0  # release only: unknown rows inside their reconcile window
+    early_first: datetime | None = None  # when the first of those may be released
+    early_last: datetime | None = None  # and the last
+    released_early: int = 0  # released inside their window: the operator accepted duplicates
 
 
 async def release_bulk(
-    conn: Conn, *, state: OutboxState | str, since: float | None, until: float | None, tenant: str | None
+    conn: Conn,
+    *,
+    state: OutboxState | str,
+    since: float | None,
+    until: float | None,
+    tenant: str | None,
+    window_s: float,
+    may_duplicate: bool = False,
 ) -> Bulk:
     """Release every row in ``state`` changed in [since, until) (of ``tenant``), except rows
-    that reached the provider."""
+    that reached the provider, and unknown rows inside their reconcile window unless
+    ``may_duplicate``."""
     if OutboxState(state) not in RELEASABLE:
         raise ValueError(f"only review, unknown or failed rows can be released, not {state}")
-    r = await conn.fetchrow(q("outbox_release_bulk"), str(OutboxState(state)), since, until, tenant)
+    r = await conn.fetchrow(
+        q("outbox_release_bulk"), str(OutboxState(state)), since, until, tenant, window_s, may_duplicate
+    )
     assert r is not None
-    return Bulk(int(r["done"]), int(r["refused"]), int(r["waiting"]))
+    return Bulk(
+        int(r["done"]), int(r["refused"]), int(r["waiting"]), int(r["early"]), r["early_first"],
+        r["early_last"], int(r["released_early"]),
+    )  # fmt: skip
 
 
 async def cancel_bulk(

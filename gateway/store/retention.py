@@ -30,6 +30,7 @@ PURGES = {
     "outbox": "outbox_purge_terminal",
     "delivery_queue": "delivery_queue_purge_orphans",
     "dead_events": "dead_events_purge_done",
+    "inbox_parked": "inbox_parked_purge_done",
     "event_fragments": "event_fragments_purge",
     "media": "media_purge",
 }
@@ -56,13 +57,13 @@ async def days(conn: Conn, *, table: str) -> list[date]:
     return [r[0] for r in await conn.fetch(q("partition_days"), table)]
 
 
-_TABLE_NAME = re.compile(r"^[a-z_]+(_p[0-9]{8})?$")
+_TABLE_NAME = re.compile(r"[a-z_]+(_p[0-9]{8})?")
 
 
 def _ddl(query: str, **names: str) -> str:
     """A DDL statement of retention.sql with its table names filled in (checked, never input)."""
     for name in names.values():
-        if not _TABLE_NAME.match(name):
+        if not _TABLE_NAME.fullmatch(name):
             raise ValueError(f"not a partition name: {name!r}")
     return q(query).format(**names)
 

@@ -10,8 +10,8 @@ from functools import cache
 from pathlib import Path
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
-_MIGRATION = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-_FUNCTION = re.compile(r"^[a-z0-9_]+\.sql$")
+_MIGRATION = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
+_FUNCTION = re.compile(r"[a-z0-9_]+\.sql")
 
 
 def sql_dir() -> Path:
@@ -70,7 +70,7 @@ class Migration:
 def migrations() -> tuple[Migration, ...]:
     found: list[Migration] = []
     for path in sorted((sql_dir() / "migrations").glob("*.sql")):
-        m = _MIGRATION.match(path.name)
+        m = _MIGRATION.fullmatch(path.name)
         if not m:
             raise ValueError(f"migration file {path.name!r} is not named NNNN_name.sql")
         found.append(Migration(int(m.group(1)), m.group(2), path.read_text()))
@@ -98,7 +98,7 @@ class Function:
 def functions() -> tuple[Function, ...]:
     found: list[Function] = []
     for path in sorted((sql_dir() / "functions").glob("*.sql")):
-        if not _FUNCTION.match(path.name):
+        if not _FUNCTION.fullmatch(path.name):
             raise ValueError(f"function file {path.name!r} is not named <function>.sql")
         found.append(Function(path.stem, path.read_text()))
     return tuple(found)

@@ -9,6 +9,7 @@ import hashlib
 import itertools
 import random
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +99,9 @@ class FakeConfig:
     statuses: tuple[str, ...] = ("sent", "delivered", "read")
     duplicates: int = 0  # extra copies of each status webhook
     reorder: bool = False
+    # How long a status webhook answered 5xx (or not at all) is retried, backing off to 2 s
+    # apart, as Meta does for days; 0: three quick tries.
+    retry_s: float = 0.0
     webhook_delay_ms: float = 0.0
     seed: int | None = None
 
@@ -180,9 +184,13 @@ class Hub:
         for path, body, headers in events:
             if self.config.webhook_delay_ms:
                 await asyncio.sleep(self.config.webhook_delay_ms / 1000)
-            status = 0
-            # Meta retries; a few quick tries are enough for a fake.
-            for attempt in range(3):
+            status, tries = 0, 0
+            # Meta retries; a few quick tries are enough for a fake, unless told to keep on.
+            until = time.monotonic() + self.config.retry_s
+            for attempt in itertools.count():
+                if attempt >= 3 and (time.monotonic() >= until or 0 < status < 500):
+                    break
+                tries += 1
                 try:
                     async with self._session.post(
                         self.config.webhook_url + path, data=body, headers=headers
@@ -194,8 +202,8 @@ class Hub:
                     # The session's total timeout raises TimeoutError, not a ClientError; either
                     # way the next events of this batch must still be posted.
                     status = -1
-                await asyncio.sleep(0.05 * (attempt + 1))
-            self.webhooks.append({"path": path, "body": body.decode(), "status": status})
+                await asyncio.sleep(min(0.05 * (attempt + 1) * 2 ** max(0, attempt - 2), 2.0))
+            self.webhooks.append({"path": path, "body": body.decode(), "status": status, "attempts": tries})
 
     async def drain_webhooks(self, timeout: float = 10.0) -> None:
         """Wait until every scheduled webhook has been posted."""

@@ -161,7 +161,8 @@ def _env_int(environ: Mapping[str, str], name: str, default: int, lo: int, hi: i
 
 def settings_from(settings: Settings, environ: Mapping[str, str]) -> FakeSettings:
     """GATEWAY_FAKE_HOST/PORT (listen), _WEBHOOK_URL (the gateway it posts statuses to),
-    _APP_SECRET (default: the first Meta secret), _WEBHOOK_DUPLICATES, _WEBHOOK_REORDER."""
+    _APP_SECRET (default: the first Meta secret), _WEBHOOK_DUPLICATES, _WEBHOOK_REORDER,
+    _WEBHOOK_RETRY_S (how long a status webhook answered 5xx is retried)."""
     reorder = environ.get("GATEWAY_FAKE_WEBHOOK_REORDER", "").strip().lower()
     if reorder not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
         raise ValueError(f"GATEWAY_FAKE_WEBHOOK_REORDER: must be true or false, got {reorder!r}")
@@ -175,6 +176,7 @@ def settings_from(settings: Settings, environ: Mapping[str, str]) -> FakeSetting
         tenashi_token=settings.tenashi_token,
         duplicates=_env_int(environ, "GATEWAY_FAKE_WEBHOOK_DUPLICATES", 0, 0, 10),
         reorder=reorder in ("1", "true", "yes", "on"),
+        retry_s=_env_int(environ, "GATEWAY_FAKE_WEBHOOK_RETRY_S", 0, 0, 3600),
     )
     return FakeSettings(
         host=environ.get("GATEWAY_FAKE_HOST", "127.0.0.1").strip() or "127.0.0.1",

@@ -30,7 +30,7 @@ log = logging.getLogger("gateway.access")
 # The current request's id, for every log line written while handling it.
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 
-_SANE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_SANE_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 _WEBHOOK_OUTCOME = {
     200: "stored",
@@ -73,7 +73,7 @@ _ids = itertools.count(1)
 
 
 def request_id(given: str | None) -> str:
-    if given is not None and _SANE_ID.match(given):
+    if given is not None and _SANE_ID.fullmatch(given):
         return given
     return _new_id()
 
@@ -126,7 +126,7 @@ def middleware(rate: float) -> Middleware:
     @web.middleware
     async def access(request: web.Request, handler: Handler) -> web.StreamResponse:
         given = request.headers.get("X-Request-Id")
-        rid = given if given is not None and _SANE_ID.match(given) else _new_id()
+        rid = given if given is not None and _SANE_ID.fullmatch(given) else _new_id()
         token = REQUEST_ID.set(rid)
         started = time.perf_counter()
         status = 500

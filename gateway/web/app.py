@@ -99,13 +99,14 @@ def build_app(settings: Settings) -> web.Application:
     app[GRAPH_API] = GraphApi(settings, app[MEDIA_API], OutcomeWaiter(settings))
     app[HEALTH] = Health()
     app.router.add_routes(app[WEBHOOKS].routes())
-    app.router.add_routes(app[HEALTH].routes(metrics=not settings.metrics_port))
+    # /metrics names destinations and phone-number ids: never on the public port unless asked for.
+    app.router.add_routes(app[HEALTH].routes(metrics=settings.metrics_public))
     app.router.add_routes(app[SEND_API].routes())
     app.router.add_routes(app[MEDIA_API].routes())
     # Last: its paths (/{version}/...) take only what no other route matched.
     app.router.add_routes(app[GRAPH_API].routes())
     app.on_cleanup.append(app[MEDIA_API].close)
-    if settings.metrics_port:
+    if settings.metrics_port and not settings.metrics_public:
         app.cleanup_ctx.append(_metrics_listener)
     app.cleanup_ctx.append(_database)
     app.cleanup_ctx.append(_outcomes)

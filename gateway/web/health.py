@@ -1,5 +1,5 @@
-"""/healthz (process up, every long-running loop beating), /readyz (database reachable,
-schema current), /metrics.
+"""/healthz (process up, every long-running loop beating), /readyz (a writable primary
+reachable, schema current), /metrics.
 
 ``/healthz`` answers 503, naming them, when loops of the process have not beaten within their
 bound (``gateway.core.heartbeat``): a supervisor (the serve parent, an orchestrator's probe)
@@ -27,8 +27,9 @@ from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry, multiprocess
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from gateway import metrics
 from gateway.core.heartbeat import HEARTBEATS
-from gateway.store.db import latest_version, schema_version
+from gateway.store.db import latest_version, readiness
 
 log = logging.getLogger(__name__)
 
@@ -82,21 +83,28 @@ class Health:
         return routes
 
     async def probe(self) -> None:
-        """Check the database and the schema once; the answer ``/readyz`` gives until the next."""
+        """Check the database and the schema once; the answer ``/readyz`` gives until the next.
+        Ready needs a primary that takes writes: during a failover (no primary yet, or a
+        pooled connection still on a server that became a standby or read-only) it is 503, and
+        the pool's connections are replaced, so new ones find the writable primary."""
         try:
             assert self.pool is not None, "database not up yet"
             async with asyncio.timeout(self.timeout_s):
-                version = await schema_version(self.pool)
+                version, writable = await readiness(self.pool)
         except Exception as exc:
             self._set(503, {"status": "unavailable", "reason": f"database: {type(exc).__name__}"})
             return
         want = latest_version()
-        if version < want:
+        if not writable:
+            await self.pool.expire_connections()
+            self._set(503, {"status": "unavailable", "reason": "database: not a writable primary"})
+        elif version < want:
             self._set(503, {"status": "unavailable", "reason": f"schema at {version}, want {want}"})
         else:
             self._set(200, {"status": "ready", "schema": version})
 
     def _set(self, status: int, body: dict[str, Any]) -> None:
+        metrics.DB_WRITABLE.set(1 if status == 200 else 0)
         if status != self._status:
             log.log(logging.INFO if status == 200 else logging.WARNING, "readiness: %s", body)
         self._status, self._body, self._checked_at = status, body, time.monotonic()

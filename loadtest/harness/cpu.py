@@ -63,9 +63,8 @@ class CpuMeter:
         self.t0 = time.monotonic()
         self.m0 = psutil.cpu_times()
 
-    def shares(self) -> dict[str, float]:
-        """Cores used on average (1.0 = one core busy all the time)."""
-        wall = time.monotonic() - self.t0
+    def used(self) -> dict[str, float]:
+        """CPU seconds each group used since ``start``."""
         out: dict[str, float] = {}
         for k, pids in self._pids().items():
             used = 0.0
@@ -73,7 +72,13 @@ class CpuMeter:
                 c = _cpu(pid)
                 if c is not None:
                     used += c - self.c0.get(pid, 0.0)  # a process born in the phase started at 0
-            out[k] = round(used / wall, 2)
+            out[k] = used
+        return out
+
+    def shares(self) -> dict[str, float]:
+        """Cores used on average (1.0 = one core busy all the time)."""
+        wall = time.monotonic() - self.t0
+        out = {k: round(v / wall, 2) for k, v in self.used().items()}
         m1 = psutil.cpu_times()
         steal = getattr(m1, "steal", 0.0) - getattr(self.m0, "steal", 0.0)  # Linux only
         busy = sum(m1) - m1.idle - (sum(self.m0) - self.m0.idle) - steal

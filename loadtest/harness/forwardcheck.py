@@ -16,21 +16,18 @@ exactly once (it deduplicates copies by ``webhook-id``), and every delivery must
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-from pathlib import Path
 from typing import Any
-
-import aiohttp
 
 from gateway.core import forwarding, stdwebhooks
 from gateway.store import deliveries
 from gateway.store.db import connect
-from gateway.testing.ports import free_port
-from loadtest.harness import processes
+from loadtest.harness.receiver import Receiver
+from loadtest.harness.sql import queries
 from loadtest.harness.stats import percentile
 
 DEST = "loadtest"
+SQL = queries("forwarding.sql")
 
 # The gateway's forwarder, tuned for a run of minutes (production defaults retry for hours).
 GATEWAY_ENV = {
@@ -48,28 +45,6 @@ def new_secret(fmt: str) -> str:
     return forwarding.new_secret(fmt)
 
 
-def start_receiver(
-    secret: str, log_dir: Path, max_s: float, *, meta: bool = False, name: str = "receiver"
-) -> processes.Proc:
-    """The fake receiver in its own process (``meta``: of a Meta-format destination)."""
-    port = free_port()
-    env = {
-        **processes.gateway_env("", 0, processes.DEFAULT_SECRETS, consumers=False),
-        "FAKE_RECEIVER_SECRET": secret,
-    }
-    argv = [
-        sys.executable,
-        "-m",
-        "gateway.testing.fake_receiver",
-        "--port",
-        str(port),
-        "--max-seconds",
-        str(max_s),
-        *(["--meta"] if meta else []),
-    ]
-    return processes.Proc(f"fake-{name}", argv, env, log_dir / f"{name}.log", port)
-
-
 async def register(dsn: str, url: str, secret: str, fmt: str = "standard") -> None:
     conn = await connect(dsn)
     try:
@@ -81,28 +56,17 @@ async def register(dsn: str, url: str, secret: str, fmt: str = "standard") -> No
         await conn.close()
 
 
-async def _post(base: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as http:
-        if body is None:
-            async with http.get(base + path, params={"ids": "1"}) as r:
-                out: dict[str, Any] = await r.json()
-                return out
-        async with http.post(base + path, json=body) as r:
-            out = await r.json()
-            return out
-
-
-async def faults(base: str, duration_s: float, outage_s: float) -> None:
+async def faults(rx: Receiver, duration_s: float, outage_s: float) -> None:
     """10 % 5xx and 2 % late answers for the whole run; one outage in the middle."""
-    await _post(base, "/_fake/config", {"p_5xx": 0.10, "p_timeout": 0.02, "timeout_s": 1.5})
+    await rx.config(p_5xx=0.10, p_timeout=0.02, timeout_s=1.5)
     await asyncio.sleep(max(0.0, duration_s / 2 - outage_s / 2))
-    await _post(base, "/_fake/config", {"outage": True})
+    await rx.config(outage=True)
     await asyncio.sleep(outage_s)
-    await _post(base, "/_fake/config", {"outage": False})
+    await rx.config(outage=False)
 
 
 async def verify(
-    dsn: str, base: str, start_inbox_id: int, timeout_s: float, fmt: str = "standard"
+    dsn: str, rx: Receiver, start_inbox_id: int, timeout_s: float, fmt: str = "standard"
 ) -> dict[str, Any]:
     """Every key processed in the run reached the receiver once (a Meta-format destination: every
     Meta event's; Tenashi events, evt: keys, have no Meta shape); every delivery delivered."""
@@ -110,33 +74,23 @@ async def verify(
     try:
         keys = {
             r["event_key"]
-            for r in await conn.fetch(
-                "SELECT event_key FROM processed_webhook_events WHERE inbox_id > $1", start_inbox_id
-            )
+            for r in await conn.fetch(SQL["fw_keys_processed_since"], start_inbox_id)
             if fmt == "standard" or not r["event_key"].startswith("evt:")
         }
         deadline = time.monotonic() + timeout_s
         while True:
-            states = {
-                r["state"]: r["n"]
-                for r in await conn.fetch("SELECT state, count(*) AS n FROM deliveries GROUP BY 1")
-            }
+            states = {r["state"]: r["n"] for r in await conn.fetch(SQL["fw_states"])}
             if set(states) <= {"delivered"} or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.5)
-        received = {
-            r["webhook_id"]: r["at"]
-            for r in await conn.fetch(
-                "SELECT webhook_id, extract(epoch FROM received_at)::float8 AS at FROM deliveries"
-            )
-        }
-        delivered_keys = {r["event_key"] for r in await conn.fetch("SELECT event_key FROM deliveries")}
+        received = {r["webhook_id"]: r["at"] for r in await conn.fetch(SQL["fw_received_at"])}
+        delivered_keys = {r["event_key"] for r in await conn.fetch(SQL["fw_delivery_keys"])}
     finally:
         await conn.close()
-    rx = await _post(base, "/_fake/state")
-    processed = set(rx["ids"])
+    got = await rx.state(ids=True)
+    processed = set(got["ids"])
     # Receipt by the gateway -> processed by the receiver (the bot's handler), per event.
-    latency = sorted((rx["ids"][i] - received[i]) * 1000 for i in processed if i in received)
+    latency = sorted((got["ids"][i] - received[i]) * 1000 for i in processed if i in received)
     expected = {stdwebhooks.webhook_id(DEST, k) for k in keys}
     result = {
         "events": len(keys),
@@ -145,10 +99,10 @@ async def verify(
         "lost": len(expected - processed),
         "unexpected": len(processed - expected),
         "without_delivery": len(keys - delivered_keys),
-        "attempts": rx["attempts"],
-        "copies_deduplicated": rx["duplicates"],
-        "bad_signatures": rx["bad_signatures"],
-        "answers": rx["answered"],
+        "attempts": got["attempts"],
+        "copies_deduplicated": got["duplicates"],
+        "bad_signatures": got["bad_signatures"],
+        "answers": got["answered"],
         "receipt_to_handler_ms": {
             "events": len(latency),
             "p50": percentile(latency, 50),

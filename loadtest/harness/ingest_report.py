@@ -21,18 +21,13 @@ def bench_verdict(result: dict[str, Any]) -> report.Verdict:
     v = report.Verdict()
     t = result.get("targets") or {}
     if "gateway_vs_bare" in t:
-        v.targets += [
-            report.Target(
-                "gateway / bare throughput", t["gateway_vs_bare"]["value"], TARGET_VS_BARE, ">=", "x"
-            ),
-            report.Target(
-                "gateway / insert-per-request throughput",
-                t["gateway_vs_insert"]["value"],
-                TARGET_VS_INSERT,
-                ">=",
-                "x",
-            ),
-        ]
+        rounds = result.get("ratio_rounds") or {}
+        for key, name, goal in (
+            ("gateway_vs_bare", "gateway / bare throughput", TARGET_VS_BARE),
+            ("gateway_vs_insert", "gateway / insert-per-request throughput", TARGET_VS_INSERT),
+        ):
+            per_round = tuple(rounds.get(key, ()))
+            v.targets.append(report.Target(name, t[key]["value"], goal, ">=", "x", per_round))
     if "p99_ms_at_half" in t:
         v.targets += [
             report.Target(
@@ -49,7 +44,11 @@ def bench_verdict(result: dict[str, Any]) -> report.Verdict:
         fx = result["fixed"]
         for key, ratio in fx["ratios"].items():
             goal = fixed.TARGET_EDGE if key.startswith("edge") else fixed.TARGET_SERVE
-            v.targets.append(report.Target(f"wrk {key}", ratio["median"], goal, ">=", "x"))
+            v.targets.append(report.Target.median(f"wrk {key} throughput", ratio["rounds"], goal, ">=", "x"))
+        for key, ratio in fx.get("cost_ratios", {}).items():
+            v.targets.append(
+                report.Target.median(f"wrk {key}", ratio["rounds"], fixed.TARGET_SERVE_COST, "<=", "x")
+            )
         for run in fx["runs"]:
             if run["non2xx"] or run["socket_errors"]:
                 v.failed_checks.append(
@@ -161,13 +160,18 @@ def fixed_table(fx: dict[str, Any]) -> str:
                 f"{run['p50_ms']:.2f}",
                 f"{run['p99_ms']:.2f}",
                 " / ".join(f"{cpu.get(k, 0):.2f}" for k in ("server", "postgres", "machine", "steal")),
+                " + ".join(f"{run.get('us_per_request', {}).get(k, 0):.0f}" for k in ("server", "postgres")),
                 f"{run['non2xx']}/{run['socket_errors']}",
                 str(run["repeats"]),
                 backlog,
             )
         )
-    out = "fixed connections (wrk -t1; cores used: server tree / postgres / machine / stolen)\n"
-    head = ("round", "conns", "server", "req/s", "p50 ms", "p99 ms", "cores", "non2xx/err", "repeats")
+    out = (
+        "fixed connections (wrk -t1; cores used: server tree / postgres / machine / stolen; CPU per request "
+        "until the run's work is done)\n"
+    )
+    head = ("round", "conns", "server", "req/s", "p50 ms", "p99 ms", "cores", "us/req srv + pg", "non2xx/err",
+            "repeats")  # fmt: skip
     out += report.table((*head, "backlog"), rows)
     ratio_rows = []
     for key, ratio in fx["ratios"].items():
@@ -179,6 +183,16 @@ def fixed_table(fx: dict[str, Any]) -> str:
                 " / ".join(f"{x:.2f}" for x in ratio["rounds"]),
                 f">= {goal}",
                 _yes(ratio["median"] >= goal),
+            )
+        )
+    for key, ratio in fx.get("cost_ratios", {}).items():
+        ratio_rows.append(
+            (
+                key,
+                f"{ratio['median']:.2f}",
+                " / ".join(f"{x:.2f}" for x in ratio["rounds"]),
+                f"<= {fixed.TARGET_SERVE_COST}",
+                _yes(ratio["median"] <= fixed.TARGET_SERVE_COST),
             )
         )
     return out + "\n\n" + report.table(("ratio", "median", "rounds", "goal", "met"), ratio_rows)

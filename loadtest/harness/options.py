@@ -14,7 +14,6 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1, help="payload RNG seed (ids stay unique per run)")
     p.add_argument("--connections", type=int, default=512, help="max keep-alive connections")
     p.add_argument("--timeout", type=float, default=10.0, help="per-request timeout, seconds")
-    p.add_argument("--results", type=Path, default=RESULTS, help="directory for JSON/HTML results")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument(
         "--database-url",

@@ -1,5 +1,6 @@
-"""The processes a self-contained run starts: embedded PostgreSQL, ``gateway serve``, the fake
-provider and the benchmark's baseline servers; each on a free port, each stopped at the end."""
+"""The one launcher of the processes a command starts: embedded PostgreSQL, ``gateway serve``
+(and ``console``), the fake provider, the fake receiver and the benchmarks' baseline servers
+(loadtest.harness.servers); each on a free port with its log file, each stopped at the end."""
 
 from __future__ import annotations
 
@@ -170,41 +171,59 @@ def start_serve(dsn: str, secrets: Secrets, log_dir: Path, extra: dict[str, str]
     return Proc("serve", [sys.executable, "-m", "gateway", "serve"], env, log_dir / "serve.log", port)
 
 
-def start_fake_provider(dsn: str, secrets: Secrets, log_dir: Path, webhook_url: str) -> Proc:
+def start_fake_provider(
+    dsn: str, secrets: Secrets, log_dir: Path, webhook_url: str, extra: dict[str, str] | None = None
+) -> Proc:
     port = free_port()
     env = gateway_env(
         dsn,
         free_port(),
         secrets,
         consumers=False,
-        extra={"GATEWAY_FAKE_PORT": str(port), "GATEWAY_FAKE_WEBHOOK_URL": webhook_url},
+        extra={"GATEWAY_FAKE_PORT": str(port), "GATEWAY_FAKE_WEBHOOK_URL": webhook_url, **(extra or {})},
     )
     return Proc(
         "fake-provider", [sys.executable, "-m", "gateway", "fake-provider"], env, log_dir / "fake.log", port
     )
 
 
-def start_baseline(kind: str, dsn: str, secrets: Secrets, log_dir: Path, pool_max: int) -> Proc:
-    """A baseline server of ``loadtest.bench_servers``: ``bare`` or ``insert``."""
+def start_baseline(
+    kind: str, dsn: str, secrets: Secrets, log_dir: Path, pool_max: int, extra: list[str] | None = None
+) -> Proc:
+    """A baseline server of ``loadtest.harness.servers``: ``bare``, ``insert`` or ``relay``
+    (``extra``: its own options)."""
     port = free_port()
-    env = dict(os.environ)
     argv = [
-        sys.executable,
-        "-m",
-        "loadtest.harness.servers",
-        kind,
-        "--port",
-        str(port),
-        "--dsn",
-        dsn,
-        "--secret",
-        secrets.meta,
-        "--tenashi-secret",
-        secrets.tenashi,
-        "--pool-max",
-        str(pool_max),
-    ]
-    return Proc(kind, argv, env, log_dir / f"{kind}.log", port)
+        sys.executable, "-m", "loadtest.harness.servers", kind, "--port", str(port), "--dsn", dsn,
+        "--secret", secrets.meta, "--tenashi-secret", secrets.tenashi, "--pool-max", str(pool_max),
+        *(extra or []),
+    ]  # fmt: skip
+    return Proc(kind, argv, dict(os.environ), log_dir / f"{kind}.log", port)
+
+
+def start_receiver(
+    secret: str, log_dir: Path, max_s: float, *, meta: bool = False, name: str = "receiver"
+) -> Proc:
+    """The fake receiver (gateway.testing.fake_receiver; ``meta``: of a Meta-format
+    destination); ready when its port accepts (``wait_ready(None)``)."""
+    port = free_port()
+    env = {**gateway_env("", 0, DEFAULT_SECRETS, consumers=False), "FAKE_RECEIVER_SECRET": secret}
+    argv = [
+        sys.executable, "-m", "gateway.testing.fake_receiver",
+        "--port", str(port), "--max-seconds", str(max_s), *(["--meta"] if meta else []),
+    ]  # fmt: skip
+    return Proc(f"fake-{name}", argv, env, log_dir / f"{name}.log", port)
+
+
+def start_console(dsn: str, token: str, log_dir: Path) -> Proc:
+    """``gateway console`` with one operator token; ready when ``/login`` answers."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env.update(
+        DATABASE_URL=dsn, GATEWAY_CONSOLE_PORT=str(port), GATEWAY_CONSOLE_TOKENS=f"bench:{token}",
+        GATEWAY_LOG_LEVEL="warning",
+    )  # fmt: skip
+    return Proc("console", [sys.executable, "-m", "gateway", "console"], env, log_dir / "console.log", port)
 
 
 class RssSampler:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,13 +50,20 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 # ---- verdict --------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Target:
-    """One named goal: ``value`` compared with ``goal`` (``<=`` or ``>=``)."""
+    """One named goal: ``value`` compared with ``goal`` (``<=`` or ``>=``); ``rounds``: the
+    value of each round when ``value`` is their median (``median``)."""
 
     name: str
     value: float | None
     goal: float
     op: str  # "<=" | ">="
     unit: str = ""
+    rounds: tuple[float, ...] = ()
+
+    @classmethod
+    def median(cls, name: str, rounds: Sequence[float], goal: float, op: str, unit: str = "") -> Target:
+        """The median of the rounds judged (no round: no value, missed)."""
+        return cls(name, statistics.median(rounds) if rounds else None, goal, op, unit, tuple(rounds))
 
     @property
     def met(self) -> bool:
@@ -65,7 +73,12 @@ class Target:
 
     def line(self) -> str:
         value = "-" if self.value is None else f"{self.value:.4g}{self.unit}"
-        return f"{self.name}: {value} (goal {self.op} {self.goal:.4g}{self.unit})"
+        rounds = f", rounds {' / '.join(f'{r:.4g}' for r in self.rounds)}" if len(self.rounds) > 1 else ""
+        return f"{self.name}: {value} (goal {self.op} {self.goal:.4g}{self.unit}{rounds})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "value": self.value, "goal": self.goal, "op": self.op, "unit": self.unit,
+                "met": self.met, "rounds": list(self.rounds)}  # fmt: skip
 
 
 @dataclass
@@ -93,13 +106,19 @@ class Verdict:
             return "PASS" + (f" ({'; '.join(self.notes)})" if self.notes else "")
         return "FAIL: " + "; ".join(self.reasons())
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Verdict:
+        """A verdict as ``as_dict`` wrote it."""
+        targets = [
+            Target(t["name"], t["value"], t["goal"], t["op"], t.get("unit", ""), tuple(t.get("rounds") or ()))
+            for t in d.get("targets", [])
+        ]
+        return cls(targets, list(d.get("failed_checks", [])), list(d.get("notes", [])))
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "verdict": self.word,
-            "targets": [
-                {"name": t.name, "value": t.value, "goal": t.goal, "op": t.op, "unit": t.unit, "met": t.met}
-                for t in self.targets
-            ],
+            "targets": [t.as_dict() for t in self.targets],
             "failed_checks": self.failed_checks,
             "notes": self.notes,
         }
@@ -192,9 +211,7 @@ def run_charts(result: dict[str, Any], verdict: Verdict | None = None) -> list[s
         )
     if any("pending" in s for s in samples):
         charts.append(
-            line_chart(
-                "Backlog (pending inbox rows)", [("pending", series(samples, "t", "pending"))], "rows"
-            )
+            line_chart("Backlog (pending inbox rows)", [("pending", series(samples, "t", "pending"))], "rows")
         )
         charts.append(
             line_chart(

@@ -5,12 +5,12 @@
 -- generic plan still uses them as index conditions.
 
 -- name: console_dead_rows
--- Whole webhooks parked dead (not JSON), newest id first, on webhook_inbox_dead per day
--- partition; $1 before id, $2/$3 received in [since, until), $4 limit.
-SELECT id, source, received_at, delivery_id, attempts, octet_length(body) AS bytes, last_error
-FROM webhook_inbox
-WHERE state = 'dead' AND id < $1 AND received_at >= $2 AND received_at < $3
-ORDER BY id DESC
+-- Whole webhooks parked dead (not JSON, or failing on their own), newest id first, on
+-- inbox_parked's primary key; $1 before id, $2/$3 received in [since, until), $4 limit.
+SELECT inbox_id AS id, source, received_at, delivery_id, attempts, octet_length(body) AS bytes, last_error
+FROM inbox_parked
+WHERE state = 'dead' AND inbox_id < $1 AND received_at >= $2 AND received_at < $3
+ORDER BY inbox_id DESC
 LIMIT $4;
 
 -- name: console_dead_items
@@ -37,7 +37,7 @@ LIMIT $6;
 -- name: console_dead_count
 -- What a replay of a range would touch, each counted up to $3: dead rows and dead events
 -- received in [$1, $2).
-SELECT (SELECT count(*) FROM (SELECT FROM webhook_inbox
+SELECT (SELECT count(*) FROM (SELECT FROM inbox_parked
                               WHERE state = 'dead' AND received_at >= $1 AND received_at < $2
                               LIMIT $3) r) AS rows,
        (SELECT count(*) FROM (SELECT FROM dead_events
@@ -345,12 +345,13 @@ SELECT
                            WHERE received_at >= now() - interval '60 seconds'
                              AND id > (SELECT max(id) FROM webhook_inbox) - $2
                            LIMIT $2) x) AS ingest_last_minute,
-    (SELECT count(*) FROM (SELECT FROM webhook_inbox WHERE state = 'pending' LIMIT $1) x) AS inbox_pending,
-    (SELECT coalesce(extract(epoch FROM clock_timestamp() - min(next_attempt_at)), 0)::float8
-     FROM (SELECT next_attempt_at FROM webhook_inbox WHERE state = 'pending'
-           AND next_attempt_at <= clock_timestamp()
-           ORDER BY next_attempt_at LIMIT 1) x) AS inbox_oldest_due_s,
-    (SELECT count(*) FROM (SELECT FROM webhook_inbox WHERE state = 'dead' LIMIT $1) x) AS dead_rows,
+    (SELECT count(*) FROM (SELECT FROM inbox_unprocessed() WHERE state = 'pending' LIMIT $1) x) AS inbox_pending,
+    (SELECT coalesce(extract(epoch FROM clock_timestamp() - least(
+                inbox_oldest_unread(),
+                (SELECT min(next_attempt_at) FROM inbox_parked
+                 WHERE state = 'retry' AND next_attempt_at <= clock_timestamp()))), 0)::float8)
+        AS inbox_oldest_due_s,
+    (SELECT count(*) FROM (SELECT FROM inbox_parked WHERE state = 'dead' LIMIT $1) x) AS dead_rows,
     (SELECT count(*) FROM (SELECT FROM dead_events WHERE state = 'dead' AND state <> 'done' LIMIT $1) x)
         AS dead_events,
     (SELECT count(*) FROM (SELECT FROM dead_events WHERE state = 'retry' AND state <> 'done' LIMIT $1) x)

@@ -8,67 +8,186 @@ SELECT source, body, delivery_id
 FROM unnest($1::text[], $2::bytea[], $3::text[]) WITH ORDINALITY AS t(source, body, delivery_id, n)
 ORDER BY n;
 
--- name: inbox_claim_batch
--- Due pending rows, locked for this transaction; other consumers skip them. Bodies are
--- read only up to a byte budget ($2; the first row always), so a backlog of 3 MB payloads
--- cannot make one batch huge: rows past the budget stay pending and are unlocked at COMMIT.
--- The join carries received_at (the partition key) so each row is read from its partition.
--- Each row also says how many rows the claim locked: more than it returned means the budget
--- left some (more are due at once).
--- $3 (NULL: none) is a lower bound of every pending row's next_attempt_at (inbox_due_from):
--- the scan of webhook_inbox_due starts there, past the entries that rows done since the last
--- vacuum left dead at the head of the index, which every claim would otherwise walk again.
-WITH claimed AS (
-    SELECT id, received_at, next_attempt_at, octet_length(body) AS size
-    FROM webhook_inbox
-    WHERE state = 'pending' AND next_attempt_at >= coalesce($3, '-infinity'::timestamptz)
-      AND next_attempt_at <= clock_timestamp()
-    ORDER BY next_attempt_at, id
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
+-- name: inbox_read
+-- The next rows of a set of lanes (gateway/core/lanes.py), in (txid, id) order: each lane's
+-- rows of transactions not visible in its done snapshot, visible in its window's snapshot
+-- (a lane without a window: this statement's), and past its position in that window. Bodies
+-- are read only up to a byte budget ($11; the first row always), so a backlog of 3 MB payloads
+-- cannot make one batch huge.
+-- $1 the lanes; per lane, at its number + 1: $2 done snapshots, $3 windows (NULL: none),
+-- $4/$5 positions (txid, id; NULL without a window); ($6, $7) a key every unread row is past,
+-- but for the rows of transactions $8 (running when a done snapshot was taken); $9 most rows.
+-- Each row carries this statement's snapshot and how many rows the limit let through (more
+-- than returned: the budget cut the batch).
+-- The two scans walk webhook_inbox_log from where unread rows start, never the rows read
+-- before, and stop at the limit: a merge of the day partitions' index scans in order (the
+-- caller turns enable_sort off for this statement: a sort would read the whole backlog to
+-- find its first rows, which a generic plan's guess at the filters' selectivity invites).
+-- The lanes' equality keeps the read on their shard on Citus (a consumer reads the lanes of
+-- one shard at a time: inbox_lanes.shard).
+WITH a AS MATERIALIZED (
+    SELECT $2::text[]::pg_snapshot[] AS dones, $3::text[]::pg_snapshot[] AS wins,
+           $4::bigint[]::text[]::xid8[] AS ptx, $5::bigint[] AS pid, pg_current_snapshot() AS now
+), r AS (
+    (SELECT w.id, w.received_at, w.txid, w.lane, octet_length(w.body) AS size
+     FROM webhook_inbox w
+     WHERE w.txid >= $6::bigint::text::xid8 AND (w.txid, w.id) > ($6::bigint::text::xid8, $7::bigint)
+       AND w.lane = ANY ($1::smallint[])
+       AND NOT pg_visible_in_snapshot(w.txid, ((SELECT dones FROM a))[w.lane + 1])
+       AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[w.lane + 1], (SELECT now FROM a)))
+       AND (((SELECT wins FROM a))[w.lane + 1] IS NULL
+            OR (w.txid, w.id) > (((SELECT ptx FROM a))[w.lane + 1], ((SELECT pid FROM a))[w.lane + 1]))
+     ORDER BY w.txid, w.id
+     LIMIT $9)
+    UNION ALL
+    (SELECT w.id, w.received_at, w.txid, w.lane, octet_length(w.body) AS size
+     FROM webhook_inbox w
+     WHERE w.txid = ANY ($8::bigint[]::text[]::xid8[])
+       AND (w.txid, w.id) <= ($6::bigint::text::xid8, $7::bigint)
+       AND w.lane = ANY ($1::smallint[])
+       AND NOT pg_visible_in_snapshot(w.txid, ((SELECT dones FROM a))[w.lane + 1])
+       AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[w.lane + 1], (SELECT now FROM a)))
+       AND ((SELECT wins FROM a))[w.lane + 1] IS NULL
+     ORDER BY w.txid, w.id
+     LIMIT $9)
+), picked AS (
+    SELECT r.id, r.received_at, r.txid, r.lane, r.size FROM r ORDER BY r.txid, r.id LIMIT $9
 ), budget AS (
-    SELECT id, received_at, next_attempt_at, sum(size) OVER (ORDER BY next_attempt_at, id) - size AS before
-    FROM claimed
+    SELECT p.*, sum(p.size) OVER (ORDER BY p.txid, p.id) - p.size AS before FROM picked p
 )
-SELECT w.id, w.source, w.body, w.delivery_id, w.attempts, (SELECT count(*) FROM claimed) AS locked
+SELECT w.id, w.txid::text::bigint AS txid, w.lane, w.source, w.body, w.delivery_id,
+       (SELECT now::text FROM a) AS snapshot, (SELECT count(*) FROM picked) AS taken
 FROM budget b JOIN webhook_inbox w ON w.id = b.id AND w.received_at = b.received_at
-WHERE b.before = 0 OR b.before + octet_length(w.body) <= $2
-ORDER BY b.next_attempt_at, b.id;
+WHERE b.before = 0 OR b.before + b.size <= $10
+ORDER BY b.txid, b.id;
 
--- name: inbox_due_from
--- The bound a claim starts from ($3 above): the oldest pending row's next_attempt_at, at most
--- a second ago. Read on the due index from its head (this walks the dead entries once, not
--- once per claim). A row is written pending with a next_attempt_at of its transaction's start
--- or later (insert, defer, replay, a failed attempt), so only a row whose insert took longer
--- than the second to commit can fall below the bound, and the next reading sees it.
-SELECT least(min(next_attempt_at), clock_timestamp() - interval '1 second')
-FROM webhook_inbox WHERE state = 'pending';
+-- name: inbox_read_mode
+-- The consumer's read plans without sorts (see inbox_read), and its transaction may not sit
+-- idle past $1 milliseconds (see gateway/inbound/consumer.py).
+SELECT set_config('enable_sort', 'off', true), set_config('idle_in_transaction_session_timeout', $1, true);
 
--- name: inbox_claim_row
--- One row again, for the one-by-one fallback after a batch failed.
-SELECT id, source, body, delivery_id, attempts
-FROM webhook_inbox
-WHERE id = $1 AND state = 'pending'
+-- name: inbox_get_row
+-- One row again by id, for a row taken alone or moved aside.
+SELECT id, txid::text::bigint AS txid, lane, source, body, delivery_id, received_at
+FROM webhook_inbox WHERE id = $1;
+
+-- name: lanes_cursors
+-- The cursors of lanes $1 that member $2 owns.
+SELECT lane, shard, version, done_snap::text AS done, win_snap::text AS win,
+       pos_txid::text::bigint AS pos_txid, pos_id
+FROM inbox_lanes WHERE lane = ANY ($1::smallint[]) AND owner = $2
+ORDER BY lane;
+
+-- name: lanes_member_beat
+-- Member $1 is alive; its connection is this one (a member whose backend is gone has died).
+-- A member new to the table tells the others (NOTIFY webhook_inbox 'lanes'), so that they make
+-- room for it at once rather than at their next renewal.
+-- (Identical notifications of one transaction are delivered once.)
+INSERT INTO consumer_members (member, pid, backend_start, seen_at)
+SELECT $1, pg_backend_pid(), a.backend_start, clock_timestamp()
+FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
+ON CONFLICT (member) DO UPDATE SET pid = excluded.pid, backend_start = excluded.backend_start,
+                                   seen_at = excluded.seen_at
+RETURNING CASE WHEN xmax = 0 THEN pg_notify('webhook_inbox', 'lanes') END;
+
+-- name: lanes_members
+-- The live members: seen within $1 seconds and their connection still open; the others'
+-- rows go.
+WITH live AS (
+    SELECT m.member FROM consumer_members m
+    WHERE m.seen_at > clock_timestamp() - make_interval(secs => $1)
+      -- (backend_start is hidden from a role that may not see another role's sessions: then
+      -- the pid alone says it)
+      AND EXISTS (SELECT 1 FROM pg_stat_activity a
+                  WHERE a.pid = m.pid AND coalesce(a.backend_start = m.backend_start, true))
+), gone AS (
+    DELETE FROM consumer_members m WHERE m.member NOT IN (SELECT member FROM live)
+      AND m.seen_at < clock_timestamp() - make_interval(secs => $1 * 10)
+)
+SELECT member FROM live ORDER BY member;
+
+-- name: lanes_shards
+SELECT lane, shard FROM inbox_lanes ORDER BY lane;
+
+-- name: lanes_lease
+-- Member $1 keeps the lanes $2 it is assigned and may take (free, its own, leased past their
+-- time, or held by a member that is not among the live ones $3), each leased for $4 seconds;
+-- lanes it owns that are not in $2 are let go. Returns every lane it owns after this, with
+-- its cursor.
+WITH let_go AS (
+    -- Lanes let go: the member they are assigned to may take them now (one NOTIFY).
+    UPDATE inbox_lanes SET owner = NULL, lease_until = NULL
+    WHERE owner = $1 AND NOT (lane = ANY ($2::smallint[]))
+    RETURNING pg_notify('webhook_inbox', 'lanes')
+), took AS (
+    UPDATE inbox_lanes SET owner = $1, lease_until = clock_timestamp() + make_interval(secs => $4)
+    WHERE lane = ANY ($2::smallint[])
+      AND (owner IS NULL OR owner = $1 OR lease_until < clock_timestamp() OR NOT (owner = ANY ($3::text[])))
+    RETURNING lane, shard, version, done_snap, win_snap, pos_txid, pos_id
+)
+SELECT lane, shard, version, done_snap::text AS done, win_snap::text AS win,
+       pos_txid::text::bigint AS pos_txid, pos_id
+FROM took ORDER BY lane;
+
+-- name: lanes_leave
+-- Member $1 stops: its lanes are free at once, its row goes, and the others are told.
+WITH freed AS (
+    UPDATE inbox_lanes SET owner = NULL, lease_until = NULL WHERE owner = $1
+)
+DELETE FROM consumer_members WHERE member = $1
+RETURNING pg_notify('webhook_inbox', 'lanes');
+
+-- name: lanes_state
+-- Every lane: owner, lease and how far behind its cursor is (for `gateway lanes` and tests).
+SELECT l.lane, l.shard, l.owner, l.lease_until, l.version, l.advanced_at,
+       l.done_snap::text AS done, l.win_snap::text AS win
+FROM inbox_lanes l ORDER BY l.lane;
+
+-- name: inbox_parked_state
+SELECT state FROM inbox_parked WHERE inbox_id = $1;
+
+-- name: inbox_parked_claim
+-- Whole webhooks moved aside and due again, locked for this transaction.
+SELECT p.inbox_id AS id, p.source, p.body, p.delivery_id, p.attempts
+FROM inbox_parked p
+WHERE p.state = 'retry' AND p.next_attempt_at <= clock_timestamp()
+ORDER BY p.next_attempt_at, p.inbox_id
+LIMIT $1
 FOR UPDATE SKIP LOCKED;
 
--- name: inbox_claim_due_row
--- One row alone, if it is still pending and due (a row that headed claims that committed
--- nothing: gateway/inbound/consumer.py).
-SELECT id, source, body, delivery_id, attempts
-FROM webhook_inbox
-WHERE id = $1 AND state = 'pending' AND next_attempt_at <= clock_timestamp()
-FOR UPDATE SKIP LOCKED;
-
--- name: inbox_stall_attempt
--- A row that failed alone where nothing could be recorded: one attempt, in a transaction of
--- its own; due again after $3 seconds, or dead at $2 attempts. Returns its state and attempts.
-UPDATE webhook_inbox SET
+-- name: inbox_parked_attempt
+-- A whole webhook failed again where nothing else could be recorded (or could not be stored
+-- as events): one attempt; due again after $3 seconds, dead at $2 attempts. Its state.
+UPDATE inbox_parked SET
     attempts = attempts + 1,
-    state = CASE WHEN attempts + 1 >= $2 THEN 'dead' ELSE state END,
+    state = CASE WHEN attempts + 1 >= $2 THEN 'dead' ELSE 'retry' END,
     next_attempt_at = clock_timestamp() + make_interval(secs => $3),
-    last_error = $4
-WHERE id = $1 AND state = 'pending'
+    last_error = $4,
+    updated_at = clock_timestamp()
+WHERE inbox_id = $1 AND state = 'retry'
 RETURNING state, attempts;
+
+-- name: inbox_parked_defer
+-- The system failed while these were retried: due again after $2 seconds, no attempt counted.
+UPDATE inbox_parked SET next_attempt_at = clock_timestamp() + make_interval(secs => $2),
+    last_error = $3, updated_at = clock_timestamp()
+WHERE inbox_id = ANY ($1::bigint[]) AND state = 'retry';
+
+-- name: inbox_move_aside
+-- Row $1 of the log, which failed where nothing could be recorded, moves aside to be retried
+-- on its own (dead at once when $2 attempts allow no retry) with error $5, due in $6 seconds,
+-- and its lane's cursor passes it (member $3, the cursor's advance $4: inbox_advance).
+WITH moved AS (
+    INSERT INTO inbox_parked (inbox_id, received_at, source, delivery_id, body, state, attempts,
+                              last_error, next_attempt_at)
+    SELECT w.id, w.received_at, w.source, w.delivery_id, w.body,
+           CASE WHEN $2 <= 1 THEN 'dead' ELSE 'retry' END, 1, $5,
+           clock_timestamp() + make_interval(secs => $6)
+    FROM webhook_inbox w WHERE w.id = $1
+    ON CONFLICT (inbox_id) DO NOTHING
+    RETURNING state
+)
+SELECT (SELECT state FROM moved) AS state, inbox_advance($3, $4::jsonb) AS advanced;
 
 -- name: inbox_ensure_partition
 -- Today's and tomorrow's partitions (UTC) of a table a row found none in, made on the spot
@@ -81,22 +200,25 @@ FROM generate_series((clock_timestamp() AT TIME ZONE 'UTC')::date,
 -- name: inbox_apply_batch
 -- handle_once for a whole batch in one statement. The keys go into
 -- processed_webhook_events first; only keys that were newly inserted (RETURNING) get their
--- side effects, and the inbox rows are marked done, all in the caller's transaction: a
--- crash rolls back keys and effects together, a redelivery finds its key and does nothing.
+-- side effects, rows that are no payload move aside dead, and the lanes' cursors pass the
+-- batch (inbox_advance: only while this consumer still owns them as it read them), all in
+-- the caller's transaction: a crash rolls back keys, effects and cursors together, a
+-- redelivery finds its key and does nothing, a re-read batch finds its keys.
 -- Keys are inserted and outbox rows locked in sorted order so that two consumers touching
 -- the same keys or rows wait for each other instead of deadlocking.
--- A key lives in the partition of its event's day ($11, gateway/core/events.py: event_day):
+-- A key lives in the partition of its event's day ($10, gateway/core/events.py: event_day):
 -- a redelivery computes the same day, so ON CONFLICT meets the key it stored before.
 -- $1 keys, $2 their inbox ids, $3 messages, $4 statuses, $5 account errors,
--- $6 account updates (jsonb arrays), $7 inbox ids done, $8/$9 inbox ids parked + why,
--- $10 forwards (JSON text of an array: key, kind, conversation, envelope, inbox_id per event).
--- $11 the keys' event days, $12 their subjects (gateway/core/events.py: subject_of, a pure
+-- $6 account updates (jsonb arrays), $7/$8 inbox ids moved aside + why,
+-- $9 forwards (JSON text of an array: key, kind, conversation, envelope, inbox_id per event).
+-- $10 the keys' event days, $11 their subjects (gateway/core/events.py: subject_of, a pure
 -- function of the key: a redelivery brings the same one). The side-effect rows take the
--- subject of their key from `fresh`. $13 the phone number/BSUID pairs the events show
--- (jsonb array: phone_number_id, user_id, wa_id, parent_user_id, username).
+-- subject of their key from `fresh`. $12 the phone number/BSUID pairs the events show
+-- (jsonb array: phone_number_id, user_id, wa_id, parent_user_id, username). $13 the member
+-- that owns the lanes, $14 their cursors' advance (NULL: none; inbox_advance).
 WITH ev AS (
     SELECT key, inbox_id, day, subject
-    FROM unnest($1::text[], $2::bigint[], $11::date[], $12::text[]) AS e(key, inbox_id, day, subject)
+    FROM unnest($1::text[], $2::bigint[], $10::date[], $11::text[]) AS e(key, inbox_id, day, subject)
 ), fresh AS (
     INSERT INTO processed_webhook_events (event_key, inbox_id, event_day, subject)
     SELECT key, inbox_id, day, subject FROM ev ORDER BY key, day
@@ -166,7 +288,7 @@ WITH ev AS (
     INSERT INTO customer_ids AS c (phone_number_id, user_id, wa_id, parent_user_id, username)
     SELECT DISTINCT ON (l.phone_number_id, l.user_id)
            l.phone_number_id, l.user_id, l.wa_id, l.parent_user_id, l.username
-    FROM ROWS FROM (jsonb_to_recordset($13::jsonb) AS (
+    FROM ROWS FROM (jsonb_to_recordset($12::jsonb) AS (
             phone_number_id text, user_id text, wa_id text, parent_user_id text, username text))
         WITH ORDINALITY AS l(phone_number_id, user_id, wa_id, parent_user_id, username, n)
     ORDER BY l.phone_number_id, l.user_id, l.n DESC
@@ -228,23 +350,23 @@ WITH ev AS (
         key text, waba_id text, field text, value jsonb, inbox_id bigint)
     JOIN fresh ON fresh.event_key = u.key
     RETURNING 1
-), done AS (
-    UPDATE webhook_inbox SET state = 'done', processed_at = now()
-    WHERE id = ANY($7::bigint[])
-    RETURNING 1
 ), parked AS (
-    -- By id, as `done` (a join with the unnested ids hashed every partition of the inbox when
-    -- the planner's estimates were stale); the reason is looked up per parked row, a rare one.
-    UPDATE webhook_inbox w SET state = 'dead', attempts = w.attempts + 1,
-        last_error = (SELECT d.why FROM unnest($8::bigint[], $9::text[]) AS d(id, why) WHERE d.id = w.id LIMIT 1)
-    WHERE w.id = ANY($8::bigint[])
+    -- Whole webhooks that are no payload (not JSON, no known shape): moved aside dead with
+    -- their bytes, for an operator; the reason is looked up per row, a rare one.
+    INSERT INTO inbox_parked (inbox_id, received_at, source, delivery_id, body, state, attempts, last_error)
+    SELECT w.id, w.received_at, w.source, w.delivery_id, w.body, 'dead', 1,
+           (SELECT d.why FROM unnest($7::bigint[], $8::text[]) AS d(id, why) WHERE d.id = w.id LIMIT 1)
+    FROM webhook_inbox w
+    WHERE w.id = ANY ($7::bigint[])
+    ON CONFLICT (inbox_id) DO UPDATE SET state = 'dead', attempts = inbox_parked.attempts + 1,
+        last_error = excluded.last_error, updated_at = clock_timestamp()
     RETURNING 1
 ), fwd_in AS (
     -- The transactional outbox towards downstream (docs/forwarding.md, "Storage"): each fresh
     -- event that an enabled destination wants is appended to delivery_events once, its body
     -- rendered once per format the destinations want, and queued for each of them in
     -- delivery_queue, all committed with the event's key or not at all. A redelivered event is
-    -- not fresh, so it is never queued twice. $10 is text, parsed only when some destination is
+    -- not fresh, so it is never queued twice. $9 is text, parsed only when some destination is
     -- enabled: without destinations the consumers pay nothing here but sending the text.
     SELECT DISTINCT ON (f.key) f.key, f.kind, f.conversation, f.envelope, f.inbox_id, f.number, f.n,
            fresh.subject,
@@ -253,7 +375,7 @@ WITH ev AS (
            (SELECT coalesce(to_jsonb(o.biz_opaque_callback_data), 'null'::jsonb)
             FROM outbox o WHERE f.callback IS NOT NULL AND o.callback_data = f.callback) AS tracker
     FROM ROWS FROM (jsonb_to_recordset(
-            CASE WHEN EXISTS (SELECT 1 FROM destinations WHERE enabled) THEN $10::text::jsonb
+            CASE WHEN EXISTS (SELECT 1 FROM destinations WHERE enabled) THEN $9::text::jsonb
                  ELSE '[]'::jsonb END) AS (
         key text, kind text, conversation text, envelope jsonb, inbox_id bigint, callback text,
         number text))
@@ -309,60 +431,78 @@ SELECT (SELECT count(*) FROM fresh) AS fresh,
        (SELECT count(*) FROM upd) AS outbox_updated,
        (SELECT count(*) FROM ins_msg) AS messages_inserted,
        (SELECT count(*) FROM ins_st) AS statuses_inserted,
-       (SELECT count(*) FROM done) AS done,
        (SELECT count(*) FROM parked) AS parked,
        (SELECT count(*) FROM fwd) AS deliveries,
        (SELECT count(*) FROM ids) AS identities,
        (SELECT coalesce(array_agg(event_key), '{}') FROM fresh) AS fresh_keys,
-       (SELECT coalesce(jsonb_object_agg(key, caller), '{}') FROM st WHERE caller IS NOT NULL) AS callers;
-
--- name: inbox_defer
--- The system failed while these rows were being processed (in the transaction that still
--- holds their locks): due again after $2 seconds, the error kept, no attempt counted.
-UPDATE webhook_inbox SET
-    next_attempt_at = clock_timestamp() + make_interval(secs => $2),
-    last_error = $3
-WHERE id = ANY($1::bigint[]) AND state = 'pending';
+       (SELECT coalesce(jsonb_object_agg(key, caller), '{}') FROM st WHERE caller IS NOT NULL) AS callers,
+       CASE WHEN $14::jsonb IS NULL THEN 0 ELSE inbox_advance($13, $14::jsonb) END AS advanced;
 
 -- name: inbox_notify
 SELECT pg_notify('webhook_inbox', '');
 
 -- name: inbox_dead_list
--- $1 limit, $2 since, $3 until (received_at; NULL: open).
-SELECT id, source, received_at, delivery_id, attempts, octet_length(body) AS bytes, last_error
-FROM webhook_inbox
+-- Whole webhooks parked dead. $1 limit, $2 since, $3 until (received_at; NULL: open).
+SELECT inbox_id AS id, source, received_at, delivery_id, attempts, octet_length(body) AS bytes, last_error
+FROM inbox_parked
 WHERE state = 'dead'
   AND ($2::timestamptz IS NULL OR received_at >= $2)
   AND ($3::timestamptz IS NULL OR received_at < $3)
-ORDER BY id
+ORDER BY inbox_id
 LIMIT $1;
 
 -- name: inbox_dead_count
-SELECT count(*) FROM webhook_inbox
+SELECT count(*) FROM inbox_parked
 WHERE state = 'dead'
   AND ($1::timestamptz IS NULL OR received_at >= $1)
   AND ($2::timestamptz IS NULL OR received_at < $2);
 
 -- name: inbox_get
-SELECT id, source, received_at, delivery_id, state, attempts, body, last_error, processed_at
-FROM webhook_inbox WHERE id = $1;
+-- One staged webhook, body included, and what became of it: 'dead' or 'retry' (moved aside),
+-- 'pending' (no cursor has read it), else 'done'. A parked webhook is found even once its
+-- day partition is gone.
+WITH w AS (
+    SELECT id, source, received_at, delivery_id, body FROM webhook_inbox WHERE id = $1
+), p AS (
+    SELECT inbox_id, source, received_at, delivery_id, body, state, attempts, last_error, updated_at
+    FROM inbox_parked WHERE inbox_id = $1
+)
+SELECT coalesce(w.id, p.inbox_id) AS id, coalesce(w.source, p.source) AS source,
+       coalesce(w.received_at, p.received_at) AS received_at,
+       coalesce(w.delivery_id, p.delivery_id) AS delivery_id,
+       coalesce(CASE WHEN p.state IN ('dead', 'retry') THEN p.state END,
+                CASE WHEN EXISTS (SELECT 1 FROM inbox_unread() u WHERE u.id = $1) THEN 'pending' END,
+                'done') AS state,
+       coalesce(p.attempts, 0) AS attempts, coalesce(w.body, p.body) AS body, p.last_error,
+       CASE WHEN p.state = 'done' THEN p.updated_at END AS processed_at
+FROM w FULL JOIN p ON true;
 
 -- name: inbox_dead_replay
--- Dead rows back to pending with a fresh attempt budget; $1 NULL means every dead row,
+-- Dead whole webhooks due again with a fresh attempt budget; $1 NULL means every dead one,
 -- $2/$3 a received_at range (NULL: open).
-UPDATE webhook_inbox SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp()
-WHERE state = 'dead' AND ($1::bigint[] IS NULL OR id = ANY($1::bigint[]))
+UPDATE inbox_parked SET state = 'retry', attempts = 0, next_attempt_at = clock_timestamp(),
+    updated_at = clock_timestamp()
+WHERE state = 'dead' AND ($1::bigint[] IS NULL OR inbox_id = ANY($1::bigint[]))
   AND ($2::timestamptz IS NULL OR received_at >= $2)
   AND ($3::timestamptz IS NULL OR received_at < $3)
-RETURNING id;
+RETURNING inbox_id AS id;
+
+-- name: inbox_parked_done
+-- Whole webhooks a retry or a replay processed (kept for the record, then purged); one the
+-- retry found to be no payload again stays dead.
+UPDATE inbox_parked SET state = 'done', updated_at = clock_timestamp()
+WHERE inbox_id = ANY ($1::bigint[]) AND state = 'retry';
 
 -- name: inbox_depth
--- Pending rows on the claim index, counted up to a cap ($1): bounded work every scrape.
-SELECT count(*) FROM (SELECT FROM webhook_inbox WHERE state = 'pending' LIMIT $1) x;
+-- Rows no cursor has read yet, and whole webhooks waiting for a retry, counted up to a cap
+-- ($1): bounded work every scrape.
+SELECT (SELECT count(*) FROM (SELECT FROM inbox_unread() LIMIT $1) x)
+     + (SELECT count(*) FROM (SELECT FROM inbox_parked WHERE state = 'retry' LIMIT $1) y);
 
 -- name: inbox_lag
--- Age in seconds of the oldest pending row (0 when none), due or deferred: a row put off
--- because the database is failing is lag, and the alert on it must fire.
-SELECT coalesce(extract(epoch FROM clock_timestamp() - min(received_at)), 0)::float8
-FROM webhook_inbox
-WHERE state = 'pending';
+-- Age in seconds of the oldest webhook not processed yet (0 when none): the oldest unread row
+-- (inbox_oldest_unread), or one moved aside and waiting for a retry (a webhook
+-- put off because the database is failing is lag, and the alert on it must fire).
+SELECT coalesce(extract(epoch FROM clock_timestamp() - least(
+           inbox_oldest_unread(),
+           (SELECT min(received_at) FROM inbox_parked WHERE state = 'retry'))), 0)::float8;

@@ -165,7 +165,7 @@ RETURNING id;
 -- Unknown past the window follows its policy ('resend' goes back to pending once, everything
 -- else to review), but only once every webhook received from the row's creation to the end of
 -- its window ($1 - $2 .. unknown_at + $2) has been processed: a status that proves delivery may
--- sit unprocessed (consumers behind) or dead in the inbox, and resending then sends twice.
+-- sit unprocessed (consumers behind) or dead in the inbox (inbox_unprocessed), and resending then sends twice.
 -- A row that has a wamid or any delivery status reached the provider: never back to pending.
 UPDATE outbox
 SET state = CASE WHEN unknown_policy = 'resend' AND NOT resent AND wamid IS NULL
@@ -177,9 +177,8 @@ WHERE id IN (
     SELECT o.id FROM outbox o
     WHERE o.state = 'unknown' AND o.unknown_at <= to_timestamp($1::float8) - make_interval(secs => $2::float8)
       AND NOT EXISTS (
-          SELECT 1 FROM webhook_inbox w
-          WHERE w.state IN ('pending', 'dead')
-            AND w.received_at >= o.created_at
+          SELECT 1 FROM inbox_unprocessed() w
+          WHERE w.received_at >= o.created_at
             AND w.received_at <= o.unknown_at + make_interval(secs => $2::float8))
       -- A status that failed on its own (dead_events) while the rest of its POST was
       -- processed is just as unprocessed, and so is a fragment we could not parse.
@@ -202,9 +201,8 @@ FROM outbox o
 CROSS JOIN LATERAL (
     SELECT min(u.received_at) AS oldest, count(*) FILTER (WHERE u.state = 'dead') AS dead
     FROM (
-        SELECT w.received_at, w.state FROM webhook_inbox w
-        WHERE w.state IN ('pending', 'dead')
-          AND w.received_at >= o.created_at
+        SELECT w.received_at, w.state FROM inbox_unprocessed() w
+        WHERE w.received_at >= o.created_at
           AND w.received_at <= o.unknown_at + make_interval(secs => $2::float8)
         UNION ALL
         SELECT d.received_at, d.state FROM dead_events d
@@ -245,16 +243,20 @@ SELECT tenant, state FROM outbox WHERE idem_key = $1 AND ($2::text IS NULL OR te
 -- name: outbox_release
 -- An operator's decision to send (again): attempts restart. Never a row that has a wamid or a
 -- delivery status: the provider accepted it, and a release would send it twice. Nor one past
--- its retry_until (Tenashi no longer knows its key: a retry could send it twice). Nor a review
--- or unknown row while a webhook received since its creation is unprocessed (pending or
--- dead): its status may be among them.
+-- its retry_until (Tenashi no longer knows its key: a retry could send it twice). Nor an
+-- unknown row inside its reconcile window ($3 seconds from unknown_at: its status may still
+-- come), unless the operator accepts that it may be sent twice ($4). Nor a review or unknown
+-- row while a webhook received since its creation is unprocessed (pending or dead): its
+-- status may be among them.
 UPDATE outbox o
 SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
 WHERE o.tenant = $1 AND o.idem_key = $2 AND o.state IN ('review', 'unknown', 'failed')
   AND o.wamid IS NULL AND o.delivery_status IS NULL
   AND (o.retry_until IS NULL OR o.retry_until > clock_timestamp())
+  AND (o.state <> 'unknown' OR $4::bool
+       OR coalesce(o.unknown_at, o.updated_at) <= clock_timestamp() - make_interval(secs => $3::float8))
   AND (o.state = 'failed' OR (NOT EXISTS (
-      SELECT 1 FROM webhook_inbox w WHERE w.state IN ('pending', 'dead') AND w.received_at >= o.created_at)
+      SELECT 1 FROM inbox_unprocessed() w WHERE w.received_at >= o.created_at)
     AND NOT EXISTS (
       SELECT 1 FROM dead_events d
       WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad') AND d.received_at >= o.created_at)))
@@ -266,9 +268,8 @@ RETURNING o.state;
 SELECT count(*) FILTER (WHERE u.state IN ('pending', 'retry')) AS pending,
        count(*) FILTER (WHERE u.state = 'dead') AS dead
 FROM (
-    SELECT w.state FROM webhook_inbox w
-    WHERE w.state IN ('pending', 'dead')
-      AND w.received_at >= (SELECT created_at FROM outbox WHERE tenant = $1 AND idem_key = $2)
+    SELECT w.state FROM inbox_unprocessed() w
+    WHERE w.received_at >= (SELECT created_at FROM outbox WHERE tenant = $1 AND idem_key = $2)
     UNION ALL
     SELECT d.state FROM dead_events d
     WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad')
@@ -285,14 +286,21 @@ RETURNING state;
 -- Every row in state $1 (review, unknown or failed), last changed in [$2, $3), of tenant $4
 -- (NULL: any): released unless it has a wamid or a delivery status, or its retry_until passed
 -- (Tenashi's key window: counted as refused).
+-- Unknown rows inside their reconcile window ($5 seconds from unknown_at) are not released
+-- unless $6 (counted as early, with the first and last moment one of them may be released;
+-- released_early: how many were released inside it because of $6).
 -- Review and unknown rows wait while a webhook received since their creation is unprocessed
 -- (counted as waiting), as for one row.
 WITH picked AS (
     SELECT o.id, (o.wamid IS NULL AND o.delivery_status IS NULL
                   AND (o.retry_until IS NULL OR o.retry_until > clock_timestamp())) AS safe,
+           coalesce(o.unknown_at, o.updated_at) + make_interval(secs => $5::float8) AS releasable_at,
+           (o.state = 'unknown'
+            AND coalesce(o.unknown_at, o.updated_at) + make_interval(secs => $5::float8) > clock_timestamp())
+             AS inside,
            (o.state <> 'failed' AND (EXISTS (
-               SELECT 1 FROM webhook_inbox w
-               WHERE w.state IN ('pending', 'dead') AND w.received_at >= o.created_at)
+               SELECT 1 FROM inbox_unprocessed() w
+               WHERE w.received_at >= o.created_at)
              OR EXISTS (
                SELECT 1 FROM dead_events d
                WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad')
@@ -307,11 +315,15 @@ WITH picked AS (
     UPDATE outbox o
     SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
     FROM picked p
-    WHERE o.id = p.id AND p.safe AND NOT p.waits
+    WHERE o.id = p.id AND p.safe AND (NOT p.inside OR $6::bool) AND NOT p.waits
     RETURNING o.id
 )
 SELECT (SELECT count(*) FROM upd) AS done, (SELECT count(*) FROM picked WHERE NOT safe) AS refused,
-       (SELECT count(*) FROM picked WHERE safe AND waits) AS waiting;
+       (SELECT count(*) FROM picked WHERE safe AND (NOT inside OR $6::bool) AND waits) AS waiting,
+       (SELECT count(*) FROM picked WHERE safe AND inside AND NOT $6::bool) AS early,
+       (SELECT min(releasable_at) FROM picked WHERE safe AND inside AND NOT $6::bool) AS early_first,
+       (SELECT max(releasable_at) FROM picked WHERE safe AND inside AND NOT $6::bool) AS early_last,
+       (SELECT count(*) FROM upd JOIN picked USING (id) WHERE picked.inside) AS released_early;
 
 -- name: outbox_cancel_bulk
 WITH upd AS (

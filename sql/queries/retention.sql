@@ -68,11 +68,14 @@ SELECT pg_try_advisory_lock($1);
 SELECT pg_advisory_unlock($1);
 
 -- name: inbox_carry_forward
--- Rows not done in a partition about to be dropped (pending, or dead for an operator) move
--- to today's partition: received_at is the partition key, the id stays. Found on the
--- partial indexes of those states, never by scanning a whole day of done rows.
+-- Rows no lane's cursor has read yet in a partition about to be dropped (consumers far behind)
+-- move to today's partition: received_at is the partition key, the id and txid stay, so the
+-- cursors still read them. Found from the cursors (inbox_unread), never by scanning a whole day
+-- of read rows. Whole webhooks moved aside keep their bytes in inbox_parked.
 UPDATE webhook_inbox SET received_at = clock_timestamp()
-WHERE received_at < $1 AND state IN ('pending', 'dead');
+WHERE received_at < $1
+  AND id IN (SELECT u.id FROM inbox_unread() u
+             WHERE u.received_at < $1 AND NOT EXISTS (SELECT 1 FROM inbox_parked p WHERE p.inbox_id = u.id));
 
 -- name: processed_webhook_events_purge_untimed
 -- Keys with no event day (the untimed partition) and keys whose day has no partition (the
@@ -150,6 +153,16 @@ SELECT (SELECT count(*) FROM moved) AS events, (SELECT count(*) FROM refs) AS de
 DELETE FROM dead_events
 WHERE ctid IN (
     SELECT ctid FROM dead_events
+    WHERE state = 'done' AND updated_at < now() - make_interval(days => $1)
+    LIMIT $2
+);
+
+-- name: inbox_parked_purge_done
+-- Whole webhooks moved aside that a retry or a replay finished (kept for the record, like the
+-- log's rows).
+DELETE FROM inbox_parked
+WHERE ctid IN (
+    SELECT ctid FROM inbox_parked
     WHERE state = 'done' AND updated_at < now() - make_interval(days => $1)
     LIMIT $2
 );

@@ -189,6 +189,7 @@ def test_serve_is_ready_on_the_published_port(bundle: Bundle) -> None:
     assert ready.status == 200
     assert ready.json() == {"status": "ready", "schema": latest_version()}
     assert http("GET", f"{bundle.http}/healthz").status == 200
+    assert http("GET", f"{bundle.http}/metrics").status == 404  # on 9100, inside the network only
 
 
 def test_every_worker_serves_metrics(bundle: Bundle) -> None:

@@ -3,8 +3,10 @@ escaping, keyset pages. The browser scenarios are in tests/process/test_console_
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
+from urllib.parse import urlencode
 
 import aiohttp
 import asyncpg
@@ -158,12 +160,142 @@ async def test_csrf_origin_and_read_only_are_refused_and_change_nothing(
     assert await pool.fetchval("SELECT actor FROM operator_actions") == "ops"
 
 
+async def test_an_unknown_send_inside_its_window_needs_the_box_ticked(
+    pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
+) -> None:
+    await seed(pool)
+    await pool.execute("UPDATE outbox SET state = 'unknown', unknown_at = now() - interval '30 seconds'")
+    async with ops.get(f"{console}/outbox/send?tenant=acme&key=order-7") as r:
+        page = await r.text()
+    assert 'id="early"' in page and 'name="may_duplicate"' in page and "required" in page
+    csrf = await csrf_of(ops, console)
+    form = {"tenant": "acme", "key": "order-7", "_csrf": csrf}
+    async with ops.post(f"{console}/outbox/release", data=form) as r:
+        refused = await r.text()
+    assert (
+        r.status == 409 and "may be released from" in refused and "I know the customer may get it" in refused
+    )
+    assert await pool.fetchval("SELECT state FROM outbox") == "unknown"
+    async with ops.post(
+        f"{console}/outbox/bulk", data={"action": "release", "state": "unknown", "_csrf": csrf}
+    ) as r:
+        confirm = await r.text()
+    assert 'name="may_duplicate"' in confirm and "less than the reconcile window" in confirm
+    bulk = {"action": "release", "state": "unknown", "confirm": "yes", "_csrf": csrf}
+    async with ops.post(f"{console}/outbox/bulk", data=bulk) as r:
+        assert r.status == 200 and "1 row(s) not released yet" in await r.text()
+    async with ops.post(f"{console}/outbox/release", data={**form, "may_duplicate": "yes"}) as r:
+        assert r.status == 200 and "may be sent twice" in await r.text()
+    assert await pool.fetchval("SELECT state FROM outbox") == "pending"
+    logged = await pool.fetch("SELECT action, rows, params FROM operator_actions ORDER BY id")
+    assert [(e["action"], e["rows"]) for e in logged] == [
+        ("outbox.release", 0),
+        ("outbox.release_bulk", 0),
+        ("outbox.release", 1),
+    ]
+    assert logged[2]["params"]["may_duplicate"] is True
+
+
+async def test_hostile_text_is_refused_as_such_never_reaching_the_database(
+    pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
+) -> None:
+    """A newline, a NUL or 10 kB in a form field, a filter or a path: a 400 (or 404) that says
+    what was wrong, not a 503 'database unavailable' from PostgreSQL refusing a NUL."""
+    await seed(pool)
+    csrf = await csrf_of(ops, console)
+    for bad in ("order-7\x00", "ord\ner-7", "x" * 10_000):
+        async with ops.post(
+            f"{console}/outbox/release", data={"tenant": "acme", "key": bad, "_csrf": csrf}
+        ) as r:
+            page = await r.text()
+            assert r.status == 400, (bad[:20], r.status)
+            assert "key" in page and bad not in page
+        async with ops.get(f"{console}/outbox", params={"key": bad}) as r:
+            assert r.status == 400, (bad[:20], r.status)
+    for path in ("/destinations/a%00b", "/destinations/a%0Ab", "/destinations/" + "x" * 100):
+        async with ops.get(f"{console}{path}") as r:
+            assert r.status == 404, path
+        async with ops.post(f"{console}{path}/disable", data={"_csrf": csrf}) as r:
+            assert r.status in (403, 404), path
+    assert await pool.fetchval("SELECT state FROM outbox") == "review"
+    assert await pool.fetchval("SELECT count(*) FROM operator_actions") == 0
+
+
 async def test_failed_logins_are_rate_limited(console: str) -> None:
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
         for _ in range(10):
             assert (await log_in(http, console, "wrong-token-0123456789")).status == 401
         limited = await log_in(http, console, OPS)  # even the right token waits now
         assert limited.status == 429 and int(limited.headers["Retry-After"]) > 0
+
+
+def from_address(address: str) -> aiohttp.ClientSession:
+    """A client whose connections come from ``address`` (any of 127.0.0.0/8 on Linux)."""
+    connector = aiohttp.TCPConnector(local_addr=(address, 0))
+    return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.CookieJar(unsafe=True))
+
+
+async def test_failures_from_other_addresses_never_lock_out_the_right_token(console: str) -> None:
+    """200 failed logins from 20 addresses (each its own guesses), then the right token from an
+    address that has not failed logs in; the addresses that failed stay locked out."""
+    for n in range(2, 22):
+        async with from_address(f"127.0.0.{n}") as http:
+            for attempt in range(10):
+                assert (await log_in(http, console, f"guess-{n}-{attempt}-0123456789")).status == 401
+            locked = await log_in(http, console, OPS)
+            assert locked.status == 429 and int(locked.headers["Retry-After"]) > 0
+    async with from_address("127.0.0.99") as http:
+        assert (await log_in(http, console, OPS)).status == 303
+        async with http.get(f"{console}/") as r:
+            assert r.status == 200 and "Overview" in await r.text()
+
+
+async def test_guesses_sent_at_once_are_counted_before_any_is_read(console: str) -> None:
+    """50 guesses from one address whose bodies are still coming when they are checked: only
+    10 are read and refused as wrong tokens, the others wait (429) without being compared."""
+    async with (
+        aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http,
+        http.get(f"{console}/login") as r,
+    ):
+        found = re.search(r'name="_nonce" value="([^"]+)"', await r.text())
+        cookie = r.cookies["gw_console_login"].value
+    assert found
+    host, port = console.removeprefix("http://").split(":")
+
+    async def start(i: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+        body = urlencode({"token": f"guess-{i}-0123456789abcdef", "_nonce": found.group(1)}).encode()
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            f"POST /login HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n"
+            f"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {len(body)}\r\n"
+            f"Cookie: gw_console_login={cookie}\r\n\r\n".encode()
+            + body[:10]
+        )
+        await writer.drain()
+        return reader, writer, body[10:]
+
+    async def finish(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]) -> int:
+        reader, writer, rest = conn
+        writer.write(rest)
+        await writer.drain()
+        answer = await reader.read()
+        writer.close()
+        return int(answer.split(b" ", 2)[1])
+
+    conns = [await start(i) for i in range(50)]
+    await asyncio.sleep(0.5)  # every request's head has been read and checked
+    statuses = await asyncio.gather(*(finish(c) for c in conns))
+    assert statuses.count(401) == 10 and statuses.count(429) == 40, statuses
+
+
+async def test_a_wrong_token_replayed_from_many_addresses_is_held_back(console: str) -> None:
+    for n in range(30, 40):
+        async with from_address(f"127.0.0.{n}") as http:
+            assert (await log_in(http, console, "the-same-stale-token-0123")).status == 401
+    async with from_address("127.0.0.40") as http:
+        held = await log_in(http, console, "the-same-stale-token-0123")
+        assert held.status == 429 and int(held.headers["Retry-After"]) > 0
+        assert (await log_in(http, console, OPS)).status == 303  # the source itself never failed
 
 
 async def test_a_session_ends_when_its_token_changes(settings: Settings) -> None:
@@ -184,8 +316,9 @@ async def test_dead_items_page_through_both_kinds_without_gaps_or_repeats(
     pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
 ) -> None:
     await pool.execute(
-        "INSERT INTO webhook_inbox (source, body, state, received_at)"
-        " SELECT 'meta', 'not json', 'dead', now() - i * interval '1 minute' FROM generate_series(1, 37) i"
+        "INSERT INTO inbox_parked (inbox_id, source, body, state, attempts, received_at)"
+        " SELECT i, 'meta', 'not json', 'dead', 1, now() - i * interval '1 minute'"
+        " FROM generate_series(1, 37) i"
     )
     await pool.execute(
         "INSERT INTO dead_events (inbox_id, position, path, kind, source, received_at, unit, fragment, state)"

@@ -41,7 +41,7 @@ async def post_meta(http: ClientSession, server: TestServer, body: bytes) -> int
 
 async def wait_until_drained(pool: asyncpg.Pool, timeout_s: float = 15.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state = 'pending'"):
+    while await pool.fetchval("SELECT count(*) FROM inbox_unread()"):
         assert time.monotonic() < deadline, "consumers did not drain the inbox"
         await asyncio.sleep(0.02)
 
@@ -359,7 +359,11 @@ async def test_poisoned_event_parked_rest_commits_then_replayed_once(
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 12
     assert await pool.fetchval("SELECT count(*) FROM processed_webhook_events") == 12
     # A whole row replayed: its events are duplicates by their keys.
-    await pool.execute("UPDATE webhook_inbox SET state = 'dead' WHERE id = $1", poison_id)
+    await pool.execute(
+        "INSERT INTO inbox_parked (inbox_id, received_at, source, delivery_id, body, state, attempts)"
+        " SELECT id, received_at, source, delivery_id, body, 'dead', 1 FROM webhook_inbox WHERE id = $1",
+        poison_id,
+    )
     conn = await asyncpg.connect(db_dsn)
     try:
         assert await inbox.dead_replay(conn, ids=None) == [poison_id]
@@ -378,7 +382,11 @@ async def test_unparseable_body_parked_at_once_with_bytes_intact(
     for body in (bad, good, odd):
         assert await post_meta(http, gateway, body) == 200
     await drain(pool, settings)
-    rows = await pool.fetch("SELECT body, state, attempts, last_error FROM webhook_inbox ORDER BY id")
+    rows = await pool.fetch(
+        "SELECT w.body, s.state, coalesce(p.attempts, 0) AS attempts, p.last_error FROM webhook_inbox w"
+        " JOIN inbox_row_states() s ON s.id = w.id LEFT JOIN inbox_parked p ON p.inbox_id = w.id"
+        " ORDER BY w.id"
+    )
     assert [bytes(r["body"]) for r in rows] == [bad, good, odd]
     assert [(r["state"], r["attempts"]) for r in rows] == [("dead", 1), ("done", 0), ("dead", 1)]
     assert rows[0]["last_error"].startswith("NotJson")
@@ -392,14 +400,25 @@ async def test_crash_mid_batch_rolls_back_keys_and_effects(
     # A consumer whose connection dies after apply_batch but before COMMIT leaves nothing behind.
     await stage(pool, to_bytes(messages_payload(message_obj("wamid.CRASH"))))
     conn = await asyncpg.connect(db_dsn)
+    from gateway.core.lanes import LaneSet, advance
     from gateway.core.planning import plan_batch
+    from gateway.inbound.lanes import LaneLease
     from gateway.store.db import init_connection
 
     await init_connection(conn)
+    lanes = LaneSet()
+    lease = LaneLease(settings, lanes)
+    await lease.refresh(conn)
+    taken = lanes.take()
+    batch = await inbox.read(conn, taken, limit=10, max_bytes=1 << 20)
+    assert batch.snapshot is not None
+    last = batch.rows[-1]
+    moved = advance(taken, batch.snapshot, (last.txid, last.id), batch.exhausted)
     tr = conn.transaction()
     await tr.start()
-    rows, _ = await inbox.claim_batch(conn, limit=10, max_bytes=1 << 20)
-    await inbox.apply_plan(conn, plan_batch(rows))
+    await inbox.apply_plan(
+        conn, plan_batch(batch.rows), member=lease.member, advance=inbox.advance_arg(taken, moved)
+    )
     pid = conn.get_server_pid()
     conn.terminate()
     # The server rolls the transaction back when it sees the socket close.

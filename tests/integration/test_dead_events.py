@@ -16,6 +16,7 @@ from gateway.core.faults import Health
 from gateway.core.settings import Settings
 from gateway.inbound.consumer import Consumer
 from gateway.store import inbox
+from gateway.store.db import create_pool
 from gateway.testing.payloads import (
     message_obj,
     messages_payload,
@@ -25,7 +26,8 @@ from gateway.testing.payloads import (
     to_bytes,
 )
 from tests.support.config import replace
-from tests.support.consume import counts, drain, inbox_states, stage
+from tests.support.consume import counts, drain, inbox_states, leased, stage
+from tests.support.forward import until
 from tests.support.procs import gateway_ok
 
 # Faults that hit every message alike, injected for a while and then removed.
@@ -61,7 +63,7 @@ def fast(settings: Settings, **kw: object) -> Settings:
 
 
 async def no_dead(pool: asyncpg.Pool) -> None:
-    assert await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state = 'dead'") == 0
+    assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state = 'dead'") == 0
     assert await pool.fetchval("SELECT count(*) FROM dead_events WHERE state = 'dead'") == 0
 
 
@@ -91,10 +93,10 @@ async def test_a_systemic_fault_for_a_while_parks_nothing_dead(
         await no_dead(pool)
         await asyncio.sleep(0.01)
     assert await pool.fetchval("SELECT coalesce(max(attempts), 0) FROM dead_events") == 0
-    assert await pool.fetchval("SELECT max(attempts) FROM webhook_inbox") == 0
+    assert await pool.fetchval("SELECT count(*) FROM inbox_parked") == 0
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 1
     # The waiting events show as lag: their rows are pending.
-    assert await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state = 'pending'") == n
+    assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state = 'pending'") == n
     assert await inbox.lag_seconds(pool) > 0
     await pool.execute(remove)
     await asyncio.sleep(0.05)
@@ -148,30 +150,51 @@ async def drain_with(pool: asyncpg.Pool, settings: Settings, health: Health, max
             return
 
 
-async def test_system_fault_defers_rows_without_attempts_in_the_locking_transaction(
-    pool: asyncpg.Pool, settings: Settings
+async def test_system_fault_writes_nothing_and_the_consumer_backs_off(
+    db_dsn: str, settings: Settings
 ) -> None:
     inject, remove = FAULTS["disk_full"]
-    await pool.execute(inject)
-    ids = [await stage(pool, to_bytes(messages_payload(message_obj(f"wamid.D{i}")))) for i in range(3)]
-    s = replace(settings, retry_base_ms=2000, fault_backoff_max_ms=4000)
-    consumer = Consumer(pool, s, health=Health(time.monotonic))
-    assert await consumer.process_batch() == 3
-    rows = await pool.fetch(
-        "SELECT state, attempts, last_error, next_attempt_at > clock_timestamp() AS later"
-        " FROM webhook_inbox ORDER BY id"
-    )
-    assert [(r["state"], r["attempts"], r["later"]) for r in rows] == [("pending", 0, True)] * 3
-    assert all("DiskFullError" in r["last_error"] for r in rows)
-    # The backoff holds: neither this consumer nor another one takes them again at once.
-    other = Consumer(pool, s, health=Health(time.monotonic))
-    assert await other.process_batch() == 0
-    assert await consumer.process_batch() == 0
-    assert await inbox.lag_seconds(pool) > 0  # deferred rows are lag
-    await pool.execute(remove)
-    await pool.execute("UPDATE webhook_inbox SET next_attempt_at = clock_timestamp() WHERE id = ANY($1)", ids)
-    await drain(pool, s)
-    assert await inbox_states(pool) == {"done": 3}
+    pool = await create_pool(db_dsn, 1, 2)
+    try:
+        await pool.execute(inject)
+        for i in range(3):
+            await stage(pool, to_bytes(messages_payload(message_obj(f"wamid.D{i}"))))
+        s = replace(settings, retry_base_ms=2000, fault_backoff_max_ms=4000)
+        reads: list[str] = []
+        async with pool.acquire() as one, pool.acquire() as two:
+            for conn in (one, two):
+                conn.add_query_logger(
+                    lambda rec: reads.append(rec.query) if "AS taken" in rec.query else None
+                )
+        consumer = await leased(pool, s, health=Health(time.monotonic))
+        stop = asyncio.Event()
+        task = asyncio.create_task(consumer.run(stop))
+        try:
+            await until(lambda: _one(reads), what="the first read")
+            await asyncio.sleep(0.8)
+            # It read once, found the database failing (a probe confirmed it) and waits its
+            # backoff (at least a second with these settings) before reading again.
+            assert len(reads) == 1
+        finally:
+            stop.set()
+            consumer.wake.set()
+            await task
+        # Nothing was written: no attempt, no dead item, nothing moved aside; the rows wait as lag.
+        await no_dead(pool)
+        assert await pool.fetchval("SELECT count(*) FROM dead_events") == 0
+        assert await pool.fetchval("SELECT count(*) FROM inbox_parked") == 0
+        assert await inbox_states(pool) == {"pending": 3}
+        assert await inbox.lag_seconds(pool) > 0
+        await pool.execute(remove)
+        while await consumer.process_batch():
+            pass
+        assert await inbox_states(pool) == {"done": 3}
+    finally:
+        await pool.close()
+
+
+async def _one(reads: list[str]) -> bool:
+    return len(reads) >= 1
 
 
 async def test_poison_event_attempts_honour_the_backoff(pool: asyncpg.Pool, settings: Settings) -> None:
@@ -207,7 +230,7 @@ async def test_poison_event_attempts_honour_the_backoff(pool: asyncpg.Pool, sett
     # Attempts are spread by the backoff (150-300 ms with full jitter), never a burst.
     gaps = [(b - a).total_seconds() for (a, _), (b, _) in itertools.pairwise(seen)]
     assert all(g >= 0.149 for g in gaps), gaps  # 0.15 s less the microseconds of one UPDATE
-    assert await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state <> 'done'") == 0
+    assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state <> 'done'") == 0
 
 
 # A POST whose second message has no id, spelled the way a sender might (spaces, escapes).
@@ -341,11 +364,11 @@ async def test_statement_timeout_defers_without_attempts(db_dsn: str, settings: 
             await drain_with(slow, s, health, max_steps=3)
             await asyncio.sleep(0.01)
         await no_dead(slow)
-        rows = await slow.fetch("SELECT state, attempts, last_error FROM webhook_inbox")
-        assert {(r["state"], r["attempts"]) for r in rows} == {("pending", 0)}
-        assert all("QueryCanceledError" in r["last_error"] for r in rows)
+        # Nothing counted or moved aside: the rows wait unread, and the timeouts were faults.
+        assert await inbox_states(slow) == {"pending": 3}
+        assert await slow.fetchval("SELECT count(*) FROM inbox_parked") == 0
+        assert health.fault_streak >= 1
         await slow.execute("DROP TRIGGER slow ON inbound_messages")
-        await slow.execute("UPDATE webhook_inbox SET next_attempt_at = clock_timestamp()")
         await drain_with(slow, s, health)
         assert await inbox_states(slow) == {"done": 3}
     finally:

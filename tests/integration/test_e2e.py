@@ -45,7 +45,7 @@ async def test_send_is_resolved_by_its_own_status_webhooks(
     assert len(fake.received) == 1 and got["wamid"] == fake.received[0].id
     # 3 statuses x 3 copies were delivered; each was acted on once.
     for _ in range(100):
-        if await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state = 'pending'") == 0:
+        if await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state = 'pending'") == 0:
             break
         await asyncio.sleep(0.05)
     assert await pool.fetchval("SELECT count(*) FROM webhook_inbox") == 9

@@ -47,7 +47,7 @@ async def settle(pool: asyncpg.Pool, consumer: Consumer, ids: list[int], timeout
     deadline = time.monotonic() + timeout_s
     while True:
         open_rows = await pool.fetchval(
-            "SELECT count(*) FROM webhook_inbox WHERE id = ANY($1) AND state = 'pending'", ids
+            "SELECT count(*) FROM inbox_row_states() WHERE id = ANY($1) AND state = 'pending'", ids
         )
         open_items = await pool.fetchval(
             "SELECT count(*) FROM dead_events WHERE inbox_id = ANY($1) AND state = 'retry'", ids
@@ -71,7 +71,7 @@ async def test_a_status_with_odd_digits_for_a_timestamp_stops_nothing(
     tenashi = {"id": "evt_3", "type": "message.status", "created": "³", "data": data}
     ids.append(await stage(pool, tenashi, "tenashi", "evt_3"))
     await settle(pool, consumer, ids)
-    assert await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state = 'done'") == len(ids)
+    assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state = 'done'") == len(ids)
     assert await pool.fetchval("SELECT count(*) FROM message_statuses WHERE timestamp IS NULL") == 4
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 5
     assert health.fault_streak == 0
@@ -89,7 +89,7 @@ async def test_an_oversized_message_id_is_its_events_fault_and_delays_no_neighbo
     await consumer.step()
     # One step: every neighbour committed, every row done, the giant waits on its own.
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 4
-    assert await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state = 'done'") == 4
+    assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state = 'done'") == 4
     await settle(pool, consumer, ids)
     item = await pool.fetchrow("SELECT state, attempts, last_error, fragment FROM dead_events")
     assert (item["state"], item["attempts"]) == ("dead", 2)
@@ -113,7 +113,7 @@ async def test_a_systemic_error_of_one_event_only_is_its_own_when_the_probe_pass
     ids = [await stage(pool, messages_payload(message_obj("wamid.ODD")))]
     await settle(pool, consumer, ids)
     assert await pool.fetchval("SELECT state FROM dead_events") == "dead"
-    assert await pool.fetchval("SELECT state FROM webhook_inbox") == "done"
+    assert await pool.fetchval("SELECT state FROM inbox_row_states()") == "done"
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 0
 
 
@@ -137,11 +137,11 @@ async def test_a_row_that_kills_its_connection_is_taken_alone_and_parked(
         task = asyncio.create_task(consumer.run(stop))
         try:
             deadline = time.monotonic() + 30
-            while await pool.fetchval("SELECT state FROM webhook_inbox WHERE id = $1", poison) != "dead":
+            while await pool.fetchval("SELECT state FROM inbox_row_states() WHERE id = $1", poison) != "dead":
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.05)
             while await pool.fetchval(
-                "SELECT count(*) FROM webhook_inbox WHERE id = ANY($1) AND state = 'done'", others
+                "SELECT count(*) FROM inbox_row_states() WHERE id = ANY($1) AND state = 'done'", others
             ) < len(others):
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.05)
@@ -149,7 +149,7 @@ async def test_a_row_that_kills_its_connection_is_taken_alone_and_parked(
             stop.set()
             consumer.wake.set()
             await task
-        row = await pool.fetchrow("SELECT attempts, last_error FROM webhook_inbox WHERE id = $1", poison)
+        row = await pool.fetchrow("SELECT attempts, last_error FROM inbox_parked WHERE inbox_id = $1", poison)
         assert row["attempts"] == 2 and "taken alone" in row["last_error"]
         assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 5
     finally:
@@ -172,7 +172,7 @@ def test_every_hostile_body_ends_processed_or_dead_and_none_is_a_system_fault(
             ]
             await settle(pool, consumer, ids)
             assert health.fault_streak == 0
-            rows = await pool.fetch("SELECT state FROM webhook_inbox WHERE id = ANY($1)", ids)
+            rows = await pool.fetch("SELECT state FROM inbox_row_states() WHERE id = ANY($1)", ids)
             assert {r[0] for r in rows} <= {"done", "dead"}
         finally:
             await pool.close()

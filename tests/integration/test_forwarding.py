@@ -30,7 +30,7 @@ from gateway.testing.payloads import (
     to_bytes,
 )
 from tests.support import deliveries as moved
-from tests.support.config import DESTINATION_SECRET, META_SECRET, replace
+from tests.support.config import DESTINATION_SECRET, META_SECRET, public_metrics, replace
 from tests.support.consume import drain, stage
 from tests.support.forward import (
     add,
@@ -285,7 +285,7 @@ async def test_gateway_serve_forwards_a_meta_webhook_end_to_end(
     http: ClientSession, start_gateway: object, pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
 ) -> None:
     await add(pool, "bot", receiver.url, ("message",))
-    live = fast(settings, run_consumers=True, run_forwarder=True, consumer_poll_ms=50)
+    live = fast(public_metrics(settings), run_consumers=True, run_forwarder=True, consumer_poll_ms=50)
     server: TestServer = await start_gateway(live)  # type: ignore[operator]
     # Its consumers wake its forwarder after their commits (NOTIFY wakes other processes').
     app = server.app

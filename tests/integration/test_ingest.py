@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
 import asyncpg
 import pytest
@@ -17,7 +18,14 @@ from gateway.core.signature import sign_meta, sign_tenashi
 from gateway.store.db import database_name
 from gateway.testing.payloads import message_payload, meta_bytes
 from gateway.web.app import COMMITTER
-from tests.support.config import META_OLD_SECRET, META_SECRET, TENASHI_SECRET, VERIFY_TOKEN, replace
+from tests.support.config import (
+    META_OLD_SECRET,
+    META_SECRET,
+    TENASHI_SECRET,
+    VERIFY_TOKEN,
+    public_metrics,
+    replace,
+)
 
 
 async def post_meta(
@@ -66,7 +74,10 @@ async def test_signed_payload_is_stored_byte_for_byte(
     status, _ = await post_meta(http, gateway, body, sign_meta(body, META_SECRET))
     assert status == 200
     assert await inbox_bodies(pool) == [body]
-    row = await pool.fetchrow("SELECT source, state, delivery_id FROM webhook_inbox")
+    row = await pool.fetchrow(
+        "SELECT w.source, s.state, w.delivery_id"
+        " FROM webhook_inbox w JOIN inbox_row_states() s ON s.id = w.id"
+    )
     assert dict(row) == {"source": "meta", "state": "pending", "delivery_id": None}
 
 
@@ -191,7 +202,10 @@ async def test_tenashi_signed_event_is_stored_with_delivery_id(
     ]
 
 
-async def test_health_ready_and_metrics(http: ClientSession, gateway: TestServer, pool: asyncpg.Pool) -> None:
+async def test_health_ready_and_metrics(
+    http: ClientSession, start_gateway: Any, settings: Settings, pool: asyncpg.Pool
+) -> None:
+    gateway: TestServer = await start_gateway(public_metrics(settings))
     async with http.get(gateway.make_url("/healthz")) as r:
         assert r.status == 200
     async with http.get(gateway.make_url("/readyz")) as r:

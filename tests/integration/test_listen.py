@@ -28,7 +28,7 @@ async def test_notify_wakes_and_a_killed_listener_comes_back(db_dsn: str, pool: 
 
     async def listeners() -> int:
         n: int = await pool.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN \"test_wake\"'"
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'gateway LISTEN test_wake'"
         )
         return n
 
@@ -41,7 +41,8 @@ async def test_notify_wakes_and_a_killed_listener_comes_back(db_dsn: str, pool: 
         await pool.execute("NOTIFY test_wake")
         await _until(lambda: called(2))
         await pool.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'LISTEN \"test_wake\"'"
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'gateway LISTEN test_wake'"
         )
         await _until(lambda: called(3))  # reconnected (after the first backoff step)
         await _until(lambda: listeners())

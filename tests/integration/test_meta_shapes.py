@@ -40,7 +40,7 @@ async def test_every_meta_shape_is_accepted_and_processed(
         pass
     states = {
         r["state"]: r["n"]
-        for r in await pool.fetch("SELECT state, count(*) AS n FROM webhook_inbox GROUP BY 1")
+        for r in await pool.fetch("SELECT state, count(*) AS n FROM inbox_row_states() GROUP BY 1")
     }
     assert states == {"done": len(PAYLOADS)}
     assert await pool.fetchval("SELECT count(*) FROM dead_events") == 0

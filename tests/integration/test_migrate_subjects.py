@@ -198,7 +198,7 @@ async def test_migrating_a_populated_database_gives_every_row_its_subject(old_db
         for source, body in BODIES:
             await stage(pool, body, source)
         await drain(pool, s)
-        assert await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state <> 'done'") == 0
+        assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state <> 'done'") == 0
         assert await counts(pool) == before
         assert await pool.fetchval("SELECT count(*) FROM deliveries") == deliveries
         # And a new event gets its subject on every row it writes.

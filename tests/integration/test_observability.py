@@ -18,15 +18,19 @@ from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
 from gateway.maintenance.gauges import GaugeLeader
 from gateway.testing.payloads import message_payload, meta_bytes
-from tests.support.config import META_SECRET, replace
+from tests.support.config import META_SECRET, public_metrics, replace
 from tests.support.procs import free_port
 
 ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
 MESSAGE = {"to": "4915100000001", "phone_number_id": "1111", "type": "text", "text": {"body": "hi"}}
 
 
-async def test_metrics_negotiates_openmetrics_and_gzip(http: ClientSession, gateway: TestServer) -> None:
-    url = gateway.make_url("/metrics")
+async def test_metrics_negotiates_openmetrics_and_gzip(
+    http: ClientSession, start_gateway: object, settings: Settings
+) -> None:
+    port = free_port()
+    await start_gateway(replace(settings, metrics_port=port))  # type: ignore[operator]
+    url = f"http://127.0.0.1:{port}/metrics"
     async with http.get(url, headers={"Accept": "application/openmetrics-text; version=1.0.0"}) as r:
         assert r.status == 200
         assert r.headers["Content-Type"].startswith("application/openmetrics-text")
@@ -99,9 +103,16 @@ async def test_access_log_has_request_id_source_outcome_latency(
     assert any(r.outcome == "refused" for r in records)  # type: ignore[attr-defined]
 
 
-async def test_metrics_on_a_separate_listener(
+async def test_metrics_are_never_on_the_public_port_unless_asked_for(
     http: ClientSession, start_gateway: object, settings: Settings
 ) -> None:
+    """/metrics names destinations and phone-number ids: by default (GATEWAY_METRICS_PORT unset)
+    the public port does not serve it; with a metrics port, that listener does; with the
+    metrics port set to GATEWAY_PORT itself, the public port does."""
+    assert settings.metrics_port == 0
+    plain: TestServer = await start_gateway(settings)  # type: ignore[operator]
+    async with http.get(plain.make_url("/metrics")) as r:
+        assert r.status == 404
     port = free_port()
     gw: TestServer = await start_gateway(replace(settings, metrics_port=port))  # type: ignore[operator]
     async with http.get(gw.make_url("/metrics")) as r:
@@ -111,12 +122,16 @@ async def test_metrics_on_a_separate_listener(
         assert "gateway_ack_latency_seconds" in await r.text()
     async with http.get(f"http://127.0.0.1:{port}/healthz") as r:
         assert r.status == 200
+    public: TestServer = await start_gateway(public_metrics(settings))  # type: ignore[operator]
+    async with http.get(public.make_url("/metrics")) as r:
+        assert r.status == 200 and "gateway_ack_latency_seconds" in await r.text()
 
 
 async def test_readyz_and_metrics_do_not_queue_on_a_starved_pool(
     http: ClientSession, start_gateway: object, settings: Settings
 ) -> None:
-    gw: TestServer = await start_gateway(replace(settings, db_pool_min=1, db_pool_max=2))  # type: ignore[operator]
+    starved = replace(public_metrics(settings), db_pool_min=1, db_pool_max=2)
+    gw: TestServer = await start_gateway(starved)  # type: ignore[operator]
     from gateway.web.app import POOL
 
     pool: asyncpg.Pool = gw.app[POOL]

@@ -11,6 +11,7 @@ import pytest
 from gateway.operator import actions
 from gateway.operator.actions import Actor
 from gateway.store import audit, deliveries
+from tests.support.consume import dead_row
 from tests.support.send import enqueue
 
 ALICE = Actor("alice", "console")
@@ -25,7 +26,7 @@ async def test_release_writes_its_entry_in_its_transaction(pool: asyncpg.Pool) -
     await enqueue(pool, "order-42")
     await pool.execute("UPDATE outbox SET state = 'review'")
     async with pool.acquire() as conn:
-        text = await actions.release(conn, ALICE, "order-42")
+        text = await actions.release(conn, ALICE, "order-42", window_s=600)
     assert "now pending" in text
     [e] = await entries(pool)
     assert (e.actor, e.via, e.action, e.target, e.rows) == (
@@ -44,7 +45,7 @@ async def test_a_refused_release_changes_nothing_and_is_recorded_as_refused(pool
     await pool.execute("UPDATE outbox SET state = 'review', wamid = 'wamid.X'")
     async with pool.acquire() as conn:
         with pytest.raises(ValueError, match="would be sent twice"):
-            await actions.release(conn, ALICE, "order-43", "acme")
+            await actions.release(conn, ALICE, "order-43", "acme", window_s=600)
     assert await pool.fetchval("SELECT state FROM outbox") == "review"
     [e] = await entries(pool)
     assert (e.action, e.target, e.rows) == ("outbox.release", "acme/order-43", 0)
@@ -60,7 +61,7 @@ async def test_an_action_that_fails_midway_leaves_no_entry_and_no_change(pool: a
             "ALTER TABLE operator_actions ADD CONSTRAINT no_release CHECK (action <> 'outbox.release')"
         )
         with pytest.raises(asyncpg.CheckViolationError):
-            await actions.release(conn, ALICE, "order-44")
+            await actions.release(conn, ALICE, "order-44", window_s=600)
     assert await pool.fetchval("SELECT state FROM outbox") == "review"
     assert await entries(pool) == []
 
@@ -72,8 +73,9 @@ async def test_bulk_release_counts_done_and_refused(pool: asyncpg.Pool) -> None:
     await pool.execute("UPDATE outbox SET wamid = 'wamid.sent' WHERE idem_key = 'b0'")
     async with pool.acquire() as conn:
         done = await actions.outbox_bulk(
-            conn, Actor("bob", "cli"), "release", state="failed", since=None, until=None, tenant=None
-        )
+            conn, Actor("bob", "cli"), "release", state="failed", since=None, until=None, tenant=None,
+            window_s=600,
+        )  # fmt: skip
     assert (done.done, done.refused) == (2, 1)
     [e] = await entries(pool)
     assert (e.actor, e.via, e.action, e.rows) == ("bob", "cli", "outbox.release_bulk", 2)
@@ -81,10 +83,7 @@ async def test_bulk_release_counts_done_and_refused(pool: asyncpg.Pool) -> None:
 
 
 async def test_dead_replay_by_range_and_by_id(pool: asyncpg.Pool) -> None:
-    await pool.execute(
-        "INSERT INTO webhook_inbox (source, body, state, attempts) VALUES ('meta', 'not json', 'dead', 1)"
-    )
-    rid = await pool.fetchval("SELECT id FROM webhook_inbox")
+    rid = await dead_row(pool, b"not json")
     async with pool.acquire() as conn:
         first = await actions.dead_replay(conn, ALICE, rows=[rid, rid + 100])
         again = await actions.dead_replay(

@@ -16,6 +16,7 @@ from gateway.maintenance.reconciler import Reconciler
 from gateway.outbound.sender import Sender
 from gateway.store import outbox
 from gateway.testing.fake_provider import FakeProvider
+from tests.support.consume import dead_row, read_all
 from tests.support.send import (
     TO,
     WINDOW,
@@ -64,10 +65,10 @@ async def test_operator_release_and_cancel(
     cb2 = await enqueue(pool, "op2", "4915100000002")
     await pool.execute("UPDATE outbox SET state = 'review'")
     async with pool.acquire() as conn:
-        assert "now pending" in await outbox.release(conn, "op1")
+        assert "now pending" in await outbox.release(conn, "op1", window_s=WINDOW)
         assert "now cancelled" in await outbox.cancel(conn, "op2", "acme")
         with pytest.raises(ValueError):
-            await outbox.release(conn, "op2")  # cancelled stays cancelled
+            await outbox.release(conn, "op2", window_s=WINDOW)  # cancelled stays cancelled
         with pytest.raises(LookupError):
             await outbox.cancel(conn, "nope")
     sender = Sender(pool, send_settings(settings, fake), clock=clock)
@@ -94,7 +95,7 @@ async def test_resend_waits_for_staged_status_webhook(
         await sender.step()
         assert (await row(pool, "w1"))["state"] == "unknown"
         await fake.drain_webhooks()
-        assert await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state = 'pending'") >= 1
+        assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state = 'pending'") >= 1
         clock.advance(WINDOW + 1)
         counts = await reconcile(sender)
         assert (counts["reconciled"], counts["waiting"]) == (0, 1)
@@ -123,18 +124,18 @@ async def test_resend_waits_for_dead_webhook(
     """A dead webhook of the row's period holds the reconciler too (it may be the status);
     webhooks older than the row do not."""
     clock = FakeClock()
-    await pool.execute("INSERT INTO webhook_inbox (source, body, state) VALUES ('meta', 'x', 'dead')")
+    await dead_row(pool, b"x")
     await enqueue(pool, "d1", TO, policy="resend")
     fake.add_fault("http", status=502)
     sender = Sender(pool, send_settings(settings, fake), clock=clock, rand=lambda: 0.5)
     try:
         await sender.step()
         assert (await row(pool, "d1"))["state"] == "unknown"
-        await pool.execute("INSERT INTO webhook_inbox (source, body, state) VALUES ('meta', 'y', 'dead')")
+        await dead_row(pool, b"y")
         clock.advance(WINDOW + 1)
         counts = await reconcile(sender)
         assert (counts["reconciled"], counts["waiting"]) == (0, 1)
-        await pool.execute("UPDATE webhook_inbox SET state = 'done' WHERE body = 'y'")
+        await pool.execute("UPDATE inbox_parked SET state = 'done' WHERE body = 'y'")
         counts = await reconcile(sender)
         assert (counts["reconciled"], counts["waiting"]) == (1, 0)  # the older dead row does not hold it
         assert (await row(pool, "d1"))["state"] == "pending"
@@ -156,10 +157,12 @@ async def test_a_row_that_reached_the_provider_is_never_released(
     )
     async with pool.acquire() as conn:
         with pytest.raises(ValueError, match=r"wamid\.X.*sent twice"):
-            await outbox.release(conn, "x1")
+            await outbox.release(conn, "x1", window_s=WINDOW)
         with pytest.raises(ValueError, match="delivery status 'failed'"):
-            await outbox.release(conn, "x2")
-        bulk = await outbox.release_bulk(conn, state=state, since=None, until=None, tenant=None)
+            await outbox.release(conn, "x2", window_s=WINDOW)
+        bulk = await outbox.release_bulk(
+            conn, state=state, since=None, until=None, tenant=None, window_s=WINDOW
+        )
         assert (bulk.done, bulk.refused) == (0, 2)
     clock = FakeClock()
     assert (await Reconciler(pool, settings, clock=clock).run_once())["reconciled"] == (
@@ -187,19 +190,25 @@ async def test_release_waits_while_webhooks_of_the_period_are_unprocessed(
 ) -> None:
     """An operator's release of a review/unknown row would resend it; while a webhook received
     since the row was created is pending or dead, its status may be there: not yet."""
-    await pool.execute("INSERT INTO webhook_inbox (source, body, state) VALUES ('meta', 'old', 'dead')")
+    await dead_row(pool, b"old")
     await enqueue(pool, "u1", TO)
     await enqueue(pool, "u2", "4915100000002")
     await pool.execute("UPDATE outbox SET state = 'review'")
     await pool.execute("INSERT INTO webhook_inbox (source, body) VALUES ('meta', 'new')")
     async with pool.acquire() as conn:
         with pytest.raises(ValueError, match="1 pending and 0 dead webhook"):
-            await outbox.release(conn, "u1")
-        bulk = await outbox.release_bulk(conn, state="review", since=None, until=None, tenant=None)
+            await outbox.release(conn, "u1", window_s=WINDOW)
+        bulk = await outbox.release_bulk(
+            conn, state="review", since=None, until=None, tenant=None, window_s=WINDOW
+        )
         assert (bulk.done, bulk.refused, bulk.waiting) == (0, 0, 2)
-        await conn.execute("UPDATE webhook_inbox SET state = 'done' WHERE body = 'new'")
-        assert "now pending" in await outbox.release(conn, "u1")  # the older dead row does not hold it
-        bulk = await outbox.release_bulk(conn, state="review", since=None, until=None, tenant=None)
+        await read_all(conn)
+        assert "now pending" in await outbox.release(
+            conn, "u1", window_s=WINDOW
+        )  # the older dead row does not hold it
+        bulk = await outbox.release_bulk(
+            conn, state="review", since=None, until=None, tenant=None, window_s=WINDOW
+        )
         assert (bulk.done, bulk.refused, bulk.waiting) == (1, 0, 0)
 
 

@@ -12,15 +12,17 @@ import pytest
 from prometheus_client import REGISTRY
 
 from gateway.core.events import UNTIMED_DAY
+from gateway.core.lanes import LaneSet, advance
 from gateway.core.planning import plan_batch
 from gateway.core.settings import Settings, SettingsError
+from gateway.inbound.lanes import LaneLease
 from gateway.maintenance import retention
 from gateway.store import inbox
 from gateway.store import retention as store
 from gateway.store.db import create_pool
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
 from tests.support.config import replace
-from tests.support.consume import drain, stage
+from tests.support.consume import dead_row, drain, read_all, stage
 from tests.support.deliveries import made_up
 from tests.support.forward import until
 
@@ -58,9 +60,21 @@ async def redeliver(pool: asyncpg.Pool, body: bytes) -> inbox.Applied:
     """Stage ``body`` again and process it as a consumer would (whatever the day: a key's day
     is its event's)."""
     await stage(pool, body)
-    async with pool.acquire() as conn, conn.transaction():
-        rows, _ = await inbox.claim_batch(conn, limit=100, max_bytes=1 << 20)
-        return await inbox.apply_plan(conn, plan_batch(rows))
+    lanes = LaneSet()
+    lease = LaneLease(Settings(), lanes)
+    async with pool.acquire() as conn:
+        await lease.refresh(conn)
+        taken = lanes.take()
+        batch = await inbox.read(conn, taken, limit=100, max_bytes=1 << 20)
+        assert batch.snapshot is not None
+        last = batch.rows[-1]
+        moved = advance(taken, batch.snapshot, (last.txid, last.id), batch.exhausted)
+        async with conn.transaction():
+            applied = await inbox.apply_plan(
+                conn, plan_batch(batch.rows), member=lease.member, advance=inbox.advance_arg(taken, moved)
+            )
+        await lease.leave(conn)
+    return applied
 
 
 async def test_a_redelivery_six_days_later_is_still_deduplicated(
@@ -156,27 +170,24 @@ async def test_inbox_partitions_drop_done_rows_and_carry_the_rest(
 ) -> None:
     old = TODAY - timedelta(days=9)
     await ensure_day(pool, "webhook_inbox", old)
-    ids = {}
-    for state in ("done", "pending", "dead"):
-        ids[state] = await pool.fetchval(
-            "INSERT INTO webhook_inbox (source, body, state, received_at)"
-            " VALUES ('meta', $1, $2, $3) RETURNING id",
-            state.encode(),
-            state,
-            noon(old),
-        )
+    stage_at = "INSERT INTO webhook_inbox (source, body, received_at) VALUES ('meta', $1, $2) RETURNING id"
+    ids = {"done": await pool.fetchval(stage_at, b"done", noon(old))}
+    await read_all(pool)  # the consumers read it
+    ids["pending"] = await pool.fetchval(stage_at, b"pending", noon(old))
+    ids["dead"] = await dead_row(pool, b"dead", received_at=noon(old))
     recent = await stage(pool, b"{}")
     report = await retention.run_once(pool, replace(settings, inbox_retention_days=7), today=TODAY)
     assert f"webhook_inbox_p{old:%Y%m%d}" in report.dropped
-    assert report.carried == 2
-    rows = await pool.fetch("SELECT id, state, received_at FROM webhook_inbox ORDER BY id")
-    assert [(r["id"], r["state"]) for r in rows] == [
-        (ids["pending"], "pending"),
-        (ids["dead"], "dead"),
-        (recent, "pending"),
-    ]
-    # A row is still found by its id alone (every partition is probed) after it moved.
-    assert (await inbox.claim_row(pool, inbox_id=ids["pending"])) is not None
+    assert report.carried == 1  # the unread row; the dead one's bytes are kept aside
+    rows = await pool.fetch(
+        "SELECT w.id, s.state FROM webhook_inbox w JOIN inbox_row_states() s ON s.id = w.id ORDER BY w.id"
+    )
+    assert [(r["id"], r["state"]) for r in rows] == [(ids["pending"], "pending"), (recent, "pending")]
+    # A row is still found by its id alone (every partition is probed) after it moved, and the
+    # dead one, its day dropped, is still there for an operator, bytes intact.
+    assert (await inbox.get_row(pool, inbox_id=ids["pending"])) is not None
+    dead = await inbox.get(pool, inbox_id=ids["dead"])
+    assert dead is not None and (dead["state"], bytes(dead["body"])) == ("dead", b"dead")
 
 
 async def test_creating_and_dropping_partitions_never_blocks_writers(

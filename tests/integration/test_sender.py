@@ -372,7 +372,7 @@ async def test_enqueue_wakes_the_sender_and_the_listener_reconnects(
     async def listening() -> int:
         n: int = await pool.fetchval(
             "SELECT count(*) FROM pg_stat_activity"
-            " WHERE query LIKE 'LISTEN %outbox%' AND pid <> pg_backend_pid()"
+            " WHERE application_name = 'gateway LISTEN outbox' AND pid <> pg_backend_pid()"
         )
         return n
 
@@ -382,7 +382,8 @@ async def test_enqueue_wakes_the_sender_and_the_listener_reconnects(
                 await asyncio.sleep(0.02)
         await sent(await enqueue(pool, "n1", "4915100000001"))
         await pool.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN %outbox%'"
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'gateway LISTEN outbox'"
         )
         async with asyncio.timeout(10):
             while await listening() == 0:

@@ -22,6 +22,7 @@ from gateway.operator import actions
 from gateway.outbound.sender import Sender
 from gateway.store import outbox
 from gateway.testing.fake_provider import FakeConfig, FakeProvider
+from tests.support.http import recorder
 
 HOUR = 3600.0
 CLI = actions.Actor("tester", "cli")
@@ -78,29 +79,15 @@ async def state(pool: asyncpg.Pool, key: str) -> asyncpg.Record:
 
 
 async def test_the_request_body_is_the_one_tenashi_documents(pool: asyncpg.Pool, settings: Settings) -> None:
-    seen: list[tuple[dict[str, str], bytes]] = []
-
-    async def api(request: web.Request) -> web.Response:
-        seen.append((dict(request.headers), await request.read()))
-        return web.json_response({"id": "msg_1", "status": "accepted"}, status=202)
-
-    app = web.Application()
-    app.router.add_post("/api/v1/messages", api)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
+    accepted = {"id": "msg_1", "status": "accepted"}
+    async with recorder(lambda: web.json_response(accepted, status=202), "/api/v1/messages") as (url, seen):
         await enqueue(pool, "order-1042-shipped")
         sender = Sender(pool, tenashi(settings, url))
         try:
             await sender.step()
         finally:
             await sender.close()
-    finally:
-        await runner.cleanup()
-    ((headers, raw),) = seen
+    ((headers, raw),) = [(p.headers, p.body) for p in seen]
     assert orjson.loads(raw) == {"to": "+919811122233", "text": "Payment of 900 EUR received"}
     assert headers["Idempotency-Key"] == "acme:order-1042-shipped"
     assert headers["Authorization"] == "Bearer tenashi-token"
@@ -190,13 +177,16 @@ async def test_release_refuses_a_row_past_its_window_with_the_reason(
     )
     async with pool.acquire() as conn:
         with pytest.raises(ValueError, match="honours its Idempotency-Key only until"):
-            await actions.release(conn, CLI, "pay-3", "acme")
+            await actions.release(conn, CLI, "pay-3", "acme", window_s=settings.reconcile_window_s)
         done = await actions.outbox_bulk(
-            conn, CLI, "release", state="review", since=None, until=None, tenant=None
-        )
+            conn, CLI, "release", state="review", since=None, until=None, tenant=None,
+            window_s=settings.reconcile_window_s,
+        )  # fmt: skip
     assert (done.done, done.refused) == (0, 1)
     assert (await state(pool, "pay-3"))["state"] == "review"
     # Within its window a release goes through.
     await pool.execute("UPDATE outbox SET retry_until = now() + interval '1 hour' WHERE idem_key = 'pay-3'")
     async with pool.acquire() as conn:
-        assert "released" in await actions.release(conn, CLI, "pay-3", "acme")
+        assert "released" in await actions.release(
+            conn, CLI, "pay-3", "acme", window_s=settings.reconcile_window_s
+        )

@@ -56,8 +56,11 @@ async def _ge(n: Any, want: int) -> bool:
     return bool(await n >= want)
 
 
-def start(dsn: str, name: str, handlers: str = "") -> asyncio.Future[asyncio.subprocess.Process]:
+def start(
+    dsn: str, name: str, handlers: str = "", env: dict[str, str] | None = None
+) -> asyncio.Future[asyncio.subprocess.Process]:
     env = {
+        **(env or {}),
         "GATEWAY_HANDLERS": handlers,
         **os.environ,
         "DATABASE_URL": f"{dsn}{'&' if '?' in dsn else '?'}application_name={name}",
@@ -137,8 +140,8 @@ async def test_sigkill_mid_batch_every_event_exactly_once(
             await victim.wait()
             victim = await start(db_dsn, "crash-victim", handlers)
         deadline = time.monotonic() + 2 * GIVE_UP_S
-        while await pool.fetchval("SELECT count(*) FROM webhook_inbox WHERE state <> 'done'"):
-            assert time.monotonic() < deadline, await inbox_states(pool)
+        while await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state <> 'done'"):
+            assert time.monotonic() < deadline, await diagnose(pool)
             await asyncio.sleep(0.05)
     finally:
         for p in (steady, victim):
@@ -172,3 +175,82 @@ async def test_sigkill_mid_batch_every_event_exactly_once(
     else:
         assert calls == []
     assert {r[0]: r[1] for r in rows} == want
+
+
+async def test_sigstop_of_a_lane_owner_its_lanes_are_taken_over_and_it_doubles_nothing(
+    pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """A consumer process that hangs (SIGSTOP) keeps its connections open, so it is not seen
+    dead: its lanes are taken when their lease runs out. Woken again mid-batch, whatever it
+    had read commits nothing (its cursors are no longer its own)."""
+    rng = random.Random(11)
+    bodies = workload(rng)[:1500]
+    expected = {ev.key for b in bodies for ev in parse("meta", b)}
+    for n in range(OUTBOX_ROWS):
+        await add_outbox(pool, f"cb-{n}")
+    insert = "INSERT INTO webhook_inbox (source, body) VALUES ('meta', $1)"
+    lease = {"GATEWAY_CONSUMER_LANE_LEASE_S": "2"}
+    steady = await start(db_dsn, "stop-steady", env=lease)
+    victim = await start(db_dsn, "stop-victim", env=lease)
+    try:
+        await wait_for(lambda: _ge(backends(pool, "stop-victim"), 2), "the victim to connect")
+        # Both own lanes (the victim half of them) before it hangs.
+        await wait_for(lambda: _owners(pool, 2), "the lanes to be split between the two")
+        await pool.executemany(insert, [(b,) for b in bodies[:750]])
+        await wait_for(lambda: holds_claimed_rows(pool, "stop-victim"), "the victim to be mid-batch")
+        victim.send_signal(signal.SIGSTOP)
+        await pool.executemany(insert, [(b,) for b in bodies[750:]])
+        # Everything is processed by the steady one once the victim's leases run out.
+        deadline = time.monotonic() + GIVE_UP_S
+        while await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state <> 'done'"):
+            assert time.monotonic() < deadline, await diagnose(pool)
+            await asyncio.sleep(0.05)
+        victim.send_signal(signal.SIGCONT)
+        await asyncio.sleep(3)  # it wakes up, finishes (fails) its batch, and rejoins
+        await pool.executemany(insert, [(b,) for b in bodies[:100]])  # redeliveries, to both
+        deadline = time.monotonic() + GIVE_UP_S
+        while await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state <> 'done'"):
+            assert time.monotonic() < deadline, await diagnose(pool)
+            await asyncio.sleep(0.05)
+    finally:
+        for p in (steady, victim):
+            if p.returncode is None:
+                p.send_signal(signal.SIGCONT)
+                p.send_signal(signal.SIGTERM)
+        for p in (steady, victim):
+            await p.wait()
+    keys = {r[0] for r in await pool.fetch("SELECT event_key FROM processed_webhook_events")}
+    assert keys == expected
+    assert await pool.fetchval("SELECT count(DISTINCT wamid) FROM inbound_messages") == await pool.fetchval(
+        "SELECT count(*) FROM inbound_messages"
+    )
+    assert await pool.fetchval("SELECT count(*) FROM message_statuses") == await pool.fetchval(
+        "SELECT count(DISTINCT event_key) FROM message_statuses"
+    )
+
+
+async def _owners(pool: asyncpg.Pool, n: int) -> bool:
+    owners = await pool.fetchval("SELECT count(DISTINCT owner) FROM inbox_lanes WHERE owner IS NOT NULL")
+    return bool(owners == n)
+
+
+async def diagnose(pool: asyncpg.Pool) -> str:
+    """What a test that timed out waiting for the consumers shows: the rows' states, the
+    lanes, and what each consumer's backend is doing."""
+    lanes = await pool.fetch(
+        "SELECT lane, owner, lease_until > now() AS leased, version, done_snap::text, win_snap::text"
+        " FROM inbox_lanes ORDER BY lane"
+    )
+    activity = await pool.fetch(
+        "SELECT application_name, state, wait_event_type, wait_event, backend_xid::text,"
+        " now() - xact_start AS age, left(query, 80) AS query FROM pg_stat_activity"
+        " WHERE application_name LIKE '%-%' ORDER BY application_name"
+    )
+    members = await pool.fetch("SELECT * FROM consumer_members")
+    unread = await pool.fetch("SELECT lane, count(*) FROM inbox_unread() GROUP BY lane ORDER BY lane")
+    return "\n".join(
+        [str(await inbox_states(pool)), "unread per lane: " + str([tuple(r) for r in unread])]
+        + [str(tuple(r)) for r in lanes]
+        + [str(tuple(r)) for r in members]
+        + [str(tuple(r)) for r in activity]
+    )

@@ -25,13 +25,15 @@ GIVE_UP_S = 60.0
 def spawn_ingest_only(
     dsn: str, window_ms: int, log_path: str | None = None, **env: str
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """`gateway serve` with its workers off, on a free port; returns it and its base URL."""
+    """`gateway serve` with its workers off, on a free port, /metrics on that port too (a
+    scrape's connection is then one of those it counts); returns it and its base URL."""
     port = free_port()
     proc = spawn(
         ["serve"],
         {
             "DATABASE_URL": dsn,
             "GATEWAY_PORT": str(port),
+            "GATEWAY_METRICS_PORT": str(port),
             "GATEWAY_META_APP_SECRETS": META_SECRET,
             "GATEWAY_RUN_CONSUMERS": "false",
             "GATEWAY_RUN_SENDER": "false",

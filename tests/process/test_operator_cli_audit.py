@@ -9,6 +9,8 @@ import sys
 
 import asyncpg
 
+from tests.support.consume import dead_row
+
 
 def gateway(*args: str, dsn: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
@@ -26,10 +28,7 @@ def gateway(*args: str, dsn: str) -> subprocess.CompletedProcess[str]:
 async def test_cli_actions_are_audited_with_the_user_or_actor(db_dsn: str) -> None:
     conn = await asyncpg.connect(db_dsn)
     try:
-        await conn.execute(
-            "INSERT INTO webhook_inbox (source, body, state, attempts) VALUES ('meta', 'not json', 'dead', 1)"
-        )
-        rid = await conn.fetchval("SELECT id FROM webhook_inbox")
+        rid = await dead_row(conn, b"not json")
         done = gateway("dead", "replay", f"R{rid}", "--actor", "alice@oncall", dsn=db_dsn)
         assert done.returncode == 0, done.stderr
         refused = gateway("senders", "resume", "number", "1111", dsn=db_dsn)

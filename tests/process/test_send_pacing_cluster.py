@@ -49,7 +49,7 @@ async def test_three_senders_share_one_pace(
         async with asyncio.timeout(30):  # all three listening
             while (
                 await pool.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %outbox%'"
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'gateway LISTEN outbox'"
                 )
                 < 3
             ):

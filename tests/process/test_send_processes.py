@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 from typing import Any
 
 import asyncpg
@@ -13,28 +11,10 @@ from aiohttp import ClientSession
 
 from gateway.core.settings import Settings
 from gateway.testing.fake_provider import FakeProvider
-from tests.support.procs import gateway_cli
+from tests.support.procs import gateway_cli, spawn_send
 from tests.support.send import enqueue, reconcile, row, send_settings
 
 ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
-
-
-async def spawn_send(dsn: str, fake: FakeProvider) -> asyncio.subprocess.Process:
-    """`gateway send` as its own process, sending to the fake."""
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway",
-        "send",
-        env={
-            **os.environ,
-            "DATABASE_URL": dsn,
-            "GATEWAY_GRAPH_URL": fake.url + "/v21.0",
-            "GATEWAY_GRAPH_TOKEN": "t",
-            "GATEWAY_SEND_POLL_MS": "50",
-            "GATEWAY_LOG_LEVEL": "warning",
-        },
-    )
 
 
 async def test_serve_runs_the_sender(

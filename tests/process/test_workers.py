@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from pathlib import Path
 
 import aiohttp
 import asyncpg
@@ -36,11 +37,12 @@ def stored(metrics_text: str) -> float:
 
 
 async def test_two_workers_share_one_port_and_stop_together(db_dsn: str, pool: asyncpg.Pool) -> None:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
     env = {
         "DATABASE_URL": db_dsn,
         "GATEWAY_PORT": str(port),
+        "GATEWAY_METRICS_PORT": str(metrics_port),
         "GATEWAY_META_APP_SECRETS": META_SECRET,
         "GATEWAY_RUN_CONSUMERS": "false",
         "GATEWAY_RUN_SENDER": "false",
@@ -67,12 +69,15 @@ async def test_two_workers_share_one_port_and_stop_together(db_dsn: str, pool: a
                 headers = {"X-Hub-Signature-256": sign_meta(body, META_SECRET)}
                 async with http.post(f"{base}/webhooks/meta", data=body, headers=headers) as r:
                     assert r.status == 200
-            # Whichever worker is scraped reports the requests of both.
+            # Whichever worker is scraped (each listens on the metrics port too) reports the
+            # requests of both; the public port serves no /metrics.
             seen = set()
             for _ in range(10):
-                async with http.get(f"{base}/metrics") as r:
+                async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
                     seen.add(stored(await r.text()))
             assert seen == {20.0}
+            async with http.get(f"{base}/metrics") as r:
+                assert r.status == 404
         assert await pool.fetchval("SELECT count(*) FROM webhook_inbox") == 20
 
         # SO_REUSEPORT would let a second group share the port silently: it is refused.
@@ -90,6 +95,39 @@ async def test_two_workers_share_one_port_and_stop_together(db_dsn: str, pool: a
         for c in children:
             if c.is_running():
                 c.kill()
+
+
+async def test_a_clean_start_logs_no_warning(db_dsn: str, tmp_path: Path) -> None:
+    """Every process of a --workers start (the parent, two HTTP workers, the services and the
+    forwarder apart) starts and stops without one WARNING or ERROR line: a warning that comes at
+    every start (such as an unknown variable the supervisor set itself) teaches operators to
+    ignore warnings."""
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    env = {
+        "DATABASE_URL": db_dsn,
+        "GATEWAY_PORT": str(port),
+        "GATEWAY_META_APP_SECRETS": META_SECRET,
+        "GATEWAY_SERVE_SERVICES": "process",
+        "GATEWAY_SERVE_FORWARDER": "apart",
+    }
+    proc = spawn(["serve", "--workers", "2"], env, str(log_path))
+    try:
+        await wait_healthy(f"http://127.0.0.1:{port}", proc)
+        deadline = time.monotonic() + GIVE_UP_S
+        while len(psutil.Process(proc.pid).children()) < 4:  # 2 workers, services, forwarder
+            assert time.monotonic() < deadline, "the children did not all start"
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(3)  # each child past its start-up
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = log_path.read_text().splitlines()
+    assert lines, "nothing was logged"
+    assert [line for line in lines if " WARNING " in line or " ERROR " in line] == []
 
 
 def _counter(metrics_text: str, name: str, **labels: str) -> float:
@@ -116,6 +154,7 @@ async def test_services_apart_from_the_http_worker(db_dsn: str, pool: asyncpg.Po
     env = {
         "DATABASE_URL": db_dsn,
         "GATEWAY_PORT": str(port),
+        "GATEWAY_METRICS_PORT": str(port),  # /metrics on the public port, as operators may ask
         "GATEWAY_META_APP_SECRETS": META_SECRET,
         "GATEWAY_SERVE_SERVICES": "process",
         "GATEWAY_RUN_SENDER": "false",

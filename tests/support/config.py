@@ -17,3 +17,9 @@ DESTINATION_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 def replace(s: Settings, **changes: object) -> Settings:
     return dataclasses.replace(s, **changes)  # type: ignore[arg-type]
+
+
+def public_metrics(s: Settings) -> Settings:
+    """``/metrics`` on the public port, as GATEWAY_METRICS_PORT=GATEWAY_PORT asks (a test server
+    listens on a port of its own whatever ``port`` says: what matters is that the two agree)."""
+    return dataclasses.replace(s, metrics_port=s.port)

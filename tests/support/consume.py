@@ -7,8 +7,10 @@ from typing import Any
 
 import asyncpg
 
+from gateway.core.lanes import LaneSet
 from gateway.core.settings import Settings
 from gateway.inbound.consumer import Consumer
+from gateway.inbound.lanes import LaneLease
 
 STAGE_ONE = "INSERT INTO webhook_inbox (source, body, delivery_id) VALUES ($1, $2, $3) RETURNING id"
 
@@ -19,7 +21,8 @@ async def stage(pool: asyncpg.Pool, body: bytes, source: str = "meta", delivery_
 
 
 async def drain(pool: asyncpg.Pool, settings: Settings, consumers: int = 1) -> None:
-    """Process until no due row is left, with ``consumers`` concurrent consumers."""
+    """Process until no due row is left, with ``consumers`` concurrent consumers (each made on
+    its own: it holds the lanes for one batch at a time)."""
     workers = [Consumer(pool, settings) for _ in range(consumers)]
 
     async def loop(c: Consumer) -> None:
@@ -27,6 +30,45 @@ async def drain(pool: asyncpg.Pool, settings: Settings, consumers: int = 1) -> N
             pass
 
     await asyncio.gather(*(loop(c) for c in workers))
+
+
+async def dead_row(conn: asyncpg.Pool | asyncpg.Connection, body: bytes, **cols: Any) -> int:
+    """A staged webhook moved aside dead (as a body that is no payload is), with ``cols`` of
+    webhook_inbox (received_at, ...) set."""
+    names = ["source", "body", *cols]
+    marks = ", ".join(f"${i + 1}" for i in range(len(names)))
+    inbox_id: int = await conn.fetchval(
+        f"INSERT INTO webhook_inbox ({', '.join(names)}) VALUES ({marks}) RETURNING id",
+        "meta",
+        body,
+        *cols.values(),
+    )
+    await conn.execute(
+        "INSERT INTO inbox_parked"
+        " (inbox_id, received_at, source, delivery_id, body, state, attempts, last_error)"
+        " SELECT id, received_at, source, delivery_id, body, 'dead', 1, 'NotJson: test'"
+        " FROM webhook_inbox WHERE id = $1",
+        inbox_id,
+    )
+    return inbox_id
+
+
+async def read_all(conn: asyncpg.Pool | asyncpg.Connection) -> None:
+    """Every lane's cursor past every row committed so far, as if consumers had read them."""
+    await conn.execute(
+        "UPDATE inbox_lanes SET done_snap = pg_current_snapshot(), win_snap = NULL, pos_txid = NULL,"
+        " pos_id = NULL, version = version + 1"
+    )
+
+
+async def leased(pool: asyncpg.Pool, settings: Settings, **kw: Any) -> Consumer:
+    """A consumer as a group makes one: the lanes leased once for its member (for the lease's
+    length, GATEWAY_CONSUMER_LANE_LEASE_S), and held between batches."""
+    lanes = LaneSet()
+    lease = LaneLease(settings, lanes)
+    async with pool.acquire() as conn:
+        await lease.refresh(conn)
+    return Consumer(pool, settings, lanes=lanes, member=lease.member, **kw)
 
 
 async def counts(pool: asyncpg.Pool) -> dict[str, int]:
@@ -43,7 +85,7 @@ async def counts(pool: asyncpg.Pool) -> dict[str, int]:
 
 
 async def inbox_states(pool: asyncpg.Pool) -> dict[str, int]:
-    rows = await pool.fetch("SELECT state, count(*) AS n FROM webhook_inbox GROUP BY state")
+    rows = await pool.fetch("SELECT state, count(*) AS n FROM inbox_row_states() GROUP BY state")
     return {r["state"]: r["n"] for r in rows}
 
 

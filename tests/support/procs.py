@@ -12,9 +12,10 @@ from collections.abc import Mapping
 
 import aiohttp
 
+from gateway.testing.fake_provider import FakeProvider
 from gateway.testing.ports import closed_port, free_port
 
-__all__ = ["closed_port", "free_port", "gateway_cli", "gateway_ok", "spawn", "wait_healthy"]
+__all__ = ["closed_port", "free_port", "gateway_cli", "gateway_ok", "spawn", "spawn_send", "wait_healthy"]
 
 
 def spawn(args: list[str], env: Mapping[str, str], log_path: str | None = None) -> subprocess.Popen[bytes]:
@@ -66,3 +67,21 @@ async def gateway_ok(dsn: str, *args: str, env: Mapping[str, str] | None = None)
     rc, out, err = await gateway_cli(dsn, *args, env=env)
     assert rc == 0, err
     return out
+
+
+async def spawn_send(dsn: str, fake: FakeProvider) -> asyncio.subprocess.Process:
+    """`gateway send` as its own process, sending to the fake."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        "send",
+        env={
+            **os.environ,
+            "DATABASE_URL": dsn,
+            "GATEWAY_GRAPH_URL": fake.url + "/v21.0",
+            "GATEWAY_GRAPH_TOKEN": "t",
+            "GATEWAY_SEND_POLL_MS": "50",
+            "GATEWAY_LOG_LEVEL": "warning",
+        },
+    )

@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from loadtest.chaos import TENANT, outage_figures, send_checks
 from loadtest.harness import poison
+from loadtest.harness.chaoskit import TENANT, outage_figures, send_checks
 
 
 def rec(cb: str, to: str, at: float) -> dict[str, object]:

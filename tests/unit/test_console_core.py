@@ -29,18 +29,75 @@ def test_the_session_key_changes_with_any_token() -> None:
     assert console.fingerprint("a" * 20) != console.fingerprint("b" * 20)
 
 
-def test_failed_logins_are_limited_per_client_and_in_all() -> None:
-    limit = console.FailureLimit(per_client=3, total=5, window_s=60)
-    for _ in range(3):
-        assert limit.check("1.2.3.4", 0) == 0
-        limit.failed("1.2.3.4", 0)
-    assert limit.check("1.2.3.4", 1) == pytest.approx(59)
-    assert limit.check("5.6.7.8", 1) == 0  # another client is not held back by it
-    limit.failed("5.6.7.8", 1)
-    limit.failed("9.9.9.9", 1)
-    assert limit.check("7.7.7.7", 2) == pytest.approx(58)  # five failures in all: everyone waits
-    assert limit.check("1.2.3.4", 61) == 0  # the window passed
-    limit.succeeded("5.6.7.8")
+def test_failed_logins_are_limited_per_source() -> None:
+    limit = console.FailureLimit(per_source=3, per_token=100, window_s=60)
+    for i in range(3):
+        assert limit.check_source("1.2.3.4", 0) == 0
+        limit.begin("1.2.3.4", 0)
+        limit.failed(f"wrong-{i}", 0)
+    assert limit.check_source("1.2.3.4", 1) == pytest.approx(59)  # whatever token it tries next
+    assert limit.check_source("5.6.7.8", 1) == 0  # another source is not held back by it
+    assert limit.check_source("1.2.3.4", 61) == 0  # the window passed
+    limit.begin("5.6.7.8", 1)
+    limit.succeeded("5.6.7.8")  # a success forgets the source's failures
+    assert limit.check_source("5.6.7.8", 2) == 0
+
+
+def test_a_wrong_token_is_limited_from_every_source() -> None:
+    limit = console.FailureLimit(per_source=100, per_token=3, window_s=60)
+    for i in range(3):
+        limit.begin(f"10.0.0.{i}", 0)
+        limit.failed("the-same-wrong-token", 0)
+    assert limit.check_token("the-same-wrong-token", 1) == pytest.approx(59)
+    assert limit.check_token("another-token", 1) == 0
+    assert limit.check_source("10.0.0.9", 1) == 0
+
+
+def test_failures_elsewhere_never_hold_back_a_source_that_has_not_failed() -> None:
+    """The issue's flood: 200 failures from 20 sources, each with tokens of its own; a fresh
+    source with the right token (never counted, it never failed) goes on."""
+    limit = console.FailureLimit()
+    for source in range(20):
+        for attempt in range(10):
+            key = console.token_key(f"guess-{source}-{attempt}")
+            assert limit.check_source(f"127.0.0.{source + 2}", 0.0) == 0
+            assert limit.check_token(key, 0.0) == 0
+            limit.begin(f"127.0.0.{source + 2}", 0.0)
+            limit.failed(key, 0.0)
+    assert limit.check_source("127.0.0.2", 1.0) > 0
+    assert limit.check_source("127.0.0.50", 1.0) == 0
+    assert limit.check_token(console.token_key("the-right-token-0123456789"), 1.0) == 0
+
+
+def test_the_tables_stay_bounded_dropping_the_oldest() -> None:
+    limit = console.FailureLimit(per_source=1, per_token=1, window_s=60, tracked=3)
+    for i in range(5):
+        limit.begin(f"10.0.0.{i}", float(i))
+        limit.failed(f"t{i}", float(i))
+    assert [limit.check_source(f"10.0.0.{i}", 5) > 0 for i in range(5)] == [False, False, True, True, True]
+    assert [limit.check_token(f"t{i}", 5) > 0 for i in range(5)] == [False, False, True, True, True]
+
+
+@pytest.mark.parametrize(
+    ("remote", "source"),
+    [
+        ("192.0.2.7", "192.0.2.7"),
+        ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2::/64"),  # the same host's network
+        ("2001:db8:1:3::1", "2001:db8:1:3::/64"),
+        ("::ffff:192.0.2.7", "192.0.2.7"),
+        ("fe80::1%eth0", "fe80::/64"),
+        (None, "?"),
+        ("not-an-address", "not-an-address"),  # a Unix socket's peer, say
+    ],
+)
+def test_a_source_is_an_ipv4_address_or_an_ipv6_64(remote: str | None, source: str) -> None:
+    assert console.source_of(remote) == source
+
+
+def test_a_token_is_counted_by_a_digest_of_it() -> None:
+    assert console.token_key("abc") == console.token_key("abc") != console.token_key("abd")
+    assert "abc" not in console.token_key("abc")
 
 
 @pytest.mark.parametrize(

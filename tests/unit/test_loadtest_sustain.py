@@ -91,16 +91,16 @@ def _result(pipeline_rate: float) -> dict[str, object]:
 
 
 def test_the_pipeline_bench_fails_when_no_probed_rate_kept_up() -> None:
-    from loadtest.bench_pipeline import pipeline_verdict
+    from loadtest.harness.pipeline_report import verdict
 
-    failed = pipeline_verdict(_result(0.0))
+    failed = verdict(_result(0.0))
     assert not failed.passed
     assert any("kept up at no rate" in c for c in failed.failed_checks)
-    assert pipeline_verdict(_result(600.0)).passed
+    assert verdict(_result(600.0)).passed
 
 
 def test_the_pipeline_bench_prints_its_probes_and_the_stolen_cpu() -> None:
-    from loadtest.bench_pipeline import table
+    from loadtest.harness.pipeline_report import table
 
     text = table(_result(600.0))
     assert "pipeline saturation (both destinations enabled): 600 webhooks/s" in text

@@ -19,6 +19,7 @@ from gateway.web.access import Sampler, outcome_of, request_id, source_of
         ({"GATEWAY_META_APP_SECRET": "x"}, [("GATEWAY_META_APP_SECRET", "GATEWAY_META_APP_SECRETS")]),
         ({"GATEWAY_NOTHING_LIKE_IT": "1"}, [("GATEWAY_NOTHING_LIKE_IT", None)]),
         ({"GATEWAY_PORT": "1", "GATEWAY_FAKE_PORT": "1", "HOME": "/root"}, []),  # known, fake's, not ours
+        ({"GATEWAY_WORKER_HEALTH_SOCKET": "/tmp/m/worker-0.sock"}, []),  # what serve --workers sets
     ],
 )
 def test_unknown_variables(environ: dict[str, str], expected: list[tuple[str, str | None]]) -> None:

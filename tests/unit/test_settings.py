@@ -46,12 +46,29 @@ def test_parses_lists_and_pairs() -> None:
         ({"GATEWAY_TENANT_PROVIDERS": "acme:sms"}, "GATEWAY_TENANT_PROVIDERS: provider for 'acme'"),
         ({"GATEWAY_LOG_LEVEL": "loud"}, "GATEWAY_LOG_LEVEL: must be one of"),
         ({"GATEWAY_DB_POOL_MIN": "20", "GATEWAY_DB_POOL_MAX": "5"}, "GATEWAY_DB_POOL_MIN: must not exceed"),
+        ({"DATABASE_URL": "postgresql://u:p@a:5432,b:5432/x"}, "DATABASE_URL: lists several hosts: add"),
+        (
+            {"DATABASE_URL": "postgresql://u:p@a:5432,b:54x2/x?target_session_attrs=read-write"},
+            "DATABASE_URL: has an invalid host or port",
+        ),
     ],
 )
 def test_bad_values_name_the_variable(env: dict[str, str], fragment: str) -> None:
     with pytest.raises(SettingsError) as info:
         Settings.from_env(env)
     assert any(fragment in p for p in info.value.problems), info.value.problems
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:p@a:5432,b:5432,c:5432/x?target_session_attrs=read-write",
+        "postgres://u@[::1]:5432,10.0.0.2/x?target_session_attrs=primary&sslmode=require",
+        "postgresql://u:p@db:5432/x",
+    ],
+)
+def test_database_urls_taken(url: str) -> None:
+    assert Settings.from_env({"DATABASE_URL": url}).database_url == url
 
 
 def test_every_problem_is_reported_at_once() -> None:

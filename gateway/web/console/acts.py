@@ -11,17 +11,22 @@ from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp_jinja2
+import asyncpg
 from aiohttp import web
 from multidict import MultiDictProxy
 
 from gateway.core import console as pure
+from gateway.core.operator_input import text_problem
 from gateway.operator import actions
 from gateway.store import console as reads
 from gateway.store import outbox
 from gateway.web.console import auth
-from gateway.web.console.pages import POOL, bad
+from gateway.web.console.pages import DESTINATION, POOL, WINDOW_S, bad
 
 MAX_SELECTED = 500
+# The console's --i-know-it-may-duplicate: releasing an unknown send inside its reconcile window.
+MAY_DUPLICATE = "may_duplicate"
+MAY_DUPLICATE_LABEL = "I know the customer may get it twice"
 
 
 def routes() -> list[web.RouteDef]:
@@ -30,8 +35,8 @@ def routes() -> list[web.RouteDef]:
         web.post("/outbox/release", outbox_one),
         web.post("/outbox/cancel", outbox_one),
         web.post("/outbox/bulk", outbox_bulk),
-        web.post(r"/destinations/{name}/{verb:enable|disable}", destination_enable),
-        web.post("/destinations/{name}/rotate", destination_rotate),
+        web.post(f"/destinations/{DESTINATION}/{{verb:enable|disable}}", destination_enable),
+        web.post(f"/destinations/{DESTINATION}/rotate", destination_rotate),
         web.post("/deliveries/replay", deliveries_replay),
         web.post("/senders/resume", senders_resume),
     ]
@@ -52,6 +57,8 @@ def field(form: MultiDictProxy[Any], name: str, max_len: int = 200) -> str | Non
         return None
     if not isinstance(value, str) or len(value) > max_len:
         raise BadForm(f"{name} is not a short text")
+    if (problem := text_problem(value.strip(), max_len)) is not None:
+        raise BadForm(f"{name} {problem}")
     return value.strip() or None
 
 
@@ -74,11 +81,18 @@ def done(request: web.Request, title: str, lines: list[str], back: str, status: 
 
 
 def confirm(
-    request: web.Request, *, title: str, count: str, fields: list[tuple[str, str]], back: str
+    request: web.Request,
+    *,
+    title: str,
+    count: str,
+    fields: list[tuple[str, str]],
+    back: str,
+    option: tuple[str, str] | None = None,
 ) -> web.Response:
     """The confirmation step: how many rows, and a form that repeats the request with
-    ``confirm=yes`` (and the times resolved)."""
-    context = {"title": title, "count": count, "fields": fields, "action": request.path, "back": back}
+    ``confirm=yes`` (and the times resolved); ``option``: a checkbox (name, label) it may add."""
+    context: dict[str, Any] = {"title": title, "count": count, "fields": fields, "back": back}
+    context |= {"action": request.path, "option": option}
     return aiohttp_jinja2.render_template("confirm.html", request, context)
 
 
@@ -101,6 +115,8 @@ def guarded(handler: Any) -> Any:
         except outbox.AmbiguousKey as exc:
             return done(request, "Refused", [f"the key is used by tenants {exc}: pick one"], "/outbox", 409)
         except (LookupError, ValueError) as exc:
+            if isinstance(exc, asyncpg.InterfaceError):
+                raise  # the driver's text quotes the values it was given: the 503 page says less
             return done(request, "Refused", [str(exc)], request.headers.get("Referer", "/"), 409)
         return result  # type: ignore[no-any-return]
 
@@ -117,7 +133,7 @@ async def dead_replay(request: web.Request) -> web.StreamResponse:
     rows: list[int] = []
     items: list[int] = []
     for raw in ids:
-        if raw[:1] not in ("R", "E") or not raw[1:].isdigit() or len(raw) > 20:
+        if raw[:1] not in ("R", "E") or not (raw[1:].isascii() and raw[1:].isdigit()) or len(raw) > 20:
             raise BadForm(f"not a dead item: {raw[:30]!r}")
         (rows if raw[0] == "R" else items).append(int(raw[1:]))
     every = field(form, "range") == "yes"
@@ -147,10 +163,20 @@ async def outbox_one(request: web.Request) -> web.StreamResponse:
     key, tenant = field(form, "key"), field(form, "tenant")
     if key is None:
         raise BadForm("which key?")
-    fn = actions.release if request.path.endswith("/release") else actions.cancel
-    async with request.app[POOL].acquire() as conn:
-        line = await fn(conn, actor(request), key, tenant)
     back = "/outbox?" + urlencode({"key": key} if tenant is None else {"key": key, "tenant": tenant})
+    async with request.app[POOL].acquire() as conn:
+        if request.path.endswith("/release"):
+            try:
+                line = await actions.release(
+                    conn, actor(request), key, tenant, window_s=request.app[WINDOW_S],
+                    may_duplicate=field(form, MAY_DUPLICATE) == "yes",
+                )  # fmt: skip
+            except outbox.TooEarly as exc:
+                hint = f"to release it now anyway, tick '{MAY_DUPLICATE_LABEL}' on the send's page"
+                page = "/outbox/send?" + urlencode({"tenant": tenant or "", "key": key})
+                return done(request, "Refused", [str(exc), hint], page if tenant else back, 409)
+        else:
+            line = await actions.cancel(conn, actor(request), key, tenant)
     return done(request, "Done", [line], back)
 
 
@@ -162,21 +188,34 @@ async def outbox_bulk(request: web.Request) -> web.StreamResponse:
         raise BadForm("a bulk action needs release or cancel, and a state")
     since, until = when(form, "since"), when(form, "until")
     lo, hi = (None if t is None else t.timestamp() for t in (since, until))
+    window_s = request.app[WINDOW_S]
     if field(form, "confirm") != "yes":
         n = await reads.outbox_bulk_count(request.app[POOL], state=state, since=lo, until=hi, tenant=tenant)
         fields = [("action", action), ("state", state), ("tenant", tenant or "")]
         fields += [("since", _iso(since)), ("until", _iso(until))]
         note = " (rows the provider accepted are refused)" if action == "release" else ""
+        option = None
+        if action == "release" and state == "unknown":
+            note = (
+                " (rows the provider accepted are refused, and so are rows unknown for less than the "
+                f"reconcile window, {window_s:g} s, unless you tick the box)"
+            )
+            option = (MAY_DUPLICATE, f"{MAY_DUPLICATE_LABEL}: release those too")
         return confirm(
             request, title=f"{action.capitalize()} {state} sends",
             count=f"{at_least(n)} {state} row(s){note}", fields=fields, back=f"/outbox?state={state}",
+            option=option,
         )  # fmt: skip
     async with request.app[POOL].acquire() as conn:
         result = await actions.outbox_bulk(
-            conn, actor(request), action, state=state, since=lo, until=hi, tenant=tenant
-        )
+            conn, actor(request), action, state=state, since=lo, until=hi, tenant=tenant,
+            window_s=window_s, may_duplicate=action == "release" and field(form, MAY_DUPLICATE) == "yes",
+        )  # fmt: skip
     verb = "released" if action == "release" else "cancelled"
-    return done(request, "Done", actions.bulk_lines(verb, result), f"/outbox?state={state}")
+    lines = actions.bulk_lines(verb, result)
+    if result.early:
+        lines.append(f"to release them now anyway, run this again and tick '{MAY_DUPLICATE_LABEL}'")
+    return done(request, "Done", lines, f"/outbox?state={state}")
 
 
 @guarded

@@ -108,6 +108,7 @@ def build_console_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[auth.SESSIONS] = auth.Sessions(settings)
     app[pages.HANDLERS] = settings.handlers
+    app[pages.WINDOW_S] = float(settings.reconcile_window_s)
     env = aiohttp_jinja2.setup(
         app,
         loader=jinja2.FileSystemLoader(HERE / "templates"),

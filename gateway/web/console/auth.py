@@ -192,28 +192,42 @@ def _login_response(request: web.Request, error: str | None, status: int) -> web
     return response
 
 
+def _too_many(request: web.Request, wait: float, why: str) -> web.Response:
+    log.warning("console: login from %s refused: %s", request.remote, why)
+    response = _login_response(request, "too many failed logins: wait and try again", 429)
+    response.headers["Retry-After"] = str(int(wait) + 1)
+    return response
+
+
 async def login(request: web.Request) -> web.StreamResponse:
+    """A token for a session. Failures are limited per source and per presented token
+    (``console.FailureLimit``): a source over its limit waits before its form is even read; a
+    token over its limit (it can only be a wrong one) is not compared."""
     sessions = request.app[SESSIONS]
     client = request.remote or "?"
+    source = console.source_of(request.remote)
     now = time.monotonic()
-    wait = sessions.limit.check(client, now)
+    wait = sessions.limit.check_source(source, now)
     if wait > 0:
-        log.warning("console: login from %s refused: too many failed logins", client)
-        response = _login_response(request, "too many failed logins: wait and try again", 429)
-        response.headers["Retry-After"] = str(int(wait) + 1)
-        return response
+        return _too_many(request, wait, f"too many failed logins from {source}")
+    sessions.limit.begin(source, now)  # a failure until it logs in
     form = await request.post()
     token, nonce = form.get("token"), form.get("_nonce")
     if not isinstance(nonce, str) or not sessions.login_nonce_ok(nonce, request.cookies.get(LOGIN_COOKIE)):
         return forbidden(request, "the login form is stale or forged: reload it and try again")
     if not _same_origin(request):
         return forbidden(request, "a request from another site")
-    who = console.who(token if isinstance(token, str) else "", sessions.tokens)
+    given = token if isinstance(token, str) else ""
+    key = console.token_key(given)
+    wait = sessions.limit.check_token(key, now)
+    if wait > 0:
+        return _too_many(request, wait, "a token that failed too often")
+    who = console.who(given, sessions.tokens)
     if who is None:
-        sessions.limit.failed(client, now)
+        sessions.limit.failed(key, now)
         log.warning("console: failed login from %s", client)
         return _login_response(request, "unknown token", 401)
-    sessions.limit.succeeded(client)
+    sessions.limit.succeeded(source)
     log.info("console: %s logged in from %s%s", who.name, client, " (read-only)" if who.read_only else "")
     nxt = form.get("next")
     response = web.HTTPSeeOther(console.safe_next(nxt if isinstance(nxt, str) else None))

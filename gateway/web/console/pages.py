@@ -13,13 +13,18 @@ from aiohttp import web
 from gateway.core import console as pure
 from gateway.core import stdwebhooks
 from gateway.core.enums import OutboxState
-from gateway.store import audit, dead_events, inbox, pacing
+from gateway.core.operator_input import text_problem
+from gateway.store import audit, dead_events, inbox, outbox, pacing
 from gateway.store import console as reads
 
 POOL = web.AppKey("console_pool", asyncpg.Pool)
 HANDLERS = web.AppKey("console_handlers", tuple)
+# GATEWAY_RECONCILE_WINDOW_S: an unknown send is not released inside it without a confirmation.
+WINDOW_S = web.AppKey("console_reconcile_window_s", float)
 KINDS = ("all", "row", "message", "status", "account_error", "account_update", "bad")
 PAGE = reads.PAGE
+# A destination in a path: what a destination's name may be (any other path is not found).
+DESTINATION = "{name:[a-z0-9][a-z0-9_-]{0,62}}"
 
 
 def routes() -> list[web.RouteDef]:
@@ -31,7 +36,7 @@ def routes() -> list[web.RouteDef]:
         web.get("/outbox", outbox_list),
         web.get("/outbox/send", outbox_show),
         web.get("/destinations", destinations),
-        web.get("/destinations/{name}", deliveries_list),
+        web.get(f"/destinations/{DESTINATION}", deliveries_list),
         web.get("/senders", senders),
         web.get("/inbound", inbound_list),
         web.get("/inbound/message", inbound_show),
@@ -51,8 +56,8 @@ class BadFilter(ValueError):
 
 def text(request: web.Request, name: str, max_len: int = 200) -> str | None:
     value = request.query.get(name, "").strip()
-    if len(value) > max_len:
-        raise BadFilter(f"{name} is longer than {max_len} characters")
+    if (problem := text_problem(value, max_len)) is not None:
+        raise BadFilter(f"{name} {problem}")
     return value or None
 
 
@@ -288,6 +293,7 @@ async def outbox_show(request: web.Request) -> web.StreamResponse:
     if r is None:
         raise web.HTTPNotFound(text="no such send")
     statuses = await reads.statuses(pool, wamid=r["wamid"]) if r["wamid"] else []
+    early = outbox.releasable_at(r, request.app[WINDOW_S])
     context = {
         "r": r,
         "attempts": await reads.attempts(pool, outbox_id=r["id"], tenant=tenant, key=key),
@@ -295,6 +301,8 @@ async def outbox_show(request: web.Request) -> web.StreamResponse:
         "statuses": statuses,
         "releasable": r["state"] in ("review", "unknown", "failed"),
         "cancellable": r["state"] in ("pending", "review", "unknown", "failed"),
+        # Inside its reconcile window: the release form asks for the confirmation.
+        "early": early if early is not None and early > datetime.now(UTC) else None,
     }
     return aiohttp_jinja2.render_template("outbox_row.html", request, context)
 

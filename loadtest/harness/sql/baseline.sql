@@ -1,14 +1,23 @@
--- The naive consumer the benchmark compares against: one inbox row per transaction and
--- one round trip per statement per event. Same semantics as apply_batch (exactly once,
--- statuses only move the outbox forward), none of the batching.
+-- The naive consumer the benchmark compares against: one inbox row per transaction, claimed
+-- with a row lock, and one round trip per statement per event. Same semantics as apply_batch
+-- (exactly once, statuses only move the outbox forward), none of the batching. It records the
+-- rows it finished in a table of its own (the log's rows are never updated).
+
+-- name: naive_setup
+CREATE UNLOGGED TABLE IF NOT EXISTS bench_naive_done (id bigint PRIMARY KEY);
 
 -- name: naive_claim_one
-SELECT id, source, body, delivery_id
-FROM webhook_inbox
-WHERE state = 'pending' AND next_attempt_at <= clock_timestamp()
-ORDER BY next_attempt_at, id
+SELECT w.id, w.source, w.body, w.delivery_id
+FROM webhook_inbox w
+WHERE NOT EXISTS (SELECT 1 FROM bench_naive_done d WHERE d.id = w.id)
+ORDER BY w.id
 LIMIT 1
 FOR UPDATE SKIP LOCKED;
+
+-- name: naive_finished
+-- Whether another naive loop finished row $1 after this one's claim took its snapshot (the
+-- claim's NOT EXISTS saw the row unfinished, and its lock waited for that loop's COMMIT).
+SELECT EXISTS (SELECT 1 FROM bench_naive_done WHERE id = $1);
 
 -- name: naive_claim_key
 INSERT INTO processed_webhook_events (event_key, inbox_id, event_day, subject) VALUES ($1, $2, $3, $4)
@@ -43,15 +52,18 @@ WHERE o.id = coalesce(
     (SELECT id FROM outbox WHERE wamid = $2 ORDER BY id LIMIT 1));
 
 -- name: naive_done
-UPDATE webhook_inbox SET state = 'done', processed_at = now() WHERE id = $1;
+INSERT INTO bench_naive_done (id) VALUES ($1);
 
 -- name: bench_reset
 TRUNCATE webhook_inbox, processed_webhook_events, inbound_messages, message_statuses,
-         account_errors, account_updates;
+         account_errors, account_updates, bench_naive_done;
 
 -- name: bench_reset_outbox
 UPDATE outbox SET state = 'sending', wamid = NULL, delivery_status = NULL, delivery_errors = NULL,
                   accepted_at = NULL;
+
+-- name: bench_outbox_rows
+SELECT count(*) FROM outbox;
 
 -- name: bench_seed_outbox
 INSERT INTO outbox (tenant, idem_key, callback_data, recipient, payload, state)
@@ -63,4 +75,13 @@ SELECT (SELECT count(*) FROM processed_webhook_events) AS keys,
        (SELECT count(*) FROM inbound_messages) AS messages,
        (SELECT count(*) FROM message_statuses) AS statuses,
        (SELECT count(*) FROM outbox WHERE state = 'accepted' AND delivery_status = 'read') AS outbox_read,
-       (SELECT count(*) FROM webhook_inbox WHERE state <> 'done') AS not_done;
+       -- read by no cursor and not finished by the naive consumer
+       (SELECT count(*) FROM inbox_unread() u
+        WHERE NOT EXISTS (SELECT 1 FROM bench_naive_done d WHERE d.id = u.id)) AS not_done;
+
+-- name: peer_reset
+-- PGQueuer's tables (its own schema, installed by the peer run): an empty queue and log.
+TRUNCATE pgqueuer, pgqueuer_log;
+
+-- name: peer_left
+SELECT count(*) FROM pgqueuer;

@@ -37,13 +37,22 @@ SELECT n, 0, '/entry/0/changes/0/value/messages/0',
 FROM generate_series($1::bigint, $2::bigint) AS n;
 
 -- name: console_fill_inbox
--- Whole webhooks: every 10th dead (not JSON), the others done.
-INSERT INTO webhook_inbox (source, body, received_at, state, attempts, last_error, processed_at)
-SELECT 'meta', convert_to('not json ' || n, 'UTF8'),
-       now() - interval '14 days' + (n::float8 / $3) * interval '14 days',
-       CASE WHEN n % 10 = 0 THEN 'dead' ELSE 'done' END, 1,
-       CASE WHEN n % 10 = 0 THEN 'body is not JSON' END, now()
-FROM generate_series($1::bigint, $2::bigint) AS n;
+-- Whole webhooks, every 10th moved aside dead (not JSON); the lanes' cursors are moved past
+-- them all after the fill (console_fill_read).
+WITH staged AS (
+    INSERT INTO webhook_inbox (source, body, received_at)
+    SELECT 'meta', convert_to('not json ' || n, 'UTF8'),
+           now() - interval '14 days' + (n::float8 / $3) * interval '14 days'
+    FROM generate_series($1::bigint, $2::bigint) AS n
+    RETURNING id, received_at, source, body
+)
+INSERT INTO inbox_parked (inbox_id, received_at, source, body, state, attempts, last_error)
+SELECT id, received_at, source, body, 'dead', 1, 'body is not JSON' FROM staged WHERE id % 10 = 0;
+
+-- name: console_fill_read
+-- Every lane's cursor past every row staged so far, as consumers would have read them.
+UPDATE inbox_lanes SET done_snap = pg_current_snapshot(), win_snap = NULL, pos_txid = NULL,
+    pos_id = NULL, version = version + 1;
 
 -- name: console_fill_outbox
 -- 97 % accepted, 1 % failed, 0.5 % review, 0.5 % cancelled, 0.2 % unknown, 0.8 % pending;

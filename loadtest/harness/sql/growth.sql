@@ -46,3 +46,7 @@ FROM pg_class c WHERE c.oid = $1::regclass;
 
 -- name: growth_reset_inbox
 TRUNCATE webhook_inbox, inbound_messages, message_statuses;
+
+-- name: growth_not_done
+-- Staged rows the consumers have not finished.
+SELECT count(*) FROM inbox_unprocessed();

@@ -9,13 +9,15 @@ SELECT coalesce(max(id), 0) FROM webhook_inbox;
 SELECT sha256(body) AS digest, count(*) AS n FROM webhook_inbox WHERE id > $1 GROUP BY 1;
 
 -- name: lt_inbox_backlog
+-- Webhooks of the run not processed yet: unread by the lanes' cursors, or moved aside and
+-- waiting for a retry.
 SELECT count(*) AS pending,
        coalesce(extract(epoch FROM clock_timestamp() - min(received_at)), 0)::float8 AS lag_s
-FROM webhook_inbox
+FROM inbox_unprocessed()
 WHERE id > $1 AND state = 'pending';
 
 -- name: lt_inbox_states
-SELECT state, count(*) AS n FROM webhook_inbox WHERE id > $1 GROUP BY state;
+SELECT state, count(*) AS n FROM inbox_row_states() WHERE id > $1 GROUP BY state;
 
 -- name: lt_table_columns
 SELECT column_name::text FROM information_schema.columns
@@ -65,6 +67,10 @@ ON CONFLICT (tenant, idem_key) DO NOTHING;
 -- name: lt_outbox_unsent
 SELECT count(*) FROM outbox WHERE state IN ('pending', 'sending');
 
+-- name: lt_outbox_open
+-- Sends not settled yet: unknown ones wait for their status webhook (or the reconciler).
+SELECT count(*) FROM outbox WHERE state IN ('pending', 'sending', 'unknown');
+
 -- name: lt_outbox_states_all
 SELECT callback_data, state FROM outbox;
 
@@ -100,8 +106,8 @@ JOIN deliveries dl ON dl.event_key = p.event_key
 JOIN destinations d ON d.id = dl.destination_id
 WHERE p.event_key = ANY($1::text[]);
 
--- name: pipeline_open_work
--- bench-pipeline: what the pipeline has not finished: staged rows not processed, deliveries
--- not yet delivered (or given up).
-SELECT (SELECT count(*) FROM webhook_inbox WHERE state = 'pending') AS pending,
-       (SELECT count(*) FROM delivery_queue WHERE NOT failed) AS undelivered;
+-- name: drain_left
+-- Whether any staged webhook is not processed yet: unread by the lanes' cursors, or moved
+-- aside and waiting for a retry.
+SELECT (inbox_oldest_unread() IS NOT NULL
+        OR EXISTS (SELECT 1 FROM inbox_parked WHERE state = 'retry'))::int;
