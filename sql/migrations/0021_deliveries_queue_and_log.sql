@@ -172,7 +172,8 @@ DROP TABLE deliveries;
 -- One row per delivery, as the old table had them, for reading: the open ones from the queue
 -- (pending or failed; one a forwarder holds reads pending, as it did), the delivered ones from
 -- the log (the latest delivered attempt of a delivery that is no longer open). The body is the
--- one its destination's format gets. Removed destinations' rows do not show.
+-- one its destination's format gets; the subject, a function of the key, is computed. Removed
+-- destinations' rows do not show.
 CREATE VIEW deliveries AS
 SELECT q.event_id AS id, q.destination_id, e.event_key,
        'wh_' || left(encode(sha256(convert_to(d.name || '/' || e.event_key, 'UTF8')), 'hex'), 32) AS webhook_id,
@@ -180,7 +181,7 @@ SELECT q.event_id AS id, q.destination_id, e.event_key,
        convert_from(CASE WHEN d.format = 'meta' THEN e.meta_body ELSE e.body END, 'UTF8')::jsonb AS envelope,
        CASE WHEN q.failed THEN 'failed' ELSE 'pending' END AS state,
        q.attempts, q.due AS next_attempt_at, q.received_at, q.window_start, q.last_status::integer AS last_status,
-       q.last_error, NULL::timestamptz AS delivered_at, q.lane
+       q.last_error, NULL::timestamptz AS delivered_at, q.lane, event_subject(e.event_key) AS subject
 FROM delivery_queue q
 JOIN destinations d ON d.id = q.destination_id
 JOIN delivery_events e ON e.id = q.event_id AND e.day = q.event_day AND e.lane = q.lane
@@ -189,7 +190,8 @@ SELECT l.event_id, l.destination_id, e.event_key,
        'wh_' || left(encode(sha256(convert_to(d.name || '/' || e.event_key, 'UTF8')), 'hex'), 32),
        e.kind, e.conversation,
        convert_from(CASE WHEN d.format = 'meta' THEN e.meta_body ELSE e.body END, 'UTF8')::jsonb,
-       'delivered', l.attempt, l.at, l.received_at, NULL, l.status::integer, l.error, l.at, l.lane
+       'delivered', l.attempt, l.at, l.received_at, NULL, l.status::integer, l.error, l.at, l.lane,
+       event_subject(e.event_key)
 FROM (SELECT DISTINCT ON (destination_id, event_id) * FROM delivery_log
       WHERE outcome = 'delivered' ORDER BY destination_id, event_id, at DESC) l
 JOIN destinations d ON d.id = l.destination_id
