@@ -173,7 +173,8 @@ DROP TABLE deliveries;
 -- (pending or failed; one a forwarder holds reads pending, as it did), the delivered ones from
 -- the log (the latest delivered attempt of a delivery that is no longer open). The body is the
 -- one its destination's format gets; the subject, a function of the key, is computed. Removed
--- destinations' rows do not show.
+-- destinations' rows do not show. No DISTINCT or aggregate: a condition on the view (a key,
+-- a destination) reaches each table's index.
 CREATE VIEW deliveries AS
 SELECT q.event_id AS id, q.destination_id, e.event_key,
        'wh_' || left(encode(sha256(convert_to(d.name || '/' || e.event_key, 'UTF8')), 'hex'), 32) AS webhook_id,
@@ -192,9 +193,15 @@ SELECT l.event_id, l.destination_id, e.event_key,
        convert_from(CASE WHEN d.format = 'meta' THEN e.meta_body ELSE e.body END, 'UTF8')::jsonb,
        'delivered', l.attempt, l.at, l.received_at, NULL, l.status::integer, l.error, l.at, l.lane,
        event_subject(e.event_key)
-FROM (SELECT DISTINCT ON (destination_id, event_id) * FROM delivery_log
-      WHERE outcome = 'delivered' ORDER BY destination_id, event_id, at DESC) l
+FROM delivery_log l
 JOIN destinations d ON d.id = l.destination_id
-LEFT JOIN delivery_events e ON e.id = l.event_id AND e.day = l.event_day AND e.lane = l.lane
-WHERE NOT EXISTS (SELECT 1 FROM delivery_queue q
-                  WHERE q.destination_id = l.destination_id AND q.event_id = l.event_id);
+-- (received_at: the log's index reaches a delivered attempt from its event)
+JOIN delivery_events e ON e.id = l.event_id AND e.day = l.event_day AND e.lane = l.lane
+                      AND e.received_at = l.received_at
+WHERE l.outcome = 'delivered'
+  AND NOT EXISTS (SELECT 1 FROM delivery_queue q
+                  WHERE q.destination_id = l.destination_id AND q.event_id = l.event_id)
+  AND NOT EXISTS (SELECT 1 FROM delivery_log n
+                  WHERE n.destination_id = l.destination_id AND n.outcome = 'delivered'
+                    AND n.received_at = l.received_at AND n.event_id = l.event_id
+                    AND (n.at, n.day) > (l.at, l.day));
