@@ -109,6 +109,7 @@ class Forwarder:
         self._idle.set()
         self._posters: list[asyncio.Task[None]] = []
         self._done: list[Attempt] = []
+        self._flush: asyncio.TimerHandle | None = None  # wakes the loop FLUSH_S after an outcome
         # Deliveries claimed and not yet recorded: its leases hold these (the rounds say so).
         self._held: set[deliveries.Ref] = set()
         # A round refills the queue when it is down to this; written outcomes wait for this many.
@@ -321,20 +322,24 @@ class Forwarder:
 
     def _finished(self, a: Attempt) -> None:
         """Keep an outcome for the next round, and wake the loop when a round is worth it: the
-        queue needs refilling while a backlog is due, the forwarder falls idle, enough outcomes
-        wait, or a conversation's next delivery waits on this one. Otherwise a round per
-        finished request would cost the database (and this process) a round's fixed work for
-        one or two outcomes, and keep the loop too busy to claim at once what a NOTIFY
-        announces; FLUSH_S bounds the wait."""
+        queue needs refilling while a backlog is due, enough outcomes wait, or a conversation's
+        next delivery waits on this one. Otherwise the outcomes go with the next round a NOTIFY
+        calls for, or within FLUSH_S: a round per burst of finished requests (at a few hundred
+        webhooks a second, a burst per consumer commit) would cost the database a round's
+        fixed work for a handful of outcomes that nothing waits for."""
         self._done.append(a)
         refill = self._backlog and self._queue.qsize() <= self._refill_at
-        idle = self._busy <= 1 and self._queue.empty()  # the last request in flight: nothing to wait for
-        if refill or idle or len(self._done) >= self._flush_at or a.claimed.ordered:
+        if refill or len(self._done) >= self._flush_at or a.claimed.ordered:
             self.wake.set()
+        elif self._flush is None:
+            self._flush = asyncio.get_running_loop().call_later(FLUSH_S, self.wake.set)
 
     def _outcomes(self) -> tuple[list[deliveries.Result], list[tuple[int, bool, int]]]:
         """Finished attempts as rows to write, and per destination (any success, failures after
         the last success) for its breaker. Metrics are counted here."""
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
         if not self._done:
             return [], []
         done, self._done = self._done, []
