@@ -631,7 +631,11 @@ class Settings:
         "GATEWAY_FORWARD_RETRY_H", 24.0, _float(0, 24 * 30), "hours a delivery is retried before it is failed"
     )
     delivery_retention_days: int = _env(
-        "GATEWAY_DELIVERY_RETENTION_DAYS", 30, _int(1), "delivered deliveries kept (failed: kept)"
+        "GATEWAY_DELIVERY_RETENTION_DAYS",
+        30,
+        _int(1),
+        "days delivery attempts are kept (their bodies: these, the retry window and a day); open ones, failed"
+        " included, stay queued",
     )
     forward_retry_base_ms: int = _env(
         "GATEWAY_FORWARD_RETRY_BASE_MS",

@@ -15,15 +15,17 @@ Horizons (days): dedup keys ``dedup_retention_days`` (never below Meta's 7-day r
 window, plus one day of slack for clocks), staging rows ``inbox_retention_days``, statuses
 ``status_retention_days``, the inbound feed ``inbound_retention_days``, account records
 ``account_retention_days``, terminal outbox rows ``outbox_retention_days`` (at least the send
-API's idempotency window), delivered deliveries ``delivery_retention_days`` (failed ones stay
-for an operator's replay), dead events a retry or replay finished ``inbox_retention_days``,
-reply claims ``dedup_retention_days``.
+API's idempotency window), delivery attempts ``delivery_retention_days`` (open deliveries,
+failed ones included, stay queued for an operator's replay), delivery bodies that much more
+the retry window (an open delivery's body is carried forward first), dead events a retry or
+replay finished ``inbox_retention_days``, reply claims ``dedup_retention_days``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 
@@ -54,7 +56,18 @@ def partitioned(s: Settings) -> list[Partitioned]:
         Partitioned("message_statuses", s.status_retention_days, 1),
         Partitioned("account_errors", s.account_retention_days, 1),
         Partitioned("account_updates", s.account_retention_days, 1),
+        # Attempts of deliveries, by the attempt's day.
+        Partitioned("delivery_log", s.delivery_retention_days, 1),
+        # Delivery bodies, by the day stored: as long as the log rows that may replay them (a
+        # delivery is made within the retry window of its storing), and as long as an open
+        # delivery needs one (carried forward before its day is dropped).
+        Partitioned("delivery_events", delivery_events_keep_days(s), 1),
     ]
+
+
+def delivery_events_keep_days(s: Settings) -> int:
+    """Days delivery bodies are kept: the log's days, the retry window and a day of slack."""
+    return s.delivery_retention_days + math.ceil(s.forward_retry_h / 24) + 1
 
 
 # A DDL that writers would queue behind is not tried while a transaction has held its table
@@ -79,6 +92,7 @@ class Report:
     created: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     carried: int = 0
+    carried_events: int = 0  # delivery bodies of open deliveries moved out of dropped days
     purged: dict[str, int] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     ahead_days: int | None = None
@@ -118,6 +132,8 @@ async def run_once(
         log.info("partitions: created %s, dropped %s", report.created, report.dropped)
     if report.carried:
         log.warning("partitions: moved %d staged rows not done out of dropped days", report.carried)
+    if report.carried_events:
+        log.info("partitions: moved %d events of open deliveries out of dropped days", report.carried_events)
     if report.failures:
         metrics.MAINTENANCE_FAILURES.inc(len(report.failures))
         raise PassFailed(report.failures)
@@ -179,12 +195,24 @@ async def _drop(conn: retention.Session, s: Settings, today: date, report: Repor
                 report.failures.append(f"drop {p.table}: not tried: {why}")
                 log.warning("maintenance: old partitions of %s not dropped: %s", p.table, why)
                 continue
-            drop = retention.drop_oldest
-            while name := await drop(conn, table=p.table, before=cutoff, keep_days=p.keep_days):
-                report.dropped.append(name)
-                metrics.PARTITIONS_DROPPED.labels(p.table).inc()
+            if p.table == "delivery_events":
+                # Open deliveries' bodies move to today first; nothing refers to an old body
+                # again until the old days are gone.
+                async with retention.bodies_locked(conn):
+                    report.carried_events += await retention.delivery_events_carry_forward(
+                        conn, before=cutoff
+                    )
+                    await _drop_days(conn, p, cutoff, report)
+            else:
+                await _drop_days(conn, p, cutoff, report)
         except asyncpg.PostgresError as exc:
             _failed(report, f"drop {p.table}", exc)
+
+
+async def _drop_days(conn: retention.Session, p: Partitioned, cutoff: date, report: Report) -> None:
+    while name := await retention.drop_oldest(conn, table=p.table, before=cutoff, keep_days=p.keep_days):
+        report.dropped.append(name)
+        metrics.PARTITIONS_DROPPED.labels(p.table).inc()
 
 
 async def _purges(conn: retention.Session, s: Settings, report: Report, stop: asyncio.Event | None) -> None:
@@ -192,7 +220,8 @@ async def _purges(conn: retention.Session, s: Settings, report: Report, stop: as
         ("processed_webhook_events", s.dedup_retention_days),
         ("reply_claims", s.dedup_retention_days),
         ("outbox", s.outbox_retention_days),
-        ("deliveries", s.delivery_retention_days),
+        # Open deliveries of removed destinations (the rest of the deliveries are partitioned).
+        ("delivery_queue", 1),
         ("dead_events", s.inbox_retention_days),  # only those a retry or replay finished
         ("inbox_parked", s.inbox_retention_days),  # the same
         # Exact bytes of escaped events: kept as long as the raw bodies they came from.

@@ -369,8 +369,12 @@ async def replay_deliveries(
     params = {"destination": destination, "since": _when(since), "until": _when(until), "state": state}
     target = destination or "every destination"
     async with _audited(conn, actor, "deliveries.replay", target, params) as out:
-        n = await deliveries.replay(conn, destination=destination, since=since, until=until, state=state)
+        n, expired = await deliveries.replay(
+            conn, destination=destination, since=since, until=until, state=state
+        )
         out.rows, out.text = n, f"replayed {n} {state} deliveries" if n else "nothing to replay"
+        if expired:
+            out.text += f"; {expired} not: their events' bodies are past retention"
     return n
 
 

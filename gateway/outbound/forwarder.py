@@ -1,11 +1,12 @@
 """The forwarder: POSTs each delivery's body to its destination, signed per Standard Webhooks (or,
 to a Meta-format destination, as Meta signs its webhooks).
 
-Deliveries are inserted by the consumers in the same transaction as their event's key (see
+Deliveries are queued by the consumers in the same transaction as their event's key (see
 ``inbox_apply_batch``). A forwarder works in rounds, one statement each (``forward_round()``,
 serialised across forwarders so per-destination limits hold), on a connection of its own:
-write the outcomes of finished attempts, claim due deliveries (``FOR UPDATE SKIP LOCKED``)
-and record what it holds in its leases (``delivery_leases``; a claim writes no delivery row).
+write the outcomes of finished attempts (a delivered one leaves the queue; every attempt is
+appended to the log), claim due deliveries (``FOR UPDATE SKIP LOCKED``) and record what it
+holds in its leases (``delivery_leases``; a claim writes no queue row).
 It is woken by ``LISTEN deliveries``, by its posters when the queue needs refilling or enough
 outcomes wait, with polling as a fallback. ``forward_concurrency`` posters (tasks that each
 send one request at a time) take claimed
@@ -63,6 +64,7 @@ STOP_GRACE_S = 5.0
 # (command_timeout): a silent network must not hang the loop. A timed-out round is
 # cancelled, which terminates the connection and so rolls the round back.
 ROUND_TIMEOUT_S = 60.0
+NO_BODY = "not sent: its event's body is gone"
 
 
 class Attempt:
@@ -107,8 +109,9 @@ class Forwarder:
         self._idle.set()
         self._posters: list[asyncio.Task[None]] = []
         self._done: list[Attempt] = []
-        # Ids claimed and not yet recorded: its leases hold these (the rounds say so).
-        self._held: set[int] = set()
+        self._flush: asyncio.TimerHandle | None = None  # wakes the loop FLUSH_S after an outcome
+        # Deliveries claimed and not yet recorded: its leases hold these (the rounds say so).
+        self._held: set[deliveries.Ref] = set()
         # A round refills the queue when it is down to this; written outcomes wait for this many.
         self._refill_at = self._flush_at = max(1, settings.forward_batch // 2)
         self._backlog = False  # the last claim was as large as allowed: more is likely due
@@ -196,7 +199,7 @@ class Forwarder:
             return 0
         gone = set(self._gone)
         disabled = {d for d, written in self._skip.items() if written}
-        held = self._held.difference(r.id for r in results)
+        held = self._held.difference(r.ref for r in results)
         try:
             async with asyncio.timeout(ROUND_TIMEOUT_S), self._db() as conn:
                 claimed, changes, half_open = await deliveries.cycle(
@@ -215,7 +218,7 @@ class Forwarder:
         except BaseException:
             self._unwritten = (results, breakers)
             raise
-        self._held = held.union(c.id for c in claimed)
+        self._held = held.union(c.ref for c in claimed)
         self._backlog = 0 < limit == len(claimed)
         self._gone -= gone
         for dest in gone:
@@ -234,9 +237,9 @@ class Forwarder:
             log.info("destination %s: breaker half-open, probing", name)
         for c in claimed:
             self._queue.put_nowait(c)
-        # The round's claim could not see what it freed: a conversation's next delivery (its
-        # predecessor was still open in the statement's snapshot) and a half-open probe.
-        self.again = bool(half_open) or any(r.ordered for r in results)
+        # The round's claim came before its housekeeping turned a breaker half-open: the probe
+        # is claimed by the next round.
+        self.again = bool(half_open)
         return len(claimed)
 
     def _host_refused(self, url: str) -> str | None:
@@ -272,6 +275,10 @@ class Forwarder:
 
     async def _attempt(self, c: deliveries.Claimed) -> None:
         a = Attempt(c)
+        if c.body is None:  # its event's body is gone (dropped by hand?): nothing to send
+            a.error, a.finished = NO_BODY, self.clock.now()
+            self._finished(a)
+            return
         if c.destination_id in self._skip:
             # Claimed before its destination answered 410: back to pending, unsent.
             a.error, a.finished = "not sent: the destination answered 410 Gone", -1.0
@@ -315,20 +322,24 @@ class Forwarder:
 
     def _finished(self, a: Attempt) -> None:
         """Keep an outcome for the next round, and wake the loop when a round is worth it: the
-        queue needs refilling while a backlog is due, the forwarder falls idle, enough outcomes
-        wait, or a conversation's next delivery waits on this one. Otherwise a round per
-        finished request would cost the database (and this process) a round's fixed work for
-        one or two outcomes, and keep the loop too busy to claim at once what a NOTIFY
-        announces; FLUSH_S bounds the wait."""
+        queue needs refilling while a backlog is due, enough outcomes wait, or a conversation's
+        next delivery waits on this one. Otherwise the outcomes go with the next round a NOTIFY
+        calls for, or within FLUSH_S: a round per burst of finished requests (at a few hundred
+        webhooks a second, a burst per consumer commit) would cost the database a round's
+        fixed work for a handful of outcomes that nothing waits for."""
         self._done.append(a)
         refill = self._backlog and self._queue.qsize() <= self._refill_at
-        idle = self._busy <= 1 and self._queue.empty()  # the last request in flight: nothing to wait for
-        if refill or idle or len(self._done) >= self._flush_at or a.claimed.ordered:
+        if refill or len(self._done) >= self._flush_at or a.claimed.ordered:
             self.wake.set()
+        elif self._flush is None:
+            self._flush = asyncio.get_running_loop().call_later(FLUSH_S, self.wake.set)
 
     def _outcomes(self) -> tuple[list[deliveries.Result], list[tuple[int, bool, int]]]:
         """Finished attempts as rows to write, and per destination (any success, failures after
         the last success) for its breaker. Metrics are counted here."""
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
         if not self._done:
             return [], []
         done, self._done = self._done, []
@@ -339,13 +350,17 @@ class Forwarder:
         now = self.clock.now()
         for a in done:
             c = a.claimed
+            if c.body is None:
+                results.append(deliveries.Result(c.destination_id, c.id, "failed", None, None, a.error))
+                log.warning("delivery %d (%s) to %s failed: %s", c.id, c.webhook_id, c.destination, a.error)
+                continue
             if a.finished < 0:
-                results.append(deliveries.Result(c.id, "pending", 0.0, None, a.error, c.ordered))
+                results.append(deliveries.Result(c.destination_id, c.id, "pending", 0.0, None, a.error))
                 continue
             status = a.status
             if status is not None and 200 <= status < 300:
                 # The common case, without decide()'s retry arithmetic (what it would say).
-                results.append(deliveries.Result(c.id, "delivered", None, status, None, c.ordered))
+                results.append(deliveries.Result(c.destination_id, c.id, "delivered", None, status, None))
                 per_dest.setdefault(c.destination_id, []).append(True)
                 delivered[c.destination] = delivered.get(c.destination, 0) + 1
                 self._delivered_metrics(c.destination)[1].observe(max(0.0, a.finished - c.received_at))
@@ -361,7 +376,9 @@ class Forwarder:
                 ),
                 retry_window_s=s.forward_retry_h * 3600,
             )
-            results.append(deliveries.Result(c.id, d.state.value, d.delay_s, status, d.error, c.ordered))
+            results.append(
+                deliveries.Result(c.destination_id, c.id, d.state.value, d.delay_s, status, d.error)
+            )
             metrics.FORWARD_DELIVERIES.labels(c.destination, d.outcome.value).inc()
             if d.outcome is Outcome.GONE:
                 # Not an outage to count towards the breaker: the endpoint says it is gone.
@@ -464,7 +481,7 @@ class Forwarder:
             try:
                 async with asyncio.timeout(ROUND_TIMEOUT_S), self._db() as conn:
                     await deliveries.cycle(
-                        conn, forwarder=self.id, held=self._held.difference(r.id for r in results),
+                        conn, forwarder=self.id, held=self._held.difference(r.ref for r in results),
                         results=results, breakers=breakers,
                         threshold=self.settings.forward_breaker_failures,
                         limit=0, lease_s=0, cooldown_s=0, housekeeping=False, gone=self._gone,

@@ -153,6 +153,7 @@ async def deliveries_page(
     conn: Conn,
     *,
     destination_id: int,
+    destination: str,
     state: str | None,
     after: tuple[datetime, int] | None,
     since: datetime | None,
@@ -160,24 +161,32 @@ async def deliveries_page(
     limit: int,
 ) -> tuple[list[Row], tuple[datetime, int] | None, int | None]:
     """One destination's deliveries, newest first: (rows, the next page's cursor, rows
-    scanned when a state other than failed filtered them)."""
+    scanned when pending ones were told from failed ones)."""
     lo, hi = _range(since, until)
-    at, ident = after or (FAR_FUTURE, FIRST_ID)
+    # One upper bound, the tighter of the cursor and the range's end (receipt times before
+    # ``hi``: every id after (hi, 0)).
+    at, ident = min(after or (FAR_FUTURE, FIRST_ID), (hi, 0))
     if state == "failed":
         rows = list(
-            await conn.fetch(q("console_deliveries_failed"), destination_id, lo, hi, at, ident, limit + 1)
+            await conn.fetch(
+                q("console_deliveries_failed"), destination_id, lo, at, ident, limit + 1, destination
+            )
         )
         nxt = (rows[limit - 1]["received_at"], rows[limit - 1]["id"]) if len(rows) > limit else None
         return rows[:limit], nxt, None
-    scan = SCAN if state is not None else limit + 1
-    got = await conn.fetch(q("console_deliveries"), destination_id, lo, hi, at, ident, limit + 1, scan, state)
+    # Delivered ones are all the log holds: no filter to scan past (pending ones share the queue
+    # with failed ones).
+    scan = SCAN if state == "pending" else limit + 1
+    got = await conn.fetch(
+        q("console_deliveries"), destination_id, lo, at, ident, limit + 1, scan, state, destination
+    )
     hits = [r for r in got if r["id"] is not None]
     scanned = int(got[0]["scanned"]) if got else 0
     if len(hits) > limit:
         return hits[:limit], (hits[limit - 1]["received_at"], hits[limit - 1]["id"]), None
     if scanned >= scan and got and got[0]["scanned_at"] is not None:
-        return hits, (got[0]["scanned_at"], got[0]["scanned_id"]), scanned if state else None
-    return hits, None, scanned if state else None
+        return hits, (got[0]["scanned_at"], got[0]["scanned_id"]), scanned if state == "pending" else None
+    return hits, None, scanned if state == "pending" else None
 
 
 async def deliveries_count(

@@ -1,9 +1,12 @@
-"""``destinations`` and ``deliveries``: forwarding to downstream HTTP endpoints. The only module
-that knows their SQL (the consumers' batch statement in inbox.sql inserts deliveries)."""
+"""``destinations`` and their deliveries: forwarding to downstream HTTP endpoints. The only
+module that knows the SQL of ``delivery_events`` (bodies), ``delivery_queue`` (open work),
+``delivery_log`` (attempts) and ``delivery_leases`` (the consumers' batch statement in inbox.sql
+appends events and queues their deliveries)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -11,6 +14,7 @@ from typing import Any, NamedTuple
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from gateway.core.stdwebhooks import webhook_id
 from gateway.store.db import Conn
 from gateway.store.sqlfiles import q
 
@@ -48,12 +52,13 @@ class Destination:
 
 
 class Claimed(NamedTuple):
-    """One delivery claimed for an attempt, with what its request needs. (Tuples: one is
-    built per delivery on the forwarder's hot path, where a frozen dataclass costs 3x.)"""
+    """One delivery claimed for an attempt, with what its request needs: the delivery is
+    (destination_id, id), ``id`` being its event's. (Tuples: one is built per delivery on the
+    forwarder's hot path, where a frozen dataclass costs 3x.)"""
 
     id: int
     webhook_id: str
-    body: bytes
+    body: bytes | None  # None: its event's body is gone (recorded as failed, never sent)
     attempts: int
     received_at: float  # Unix time the gateway received the event
     window_start: float  # Unix time the retry window started
@@ -65,14 +70,32 @@ class Claimed(NamedTuple):
     previous_secret: str | None  # during a rotation's grace period: signed with it too
     meta: bool = False  # a Meta-format destination: body is Meta's, signed X-Hub-Signature-256
 
+    @property
+    def ref(self) -> Ref:
+        return Ref(self.destination_id, self.id)
+
+
+class Ref(NamedTuple):
+    """A delivery: its destination and its event (the key of delivery_queue)."""
+
+    destination_id: int
+    id: int
+
 
 class Result(NamedTuple):
+    """What one attempt leaves a delivery in: ``state`` delivered, pending (again, after
+    ``delay_s``) or failed."""
+
+    destination_id: int
     id: int
     state: str
     delay_s: float | None
     status: int | None
     error: str | None
-    ordered: bool = False  # of an ordered destination (its conversation's next may be due)
+
+    @property
+    def ref(self) -> Ref:
+        return Ref(self.destination_id, self.id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,19 +202,21 @@ async def cycle(
     lease_s: float,
     cooldown_s: float,
     housekeeping: bool,
-    held: Collection[int] = (),
+    held: Collection[tuple[int, int]] = (),
     gone: Collection[int] = (),
+    lanes: Sequence[int] | None = None,
 ) -> tuple[list[Claimed], list[tuple[str, str, str]], list[str]]:
     """One round of ``forwarder``, one statement and round trip, serialised across forwarders:
-    write finished attempts and breaker counts, claim up to ``limit`` due deliveries and renew
-    the forwarder's leases on what it holds; with ``housekeeping``, then delete dead
-    forwarders' expired leases and move breakers whose cool-down passed to half-open (their
-    deliveries are claimed in the next round). ``gone``: destinations that answered 410 Gone,
-    disabled in the same statement. ``held``: the ids the forwarder still holds besides
-    ``results`` (its leases keep only those, so a claim whose answer never reached it is
-    due again). Returns (claimed, breaker transitions as (destination,
-    old, new) and a (destination, "enabled", "gone") per destination disabled, names now
-    half-open).
+    write finished attempts and breaker counts (``breakers``: destination, any success,
+    failures after the last success), claim up to ``limit`` due deliveries (of ``lanes`` only,
+    when given) and renew the forwarder's leases on what it holds; with ``housekeeping``, then
+    delete dead forwarders' expired leases and move breakers whose cool-down passed to
+    half-open (their deliveries are claimed in the next round). ``gone``: destinations that
+    answered 410 Gone, disabled in the same statement. ``held``: the deliveries (``Ref``) the
+    forwarder still holds besides ``results`` (its leases keep only those, so a claim whose
+    answer never reached it is due again). Returns (claimed, breaker transitions as
+    (destination, old, new) and a (destination, "enabled", "gone") per destination disabled,
+    names now half-open).
 
     One transaction. If the call fails or is cancelled, the connection is terminated (a pool
     replaces it, a forwarder's own connection is reopened): a cancel must not wait on a
@@ -199,41 +224,52 @@ async def cycle(
     try:
         rows = await conn.fetch(
             q("forward_round"),
-            [r.id for r in results],
-            [r.state for r in results],
-            [r.delay_s for r in results],
-            [r.status for r in results],
-            [r.error for r in results],
-            [b[0] for b in breakers],
-            [b[1] for b in breakers],
-            [b[2] for b in breakers],
-            threshold,
-            limit,
-            lease_s,
-            list(gone),
             forwarder,
+            [(r.destination_id, r.id, r.state, r.delay_s, r.status, r.error) for r in results],
+            list(held),
+            list(breakers),
+            list(gone),
+            limit,
+            None if lanes is None else list(lanes),
+            lease_s,
+            threshold,
             housekeeping,
             cooldown_s,
-            list(held),
         )
     except BaseException:
         conn.terminate()
         raise
-    # Rows by kind (sql/functions/forward_round.sql): a claimed row carries Claimed's columns
-    # in its order after the kind (the body goes out as bytes); the others name a destination.
+    # Rows by kind (sql/functions/forward_round.sql), read by name.
     claimed: list[Claimed] = []
     changes: list[tuple[str, str, str]] = []
     half: list[str] = []
     for r in rows:
-        kind = r[0]
+        kind = r["kind"]
         if kind == "claimed":
-            claimed.append(Claimed(r[1], r[2], r[3].encode(), *r[4:14]))
+            name = r["destination"]
+            claimed.append(
+                Claimed(
+                    id=r["event_id"],
+                    webhook_id=webhook_id(name, r["event_key"]) if r["event_key"] is not None else "",
+                    body=r["body"],
+                    attempts=r["attempts"],
+                    received_at=r["received_at"],
+                    window_start=r["window_start"],
+                    destination_id=r["destination_id"],
+                    destination=name,
+                    url=r["url"],
+                    secret=r["secret"],
+                    ordered=r["ordered"],
+                    previous_secret=r["previous_secret"],
+                    meta=r["meta"],
+                )
+            )
         elif kind == "breaker":
-            changes.append((r[8], r[14], r[15]))
+            changes.append((r["destination"], r["old_state"], r["new_state"]))
         elif kind == "disabled":
-            changes.append((r[8], "enabled", "gone"))
+            changes.append((r["destination"], "enabled", "gone"))
         elif kind == "half_open":
-            half.append(r[8])
+            half.append(r["destination"])
         else:
             raise ValueError(f"forward_round returned a row of unknown kind {kind!r}")
     return claimed, changes, half
@@ -274,21 +310,47 @@ async def replay(
     since: datetime | None,
     until: datetime | None,
     state: str,
-) -> int:
-    """Finished deliveries in the range back to pending now; how many."""
+) -> tuple[int, int]:
+    """Finished deliveries in the range due again now, with a fresh retry window: failed ones,
+    or delivered ones (queued again, while their event's body is kept). (How many, how many
+    delivered ones were not: their bodies are past retention.)"""
+    if state not in ("failed", "delivered"):
+        raise ValueError(f"only failed or delivered deliveries are replayed, not {state!r}")
     async with conn.transaction():
-        rows = await conn.fetch(q("deliveries_replay"), destination, since, until, state)
-        if rows:
+        if state == "failed":
+            n, expired = len(await conn.fetch(q("deliveries_replay_failed"), destination, since, until)), 0
+        else:
+            # Not while retention carries bodies forward and drops the rest (a body referenced
+            # from here after the carry would be dropped under the queued delivery).
+            await conn.execute(q("deliveries_bodies_lock_shared"))
+            r = await conn.fetchrow(q("deliveries_replay_delivered"), destination, since, until)
+            assert r is not None
+            n, expired = r["replayed"], r["expired"]
+        if n:
             await conn.execute(q("deliveries_notify"))
-    return len(rows)
+    return n, expired
 
 
 async def insert_rebuilt(conn: Conn, *, destination_id: int, rows: Sequence[dict[str, Any]]) -> int:
-    """Backfill: deliveries for rebuilt events the destination does not have yet; how many."""
+    """Backfill: deliveries for rebuilt events the destination does not have yet; how many.
+    Backfills of one destination run one at a time."""
     if not rows:
         return 0
-    n: int = await conn.fetchval(q("deliveries_insert"), destination_id, list(rows))
+    async with _transaction(conn) as tx:
+        await tx.execute(q("deliveries_lock_destination"), destination_id)
+        n: int = await tx.fetchval(q("deliveries_insert"), destination_id, list(rows))
     return n
+
+
+@contextlib.asynccontextmanager
+async def _transaction(conn: Conn) -> AsyncIterator[Tx]:
+    """A transaction on ``conn``, or on a connection of the pool ``conn``."""
+    if isinstance(conn, asyncpg.Pool):
+        async with conn.acquire() as c, c.transaction():
+            yield c
+    else:
+        async with conn.transaction():
+            yield conn
 
 
 BACKFILL_QUERIES = {

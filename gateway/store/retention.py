@@ -5,7 +5,9 @@ that lets one replica at a time do it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from datetime import date, datetime
 
 import asyncpg
@@ -26,7 +28,7 @@ PURGES = {
     "processed_webhook_events": "processed_webhook_events_purge_untimed",
     "reply_claims": "reply_claims_purge",
     "outbox": "outbox_purge_terminal",
-    "deliveries": "deliveries_purge_delivered",
+    "delivery_queue": "delivery_queue_purge_orphans",
     "dead_events": "dead_events_purge_done",
     "inbox_parked": "inbox_parked_purge_done",
     "event_fragments": "event_fragments_purge",
@@ -110,6 +112,24 @@ async def drop_oldest(conn: Session, *, table: str, before: date, keep_days: int
         await conn.execute(q("partition_lock_timeout"))
         await conn.execute(_ddl("partition_drop_detached", child=name))
     return name
+
+
+@contextlib.asynccontextmanager
+async def bodies_locked(conn: Session) -> AsyncIterator[None]:
+    """While held, nothing refers to stored delivery bodies again (replays of delivered
+    deliveries wait): old days of delivery_events can be carried forward and dropped."""
+    await conn.execute(q("deliveries_bodies_lock"))
+    try:
+        yield
+    finally:
+        await conn.execute(q("deliveries_bodies_unlock"))
+
+
+async def delivery_events_carry_forward(conn: Conn, *, before: date) -> int:
+    """Events stored before ``before`` that open deliveries still need move to today; how many."""
+    r = await conn.fetchrow(q("delivery_events_carry_forward"), before)
+    assert r is not None
+    return int(r["events"])
 
 
 async def inbox_carry_forward(conn: Conn, *, before: datetime) -> int:

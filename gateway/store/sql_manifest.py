@@ -7,7 +7,10 @@ tree; after adding or removing a file under sql/, regenerate it with
 FILES: tuple[str, ...] = (
     "functions/claim_reply.sql",
     "functions/deliveries_notify.sql",
+    "functions/delivery_conversation.sql",
+    "functions/delivery_lane.sql",
     "functions/delivery_rank.sql",
+    "functions/delivery_webhook_id.sql",
     "functions/event_subject.sql",
     "functions/forward_round.sql",
     "functions/inbound_messages_notify.sql",
@@ -48,6 +51,7 @@ FILES: tuple[str, ...] = (
     "migrations/0020_inbox_log.sql",
     "migrations/0021_outbox_customer_order.sql",
     "migrations/0022_outbox_wake_after_commit.sql",
+    "migrations/0023_deliveries_queue_and_log.sql",
     "queries/audit.sql",
     "queries/console.sql",
     "queries/dead_events.sql",

@@ -1,8 +1,9 @@
--- One forwarder round in one statement and one round trip: write the outcomes of finished
--- attempts and the breaker counts they imply, claim due deliveries, and record what the
--- forwarder ($13) now holds in its leases (delivery_leases: a claim writes no delivery row; a
--- delivery row is written once, with its outcome). Called by the query forward_round in
--- sql/queries/deliveries.sql (gateway.store.deliveries.cycle).
+-- One forwarder round in one call and one round trip: write the outcomes of finished attempts
+-- (a delivered one is deleted from delivery_queue, any other updated, every one appended to
+-- delivery_log) and the breaker counts they imply, claim due deliveries, and record what the
+-- forwarder (p_forwarder) now holds in its leases (delivery_leases: a claim writes no queue
+-- row). Called by the query forward_round in sql/queries/deliveries.sql
+-- (gateway.store.deliveries.cycle), with named arguments.
 --
 -- A function, because the round's snapshot must be taken after the lock: a VOLATILE plpgsql
 -- function takes a new snapshot per statement, and one SELECT of it is one (implicit)
@@ -11,208 +12,262 @@
 -- forwarders run. The round commits without waiting for the WAL flush: a crash of PostgreSQL
 -- may forget its last few ms, i.e. a claim (the deliveries are due again), an outcome (the
 -- lease runs out and the delivery is sent again with the same webhook-id, which the receiver
--- deduplicates) or a breaker count. At least once holds; the deliveries themselves are
--- inserted by the consumers' synchronous commit.
+-- deduplicates) or a breaker count. At least once holds; the deliveries themselves are queued
+-- by the consumers' synchronous commit.
 --
--- Every part of the statement sees the same snapshot: the claim counts every lease as it was
--- before this round, gives back each destination the room this round's outcomes free, and
--- uses the breaker states this statement decides. A conversation's next delivery waits for
--- the next round (in this snapshot its predecessor is still pending); the forwarder runs that
--- round at once.
+-- Small statements, each run only when it has something to do (outcomes, breaker counts, a
+-- claim), each planned once per connection (generic plans: their cost does not depend on the
+-- arrays' values): a round's fixed cost is what keeps the database's share of a delivery small
+-- at the rates people run, where a round carries a handful of deliveries. Each statement sees
+-- what the ones before it wrote: the claim sees the breakers as this round left them and the
+-- queue without what this round delivered (a customer's next delivery to a destination with
+-- --ordered is claimed in the round that records its predecessor), and counts the leases as
+-- they were before the round, giving back the room this round's outcomes free.
 --
--- Outcomes: $1 ids, $2 new states, $3 seconds to the next attempt (pending only), $4 HTTP
--- statuses (NULL: no answer), $5 errors. Only deliveries this forwarder still holds are
--- written: a lease that ran out was deleted and its deliveries may be another forwarder's.
--- Breakers: $6 destination ids, $7 any success, $8 failures after the last success, $9 the
--- threshold: a success restarts the count and closes the breaker unless it is open (then only
--- its half-open probe closes it); N consecutive failures (or a failed half-open probe) open
--- it. A destination row is written only when its count or state changes (the common all-2xx
--- round touches none). $12: destinations that answered 410 Gone: disabled (no breaker
--- count); nothing more is claimed for them.
--- Claim: due pending deliveries of enabled destinations whose breaker lets them through and
+-- p_outcomes: finished attempts (delivery_outcome: destination, event, the state it leaves the
+-- delivery in, seconds to the next attempt, HTTP status, error). Only deliveries this
+-- forwarder still holds are written: a lease that ran out was deleted and its deliveries may be
+-- another forwarder's. p_tallies: per destination, any success and the failures after the last
+-- one; p_breaker_failures the threshold: a success restarts the count and closes the breaker
+-- unless it is open (then only its half-open probe closes it); N consecutive failures (or a
+-- failed half-open probe) open it. A destination row is written only when its count or state
+-- changes (the common all-2xx round touches none). p_gone: destinations that answered 410
+-- Gone: disabled (no breaker count); nothing more is claimed for them.
+-- Claim: due queued deliveries of enabled destinations whose breaker lets them through and
 -- that no lease holds, at most (max_in_flight - held) per destination (1 when half-open),
--- $10 in all; with ordering, only the oldest open delivery of each conversation. A claim
--- starts at its destination's due_from, a lower bound of the next_attempt_at of every pending
--- delivery: it skips the dead index entries delivered rows leave at the head of
--- deliveries_due until a vacuum. The forwarder's lease rows get the ids it holds now and a
--- lease of $11 seconds; $16 names the ids it still holds (claimed, not yet finished): its
--- leases keep only those and what this round claims, so a claim whose answer never reached
--- it is due again.
--- With $14 (housekeeping), after the round, in the same transaction (so a lease is renewed
--- before leases are judged): the leases of dead forwarders are deleted (and rows left
--- 'delivering' with a lease_until that passed are released), each destination's due_from is
--- recomputed (the oldest pending delivery's next_attempt_at, at most 10 s back: a row is
--- written with a next_attempt_at of its write time or later, so only a transaction that took
--- longer than that to commit can fall below the bound, and the next recomputation sees it),
--- and open breakers whose cool-down ($15 seconds) has passed turn half-open.
+-- p_limit in all, of the lanes p_lanes (NULL: every lane); with ordering, only the oldest open
+-- delivery of each customer. A claim starts at its destination's due_from, a lower bound of
+-- every queued delivery's due time: it skips the dead index entries delivered rows leave at
+-- the head of delivery_queue_due until a vacuum. The forwarder's lease rows get what it holds
+-- now and a lease of p_lease_s seconds; p_held names what it still holds (claimed, not yet
+-- finished): its leases keep only those and what this round claims, so a claim whose answer
+-- never reached it is due again.
+-- With p_housekeeping, after the round, in the same transaction (so a lease is renewed before
+-- leases are judged): the leases of dead forwarders are deleted, each destination's due_from
+-- is recomputed (the oldest queued delivery's due time, at most 10 s back: a row is written
+-- due at its write time or later, so only a transaction that took longer than that to commit
+-- can fall below the bound, and the next recomputation sees it), and open breakers whose
+-- cool-down (p_cooldown_s) has passed turn half-open.
 --
--- Rows, told apart by o_kind:
---   'claimed'   a claimed delivery: o_id .. o_meta are the columns of
---               gateway.store.deliveries.Claimed, in its order (times as Unix seconds);
---   'breaker'   a breaker transition of o_destination, o_old_state -> o_new_state;
---   'disabled'  o_destination answered 410 Gone and was disabled;
---   'half_open' o_destination's breaker turned half-open (housekeeping).
--- The return type is part of the signature: changing it needs the DROP.
+-- Rows, told apart by kind:
+--   'claimed'   a claimed delivery: destination_id .. meta (gateway.store.deliveries.Claimed;
+--               times as Unix seconds; body NULL if its event's body is gone);
+--   'breaker'   a breaker transition of destination, old_state -> new_state;
+--   'disabled'  destination answered 410 Gone and was disabled;
+--   'half_open' destination's breaker turned half-open (housekeeping).
+-- The signature is part of the function's identity: changing it needs the DROP.
 DROP FUNCTION IF EXISTS forward_round(
     bigint[], text[], float8[], int[], text[], bigint[], bool[], int[], int, int, float8,
     bigint[], text, boolean, float8, bigint[]
 );
+DROP FUNCTION IF EXISTS forward_round(
+    text, delivery_outcome[], delivery_ref[], breaker_tally[], bigint[], integer, smallint[], float8,
+    integer, boolean, float8
+);
 CREATE FUNCTION forward_round(
-    bigint[], text[], float8[], int[], text[], bigint[], bool[], int[], int, int, float8,
-    bigint[], text, boolean, float8, bigint[]
+    p_forwarder text,
+    p_outcomes delivery_outcome[],
+    p_held delivery_ref[],
+    p_tallies breaker_tally[],
+    p_gone bigint[],
+    p_limit integer,
+    p_lanes smallint[],
+    p_lease_s float8,
+    p_breaker_failures integer,
+    p_housekeeping boolean,
+    p_cooldown_s float8
 ) RETURNS TABLE (
-    o_kind text, o_id bigint, o_webhook_id text, o_body text, o_attempts int, o_received_at float8,
-    o_window_start float8, o_destination_id bigint, o_destination text, o_url text,
-    o_secret text, o_ordered boolean, o_previous_secret text, o_meta boolean, o_old_state text,
-    o_new_state text
-) LANGUAGE plpgsql VOLATILE AS $fn$
+    kind text, destination_id bigint, event_id bigint, event_key text, body bytea, attempts integer,
+    received_at float8, window_start float8, destination text, url text, secret text,
+    previous_secret text, ordered boolean, meta boolean, old_state text, new_state text
+) LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    -- what this round claims (its queue rows, in claim order), and their events' days
+    c_rows delivery_queue[] := '{}';
+    c_days date[] := '{}';
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock(28832985044316772);
+
+    -- Outcomes: a delivered one leaves the queue, any other is updated; each is logged.
+    IF cardinality(p_outcomes) > 0 THEN
+        WITH mine AS (
+            SELECT o.* FROM unnest(p_outcomes) AS o
+            WHERE (o.destination_id, o.event_id) IN (
+                SELECT l.destination_id, h.id
+                FROM delivery_leases l CROSS JOIN LATERAL unnest(l.ids) AS h(id)
+                WHERE l.forwarder = p_forwarder)
+        ), sent AS (
+            DELETE FROM delivery_queue q USING mine m
+            WHERE m.state = 'delivered' AND q.destination_id = m.destination_id AND q.event_id = m.event_id
+            RETURNING q.destination_id, q.event_id, q.received_at, q.event_day, q.lane,
+                      q.attempts + 1 AS attempt, m.state, m.status, m.error
+        ), kept AS (
+            UPDATE delivery_queue q SET
+                attempts = q.attempts + 1,
+                due = CASE WHEN m.state = 'pending' THEN clock_timestamp() + make_interval(secs => m.delay_s)
+                           ELSE q.due END,
+                failed = m.state = 'failed',
+                last_status = m.status,
+                last_error = m.error
+            FROM mine m
+            WHERE m.state <> 'delivered' AND q.destination_id = m.destination_id AND q.event_id = m.event_id
+            RETURNING q.destination_id, q.event_id, q.received_at, q.event_day, q.lane, q.attempts AS attempt,
+                      m.state, m.status, m.error
+        )
+        INSERT INTO delivery_log
+            (day, at, destination_id, event_id, received_at, event_day, attempt, lane, status, outcome, error)
+        SELECT (now() AT TIME ZONE 'UTC')::date, now(), w.destination_id, w.event_id, w.received_at,
+               w.event_day, w.attempt, w.lane, w.status, w.state, w.error
+        FROM (SELECT * FROM sent UNION ALL SELECT * FROM kept) w;
+    END IF;
+
+    -- Breakers: only rows whose count or state changes are written (the common all-2xx round
+    -- writes none).
+    IF cardinality(p_tallies) > 0 THEN
+        RETURN QUERY
+        WITH n AS (
+            SELECT d.id, d.breaker_state AS old, d.consecutive_failures AS old_fails, t.ok,
+                   t.fails AS new_fails,
+                   CASE WHEN t.ok THEN t.fails ELSE d.consecutive_failures + t.fails END AS fails
+            FROM unnest(p_tallies) AS t JOIN destinations d ON d.id = t.destination_id
+        ), s AS (
+            SELECT n.*,
+                   CASE WHEN n.fails >= p_breaker_failures OR (n.old = 'half_open' AND n.new_fails > 0) THEN 'open'
+                        -- An open breaker is closed only by its half-open probe: a 2xx now comes
+                        -- from a request sent before it opened and says little (else it flaps).
+                        WHEN n.ok AND n.old <> 'open' THEN 'closed'
+                        ELSE n.old END AS state
+            FROM n
+        ), brk AS (
+            UPDATE destinations d SET
+                consecutive_failures = s.fails,
+                breaker_state = s.state,
+                breaker_changed_at = CASE WHEN s.state <> s.old THEN now() ELSE d.breaker_changed_at END
+            FROM s
+            WHERE d.id = s.id AND (s.state <> s.old OR s.fails <> s.old_fails)
+            RETURNING d.name, s.old, s.state AS new
+        )
+        SELECT 'breaker'::text, NULL::bigint, NULL::bigint, NULL::text, NULL::bytea, NULL::int, NULL::float8,
+               NULL::float8, brk.name, NULL::text, NULL::text, NULL::text, NULL::boolean, NULL::boolean,
+               brk.old, brk.new
+        FROM brk WHERE brk.old <> brk.new;
+    END IF;
+    -- Destinations that answered 410 Gone: disabled (no breaker count); nothing more is claimed
+    -- for them.
+    IF cardinality(p_gone) > 0 THEN
+        RETURN QUERY
+        UPDATE destinations SET enabled = false, updated_at = now()
+        WHERE id = ANY (p_gone) AND enabled
+        RETURNING 'disabled'::text, NULL::bigint, NULL::bigint, NULL::text, NULL::bytea, NULL::int,
+                  NULL::float8, NULL::float8, name, NULL::text, NULL::text, NULL::text, NULL::boolean,
+                  NULL::boolean, NULL::text, NULL::text;
+    END IF;
+
+    -- The claim: with the breakers as this round left them; the leases as they were before it
+    -- (what this round finished is still held there: its room is given back).
+    IF p_limit > 0 THEN
+        WITH leased AS (
+            SELECT l.forwarder, l.destination_id, h.id
+            FROM delivery_leases l CROSS JOIN LATERAL unnest(l.ids) AS h(id)
+        ), held AS (
+            SELECT x.destination_id, count(*)::int AS n,
+                   count(*) FILTER (WHERE x.forwarder = p_forwarder AND (x.destination_id, x.id) IN (
+                       SELECT o.destination_id, o.event_id FROM unnest(p_outcomes) AS o))::int AS freed
+            FROM leased x GROUP BY x.destination_id
+        ), dest AS (
+            SELECT d.id, d.due_from,
+                   CASE WHEN d.breaker_state = 'half_open' THEN 1 ELSE d.max_in_flight END
+                   - coalesce(h.n, 0) + coalesce(h.freed, 0) AS room
+            FROM destinations d LEFT JOIN held h ON h.destination_id = d.id
+            WHERE d.enabled AND d.breaker_state <> 'open'
+        ), picked AS (
+            SELECT c.*
+            FROM dest
+            CROSS JOIN LATERAL (
+                SELECT q, q.event_id, q.event_day, q.due
+                FROM delivery_queue q
+                WHERE q.destination_id = dest.id
+                  AND NOT q.failed
+                  AND q.due >= dest.due_from  -- past the dead index entries (see above)
+                  AND q.due <= clock_timestamp()
+                  AND (p_lanes IS NULL OR q.lane = ANY (p_lanes))
+                  -- held ones: in flight, or finished in this round
+                  AND (q.destination_id, q.event_id) NOT IN (SELECT x.destination_id, x.id FROM leased x)
+                  AND (q.conv IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM delivery_queue e
+                        WHERE e.destination_id = q.destination_id
+                          AND e.conv = q.conv
+                          AND e.event_id < q.event_id
+                          AND NOT e.failed))
+                ORDER BY q.due, q.event_id
+                LIMIT least(dest.room, p_limit)
+                FOR UPDATE OF q SKIP LOCKED
+            ) c
+            WHERE dest.room > 0
+            ORDER BY c.due, c.event_id
+            LIMIT p_limit
+        )
+        SELECT coalesce(array_agg(p.q ORDER BY p.due, p.event_id), '{}'),
+               coalesce(array_agg(DISTINCT p.event_day), '{}')
+        INTO c_rows, c_days
+        FROM picked p;
+    END IF;
+
+    -- The forwarder's leases: what it still holds (p_held: a delivery it does not name, a claim
+    -- whose answer it never got, is dropped and due again), less what it finished, and what it
+    -- claimed; every lease of this forwarder renewed, an empty one too. Only what its lease
+    -- still held is kept: a lease that ran out was deleted, and its deliveries may be another
+    -- forwarder's now. Semi-joins, which are hashed (a generic plan's array is a parameter,
+    -- and PostgreSQL hashes "= ANY" only of constant arrays). Then the claimed deliveries with
+    -- their bodies: delivery_events is read in the partitions of the claim's days only (c_days,
+    -- a parameter: pruned when the statement starts, instead of an index probe into every day
+    -- per delivery).
     RETURN QUERY
-    WITH r AS (
-        SELECT * FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::int[], $5::text[])
-            AS r(id, state, delay, status, error)
-    ), leased AS (
-        -- every forwarder's held deliveries, before this round
-        SELECT l.forwarder, l.destination_id, h.id
-        FROM delivery_leases l CROSS JOIN LATERAL unnest(l.ids) AS h(id)
-    ), ok AS (
-        SELECT r.*, x.destination_id FROM r JOIN leased x ON x.id = r.id AND x.forwarder = $13
-    ), upd AS (
-        UPDATE deliveries d SET
-            state = ok.state,
-            attempts = d.attempts + 1,
-            next_attempt_at = CASE WHEN ok.state = 'pending'
-                                   THEN clock_timestamp() + make_interval(secs => ok.delay)
-                                   ELSE d.next_attempt_at END,
-            last_status = ok.status,
-            last_error = ok.error,
-            delivered_at = CASE WHEN ok.state = 'delivered' THEN clock_timestamp() ELSE d.delivered_at END
-        FROM ok
-        -- "still pending", written so that it implies no partial index's predicate: only the
-        -- primary key can serve this join (with stale statistics, as after a large backlog is
-        -- queued, the planner may choose a skip scan of deliveries_due here, 150 µs a row).
-        WHERE d.id = ok.id AND d.state NOT IN ('delivering', 'delivered', 'failed')
-    ), held AS (
-        -- per destination: held by any forwarder, and freed by this round's outcomes
-        SELECT x.destination_id, count(*)::int AS n,
-               count(*) FILTER (WHERE x.forwarder = $13 AND x.id IN (SELECT id FROM r))::int AS freed
-        FROM leased x GROUP BY x.destination_id
-    ), b0 AS (
-        SELECT * FROM unnest($6::bigint[], $7::bool[], $8::int[]) AS b(id, ok, fails)
-    ), b AS (
-        -- with the destinations that answered 410 Gone ($12), which are disabled here
-        SELECT coalesce(b0.id, g.id) AS id, coalesce(b0.ok, false) AS ok, coalesce(b0.fails, 0) AS fails,
-               b0.id IS NOT NULL AS counted, g.id IS NOT NULL AS gone
-        FROM b0 FULL JOIN unnest($12::bigint[]) AS g(id) ON g.id = b0.id
-    ), n AS (
-        SELECT d.id, d.breaker_state AS old, d.consecutive_failures AS old_fails, d.enabled AS was_enabled,
-               b.ok, b.fails AS new_fails, b.counted, b.gone,
-               CASE WHEN b.ok THEN b.fails ELSE d.consecutive_failures + b.fails END AS fails
-        FROM destinations d JOIN b ON b.id = d.id
-    ), s AS (
-        SELECT n.*,
-               CASE WHEN NOT n.counted THEN n.old
-                    WHEN n.fails >= $9 OR (n.old = 'half_open' AND n.new_fails > 0) THEN 'open'
-                    -- An open breaker is closed only by its half-open probe: a 2xx now comes from
-                    -- a request sent before it opened and says little (else it flaps).
-                    WHEN n.ok AND n.old <> 'open' THEN 'closed'
-                    ELSE n.old END AS state
-        FROM n
-    ), brk AS (
-        UPDATE destinations d SET
-            consecutive_failures = s.fails,
-            breaker_state = s.state,
-            breaker_changed_at = CASE WHEN s.state <> s.old THEN now() ELSE d.breaker_changed_at END,
-            enabled = d.enabled AND NOT s.gone,
-            updated_at = CASE WHEN s.gone AND d.enabled THEN now() ELSE d.updated_at END
-        FROM s
-        WHERE d.id = s.id AND (s.state <> s.old OR s.fails <> s.old_fails OR (s.gone AND s.was_enabled))
-        RETURNING d.name, s.old, s.state AS new, s.gone AND s.was_enabled AS disabled
-    ), dest AS (
-        SELECT d.id, d.name, d.url, d.secret, d.ordered, d.format = 'meta' AS meta,
-               -- during a rotation's grace period, signed with the previous secret too (a
-               -- Meta-format receiver verifies one signature: its secret switches at once)
-               CASE WHEN d.format = 'standard' AND d.previous_secret_until > clock_timestamp()
-                    THEN d.previous_secret END AS previous_secret,
-               CASE WHEN coalesce(s.state, d.breaker_state) = 'half_open' THEN 1 ELSE d.max_in_flight END
-               - coalesce(h.n, 0) + coalesce(h.freed, 0) AS room,
-               d.due_from
-        FROM destinations d LEFT JOIN s ON s.id = d.id LEFT JOIN held h ON h.destination_id = d.id
-        WHERE d.enabled AND NOT coalesce(s.gone, false)
-          AND coalesce(s.state, d.breaker_state) <> 'open' AND $10 > 0
-    ), picked AS (
-        SELECT c.*, dest.id AS destination_id, dest.name AS destination, dest.url, dest.secret,
-               dest.ordered, dest.previous_secret, dest.meta
-        FROM dest
-        CROSS JOIN LATERAL (
-            SELECT dl.id, dl.webhook_id, dl.envelope, dl.attempts, dl.received_at, dl.window_start,
-                   dl.next_attempt_at
-            FROM deliveries dl
-            WHERE dl.destination_id = dest.id
-              AND dl.state = 'pending'
-              AND dl.next_attempt_at >= dest.due_from  -- past the dead index entries (see above)
-              AND dl.next_attempt_at <= clock_timestamp()
-              -- held ones: in flight, or finished in this round (not yet visible as such)
-              AND dl.id NOT IN (SELECT id FROM leased)
-              AND (NOT dest.ordered OR dl.conversation = '' OR NOT EXISTS (
-                    SELECT 1 FROM deliveries e
-                    WHERE e.destination_id = dl.destination_id
-                      AND e.conversation = dl.conversation
-                      AND e.id < dl.id
-                      AND e.state IN ('pending', 'delivering')))
-            ORDER BY dl.next_attempt_at, dl.id
-            LIMIT least(dest.room, $10)
-            FOR UPDATE OF dl SKIP LOCKED
-        ) c
-        WHERE dest.room > 0
-        ORDER BY c.next_attempt_at, c.id
-        LIMIT $10
-    ), lease AS (
+    WITH lease AS (
         INSERT INTO delivery_leases AS l (forwarder, destination_id, ids, lease_until)
-        SELECT $13, k.destination_id, coalesce(array_agg(k.id) FILTER (WHERE k.id IS NOT NULL), '{}'),
-               clock_timestamp() + make_interval(secs => $11)
+        SELECT p_forwarder, k.destination_id, coalesce(array_agg(k.id) FILTER (WHERE k.id IS NOT NULL), '{}'),
+               clock_timestamp() + make_interval(secs => p_lease_s)
         FROM (
-            SELECT x.destination_id, x.id FROM leased x
-            -- what the forwarder still holds ($16): an id it does not name (a claim whose answer
-            -- it never got: the round failed to reach it) is dropped, and due again. A semi-join,
-            -- which is hashed: "= ANY ($16)" would compare each held id with each of $16 (a
-            -- generic plan's array is a parameter, and PostgreSQL hashes only constant arrays).
-            WHERE x.forwarder = $13 AND x.id IN (SELECT unnest($16::bigint[]))
-              AND x.id NOT IN (SELECT id FROM r)
+            SELECT l0.destination_id, h.id
+            FROM delivery_leases l0 CROSS JOIN LATERAL unnest(l0.ids) AS h(id)
+            WHERE l0.forwarder = p_forwarder
+              AND (l0.destination_id, h.id) IN (SELECT x.destination_id, x.event_id FROM unnest(p_held) x)
+              AND (l0.destination_id, h.id) NOT IN (SELECT o.destination_id, o.event_id FROM unnest(p_outcomes) o)
             UNION ALL
-            SELECT p.destination_id, p.id FROM picked p
-            UNION ALL  -- every lease of this forwarder is renewed, an empty one too
-            SELECT l0.destination_id, NULL FROM delivery_leases l0 WHERE l0.forwarder = $13
-        ) k
+            SELECT x.destination_id, x.event_id FROM unnest(c_rows) x
+            UNION ALL
+            SELECT l1.destination_id, NULL FROM delivery_leases l1 WHERE l1.forwarder = p_forwarder
+        ) k(destination_id, id)
         GROUP BY k.destination_id
         ON CONFLICT (forwarder, destination_id)
             DO UPDATE SET ids = excluded.ids, lease_until = excluded.lease_until
     )
-    -- upd and lease run to completion unreferenced, as every data-modifying CTE does.
-    SELECT 'claimed', p.id, p.webhook_id, p.envelope::text, p.attempts + 1,
-           extract(epoch FROM p.received_at)::float8, extract(epoch FROM p.window_start)::float8,
-           p.destination_id, p.destination, p.url, p.secret, p.ordered, p.previous_secret, p.meta,
-           NULL, NULL
-    FROM picked p
-    UNION ALL
-    SELECT 'breaker', NULL, NULL, NULL, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL, NULL, NULL, old, new
-    FROM brk WHERE old <> new
-    UNION ALL
-    SELECT 'disabled', NULL, NULL, NULL, NULL, NULL, NULL, NULL, name, NULL, NULL, NULL, NULL, NULL, NULL,
-           NULL
-    FROM brk WHERE disabled;
-    IF $14 THEN
+    SELECT 'claimed'::text, c.destination_id, c.event_id, e.event_key,
+           CASE WHEN d.format = 'meta' THEN e.meta_body ELSE e.body END, c.attempts + 1,
+           extract(epoch FROM c.received_at)::float8, extract(epoch FROM c.window_start)::float8,
+           d.name, d.url, d.secret,
+           -- during a rotation's grace period, signed with the previous secret too (a
+           -- Meta-format receiver verifies one signature: its secret switches at once)
+           CASE WHEN d.format = 'standard' AND d.previous_secret_until > clock_timestamp()
+                THEN d.previous_secret END,
+           d.ordered, d.format = 'meta', NULL::text, NULL::text
+    FROM unnest(c_rows) WITH ORDINALITY AS c
+    JOIN destinations d ON d.id = c.destination_id
+    LEFT JOIN delivery_events e
+        ON e.id = c.event_id AND e.day = c.event_day AND e.lane = c.lane AND e.day = ANY (c_days)
+    ORDER BY c.ordinality;
+
+    IF p_housekeeping THEN
         DELETE FROM delivery_leases WHERE lease_until < clock_timestamp();
-        UPDATE deliveries SET state = 'pending', lease_until = NULL
-        WHERE state = 'delivering' AND lease_until < clock_timestamp();
         -- Lowered whenever it must be; raised only by more than a second (not a write of
         -- every destination row twice a second for nothing).
         UPDATE destinations d SET due_from = b.due_from
         FROM (
             SELECT x.id, least(
-                       (SELECT min(dl.next_attempt_at) FROM deliveries dl
-                        WHERE dl.destination_id = x.id AND dl.state = 'pending'),
+                       (SELECT min(q.due) FROM delivery_queue q WHERE q.destination_id = x.id AND NOT q.failed),
                        clock_timestamp() - interval '10 seconds') AS due_from
             FROM destinations x WHERE x.enabled
         ) b
@@ -221,9 +276,9 @@ BEGIN
         RETURN QUERY
         UPDATE destinations SET breaker_state = 'half_open', breaker_changed_at = now()
         WHERE breaker_state = 'open'
-          AND breaker_changed_at <= clock_timestamp() - make_interval(secs => $15)
-        RETURNING 'half_open'::text, NULL::bigint, NULL::text, NULL::text, NULL::int, NULL::float8,
-                  NULL::float8, NULL::bigint, name, NULL::text, NULL::text, NULL::boolean, NULL::text,
+          AND breaker_changed_at <= clock_timestamp() - make_interval(secs => p_cooldown_s)
+        RETURNING 'half_open'::text, NULL::bigint, NULL::bigint, NULL::text, NULL::bytea, NULL::int,
+                  NULL::float8, NULL::float8, name, NULL::text, NULL::text, NULL::text, NULL::boolean,
                   NULL::boolean, 'open'::text, 'half_open'::text;
     END IF;
 END

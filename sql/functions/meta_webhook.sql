@@ -41,17 +41,33 @@ SELECT CASE WHEN envelope->>'source' = 'meta' THEN jsonb_build_object(
                         THEN jsonb_build_object('contacts', jsonb_build_array(envelope->'data'->'contact'))
                         ELSE '{}'::jsonb END
                 || jsonb_build_object('statuses', jsonb_build_array(
-                    (SELECT CASE WHEN tracker IS NULL THEN s
-                                 WHEN jsonb_typeof(tracker) = 'null' THEN s - 'biz_opaque_callback_data'
-                                 ELSE jsonb_set(s, '{biz_opaque_callback_data}', tracker) END
-                     FROM (SELECT CASE
-                              WHEN jsonb_typeof(envelope->'raw'->'recipient_participant_id') = 'array'
+                    -- (the status object is spelled out in each branch: a sub-SELECT computing it
+                    -- once would keep this function from being inlined into the statements that
+                    -- call it, and a call per event costs more than the expression)
+                    CASE WHEN tracker IS NULL THEN
+                             CASE WHEN jsonb_typeof(envelope->'raw'->'recipient_participant_id') = 'array'
                               THEN jsonb_set(envelope->'raw', '{recipient_participant_id}',
                                              jsonb_build_array(envelope->'data'->'participant'))
                               WHEN jsonb_typeof(envelope->'raw'->'recipient_participant_user_id') = 'array'
                               THEN jsonb_set(envelope->'raw', '{recipient_participant_user_id}',
                                              jsonb_build_array(envelope->'data'->'participant'))
-                              ELSE envelope->'raw' END AS s) x))))
+                              ELSE envelope->'raw' END
+                         WHEN jsonb_typeof(tracker) = 'null' THEN
+                             (CASE WHEN jsonb_typeof(envelope->'raw'->'recipient_participant_id') = 'array'
+                              THEN jsonb_set(envelope->'raw', '{recipient_participant_id}',
+                                             jsonb_build_array(envelope->'data'->'participant'))
+                              WHEN jsonb_typeof(envelope->'raw'->'recipient_participant_user_id') = 'array'
+                              THEN jsonb_set(envelope->'raw', '{recipient_participant_user_id}',
+                                             jsonb_build_array(envelope->'data'->'participant'))
+                              ELSE envelope->'raw' END) - 'biz_opaque_callback_data'
+                         ELSE jsonb_set(CASE WHEN jsonb_typeof(envelope->'raw'->'recipient_participant_id') = 'array'
+                              THEN jsonb_set(envelope->'raw', '{recipient_participant_id}',
+                                             jsonb_build_array(envelope->'data'->'participant'))
+                              WHEN jsonb_typeof(envelope->'raw'->'recipient_participant_user_id') = 'array'
+                              THEN jsonb_set(envelope->'raw', '{recipient_participant_user_id}',
+                                             jsonb_build_array(envelope->'data'->'participant'))
+                              ELSE envelope->'raw' END,
+                                        '{biz_opaque_callback_data}', tracker) END)))
             ELSE jsonb_build_object('field', envelope->'data'->'field', 'value', envelope->'raw')
             END))))
 END

@@ -173,45 +173,81 @@ LIMIT 200;
 
 -- name: console_destinations
 -- Every destination with its breaker, backlog and failures, each counted up to $1 on its
--- index (deliveries_due from due_from, deliveries_failed).
+-- index (delivery_queue_due from due_from, delivery_queue_failed).
 SELECT d.name, d.url, d.events, d.secret, d.enabled, d.ordered, d.max_in_flight, d.breaker_state,
        d.consecutive_failures, d.breaker_changed_at,
        CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret END AS previous_secret,
        CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret_until END
            AS previous_secret_until,
-       (SELECT count(*) FROM (SELECT FROM deliveries x
-                              WHERE x.destination_id = d.id AND x.state = 'pending'
-                                AND x.next_attempt_at >= d.due_from LIMIT $1) c) AS backlog,
-       (SELECT count(*) FROM (SELECT FROM deliveries x
-                              WHERE x.destination_id = d.id AND x.state = 'failed' LIMIT $1) c) AS failed
+       (SELECT count(*) FROM (SELECT FROM delivery_queue x
+                              WHERE x.destination_id = d.id AND NOT x.failed
+                                AND x.due >= d.due_from LIMIT $1) c) AS backlog,
+       (SELECT count(*) FROM (SELECT FROM delivery_queue x
+                              WHERE x.destination_id = d.id AND x.failed LIMIT $1) c) AS failed
 FROM destinations d
 ORDER BY d.name;
 
 -- name: console_deliveries_failed
--- One destination's failed deliveries ($1 id), newest first, on deliveries_failed;
--- received in [$2, $3), ($4, $5) the cursor, $6 limit.
-SELECT dl.id, dl.webhook_id, dl.event_key, dl.kind, dl.state, dl.attempts, dl.received_at,
-       dl.next_attempt_at, dl.last_status, dl.last_error, dl.delivered_at
-FROM deliveries dl
-WHERE dl.destination_id = $1 AND dl.state = 'failed' AND dl.received_at >= $2 AND dl.received_at < $3
-  AND (dl.received_at, dl.id) < ($4, $5)
-ORDER BY dl.received_at DESC, dl.id DESC
-LIMIT $6;
+-- One destination ($1 id: its name is $6) failed deliveries, newest first, on
+-- delivery_queue_failed; received from $2, before the cursor ($3, $4) (the range's end is one
+-- too: gateway/store/console.py), $5 limit. One upper bound: with two (a time and a row), the
+-- index scan of a day partition started at the wrong one and read all of it.
+-- (The page first, then its events, one probe each: a join would let the planner hash every
+-- event of the table.)
+SELECT q.event_id AS id, delivery_webhook_id($6, e.event_key) AS webhook_id, e.event_key, e.kind,
+       'failed' AS state, q.attempts, q.received_at, q.due AS next_attempt_at,
+       q.last_status::integer AS last_status, q.last_error, NULL::timestamptz AS delivered_at
+FROM (SELECT * FROM delivery_queue q
+      WHERE q.destination_id = $1 AND q.failed AND q.received_at >= $2
+        AND (q.received_at, q.event_id) < ($3, $4)
+      ORDER BY q.received_at DESC, q.event_id DESC
+      LIMIT $5) q
+LEFT JOIN LATERAL (SELECT e.event_key, e.kind FROM delivery_events e
+                   WHERE e.id = q.event_id AND e.day = q.event_day AND e.lane = q.lane LIMIT 1) e ON true
+ORDER BY q.received_at DESC, q.event_id DESC;
 
 -- name: console_deliveries
--- One destination's deliveries ($1 id), newest first, on deliveries_received: at most $7
--- scanned from the cursor ($4, $5) in [$2, $3), those in state $8 (NULL: any) kept, $6 at most.
+-- One destination's deliveries ($1 id: its name is $8), newest first: the open ones on
+-- delivery_queue_received, the delivered ones on delivery_log_delivered (each delivered attempt
+-- of a delivery that is not open again: one replayed and delivered again shows twice), merged;
+-- at most $6 scanned from $2 up to the cursor ($3, $4) (as console_deliveries_failed), those
+-- in state $7 (NULL: any) kept, $5 at most. A state names one of the two only: the other is not read. Whether a delivered
+-- one is open again is asked of the rows the scan took (a probe each), never as a join: the
+-- planner would hash the queue against every delivered row of the destination.
 WITH scan AS (
-    SELECT dl.id, dl.webhook_id, dl.event_key, dl.kind, dl.state, dl.attempts, dl.received_at,
-           dl.next_attempt_at, dl.last_status, dl.last_error, dl.delivered_at
-    FROM deliveries dl
-    WHERE dl.destination_id = $1 AND dl.received_at >= $2 AND dl.received_at < $3
-      AND dl.received_at <= $4 AND (dl.received_at, dl.id) < ($4, $5)
-    ORDER BY dl.received_at DESC, dl.id DESC
-    LIMIT $7
+    SELECT * FROM (
+        (SELECT q.event_id AS id, q.event_day, q.lane,
+                CASE WHEN q.failed THEN 'failed' ELSE 'pending' END AS state, q.attempts, q.received_at,
+                q.due AS next_attempt_at, q.last_status::integer AS last_status, q.last_error,
+                NULL::timestamptz AS delivered_at
+         FROM delivery_queue q
+         WHERE ($7::text IS NULL OR $7 <> 'delivered')
+           AND q.destination_id = $1 AND q.received_at >= $2 AND (q.received_at, q.event_id) < ($3, $4)
+         ORDER BY q.received_at DESC, q.event_id DESC
+         LIMIT $6)
+        UNION ALL
+        (SELECT l.event_id, l.event_day, l.lane,
+                -- (a probe, never hashed: LIMIT keeps it a probe of the rows the scan takes)
+                CASE WHEN (SELECT true FROM delivery_queue q
+                           WHERE q.destination_id = $1 AND q.event_id = l.event_id LIMIT 1)
+                     THEN 'reopened' ELSE 'delivered' END,
+                l.attempt, l.received_at, l.at, l.status::integer, l.error, l.at
+         FROM delivery_log l
+         WHERE ($7::text IS NULL OR $7 = 'delivered')
+           AND l.destination_id = $1 AND l.outcome = 'delivered'
+           AND l.received_at >= $2 AND (l.received_at, l.event_id) < ($3, $4)
+         ORDER BY l.received_at DESC, l.event_id DESC
+         LIMIT $6)
+    ) u
+    ORDER BY received_at DESC, id DESC
+    LIMIT $6
 ), hit AS (
-    SELECT * FROM scan WHERE $8::text IS NULL OR state = $8
-    ORDER BY received_at DESC, id DESC LIMIT $6
+    SELECT s.id, delivery_webhook_id($8, e.event_key) AS webhook_id, e.event_key, e.kind, s.state,
+           s.attempts, s.received_at, s.next_attempt_at, s.last_status, s.last_error, s.delivered_at
+    FROM (SELECT * FROM scan WHERE state <> 'reopened' AND ($7::text IS NULL OR state = $7)
+          ORDER BY received_at DESC, id DESC LIMIT $5) s
+    LEFT JOIN LATERAL (SELECT e.event_key, e.kind FROM delivery_events e
+                       WHERE e.id = s.id AND e.day = s.event_day AND e.lane = s.lane LIMIT 1) e ON true
 ), last AS (
     SELECT received_at, id FROM scan ORDER BY received_at, id LIMIT 1
 )
@@ -220,13 +256,27 @@ FROM (SELECT 1) one LEFT JOIN last l ON true LEFT JOIN hit h ON true
 ORDER BY h.received_at DESC, h.id DESC;
 
 -- name: console_deliveries_count
--- What a replay of destination $1's deliveries in state $2 received in [$3, $4) touches,
--- counted up to $5 ($1 NULL: every destination).
+-- What a replay of destination $1's deliveries in state $2 (failed or delivered) received in
+-- [$3, $4) touches, counted up to $5 ($1 NULL: every destination), per destination on its
+-- index: failed ones in the queue, delivered attempts in the log (a delivery delivered twice,
+-- after a replay, counts twice: at most this many).
 SELECT count(*) FROM (
-    SELECT FROM deliveries dl JOIN destinations d ON d.id = dl.destination_id
-    WHERE ($1::text IS NULL OR d.name = $1) AND dl.state = $2
-      AND dl.received_at >= $3 AND dl.received_at < $4
-    LIMIT $5) x;
+    (SELECT FROM destinations d
+     CROSS JOIN LATERAL (SELECT FROM delivery_queue q
+                         WHERE q.destination_id = d.id AND q.failed
+                           AND q.received_at >= $3 AND q.received_at < $4
+                         LIMIT $5) x
+     WHERE $2 = 'failed' AND ($1::text IS NULL OR d.name = $1)
+     LIMIT $5)
+    UNION ALL
+    (SELECT FROM destinations d
+     CROSS JOIN LATERAL (SELECT FROM delivery_log l
+                         WHERE l.destination_id = d.id AND l.outcome = 'delivered'
+                           AND l.received_at >= $3 AND l.received_at < $4
+                         LIMIT $5) x
+     WHERE $2 = 'delivered' AND ($1::text IS NULL OR d.name = $1)
+     LIMIT $5)
+) x;
 
 -- name: console_inbound_by_wamid
 SELECT id, wamid, source, phone_number_id, sender, user_id, type, timestamp, contact_name, message,
@@ -253,14 +303,28 @@ ORDER BY h.id DESC;
 
 -- name: console_event_story
 -- What the gateway did with one event key ($1) of an inbound message received in inbox row
--- $2: its dedup key, its deliveries (one probe per destination), the events of it that
--- failed on their own.
+-- $2: its dedup key, its deliveries (per event row and destination: the queued one, else the
+-- last delivered attempt), the events of it that failed on their own.
 SELECT 'key' AS what, p.event_key AS name, NULL::text AS state, p.processed_at AS at, NULL::text AS detail
 FROM processed_webhook_events p WHERE p.event_key = $1
 UNION ALL
-SELECT 'delivery', d.name, dl.state, coalesce(dl.delivered_at, dl.next_attempt_at),
-       coalesce(dl.last_status::text || ' ', '') || coalesce(dl.last_error, '')
-FROM destinations d JOIN deliveries dl ON dl.destination_id = d.id AND dl.event_key = $1
+SELECT 'delivery', d.name, x.state, x.at, x.detail
+FROM delivery_events e
+CROSS JOIN destinations d
+CROSS JOIN LATERAL (
+    SELECT * FROM (
+        SELECT CASE WHEN q.failed THEN 'failed' ELSE 'pending' END AS state, q.due AS at,
+               coalesce(q.last_status::text || ' ', '') || coalesce(q.last_error, '') AS detail
+        FROM delivery_queue q WHERE q.destination_id = d.id AND q.event_id = e.id
+        UNION ALL
+        (SELECT 'delivered', l.at, coalesce(l.status::text || ' ', '') || coalesce(l.error, '')
+         FROM delivery_log l
+         WHERE l.destination_id = d.id AND l.outcome = 'delivered'
+           AND l.received_at = e.received_at AND l.event_id = e.id
+         ORDER BY l.at DESC LIMIT 1)
+    ) y LIMIT 1
+) x
+WHERE e.event_key = $1
 UNION ALL
 SELECT 'dead', 'E' || e.id, e.state, e.updated_at, e.last_error
 FROM dead_events e WHERE e.inbox_id = $2 AND coalesce(e.event_key, '') IN ($1, '');

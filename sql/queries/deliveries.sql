@@ -1,6 +1,8 @@
--- destinations and deliveries: forwarding to downstream HTTP endpoints. The consumers'
--- inbox_apply_batch inserts deliveries; everything else about them is here.
--- A webhook id is 'wh_' + 32 hex of sha256('<destination name>/<event key>') everywhere.
+-- destinations and deliveries: forwarding to downstream HTTP endpoints (migration 0021: the
+-- bodies in delivery_events, open work in delivery_queue, attempts in delivery_log). The
+-- consumers' inbox_apply_batch appends events and queues their deliveries; everything else
+-- about them is here. A delivery is (destination, event); its webhook id is
+-- delivery_webhook_id(destination name, event key).
 
 -- name: destination_add
 INSERT INTO destinations (name, url, events, secret, max_in_flight, ordered, numbers, tenant, format)
@@ -15,13 +17,11 @@ SELECT d.id, d.name, d.url, d.events, d.secret, d.enabled, d.max_in_flight, d.or
        CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret_until END
            AS previous_secret_until,
        d.breaker_state, d.consecutive_failures, d.breaker_changed_at, d.created_at,
-       (SELECT count(*) FROM deliveries x
-        WHERE x.destination_id = d.id AND x.state IN ('pending', 'delivering')) AS backlog,
-       (SELECT count(*) FROM deliveries x WHERE x.destination_id = d.id AND x.state = 'failed') AS failed,
+       (SELECT count(*) FROM delivery_queue x WHERE x.destination_id = d.id AND NOT x.failed) AS backlog,
+       (SELECT count(*) FROM delivery_queue x WHERE x.destination_id = d.id AND x.failed) AS failed,
        -- disabled by a 410 Gone answer: its waiting delivery says so (until it is re-enabled)
-       NOT d.enabled AND EXISTS (SELECT 1 FROM deliveries x
-                                 WHERE x.destination_id = d.id AND x.state = 'pending'
-                                   AND x.last_status = 410) AS gone
+       NOT d.enabled AND EXISTS (SELECT 1 FROM delivery_queue x
+                                 WHERE x.destination_id = d.id AND NOT x.failed AND x.last_status = 410) AS gone
 FROM destinations d
 ORDER BY d.name;
 
@@ -44,106 +44,207 @@ FROM destinations WHERE name = $1;
 UPDATE destinations SET enabled = $2, updated_at = now() WHERE name = $1 RETURNING id;
 
 -- name: destination_remove
--- Its deliveries go with it (ON DELETE CASCADE); returns how many there were.
-WITH gone AS (DELETE FROM destinations WHERE name = $1 RETURNING id)
-SELECT g.id, (SELECT count(*) FROM deliveries x WHERE x.destination_id = g.id) AS deliveries
+-- The destination, its open deliveries and its leases go; how many deliveries it had (open, and
+-- delivered ones the log still holds). Its log rows stay until their day partitions are dropped
+-- (nothing reads them: every list joins destinations, and ids are never reused).
+WITH gone AS (DELETE FROM destinations WHERE name = $1 RETURNING id),
+open AS (DELETE FROM delivery_queue q USING gone g WHERE q.destination_id = g.id RETURNING q.event_id)
+SELECT g.id,
+       (SELECT count(*) FROM open)
+       + (SELECT count(DISTINCT l.event_id) FROM delivery_log l
+          WHERE l.destination_id = g.id AND l.outcome = 'delivered'
+            AND l.event_id NOT IN (SELECT event_id FROM open)) AS deliveries
 FROM gone g;
 
 -- name: forward_round
 -- One forwarder round: see sql/functions/forward_round.sql.
-SELECT * FROM forward_round($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16);
+SELECT * FROM forward_round(
+    p_forwarder => $1, p_outcomes => $2, p_held => $3, p_tallies => $4, p_gone => $5, p_limit => $6,
+    p_lanes => $7, p_lease_s => $8, p_breaker_failures => $9, p_housekeeping => $10, p_cooldown_s => $11);
 
 -- name: deliveries_gauges
--- Per destination: open deliveries, age of the oldest due one (receipt time), breaker state.
+-- Per destination: queued deliveries, age of the oldest due one (receipt time), breaker state.
 -- Bounded work every refresh, whatever the backlog (a day-long outage queues millions): the
--- pending deliveries are read on the claim's index from due_from (past the dead entries, see
--- sql/functions/forward_round.sql) and only up to $1 of them, so a backlog at the cap reads "at least this
--- many" and the age is the oldest among the first $1 due (exact below the cap).
+-- queue is read on the claim's index from due_from (past the dead entries, see
+-- sql/functions/forward_round.sql) and only up to $1 rows, so a backlog at the cap reads "at
+-- least this many" and the age is the oldest among the first $1 due (exact below the cap).
 SELECT d.name, d.breaker_state, d.enabled,
        (SELECT count(*) FROM (
-            SELECT FROM deliveries x
-            WHERE x.destination_id = d.id AND x.state = 'pending' AND x.next_attempt_at >= d.due_from
+            SELECT FROM delivery_queue x
+            WHERE x.destination_id = d.id AND NOT x.failed AND x.due >= d.due_from
             LIMIT $1) c) AS backlog,
        coalesce((SELECT extract(epoch FROM clock_timestamp() - min(c.received_at)) FROM (
-                     SELECT x.received_at FROM deliveries x
-                     WHERE x.destination_id = d.id AND x.state = 'pending'
-                       AND x.next_attempt_at >= d.due_from AND x.next_attempt_at <= clock_timestamp()
-                     ORDER BY x.next_attempt_at, x.id
+                     SELECT x.received_at FROM delivery_queue x
+                     WHERE x.destination_id = d.id AND NOT x.failed
+                       AND x.due >= d.due_from AND x.due <= clock_timestamp()
+                     ORDER BY x.due, x.event_id
                      LIMIT $1) c), 0)::float8 AS oldest_due_s
 FROM destinations d
 ORDER BY d.name;
 
 -- name: deliveries_list
--- $1 destination name, $2/$3 receipt time range [since, until), $4 state (each NULL: any), $5 limit.
--- A pending delivery a forwarder holds (delivery_leases) is shown as delivering.
-WITH held AS (SELECT unnest(ids) AS id FROM delivery_leases)
-SELECT * FROM (
-    SELECT dl.id, d.name AS destination, dl.webhook_id, dl.event_key, dl.kind,
-           CASE WHEN dl.state = 'pending' AND dl.id IN (SELECT id FROM held) THEN 'delivering'
-                ELSE dl.state END AS state,
-           dl.attempts, dl.received_at, dl.next_attempt_at, dl.last_status, dl.last_error, dl.delivered_at
-    FROM deliveries dl JOIN destinations d ON d.id = dl.destination_id
-    WHERE ($1::text IS NULL OR d.name = $1)
-      AND ($2::timestamptz IS NULL OR dl.received_at >= $2)
-      AND ($3::timestamptz IS NULL OR dl.received_at < $3)
-) x
-WHERE ($4::text IS NULL OR x.state = $4)
-ORDER BY x.id
+-- $1 destination name, $2/$3 receipt time range [since, until), $4 state (each NULL: any), $5
+-- limit; by event id (the order the gateway processed the events). Open deliveries from the
+-- queue (one a forwarder holds is delivering), delivered ones from the log (a delivery replayed
+-- and delivered again once).
+WITH held AS (
+    SELECT l.destination_id, unnest(l.ids) AS event_id FROM delivery_leases l
+), x AS (
+    SELECT q.destination_id, q.event_id, q.event_day, q.lane,
+           CASE WHEN q.failed THEN 'failed'
+                WHEN (q.destination_id, q.event_id) IN (SELECT destination_id, event_id FROM held) THEN 'delivering'
+                ELSE 'pending' END AS state,
+           q.attempts, q.received_at, q.due AS next_attempt_at, q.last_status::integer AS last_status,
+           q.last_error, NULL::timestamptz AS delivered_at
+    FROM delivery_queue q
+    WHERE ($2::timestamptz IS NULL OR q.received_at >= $2) AND ($3::timestamptz IS NULL OR q.received_at < $3)
+    UNION ALL
+    SELECT * FROM (
+        SELECT DISTINCT ON (l.destination_id, l.event_id)
+               l.destination_id, l.event_id, l.event_day, l.lane, 'delivered', l.attempt, l.received_at, l.at,
+               l.status::integer, l.error, l.at
+        FROM delivery_log l
+        WHERE l.outcome = 'delivered'
+          AND ($2::timestamptz IS NULL OR l.received_at >= $2) AND ($3::timestamptz IS NULL OR l.received_at < $3)
+          AND NOT EXISTS (SELECT 1 FROM delivery_queue q
+                          WHERE q.destination_id = l.destination_id AND q.event_id = l.event_id)
+        ORDER BY l.destination_id, l.event_id, l.at DESC) done
+)
+SELECT x.event_id AS id, d.name AS destination, delivery_webhook_id(d.name, e.event_key) AS webhook_id,
+       e.event_key, e.kind, x.state, x.attempts, x.received_at, x.next_attempt_at, x.last_status,
+       x.last_error, x.delivered_at
+FROM x
+JOIN destinations d ON d.id = x.destination_id
+JOIN delivery_events e ON e.id = x.event_id AND e.day = x.event_day AND e.lane = x.lane
+WHERE ($1::text IS NULL OR d.name = $1) AND ($4::text IS NULL OR x.state = $4)
+ORDER BY x.event_id, d.name
 LIMIT $5;
 
 -- name: deliveries_count
-WITH held AS (SELECT unnest(ids) AS id FROM delivery_leases)
-SELECT CASE WHEN dl.state = 'pending' AND dl.id IN (SELECT id FROM held) THEN 'delivering'
-            ELSE dl.state END AS state,
-       count(*) AS n
-FROM deliveries dl JOIN destinations d ON d.id = dl.destination_id
-WHERE ($1::text IS NULL OR d.name = $1)
-  AND ($2::timestamptz IS NULL OR dl.received_at >= $2)
-  AND ($3::timestamptz IS NULL OR dl.received_at < $3)
-GROUP BY 1;
+-- Deliveries per state, as deliveries_list has them ($1 destination, [$2, $3) receipt time).
+WITH held AS (
+    SELECT l.destination_id, unnest(l.ids) AS event_id FROM delivery_leases l
+)
+SELECT x.state, count(*) AS n
+FROM (
+    SELECT q.destination_id,
+           CASE WHEN q.failed THEN 'failed'
+                WHEN (q.destination_id, q.event_id) IN (SELECT destination_id, event_id FROM held) THEN 'delivering'
+                ELSE 'pending' END AS state
+    FROM delivery_queue q
+    WHERE ($2::timestamptz IS NULL OR q.received_at >= $2) AND ($3::timestamptz IS NULL OR q.received_at < $3)
+    UNION ALL
+    SELECT y.destination_id, 'delivered'
+    FROM (SELECT DISTINCT l.destination_id, l.event_id
+          FROM delivery_log l
+          WHERE l.outcome = 'delivered'
+            AND ($2::timestamptz IS NULL OR l.received_at >= $2) AND ($3::timestamptz IS NULL OR l.received_at < $3)
+            AND NOT EXISTS (SELECT 1 FROM delivery_queue q
+                            WHERE q.destination_id = l.destination_id AND q.event_id = l.event_id)) y
+) x(destination_id, state)
+JOIN destinations d ON d.id = x.destination_id
+WHERE $1::text IS NULL OR d.name = $1
+GROUP BY x.state;
 
--- name: deliveries_replay
--- Finished deliveries ($4: failed or delivered) in a receipt time range back to pending now,
--- with a fresh retry window. The webhook id is unchanged, so a receiver that already has
--- one of them can tell.
-UPDATE deliveries dl SET
-    state = 'pending', attempts = 0, next_attempt_at = clock_timestamp(),
-    window_start = clock_timestamp(), lease_until = NULL
+-- name: deliveries_replay_failed
+-- Failed deliveries in a receipt time range back to due now, with a fresh retry window.
+UPDATE delivery_queue q SET
+    failed = false, attempts = 0, due = clock_timestamp(), window_start = clock_timestamp()
 FROM destinations d
-WHERE d.id = dl.destination_id
+WHERE d.id = q.destination_id
   AND ($1::text IS NULL OR d.name = $1)
-  AND ($2::timestamptz IS NULL OR dl.received_at >= $2)
-  AND ($3::timestamptz IS NULL OR dl.received_at < $3)
-  AND dl.state = $4
-  AND $4 IN ('failed', 'delivered')
-RETURNING dl.id;
+  AND ($2::timestamptz IS NULL OR q.received_at >= $2)
+  AND ($3::timestamptz IS NULL OR q.received_at < $3)
+  AND q.failed
+RETURNING q.event_id;
+
+-- name: deliveries_replay_delivered
+-- Delivered deliveries in a receipt time range queued again, due now (the same delivery: its
+-- event, body and webhook id), while their event's body is kept (the caller holds
+-- deliveries_bodies_lock_shared: retention neither carries nor drops bodies meanwhile); those
+-- whose body retention dropped are counted as expired. Returns (replayed, expired).
+WITH cand AS (
+    SELECT DISTINCT ON (l.destination_id, l.event_id)
+           l.destination_id, l.event_id, l.received_at, l.event_day, l.lane, d.ordered
+    FROM delivery_log l
+    JOIN destinations d ON d.id = l.destination_id
+    WHERE l.outcome = 'delivered'
+      AND ($1::text IS NULL OR d.name = $1)
+      AND ($2::timestamptz IS NULL OR l.received_at >= $2)
+      AND ($3::timestamptz IS NULL OR l.received_at < $3)
+    ORDER BY l.destination_id, l.event_id
+), kept AS (
+    SELECT c.*, e.conversation
+    FROM cand c
+    JOIN delivery_events e ON e.id = c.event_id AND e.day = c.event_day AND e.lane = c.lane
+), ins AS (
+    INSERT INTO delivery_queue (destination_id, event_id, received_at, conv, event_day, lane)
+    SELECT k.destination_id, k.event_id, k.received_at,
+           CASE WHEN k.ordered THEN delivery_conversation(k.conversation) END, k.event_day, k.lane
+    FROM kept k
+    ORDER BY k.destination_id, k.event_id
+    ON CONFLICT (destination_id, event_id, lane) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM ins) AS replayed,
+       (SELECT count(*) FROM cand) - (SELECT count(*) FROM kept) AS expired;
 
 -- name: deliveries_notify
 SELECT pg_notify('deliveries', '');
 
+-- name: deliveries_bodies_lock_shared
+-- Held while a statement refers to stored bodies again (a replay of delivered deliveries); the
+-- retention pass holds it exclusively while it carries open deliveries' bodies forward and drops
+-- old days (sql/queries/retention.sql: deliveries_bodies_lock).
+SELECT pg_advisory_xact_lock_shared(431198006902);
+
+-- name: deliveries_lock_destination
+-- Backfills of one destination ($1) one at a time (the check for events it already has, and
+-- the insert, would otherwise race).
+SELECT pg_advisory_xact_lock(1684368498, $1::integer);
+
 -- name: deliveries_insert
 -- Backfill: deliveries for one destination ($1) from rebuilt events ($2: jsonb array of key,
--- kind, conversation, envelope, received_at, number, callback); events it already has are
--- skipped, and so are other numbers' events when the destination is limited to numbers. A
--- Meta-format destination gets Meta's body, as a live delivery (inbox_apply_batch), with the
--- caller's biz_opaque_callback_data of a send of ours that the outbox still holds.
-WITH ins AS (
-    INSERT INTO deliveries
-        (destination_id, event_key, webhook_id, kind, conversation, envelope, received_at, subject)
-    SELECT d.id, f.key,
-           'wh_' || left(encode(sha256(convert_to(d.name || '/' || f.key, 'UTF8')), 'hex'), 32),
-           f.kind, f.conversation,
-           CASE WHEN d.format = 'meta' THEN meta_webhook(f.envelope, cb.tracker) ELSE f.envelope END,
-           f.received_at, event_subject(f.key)
+-- kind, conversation, envelope, received_at, number, callback). Events it already has (queued,
+-- or delivered and still in the log) are skipped, and so are other numbers' events when the
+-- destination is limited to numbers. Each event gets an event row of its own, its body rendered
+-- for the destination's format: a Meta-format one gets Meta's body, as a live delivery
+-- (inbox_apply_batch), with the caller's biz_opaque_callback_data of a send of ours that the
+-- outbox still holds.
+WITH d AS (
+    SELECT id, format, ordered, numbers FROM destinations WHERE id = $1
+), f AS (
+    SELECT f.*, event_subject(f.key) AS subject
     FROM jsonb_to_recordset($2::jsonb) AS f(
         key text, kind text, conversation text, envelope jsonb, received_at timestamptz, number text,
         callback text)
+), want AS (
+    SELECT f.*, d.format, d.ordered
+    FROM f JOIN d ON (d.numbers IS NULL OR f.number = ANY (d.numbers))
+                 AND (d.format = 'standard' OR f.envelope->>'source' = 'meta')
+    WHERE NOT EXISTS (
+        SELECT 1 FROM delivery_events e
+        WHERE e.event_key = f.key
+          AND (EXISTS (SELECT 1 FROM delivery_queue q WHERE q.destination_id = d.id AND q.event_id = e.id)
+               OR EXISTS (SELECT 1 FROM delivery_log l
+                          WHERE l.destination_id = d.id AND l.received_at = e.received_at
+                            AND l.event_id = e.id AND l.outcome = 'delivered')))
+), ev AS (
+    INSERT INTO delivery_events (lane, received_at, event_key, kind, conversation, body, meta_body)
+    SELECT delivery_lane(w.conversation, w.subject), w.received_at, w.key, w.kind, w.conversation,
+           CASE WHEN w.format = 'standard' THEN convert_to(w.envelope::text, 'UTF8') END,
+           CASE WHEN w.format = 'meta' THEN convert_to(meta_webhook(w.envelope, cb.tracker)::text, 'UTF8') END
+    FROM want w
     LEFT JOIN LATERAL (SELECT coalesce(to_jsonb(o.biz_opaque_callback_data), 'null'::jsonb) AS tracker
-                       FROM outbox o WHERE f.callback IS NOT NULL AND o.callback_data = f.callback) cb ON true
-    JOIN destinations d ON d.id = $1 AND (d.numbers IS NULL OR f.number = ANY (d.numbers))
-                       AND (d.format = 'standard' OR f.envelope->>'source' = 'meta')
-    ORDER BY f.received_at, f.key
-    ON CONFLICT (destination_id, event_key, subject) DO NOTHING
+                       FROM outbox o WHERE w.callback IS NOT NULL AND o.callback_data = w.callback) cb ON true
+    ORDER BY w.received_at, w.key
+    RETURNING id, day, lane, received_at, conversation
+), ins AS (
+    INSERT INTO delivery_queue (destination_id, event_id, received_at, conv, event_day, lane)
+    SELECT d.id, e.id, e.received_at, CASE WHEN d.ordered THEN delivery_conversation(e.conversation) END,
+           e.day, e.lane
+    FROM ev e CROSS JOIN d
+    ORDER BY e.id
     RETURNING 1
 )
 SELECT count(*) FROM ins;

@@ -371,28 +371,19 @@ WITH ev AS (
     ON CONFLICT (inbox_id) DO UPDATE SET state = 'dead', attempts = inbox_parked.attempts + 1,
         last_error = excluded.last_error, updated_at = clock_timestamp()
     RETURNING 1
-), fwd AS (
-    -- The transactional outbox towards downstream: one delivery per fresh event and enabled
-    -- destination that wants its kind, committed with the event's key or not at all. A
-    -- redelivered event is not fresh, so it never gets a second delivery. The webhook id is
-    -- gateway.core.stdwebhooks.webhook_id: 'wh_' + 32 hex of sha256('<name>/<event key>').
-    INSERT INTO deliveries
-        (destination_id, event_key, webhook_id, kind, conversation, envelope, received_at, subject)
-    SELECT d.id, f.key,
-           'wh_' || left(encode(sha256(convert_to(d.name || '/' || f.key, 'UTF8')), 'hex'), 32),
-           f.kind, f.conversation,
+), fwd_in AS (
+    -- The transactional outbox towards downstream (docs/forwarding.md, "Storage"): each fresh
+    -- event that an enabled destination wants is appended to delivery_events once, its body
+    -- rendered once per format the destinations want, and queued for each of them in
+    -- delivery_queue, all committed with the event's key or not at all. A redelivered event is
+    -- not fresh, so it is never queued twice. $9 is text, parsed only when some destination is
+    -- enabled: without destinations the consumers pay nothing here but sending the text.
+    SELECT DISTINCT ON (f.key) f.key, f.kind, f.conversation, f.envelope, f.inbox_id, f.number, f.n,
+           fresh.subject,
            -- A status of a send of ours carries the send API caller's biz_opaque_callback_data
-           -- (cb.tracker); a Meta-format destination gets the event as Meta's own body.
-           CASE WHEN d.format = 'meta' THEN meta_webhook(f.envelope, cb.tracker)
-                WHEN cb.tracker IS NULL THEN f.envelope
-                ELSE jsonb_set(f.envelope, '{data,biz_opaque_callback_data}', cb.tracker) END,
-           -- A lookup by id per delivery (an index probe per partition), not a join: with
-           -- stale statistics (a new day partition, a burst) the planner hashed the whole
-           -- webhook_inbox for every batch, a cost that grew with the table.
-           coalesce((SELECT w.received_at FROM webhook_inbox w WHERE w.id = f.inbox_id), now()),
-           fresh.subject
-    -- $9 is text, parsed only when some destination is enabled: without destinations the
-    -- consumers pay nothing here but sending the text.
+           -- (tracker: JSON null when it gave none; no row when the status is not of a send of ours).
+           (SELECT coalesce(to_jsonb(o.biz_opaque_callback_data), 'null'::jsonb)
+            FROM outbox o WHERE f.callback IS NOT NULL AND o.callback_data = f.callback) AS tracker
     FROM ROWS FROM (jsonb_to_recordset(
             CASE WHEN EXISTS (SELECT 1 FROM destinations WHERE enabled) THEN $9::text::jsonb
                  ELSE '[]'::jsonb END) AS (
@@ -400,18 +391,46 @@ WITH ev AS (
         number text))
         WITH ORDINALITY AS f(key, kind, conversation, envelope, inbox_id, callback, number, n)
     JOIN fresh ON fresh.event_key = f.key
-    -- The caller's value of the outbox row a status names: JSON null when it gave none, no
-    -- row when the status is not of a send of ours.
-    LEFT JOIN LATERAL (SELECT coalesce(to_jsonb(o.biz_opaque_callback_data), 'null'::jsonb) AS tracker
-                       FROM outbox o WHERE f.callback IS NOT NULL AND o.callback_data = f.callback) cb ON true
-    -- A destination limited to numbers gets only events of those numbers; a Meta-format one
-    -- only events that came from Meta.
+    ORDER BY f.key, f.n
+), fwd_want AS (
+    -- Which destinations want which event: its kind; a destination limited to numbers only
+    -- events of those numbers; a Meta-format one only events that came from Meta.
+    SELECT f.n, d.id AS destination_id, d.format, d.ordered
+    FROM fwd_in f
     JOIN destinations d ON d.enabled AND f.kind = ANY (d.events)
                        AND (d.numbers IS NULL OR f.number = ANY (d.numbers))
                        AND (d.format = 'standard' OR f.envelope->>'source' = 'meta')
-    -- Ids in the batch's arrival order: per-conversation ordering follows them.
-    ORDER BY d.id, f.n
-    ON CONFLICT (destination_id, event_key, subject) DO NOTHING
+), fwd_ev AS (
+    -- In the batch's arrival order, so event ids (the order of a customer's deliveries to a
+    -- destination with --ordered) follow it. received_at: a lookup by id per event, not a join
+    -- (with stale statistics, as after a burst, the planner hashed the whole webhook_inbox for
+    -- every batch); first in the last day's partitions only (pruned when the statement starts),
+    -- then, for an older row (a backlog, a replayed webhook), in every partition.
+    INSERT INTO delivery_events (lane, received_at, event_key, kind, conversation, body, meta_body)
+    SELECT delivery_lane(f.conversation, f.subject),
+           coalesce((SELECT w.received_at FROM webhook_inbox w
+                     WHERE w.id = f.inbox_id AND w.received_at >= now() - interval '1 day'
+                       AND w.received_at <= now()),
+                    (SELECT w.received_at FROM webhook_inbox w WHERE w.id = f.inbox_id), now()),
+           f.key, f.kind, f.conversation,
+           CASE WHEN EXISTS (SELECT 1 FROM fwd_want w WHERE w.n = f.n AND w.format = 'standard')
+                THEN convert_to(CASE WHEN f.tracker IS NULL THEN f.envelope
+                                     ELSE jsonb_set(f.envelope, '{data,biz_opaque_callback_data}', f.tracker)
+                                END::text, 'UTF8') END,
+           CASE WHEN EXISTS (SELECT 1 FROM fwd_want w WHERE w.n = f.n AND w.format = 'meta')
+                THEN convert_to(meta_webhook(f.envelope, f.tracker)::text, 'UTF8') END
+    FROM fwd_in f
+    WHERE EXISTS (SELECT 1 FROM fwd_want w WHERE w.n = f.n)
+    ORDER BY f.n
+    RETURNING id, day, lane, received_at, event_key, conversation
+), fwd AS (
+    INSERT INTO delivery_queue (destination_id, event_id, received_at, conv, event_day, lane)
+    SELECT w.destination_id, e.id, e.received_at,
+           CASE WHEN w.ordered THEN delivery_conversation(e.conversation) END, e.day, e.lane
+    FROM fwd_ev e
+    JOIN fwd_in f ON f.key = e.event_key
+    JOIN fwd_want w ON w.n = f.n
+    ORDER BY w.destination_id, e.id
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM fresh) AS fresh,

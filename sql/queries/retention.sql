@@ -111,17 +111,42 @@ WHERE id IN (
     FOR UPDATE SKIP LOCKED
 );
 
--- name: deliveries_purge_delivered
--- Delivered deliveries received before the horizon (failed ones stay for replay, like dead
--- letters), through the (destination_id, received_at) index.
-DELETE FROM deliveries
+-- name: delivery_queue_purge_orphans
+-- Queued deliveries of a destination that was removed (a consumer's batch that read it before
+-- the removal committed may queue some after it; nothing claims them), received before $1 days.
+DELETE FROM delivery_queue
 WHERE ctid IN (
-    SELECT ctid FROM deliveries
-    WHERE destination_id = ANY (ARRAY(SELECT id FROM destinations))
-      AND received_at < now() - make_interval(days => $1)
-      AND state = 'delivered'
+    SELECT q.ctid FROM delivery_queue q
+    WHERE q.received_at < now() - make_interval(days => $1)
+      AND NOT EXISTS (SELECT 1 FROM destinations d WHERE d.id = q.destination_id)
     LIMIT $2
 );
+
+-- name: deliveries_bodies_lock
+-- Session lock: no statement refers to stored bodies again (a replay of delivered deliveries,
+-- sql/queries/deliveries.sql: deliveries_bodies_lock_shared) while open deliveries' bodies are
+-- carried forward and old days of delivery_events dropped.
+SELECT pg_advisory_lock(431198006902);
+
+-- name: deliveries_bodies_unlock
+SELECT pg_advisory_unlock(431198006902);
+
+-- name: delivery_events_carry_forward
+-- The events of open deliveries (queued: pending or failed) stored before day $1 move to
+-- today's partition, and their queue rows follow, before the old days are dropped: a body
+-- lives as long as a delivery needs it. Driven by the queue (small; no index on its days).
+WITH moved AS (
+    UPDATE delivery_events e SET day = (now() AT TIME ZONE 'UTC')::date
+    WHERE e.day < $1
+      AND (e.id, e.day, e.lane) IN (SELECT q.event_id, q.event_day, q.lane FROM delivery_queue q
+                                   WHERE q.event_day < $1)
+    RETURNING 1
+), refs AS (
+    UPDATE delivery_queue SET event_day = (now() AT TIME ZONE 'UTC')::date
+    WHERE event_day < $1
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM moved) AS events, (SELECT count(*) FROM refs) AS deliveries;
 
 -- name: dead_events_purge_done
 -- Dead items a retry or a replay finished (kept for the record, like processed inbox rows).

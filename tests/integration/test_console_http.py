@@ -391,3 +391,50 @@ async def test_a_customer_is_found_by_phone_or_bsuid(
         assert "by-phone" in page and "by-bsuid" in page and "someone-else" not in page, who
     async with ops.get(f"{console}/inbound", params={"customer": phone}) as r:
         assert "wamid.U1" in await r.text()
+
+
+async def test_deliveries_pages_and_a_messages_story_read_the_queue_and_the_log(
+    pool: asyncpg.Pool, settings: Settings, console: str, ops: aiohttp.ClientSession
+) -> None:
+    """Deliveries in every state — delivered (the log), pending and failed (the queue) — on
+    their destination's pages, by state, and in the story of the message they came from."""
+    from tests.support.forward import add, fast, forwarding, process_messages, started_receiver, states, until
+
+    receiver = await started_receiver()
+    try:
+        await add(pool, "crm", receiver.url, ("message",))
+        await add(pool, "down", "http://127.0.0.1:9/nothing-listens", ("message",))
+        await process_messages(pool, settings, 3, prefix="wamid.C")
+        slow = fast(settings, forward_retry_base_ms=60_000, forward_retry_max_ms=60_000)
+
+        async def attempted() -> bool:
+            s = await states(pool)
+            return s.get("delivered") == 3 and await pool.fetchval(
+                "SELECT count(*) = 3 FROM delivery_queue WHERE attempts > 0") is True  # fmt: skip
+
+        async with forwarding(pool, slow):
+            await until(attempted, what="crm delivered, down attempted")
+        await pool.execute(
+            "UPDATE delivery_queue SET failed = true"
+            " WHERE event_id = (SELECT min(event_id) FROM delivery_queue)"
+        )
+    finally:
+        await receiver.close()
+
+    async def rows(path: str) -> list[str]:
+        async with ops.get(f"{console}{path}") as r:
+            assert r.status == 200, path
+            page = await r.text()
+        table = page.split('id="deliveries"', 1)[1].split("</table>", 1)[0]
+        return re.findall(r"<td>(pending|delivered|failed)</td>", table)
+
+    assert await rows("/destinations/crm") == ["delivered"] * 3
+    assert await rows("/destinations/crm?state=delivered") == ["delivered"] * 3
+    assert await rows("/destinations/crm?state=pending") == []
+    assert sorted(await rows("/destinations/down")) == ["failed", "pending", "pending"]
+    assert await rows("/destinations/down?state=failed") == ["failed"]
+    assert await rows("/destinations/down?state=pending") == ["pending", "pending"]
+    async with ops.get(f"{console}/inbound/message?wamid=wamid.C1") as r:
+        story = (await r.text()).split('id="story"', 1)[1].split("</table>", 1)[0]
+    assert re.search(r"<td>delivery</td><td class=\"mono\">crm</td><td>delivered</td>", story), story
+    assert re.search(r"<td>delivery</td><td class=\"mono\">down</td><td>(pending|failed)</td>", story), story

@@ -19,6 +19,7 @@ from gateway.outbound.egress import GuardedResolver, RefusedAddress, warn_refuse
 from gateway.outbound.forwarder import Forwarder
 from gateway.store import deliveries
 from gateway.testing.fake_receiver import FakeReceiver, Scripted
+from tests.support import deliveries as moved
 from tests.support.config import DESTINATION_SECRET
 from tests.support.forward import (
     add,
@@ -150,7 +151,7 @@ async def _is_in_flight(fw: Forwarder, n: int) -> bool:
 async def _round(
     pool: asyncpg.Pool,
     forwarder: str,
-    held: set[int],
+    held: set[deliveries.Ref],
     results: list[deliveries.Result] | None = None,
     breakers: list[tuple[int, bool, int]] | None = None,
 ) -> list[deliveries.Claimed]:
@@ -175,20 +176,20 @@ async def test_one_round_writes_outcomes_frees_room_and_claims_again(
     dest = await add(pool, "crm", "http://127.0.0.1:9/x", max_in_flight=2)
     await process_messages(pool, settings, 4)
 
-    held: set[int] = set()  # what the forwarder holds, as a Forwarder keeps it
+    held: set[deliveries.Ref] = set()  # what the forwarder holds, as a Forwarder keeps it
 
     async def cycle(results: list[deliveries.Result]) -> list[deliveries.Claimed]:
         nonlocal held
-        held = held.difference(r.id for r in results)
+        held = held.difference(r.ref for r in results)
         breakers = [(dest, True, 0)] if results else []
         claimed = await _round(pool, "test", held, results, breakers=breakers)
-        held = held.union(c.id for c in claimed)
+        held = held.union(c.ref for c in claimed)
         return claimed
 
     first = await cycle([])
     assert len(first) == 2  # max_in_flight
     assert await cycle([]) == []  # full
-    done = [deliveries.Result(c.id, "delivered", None, 204, None) for c in first]
+    done = [deliveries.Result(c.destination_id, c.id, "delivered", None, 204, None) for c in first]
     second = await cycle(done)
     assert len(second) == 2 and {c.id for c in second}.isdisjoint(c.id for c in first)
     assert await states(pool) == {"delivered": 2, "delivering": 2}
@@ -203,10 +204,11 @@ async def test_a_claim_whose_answer_never_arrived_is_due_again_and_never_claimed
     # the lease keeps only that, so they are due again, not held (renewed) forever.
     await add(pool, "crm", "http://127.0.0.1:9/x", max_in_flight=10)
     await process_messages(pool, settings, 3)
-    lost = _ids(await _round(pool, "a", set()))
+    claims = await _round(pool, "a", set())
+    lost = _ids(claims)
     assert len(lost) == 3
     # Meanwhile no other forwarder may claim them, nor write an outcome for one.
-    stale = [deliveries.Result(lost[0], "delivered", None, 200, None)]
+    stale = [deliveries.Result(claims[0].destination_id, lost[0], "delivered", None, 200, None)]
     assert _ids(await _round(pool, "b", set(), stale)) == []
     assert await states(pool) == {"delivering": 3}
     # The next round of "a" names nothing it holds.
@@ -400,7 +402,7 @@ async def test_the_forwarder_refuses_private_destinations_unless_allowed(
     assert not receiver.state.attempts  # nothing reached the receiver
     errors = await pool.fetch("SELECT state, last_error FROM deliveries")
     assert all(r["state"] == "pending" and "loopback" in r["last_error"] for r in errors), errors
-    await pool.execute("UPDATE deliveries SET next_attempt_at = now()")
+    await moved.due(pool, "now()")
     async with forwarding(pool, fast(settings)):  # allowed: delivered
         await until(lambda: all_delivered(pool), what="delivered once allowed")
     assert len(receiver.state.processed) == 2
@@ -440,17 +442,17 @@ async def test_a_large_lease_stays_on_one_page_round_after_round(pool: asyncpg.P
     # the table grew a page per round until autovacuum, and every round's scans read them all.
     dest = await add(pool, "crm", "http://127.0.0.1:9/x", max_in_flight=1000)
     await _queue(pool, dest, "L", 1300)
-    held: set[int] = set()
+    held: set[deliveries.Ref] = set()
     for _ in range(30):  # each round: 20 outcomes, 20 new claims, about 600 held
         done = sorted(held)[:20]
         held.difference_update(done)
-        results = [deliveries.Result(i, "delivered", None, 200, None) for i in done]
+        results = [deliveries.Result(d, i, "delivered", None, 200, None) for d, i in done]
         async with pool.acquire() as conn:
             claimed, _, _ = await deliveries.cycle(
                 conn, forwarder="big", held=held, results=results, breakers=[], threshold=5,
                 limit=600 - len(held), lease_s=60, cooldown_s=30, housekeeping=False,
             )  # fmt: skip
-        held.update(c.id for c in claimed)
+        held.update(c.ref for c in claimed)
     assert len(held) == 600
     assert await pool.fetchval("SELECT cardinality(ids) FROM delivery_leases") == 600
     assert await pool.fetchval("SELECT pg_relation_size('delivery_leases') / 8192") <= 2
@@ -464,7 +466,7 @@ async def test_claims_start_at_due_from_and_housekeeping_lowers_it_for_a_late_co
     dest = await add(pool, "crm", "http://127.0.0.1:9/x", max_in_flight=10)
     await _queue(pool, dest, "DF", 2)
 
-    async def housekeeping(held: set[int]) -> list[deliveries.Claimed]:
+    async def housekeeping(held: set[deliveries.Ref]) -> list[deliveries.Claimed]:
         async with pool.acquire() as conn:
             claimed, _, _ = await deliveries.cycle(
                 conn, forwarder="hk", held=held, results=[], breakers=[], threshold=5,
@@ -477,12 +479,9 @@ async def test_claims_start_at_due_from_and_housekeeping_lowers_it_for_a_late_co
     assert 9 < lag < 12  # the newest pending delivery is younger than 10 s: 10 s back
     # A delivery whose transaction committed long after it was written: below due_from.
     await _queue(pool, dest, "LATE", 1)
-    late = await pool.fetchval(
-        "UPDATE deliveries SET next_attempt_at = now() - interval '1 minute'"
-        " WHERE event_key = 'msg:wamid.LATE0' RETURNING id"
-    )
-    held = set(_ids(await _round(pool, "a", set())))
-    assert len(held) == 2 and late not in held  # not seen by the claim
+    [late] = await moved.due(pool, "now() - interval '1 minute'", "msg:wamid.LATE0")
+    held = {c.ref for c in await _round(pool, "a", set())}
+    assert len(held) == 2 and late not in {r.id for r in held}  # not seen by the claim
     await housekeeping(set())  # lowers due_from to it
     assert _ids(await _round(pool, "a", held)) == [late]
 

@@ -29,6 +29,7 @@ from gateway.testing.payloads import (
     tenashi_event,
     to_bytes,
 )
+from tests.support import deliveries as moved
 from tests.support.config import DESTINATION_SECRET, META_SECRET, public_metrics, replace
 from tests.support.consume import drain, stage
 from tests.support.forward import (
@@ -209,9 +210,7 @@ async def test_failed_after_the_retry_window_then_replayed_by_time_range(
     await add(pool, "crm", receiver.url)
     keys = await process_messages(pool, settings, 9)
     # Three receipt-time slices: an hour ago, two hours ago, three hours ago.
-    await pool.execute(
-        "UPDATE deliveries SET received_at = now() - make_interval(hours => 1 + (id % 3)::int)"
-    )
+    await moved.received(pool, "now() - make_interval(hours => 1 + ({id} % 3)::int)")
     receiver.outage = True
     async with forwarding(pool, fast(settings, forward_retry_h=0.0, forward_breaker_failures=1000)):
         await until(lambda: _states_are(pool, {"failed": 9}), what="every delivery failed")
@@ -224,9 +223,9 @@ async def test_failed_after_the_retry_window_then_replayed_by_time_range(
     assert len(listed) == 3
     receiver.outage = False
     async with pool.acquire() as conn:
-        assert (
-            await deliveries.replay(conn, destination="crm", since=since, until=until_, state="failed") == 3
-        )
+        assert await deliveries.replay(
+            conn, destination="crm", since=since, until=until_, state="failed"
+        ) == (3, 0)
     async with forwarding(pool, fast(settings)):
         await until(lambda: _states_are(pool, {"failed": 6, "delivered": 3}), what="the slice delivered")
     assert set(receiver.state.processed) == {x.webhook_id for x in listed}
@@ -389,18 +388,21 @@ async def test_retention_purges_old_delivered_deliveries_and_keeps_failed_ones(
 ) -> None:
     from gateway.maintenance import retention
 
-    await add(pool, "crm", "http://127.0.0.1:9/h")
-    await process_messages(pool, settings, 12)
-    await pool.execute(
-        "UPDATE deliveries SET state = CASE WHEN id % 3 = 0 THEN 'failed' ELSE 'delivered' END,"
-        " received_at = now() - make_interval(days => CASE WHEN id % 2 = 0 THEN 40 ELSE 1 END)"
-    )
+    dest = await add(pool, "crm", "http://127.0.0.1:9/h")
+    now = await pool.fetchval("SELECT now()")
+    for i in range(12):  # every third failed, the rest delivered; every second one 40 days old
+        state = "failed" if i % 3 == 0 else "delivered"
+        at = now - timedelta(days=40 if i % 2 == 0 else 1)
+        await moved.made_up(pool, destination_id=dest, key=f"msg:wamid.R{i}", state=state, received_at=at)
     expected_left = await pool.fetchval(
         "SELECT count(*) FROM deliveries WHERE state = 'failed' OR received_at > now() - interval '30 days'"
     )
     report = await retention.run_once(pool, replace(settings, purge_batch=2, delivery_retention_days=30))
-    assert report.purged["deliveries"] == 12 - expected_left > 0
-    assert await pool.fetchval("SELECT count(*) FROM deliveries") == expected_left
+    old = (now - timedelta(days=40)).date()
+    assert {f"delivery_log_p{old:%Y%m%d}", f"delivery_events_p{old:%Y%m%d}"} <= set(report.dropped)
+    assert report.carried_events == 2  # the old failed ones' bodies, kept for a replay
+    assert await pool.fetchval("SELECT count(*) FROM deliveries") == expected_left == 12 - 4
+    assert await pool.fetchval("SELECT count(*) FROM deliveries WHERE state = 'failed'") == 4
 
 
 async def test_gauges_per_destination(pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver) -> None:
@@ -410,7 +412,7 @@ async def test_gauges_per_destination(pool: asyncpg.Pool, settings: Settings, re
 
     await add(pool, "gauged", receiver.url)
     await process_messages(pool, settings, 4)
-    await pool.execute("UPDATE deliveries SET received_at = now() - interval '90 seconds'")
+    await moved.received(pool, "now() - interval '90 seconds'")
     await pool.execute("UPDATE destinations SET breaker_state = 'open' WHERE name = 'gauged'")
     await gauges.refresh_forward(pool)
     labels = {"destination": "gauged"}

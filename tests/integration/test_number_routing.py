@@ -75,7 +75,7 @@ async def test_destinations_get_only_their_numbers_events(pool: asyncpg.Pool, se
     assert len(got["all"]) == 4
 
     # Backfill keeps to the destination's numbers too.
-    await pool.execute("DELETE FROM deliveries")
+    await pool.execute("DELETE FROM delivery_queue")
     since = datetime.now(UTC) - timedelta(hours=1)
     until = datetime.now(UTC) + timedelta(hours=1)
     for name in ("acme", "globex", "all"):

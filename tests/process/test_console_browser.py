@@ -230,10 +230,11 @@ def test_a_review_row_is_released_and_a_bulk_replay_asks_first(served: dict[str,
     )
     db(
         dsn,
-        "INSERT INTO deliveries"
-        " (destination_id, event_key, webhook_id, kind, envelope, state, subject, last_status)"
-        " SELECT d.id, 'msg:w' || i, 'wh_' || i, 'message', '{}', 'failed', 'w' || i, 500"
-        " FROM destinations d, generate_series(1, 3) i",
+        "WITH e AS (INSERT INTO delivery_events (lane, received_at, event_key, kind, body)"
+        " SELECT 0, now(), 'msg:w' || i, 'message', '{}' FROM generate_series(1, 3) i RETURNING id, day)"
+        " INSERT INTO delivery_queue"
+        " (destination_id, event_id, received_at, event_day, lane, failed, last_status)"
+        " SELECT d.id, e.id, now(), e.day, 0, true, 500 FROM destinations d, e",
     )
     log_in(browser, console, OPS, "/outbox?state=review")
     assert "order-42" in text_of(browser, "outbox-list")

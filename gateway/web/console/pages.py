@@ -343,7 +343,14 @@ async def deliveries_list(request: web.Request) -> web.StreamResponse:
     after = pure.parse_cursor(text(request, "after", 40))
     cursor = (after[0], after[1]) if after and after[0] is not None else None
     rows, nxt, scanned = await reads.deliveries_page(
-        pool, destination_id=dest["id"], state=state, after=cursor, since=since, until=until, limit=PAGE
+        pool,
+        destination_id=dest["id"],
+        destination=name,
+        state=state,
+        after=cursor,
+        since=since,
+        until=until,
+        limit=PAGE,
     )
     context = {
         "name": name,

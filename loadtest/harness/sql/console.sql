@@ -5,18 +5,21 @@
 
 -- name: console_fill_partitions
 SELECT count(*) FILTER (WHERE partition_ensure_day(t, d::date))
-FROM unnest(ARRAY['webhook_inbox', 'inbound_messages', 'message_statuses']) AS t,
+FROM unnest(ARRAY['webhook_inbox', 'inbound_messages', 'message_statuses', 'delivery_events',
+                   'delivery_log']) AS t,
      generate_series(current_date - 15, current_date + 1, interval '1 day') AS d;
 
 -- name: console_secondary_indexes
 -- The indexes (other than those of constraints) of the filled tables, to drop before the fill
 -- and build again after it: a build sorts once, where row-by-row inserts would touch a random
 -- leaf page per row.
-SELECT c.relname AS table, i.relname AS name, pg_get_indexdef(x.indexrelid) AS def
+SELECT c.relname AS table, i.relname AS name,
+       -- a partitioned table's index is built on every partition (its definition says ON ONLY)
+       replace(pg_get_indexdef(x.indexrelid), ' ON ONLY ', ' ON ') AS def
 FROM pg_index x
 JOIN pg_class i ON i.oid = x.indexrelid
 JOIN pg_class c ON c.oid = x.indrelid
-WHERE c.relname IN ('outbox', 'deliveries', 'dead_events')
+WHERE c.relname IN ('outbox', 'delivery_queue', 'delivery_events', 'delivery_log', 'dead_events')
   AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = x.indexrelid);
 
 -- name: console_fill_dead_events
@@ -80,19 +83,29 @@ FROM generate_series(1, 4) AS i
 ON CONFLICT (name) DO NOTHING;
 
 -- name: console_fill_deliveries
--- Over 4 destinations: 98 % delivered, 1.5 % failed, 0.5 % pending.
-INSERT INTO deliveries (destination_id, event_key, webhook_id, kind, envelope, state, attempts,
-                        next_attempt_at, received_at, window_start, last_status, last_error, delivered_at,
-                        subject)
-SELECT d.id, 'msg:wamid.V' || lpad(n::text, 10, '0'), 'wh_' || md5(n::text), 'message', '{}'::jsonb, s.state,
-       1, t.at, t.at, t.at, CASE WHEN s.state = 'failed' THEN 500 ELSE 200 END,
-       CASE WHEN s.state = 'failed' THEN 'HTTP 500' END,
-       CASE WHEN s.state = 'delivered' THEN t.at END, 'wamid.V' || lpad(n::text, 10, '0')
-FROM generate_series($1::bigint, $2::bigint) AS n
-JOIN destinations d ON d.name = 'dest' || (n % 4 + 1)
-CROSS JOIN LATERAL (SELECT now() - interval '14 days' + (n::float8 / $3) * interval '14 days' AS at) t
-CROSS JOIN LATERAL (SELECT CASE WHEN n % 1000 < 980 THEN 'delivered' WHEN n % 1000 < 995 THEN 'failed'
-                                ELSE 'pending' END AS state) s;
+-- Over 4 destinations: 98 % delivered (the log), 1.5 % failed, 0.5 % pending (the queue); an
+-- event (its body) each.
+WITH src AS (
+    SELECT n, d.id AS destination_id, t.at, (t.at AT TIME ZONE 'UTC')::date AS day, (n % 32)::smallint AS lane,
+           s.state
+    FROM generate_series($1::bigint, $2::bigint) AS n
+    JOIN destinations d ON d.name = 'dest' || (n % 4 + 1)
+    CROSS JOIN LATERAL (SELECT now() - interval '14 days' + (n::float8 / $3) * interval '14 days' AS at) t
+    CROSS JOIN LATERAL (SELECT CASE WHEN n % 1000 < 980 THEN 'delivered' WHEN n % 1000 < 995 THEN 'failed'
+                                    ELSE 'pending' END AS state) s
+), ev AS (
+    INSERT INTO delivery_events (id, day, lane, received_at, event_key, kind, body)
+    SELECT n, day, lane, at, 'msg:wamid.V' || lpad(n::text, 10, '0'), 'message', '{}'::bytea FROM src
+), queued AS (
+    INSERT INTO delivery_queue (destination_id, event_id, received_at, due, window_start, event_day, attempts,
+                                lane, last_status, failed, last_error)
+    SELECT destination_id, n, at, at, at, day, 1, lane, CASE WHEN state = 'failed' THEN 500 END,
+           state = 'failed', CASE WHEN state = 'failed' THEN 'HTTP 500' END
+    FROM src WHERE state <> 'delivered'
+)
+INSERT INTO delivery_log (day, at, destination_id, event_id, received_at, event_day, attempt, lane, status,
+                          outcome)
+SELECT day, at, destination_id, n, at, day, 1, lane, 200, 'delivered' FROM src WHERE state = 'delivered';
 
 -- name: console_fill_inbound
 INSERT INTO inbound_messages (wamid, source, phone_number_id, sender, type, timestamp, contact_name, message,
@@ -119,8 +132,9 @@ SELECT id, tenant, idem_key, recipient, wamid FROM outbox
 WHERE id >= (SELECT max(id) / 2 FROM outbox) AND state = 'accepted' ORDER BY id LIMIT 1;
 
 -- name: console_pick_delivery
-SELECT d.name, dl.received_at, dl.id FROM deliveries dl JOIN destinations d ON d.id = dl.destination_id
-WHERE dl.id >= (SELECT max(id) / 2 FROM deliveries) ORDER BY dl.id LIMIT 1;
+-- (Event n went to destination dest<n % 4 + 1>.)
+SELECT d.name, e.received_at, e.id FROM delivery_events e JOIN destinations d ON d.name = 'dest' || (e.id % 4 + 1)
+WHERE e.id >= (SELECT max(id) / 2 FROM delivery_events) ORDER BY e.id LIMIT 1;
 
 -- name: console_pick_message
 SELECT id, wamid, sender FROM inbound_messages

@@ -94,15 +94,20 @@ SELECT count(*) FROM dead_events WHERE inbox_id > $1 AND state = 'retry';
 
 -- name: pipeline_segments
 -- bench-pipeline: the times the database keeps of each event and delivery of $1 (event keys):
--- its webhook row's INSERT, its dedup key's, its delivery row's (Unix seconds).
+-- its webhook row's INSERT, its dedup key's, its delivery's (queued in the key's transaction:
+-- the same time) (Unix seconds); one row per destination that got it.
 SELECT p.event_key, d.name,
        extract(epoch FROM w.received_at)::float8 AS stored,
        extract(epoch FROM p.processed_at)::float8 AS keyed,
-       extract(epoch FROM dl.created_at)::float8 AS queued
+       extract(epoch FROM p.processed_at)::float8 AS queued
 FROM processed_webhook_events p
 JOIN webhook_inbox w ON w.id = p.inbox_id
-JOIN deliveries dl ON dl.event_key = p.event_key
-JOIN destinations d ON d.id = dl.destination_id
+JOIN delivery_events e ON e.event_key = p.event_key
+JOIN destinations d
+  ON EXISTS (SELECT 1 FROM delivery_log l
+             WHERE l.destination_id = d.id AND l.outcome = 'delivered'
+               AND l.received_at = e.received_at AND l.event_id = e.id)
+  OR EXISTS (SELECT 1 FROM delivery_queue q WHERE q.destination_id = d.id AND q.event_id = e.id)
 WHERE p.event_key = ANY($1::text[]);
 
 -- name: drain_left
