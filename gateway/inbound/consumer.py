@@ -269,6 +269,12 @@ class Consumer:
             await self._lease.refresh(conn)
         try:
             return await self._batch()
+        except asyncpg.PostgresError as exc:
+            # Another consumer made on its own took these lanes meanwhile (it saw this one's
+            # membership a moment late): its batch reads them; this one's committed nothing.
+            if fenced(exc):
+                return 0
+            raise
         finally:
             async with self._pool.acquire() as conn:
                 await self._lease.release(conn)

@@ -190,7 +190,8 @@ async def test_cancelled_and_released_rows(
         )
         await run_for(sender, 6.5)
         assert sorted(bodies(fake)) == ["P2", "Q2"]  # Q#3 waits its pair interval after Q#2
-        assert "released" in await outbox.release(pool, "Q1", "acme")  # an operator's decision
+        # An operator's decision, inside the reconcile window: explicitly accepting a duplicate.
+        assert "released" in await outbox.release(pool, "Q1", "acme", window_s=60, may_duplicate=True)
         await run_for(sender, 14.0)
     assert [b for b in bodies(fake) if b.startswith("Q")] == ["Q2", "Q1", "Q3"]
     assert len(fake.received) == 4
