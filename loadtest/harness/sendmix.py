@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
+from gateway.store import outbox
 from gateway.testing.ports import free_port
 from loadtest.harness import processes
 from loadtest.harness.sql import q
@@ -130,9 +131,7 @@ async def start_sender(env: Env, name: str, pair_interval_s: float) -> processes
     proc = processes.start_sender(env.dsn, env.log_dir, name, port, extra)
     await proc.wait_ready("/healthz")
     deadline = time.monotonic() + 30
-    while not await env.pool.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %outbox%'"
-    ):
+    while not await env.pool.fetchval(q("lt_listeners"), "outbox"):
         if time.monotonic() > deadline or not proc.alive():
             raise RuntimeError(f"{name} never listened:\n{proc.log_tail()}")
         await asyncio.sleep(0.05)
@@ -233,15 +232,18 @@ async def latency(
                 i += 1
             if not batch:
                 continue
-            rows = await env.pool.fetch(
-                q("lt_outbox_enqueue_ordered"),
-                TENANT,
-                "meta",
-                number,
-                PAYLOAD,
-                [f"{name}-{j}" for j in batch],
-                [f"49{customers[j]:011d}" for j in batch],
-            )
+            async with env.pool.acquire() as conn:
+                rows = await conn.fetch(
+                    q("lt_outbox_enqueue_ordered"),
+                    TENANT,
+                    "meta",
+                    number,
+                    PAYLOAD,
+                    [f"{name}-{j}" for j in batch],
+                    [f"49{customers[j]:011d}" for j in batch],
+                )
+                # As the send front ends do after their commit (gateway.outbound.wake).
+                await outbox.wake_senders(conn)
             # The database's time of the insert: the bench's own scheduling delays do not shift it.
             enqueued.update({int(r["idem_key"].rsplit("-", 1)[1]): r["at"] for r in rows})
         # The repeat customers' last messages wait their pair intervals.

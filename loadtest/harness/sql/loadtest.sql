@@ -136,3 +136,8 @@ SELECT count(*) FROM outbox WHERE state IN ('pending', 'sending') AND phone_numb
 
 -- name: lt_outbox_accepted_number
 SELECT count(*) FROM outbox WHERE state = 'accepted' AND phone_number_id = $1;
+
+-- name: lt_listeners
+-- Sessions LISTENing on a channel: each sets application_name to 'gateway LISTEN <channel>'
+-- (gateway/store/listen.py), the query column only shows a session's last statement.
+SELECT count(*) FROM pg_stat_activity WHERE application_name = 'gateway LISTEN ' || $1;
