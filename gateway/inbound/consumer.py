@@ -47,6 +47,7 @@ from asyncpg.pool import PoolConnectionProxy
 from gateway import metrics, tracing
 from gateway.core.aio import back_off
 from gateway.core.backoff import backoff_delay
+from gateway.core.errors import describe
 from gateway.core.events import Event, Item, Status
 from gateway.core.faults import (
     Fault,
@@ -64,7 +65,7 @@ from gateway.core.jsonspan import pointer
 from gateway.core.lanes import Cursor, LaneSet, close_windows
 from gateway.core.lanes import advance as advance_cursors
 from gateway.core.limits import LogThrottle
-from gateway.core.planning import Plan, StagedRow, describe, plan_batch, plan_event
+from gateway.core.planning import Plan, StagedRow, plan_batch, plan_event
 from gateway.core.settings import Settings
 from gateway.core.spacing import Spacing
 from gateway.handlers import Registry, set_reply_per_bot

@@ -12,7 +12,7 @@ outcomes wait, with polling as a fallback. ``forward_concurrency`` posters (task
 send one request at a time) take claimed
 deliveries from a queue (up to a batch waits there, so a finished request's slot is refilled
 without a database round trip) and POST them. What an answer means is
-``gateway.core.forwarding.decide``; signing is ``gateway.core.stdwebhooks``; both pure. The
+``gateway.core.delivery_outcomes.decide``; signing is ``gateway.core.stdwebhooks``; both pure. The
 circuit breaker lives in the ``destinations`` row, so every forwarder sees the same state.
 """
 
@@ -36,11 +36,11 @@ import asyncpg
 from prometheus_client import Counter, Histogram
 
 from gateway import __version__, metrics
-from gateway.core import forwarding, stdwebhooks
+from gateway.core import addresses, stdwebhooks
 from gateway.core.aio import sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.clock import Clock, SystemClock
-from gateway.core.forwarding import Outcome, breaker_tally, decide, merge_tallies
+from gateway.core.delivery_outcomes import Outcome, breaker_tally, decide, merge_tallies
 from gateway.core.heartbeat import HEARTBEATS
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
@@ -245,7 +245,7 @@ class Forwarder:
     def _host_refused(self, url: str) -> str | None:
         """An IP literal or localhost name the resolver would never see (cached per URL)."""
         if url not in self._refused:
-            why = forwarding.host_refused(urlsplit(url).hostname or "")
+            why = addresses.host_refused(urlsplit(url).hostname or "")
             self._refused[url] = None if why is None else f"{why} (GATEWAY_FORWARD_ALLOW_PRIVATE)"
         return self._refused[url]
 

@@ -29,7 +29,7 @@ import asyncpg
 import orjson
 from aiohttp import web
 
-from gateway.core import graphcompat
+from gateway.core import graphcompat, tenancy
 from gateway.core.messages import SendRequest, fingerprint
 from gateway.core.settings import Settings
 from gateway.httpkit import bearer_tenant
@@ -138,7 +138,7 @@ class GraphApi:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
             return _error(graphcompat.refusal("invalid", "body: not JSON", trace))
-        if not self.settings.may_send_from(tenant, number):
+        if not tenancy.may_send_from(self.settings, tenant, number):
             # As Meta answers for a number the token may not use: whether it exists is not said.
             return _error(graphcompat.no_such_object(number, trace=trace))
         if graphcompat.is_read_receipt(body):
@@ -148,7 +148,7 @@ class GraphApi:
         if errors:
             return _error(graphcompat.refusal("invalid", "; ".join(errors), trace))
         message = graphcompat.message_of(body, number)
-        provider = self.settings.provider_for(tenant)
+        provider = tenancy.provider_for(self.settings, tenant)
         unsendable = provider_problems(provider, message)
         if unsendable:
             return _error(graphcompat.refusal("invalid", "; ".join(unsendable), trace))
@@ -234,7 +234,7 @@ class GraphApi:
         if isinstance(tenant, web.Response):
             return tenant
         number = request.match_info["phone_number_id"]
-        if not graphcompat.number_ok(number) or not self.settings.may_send_from(tenant, number):
+        if not graphcompat.number_ok(number) or not tenancy.may_send_from(self.settings, tenant, number):
             return _error(graphcompat.no_such_object(number, trace=trace))
         return await self._meta_shaped(await self.media_api.upload(request, tenant, number), trace)
 

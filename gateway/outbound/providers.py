@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from gateway.core import tenancy
 from gateway.core.classify import Classified, Outcome, Transport, classify_response, classify_transport
 from gateway.core.enums import Provider
 from gateway.core.identity import recipient_field
@@ -40,7 +41,7 @@ def build_request(settings: Settings, row: Any) -> tuple[str, dict[str, str], by
         **payload,
         "biz_opaque_callback_data": row["callback_data"],
     }
-    token = settings.graph_token_for(row["phone_number_id"])
+    token = tenancy.graph_token_for(settings, row["phone_number_id"])
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     return f"{settings.graph_url}/{row['phone_number_id']}/messages", headers, orjson.dumps(body)
 
