@@ -24,7 +24,8 @@ from gateway.store import outbox, pacing
 from gateway.store.db import connect
 from gateway.testing.fake_provider import FakeProvider
 from gateway.testing.ports import closed_port
-from tests.support.graph import ACME, TO, graph, post, text
+from tests.support.graph import TO, graph, post, text
+from tests.support.http import ACME
 from tests.support.send import drain_sender, enqueue, send_settings
 
 # The senders poll this seldom here: only a wake gets a send out within a test's patience.
