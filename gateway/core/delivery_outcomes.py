@@ -31,7 +31,7 @@ class BreakerState(StrEnum):
 BREAKER_GAUGE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 
 
-class Outcome(StrEnum):
+class DeliveryOutcome(StrEnum):
     DELIVERED = "delivered"
     RETRY = "retry"
     FAILED = "failed"
@@ -42,7 +42,7 @@ class Outcome(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    outcome: Outcome
+    outcome: DeliveryOutcome
     state: DeliveryState
     delay_s: float | None  # seconds until the next attempt (RETRY only)
     error: str | None
@@ -80,18 +80,18 @@ def decide(
     is later), unless that falls past ``first_attempt_at + retry_window_s``: then failed, kept
     for replay."""
     if status is not None and 200 <= status < 300:
-        return Decision(Outcome.DELIVERED, DeliveryState.DELIVERED, None, None)
+        return Decision(DeliveryOutcome.DELIVERED, DeliveryState.DELIVERED, None, None)
     why = error if status is None else f"HTTP {status}" + (f": {error}" if error else "")
     if status == 410:
-        return Decision(Outcome.GONE, DeliveryState.PENDING, 0.0, why)
+        return Decision(DeliveryOutcome.GONE, DeliveryState.PENDING, 0.0, why)
     delay = backoff_s
     if status in (429, 503):
         asked = parse_retry_after(retry_after, now)
         if asked is not None:
             delay = max(delay, asked)
     if now + delay > first_attempt_at + retry_window_s:
-        return Decision(Outcome.FAILED, DeliveryState.FAILED, None, why)
-    return Decision(Outcome.RETRY, DeliveryState.PENDING, delay, why)
+        return Decision(DeliveryOutcome.FAILED, DeliveryState.FAILED, None, why)
+    return Decision(DeliveryOutcome.RETRY, DeliveryState.PENDING, delay, why)
 
 
 def breaker_tally(successes: Sequence[bool]) -> tuple[bool, int]:

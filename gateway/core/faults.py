@@ -155,7 +155,7 @@ STALL_CLAIMS = 3
 
 
 @dataclass
-class Health:
+class ConsumerHealth:
     """What this process's consumers have seen lately: system faults in a row (for their
     backoff), and claims that committed nothing, by the row that headed them.
 

@@ -40,7 +40,7 @@ from gateway.core import addresses, stdwebhooks
 from gateway.core.aio import sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.clock import Clock, SystemClock
-from gateway.core.delivery_outcomes import Outcome, breaker_tally, decide, merge_tallies
+from gateway.core.delivery_outcomes import DeliveryOutcome, breaker_tally, decide, merge_tallies
 from gateway.core.heartbeat import HEARTBEATS
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
@@ -380,7 +380,7 @@ class Forwarder:
                 deliveries.Result(c.destination_id, c.id, d.state.value, d.delay_s, status, d.error)
             )
             metrics.FORWARD_DELIVERIES.labels(c.destination, d.outcome.value).inc()
-            if d.outcome is Outcome.GONE:
+            if d.outcome is DeliveryOutcome.GONE:
                 # Not an outage to count towards the breaker: the endpoint says it is gone.
                 if c.destination_id not in self._gone:
                     self._gone.add(c.destination_id)
@@ -390,8 +390,8 @@ class Forwarder:
                         c.destination, c.id, c.webhook_id, d.error, c.destination,
                     )  # fmt: skip
                 continue
-            per_dest.setdefault(c.destination_id, []).append(d.outcome is Outcome.DELIVERED)
-            if d.outcome is Outcome.FAILED:
+            per_dest.setdefault(c.destination_id, []).append(d.outcome is DeliveryOutcome.DELIVERED)
+            if d.outcome is DeliveryOutcome.FAILED:
                 log.warning(
                     "delivery %d (%s) to %s failed after %d attempts: %s",
                     c.id, c.webhook_id, c.destination, c.attempts, d.error,
@@ -404,7 +404,7 @@ class Forwarder:
         m = self._ok_metrics.get(destination)
         if m is None:
             m = self._ok_metrics[destination] = (
-                metrics.FORWARD_DELIVERIES.labels(destination, Outcome.DELIVERED.value),
+                metrics.FORWARD_DELIVERIES.labels(destination, DeliveryOutcome.DELIVERED.value),
                 metrics.FORWARD_LATENCY.labels(destination),
             )
         return m

@@ -15,7 +15,7 @@ import aiohttp
 import orjson
 
 from gateway.core import tenancy
-from gateway.core.classify import Classified, Outcome, Transport, classify_response, classify_transport
+from gateway.core.classify import Classified, SendOutcome, Transport, classify_response, classify_transport
 from gateway.core.enums import Provider
 from gateway.core.identity import recipient_field
 from gateway.core.settings import Settings
@@ -70,7 +70,7 @@ async def send(session: aiohttp.ClientSession, settings: Settings, row: Any) -> 
         url, headers, body = build_request(settings, row)
     except ValueError as exc:
         # Nothing to send that the provider would take: refused here, nothing sent.
-        return Classified(Outcome.FAILED, error=str(exc), reached=False)
+        return Classified(SendOutcome.FAILED, error=str(exc), reached=False)
     provider = row["provider"]
     try:
         async with session.post(url, data=body, headers=headers) as resp:

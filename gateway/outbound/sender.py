@@ -33,7 +33,7 @@ import asyncpg
 from gateway import metrics, tracing
 from gateway.core import tenancy
 from gateway.core.aio import first_set
-from gateway.core.classify import Classified, Outcome, finalize, retry_delay_s
+from gateway.core.classify import Classified, SendOutcome, finalize, retry_delay_s
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.enums import OutboxState
 from gateway.core.errors import describe
@@ -256,7 +256,7 @@ class Sender:
                 key = self._breaker_key(c.breaker, r)
                 b = opened.get(BreakerId(c.breaker, r["provider"], key))
                 next_at = b.retry_at if b is not None else now + s.breaker_backoff_s
-            elif c.outcome is Outcome.RETRY:
+            elif c.outcome is SendOutcome.RETRY:
                 delay = retry_delay_s(
                     c, attempt, s.retry_base_ms / 1000, s.retry_max_ms / 1000, s.pair_interval_s, self.rand()
                 )
@@ -276,7 +276,7 @@ class Sender:
                 )
             )
             metrics.SENDS.labels(r["provider"], c.state.value, str(c.code or "")).inc()
-            if c.outcome is not Outcome.ACCEPTED:
+            if c.outcome is not SendOutcome.ACCEPTED:
                 log.info("send %s attempt %d: %s (%s)", r["callback_data"][:80], attempt, c.state, c.error)
         await outbox.record_results(self.pool, out, now=now, key_window_s=s.tenashi_key_window_s)
         await self._wake_behind(out, now)

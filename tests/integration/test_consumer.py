@@ -11,7 +11,7 @@ import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
-from gateway.core.faults import Health
+from gateway.core.faults import ConsumerHealth
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_tenashi
 from gateway.inbound.consumer import Consumer
@@ -307,7 +307,7 @@ async def test_poisoned_event_parked_rest_commits_then_replayed_once(
     poison_id = await stage(pool, to_bytes(messages_payload(message_obj("wamid.POISON"))))
     ids += [await stage(pool, to_bytes(messages_payload(message_obj(f"wamid.OK{i}")))) for i in range(5, 10)]
 
-    consumer = Consumer(pool, s, health=Health(time.monotonic))
+    consumer = Consumer(pool, s, health=ConsumerHealth(time.monotonic))
     assert await consumer.process_batch() == 11
     # The rest of the batch committed, every row is done; the poisoned event is a dead item
     # due again after a backoff, its first attempt counted (the other messages went through).

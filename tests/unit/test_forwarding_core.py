@@ -13,8 +13,8 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from gateway.core import addresses, destinations, stdwebhooks
 from gateway.core.delivery_outcomes import (
     MAX_RETRY_AFTER_S,
+    DeliveryOutcome,
     DeliveryState,
-    Outcome,
     breaker_tally,
     decide,
     merge_tallies,
@@ -219,26 +219,26 @@ def _decide(status: int | None, retry_after: str | None = None, first: float = N
 @pytest.mark.parametrize(
     ("status", "retry_after", "first", "outcome", "delay"),
     [
-        (200, None, NOW, Outcome.DELIVERED, None),
-        (204, None, NOW, Outcome.DELIVERED, None),
-        (299, None, NOW, Outcome.DELIVERED, None),
-        (301, None, NOW, Outcome.RETRY, 2.0),  # redirects are not followed
-        (400, None, NOW, Outcome.RETRY, 2.0),
-        (410, None, NOW, Outcome.GONE, 0.0),  # disables the destination; the delivery waits
-        (410, None, NOW - 3599, Outcome.GONE, 0.0),  # even at the window's end: nothing was refused
-        (404, None, NOW, Outcome.RETRY, 2.0),  # may be a deployment in progress
-        (500, "120", NOW, Outcome.RETRY, 2.0),  # Retry-After only on 429/503
-        (429, "120", NOW, Outcome.RETRY, 120.0),
-        (503, "120", NOW, Outcome.RETRY, 120.0),
-        (503, "1", NOW, Outcome.RETRY, 2.0),  # never sooner than our own backoff
-        (503, "garbage", NOW, Outcome.RETRY, 2.0),
-        (None, None, NOW, Outcome.RETRY, 2.0),  # timeout / refused
-        (500, None, NOW - 3599, Outcome.FAILED, None),  # window closes before the next attempt
-        (429, "3000", NOW - 1000, Outcome.FAILED, None),
+        (200, None, NOW, DeliveryOutcome.DELIVERED, None),
+        (204, None, NOW, DeliveryOutcome.DELIVERED, None),
+        (299, None, NOW, DeliveryOutcome.DELIVERED, None),
+        (301, None, NOW, DeliveryOutcome.RETRY, 2.0),  # redirects are not followed
+        (400, None, NOW, DeliveryOutcome.RETRY, 2.0),
+        (410, None, NOW, DeliveryOutcome.GONE, 0.0),  # disables the destination; the delivery waits
+        (410, None, NOW - 3599, DeliveryOutcome.GONE, 0.0),  # even at the window's end: nothing was refused
+        (404, None, NOW, DeliveryOutcome.RETRY, 2.0),  # may be a deployment in progress
+        (500, "120", NOW, DeliveryOutcome.RETRY, 2.0),  # Retry-After only on 429/503
+        (429, "120", NOW, DeliveryOutcome.RETRY, 120.0),
+        (503, "120", NOW, DeliveryOutcome.RETRY, 120.0),
+        (503, "1", NOW, DeliveryOutcome.RETRY, 2.0),  # never sooner than our own backoff
+        (503, "garbage", NOW, DeliveryOutcome.RETRY, 2.0),
+        (None, None, NOW, DeliveryOutcome.RETRY, 2.0),  # timeout / refused
+        (500, None, NOW - 3599, DeliveryOutcome.FAILED, None),  # window closes before the next attempt
+        (429, "3000", NOW - 1000, DeliveryOutcome.FAILED, None),
     ],
 )
 def test_decide(
-    status: int | None, retry_after: str | None, first: float, outcome: Outcome, delay: float | None
+    status: int | None, retry_after: str | None, first: float, outcome: DeliveryOutcome, delay: float | None
 ) -> None:
     d = _decide(status, retry_after, first)
     assert d.outcome is outcome
@@ -246,13 +246,13 @@ def test_decide(
     assert (
         d.state
         is {
-            Outcome.DELIVERED: DeliveryState.DELIVERED,
-            Outcome.RETRY: DeliveryState.PENDING,
-            Outcome.FAILED: DeliveryState.FAILED,
-            Outcome.GONE: DeliveryState.PENDING,
+            DeliveryOutcome.DELIVERED: DeliveryState.DELIVERED,
+            DeliveryOutcome.RETRY: DeliveryState.PENDING,
+            DeliveryOutcome.FAILED: DeliveryState.FAILED,
+            DeliveryOutcome.GONE: DeliveryState.PENDING,
         }[outcome]
     )
-    if outcome is not Outcome.DELIVERED:
+    if outcome is not DeliveryOutcome.DELIVERED:
         assert d.error
 
 
