@@ -58,7 +58,8 @@ TARGET_P99_MS = 100.0
 
 def _rows(prefix: str, n: int) -> list[dict[str, Any]]:
     """Deliveries of n realistic inbound-message envelopes."""
-    from gateway.core.forwarding import conversation_of, envelope, kind_of
+    from gateway.core.destinations import conversation_of, kind_of
+    from gateway.core.envelope import envelope
     from gateway.core.parsing import parse
 
     out = []
@@ -343,7 +344,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 async def main(args: argparse.Namespace) -> int:
     # The collector settings `gateway forward` and `gateway serve` run with; the bare client
     # runs in this process too, so both sides get them.
-    from gateway.runtime import tune_gc
+    from gateway.runtime.process import tune_gc
 
     tune_gc()
     run = contract.Run(args, key="bench-forward-faults" if args.faults else None)

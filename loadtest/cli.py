@@ -15,7 +15,8 @@ import importlib
 import sys
 from types import ModuleType
 
-from gateway.runtime import install_uvloop, setup_logging
+from gateway.runtime.logs import setup_logging
+from gateway.runtime.process import install_uvloop
 from loadtest.harness import contract
 
 COMMANDS = (

@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from gateway import __version__, runtime, tracing
+from gateway import __version__, tracing
 from gateway.cli import guard
 from gateway.cli.common import Command
 from gateway.cli.downstream import cmd_deliveries, cmd_destinations, deliveries_args, destinations_args
@@ -35,6 +35,7 @@ from gateway.cli.processes import (
     settings_args,
 )
 from gateway.core.settings import Settings, SettingsError, unknown_variables
+from gateway.runtime import logs
 from gateway.runtime.startup import EXIT_STARTUP, StartupError
 
 log = logging.getLogger("gateway")
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
     secrets = settings.secret_values()
-    runtime.setup_logging(settings.log_level, settings.log_format, secrets)
+    logs.setup_logging(settings.log_level, settings.log_format, secrets)
     for name, close in unknown_variables(os.environ):
         hint = f" (did you mean {close}?)" if close else ""
         log.warning("unknown variable %s is ignored%s; `gateway settings` lists them all", name, hint)

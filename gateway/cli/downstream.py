@@ -11,12 +11,12 @@ from urllib.parse import urlsplit
 import asyncpg
 from aiohttp.resolver import DefaultResolver
 
-from gateway import runtime
 from gateway.cli.common import actor, actor_args, one_line, when
-from gateway.core import forwarding, stdwebhooks
+from gateway.core import delivery_outcomes, destinations, stdwebhooks, tenancy
 from gateway.core.settings import Settings
 from gateway.operator import actions
 from gateway.outbound.egress import url_refused
+from gateway.runtime.database import with_connection
 from gateway.store import deliveries
 
 log = logging.getLogger("gateway")
@@ -35,7 +35,7 @@ def destinations_args(p: argparse.ArgumentParser) -> None:
     )
     add.add_argument(
         "--format",
-        choices=forwarding.FORMATS,
+        choices=destinations.FORMATS,
         default="standard",
         help="standard: Standard Webhooks envelope (default); meta: each event as its own Meta "
         "webhook body signed X-Hub-Signature-256, for a bot written against Meta's webhooks",
@@ -100,10 +100,10 @@ def _refused(url: str) -> str | None:
 def _numbers(settings: Settings, given: str | None, tenant: str | None) -> list[str] | None:
     """The numbers a new destination is limited to (None: every number): --numbers, and with
     --tenant only numbers bound to that tenant (all of them when --numbers is not given)."""
-    numbers = None if given is None else forwarding.parse_numbers(given)
+    numbers = None if given is None else destinations.parse_numbers(given)
     if tenant is None:
         return numbers
-    owned = settings.numbers_of(tenant)
+    owned = tenancy.numbers_of(settings, tenant)
     if not owned:
         raise ValueError(f"--tenant {tenant}: GATEWAY_TENANT_NUMBERS binds no numbers to it")
     if numbers is None:
@@ -116,7 +116,7 @@ def _numbers(settings: Settings, given: str | None, tenant: str | None) -> list[
 
 def _secret(given: str | None, format: str = "standard") -> str:
     """The --secret given (ValueError unless it is valid for the format), or a new one."""
-    return forwarding.check_secret(format, given) if given is not None else forwarding.new_secret(format)
+    return destinations.check_secret(format, given) if given is not None else destinations.new_secret(format)
 
 
 async def _change(
@@ -125,7 +125,7 @@ async def _change(
     """add, rotate-secret, enable, disable, remove: through the operators' actions (audited)."""
     if ns.action == "add":
         assert secret is not None
-        events = forwarding.parse_events(ns.events)
+        events = destinations.parse_events(ns.events)
         print(
             await actions.add_destination(
                 conn,
@@ -176,11 +176,11 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
             return 2
     if ns.action == "add":
         try:
-            forwarding.check_name(ns.name)
-            forwarding.check_url(ns.url)
+            destinations.check_name(ns.name)
+            destinations.check_url(ns.url)
             if not settings.forward_allow_private and (why := _refused(ns.url)):
                 raise ValueError(f"{why}; set GATEWAY_FORWARD_ALLOW_PRIVATE=1 to allow private destinations")
-            forwarding.parse_events(ns.events)
+            destinations.parse_events(ns.events)
             if not 1 <= ns.max_in_flight <= 10000:
                 raise ValueError("--max-in-flight must be 1..10000")
             ns.resolved_numbers = _numbers(settings, ns.numbers, ns.tenant)
@@ -210,7 +210,7 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
                 d.consecutive_failures,
                 d.backlog,
                 d.failed,
-                forwarding.mask_secret(d.format, d.secret)
+                destinations.mask_secret(d.format, d.secret)
                 + (
                     ""
                     if d.previous_secret is None or d.previous_secret_until is None or d.format == "meta"
@@ -225,12 +225,12 @@ def cmd_destinations(settings: Settings, ns: argparse.Namespace) -> int:
             print("\t".join(str(c) for c in cols))
         return 0
 
-    return runtime.with_connection(settings, work)
+    return with_connection(settings, work)
 
 
 def deliveries_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True)
-    states = [s.value for s in forwarding.DeliveryState]
+    states = [s.value for s in delivery_outcomes.DeliveryState]
     for name, help_text in (
         ("list", "deliveries by destination, receipt time range and state"),
         ("replay", "send finished deliveries again (same webhook-id)"),
@@ -292,4 +292,4 @@ def cmd_deliveries(settings: Settings, ns: argparse.Namespace) -> int:
             print(f"{b.skipped_no_key} Tenashi messages skipped: their event key was purged")
         return 0
 
-    return runtime.with_connection(settings, work)
+    return with_connection(settings, work)

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from gateway import runtime
 from gateway.cli.common import actor, actor_args, dead_id, epoch, one_line, when
 from gateway.core.enums import OutboxState
 from gateway.core.settings import Settings
 from gateway.operator import actions
+from gateway.runtime.database import with_connection
 from gateway.store import dead_events, inbox, lanes, outbox, pacing
 
 log = logging.getLogger("gateway")
@@ -55,7 +55,7 @@ def cmd_dead(settings: Settings, ns: argparse.Namespace) -> int:
             return await _dead_show(conn, *ns.ids[0], raw=ns.raw)
         return await _dead_replay(conn, ns)
 
-    return runtime.with_connection(settings, work)
+    return with_connection(settings, work)
 
 
 async def _dead_list(conn: asyncpg.Connection, ns: argparse.Namespace) -> int:
@@ -212,7 +212,7 @@ def cmd_outbox(settings: Settings, ns: argparse.Namespace) -> int:
             return 1
         return 0
 
-    return runtime.with_connection(settings, work)
+    return with_connection(settings, work)
 
 
 def senders_args(p: argparse.ArgumentParser) -> None:
@@ -250,7 +250,7 @@ def cmd_senders(settings: Settings, ns: argparse.Namespace) -> int:
             return 1
         return 0
 
-    return runtime.with_connection(settings, work)
+    return with_connection(settings, work)
 
 
 def cmd_lanes(settings: Settings, ns: argparse.Namespace) -> int:
@@ -266,4 +266,4 @@ def cmd_lanes(settings: Settings, ns: argparse.Namespace) -> int:
         print(f"{len(rows)} lanes, {len(owned)} owned by {len(set(owned))} consumer process(es)")
         return 0
 
-    return runtime.with_connection(settings, work)
+    return with_connection(settings, work)

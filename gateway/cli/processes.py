@@ -10,8 +10,8 @@ import sys
 
 import asyncpg
 
-from gateway import runtime
 from gateway.core.settings import Settings, env_names
+from gateway.runtime import database, process, serve
 from gateway.store.db import migrate
 
 log = logging.getLogger("gateway")
@@ -38,7 +38,7 @@ def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
     if ns.worker or ns.services or ns.forwarder:
         workers.die_with_parent()
     if ns.services or ns.forwarder:  # the parent set GATEWAY_RUN_* for each
-        return runtime.run_services(settings, services.Roles.of_serve(settings))
+        return serve.run_services(settings, services.Roles.of_serve(settings))
     if ns.workers is not None and ns.workers < 0:
         print("gateway serve: --workers must be >= 0", file=sys.stderr)
         return 2
@@ -50,18 +50,18 @@ def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
     if lay.http > 1 and settings.port == 0:
         print("gateway serve: several workers need a fixed GATEWAY_PORT, not 0", file=sys.stderr)
         return 2
-    settings, server = runtime.resolve_database(settings)
+    settings, server = database.resolve_database(settings)
     if lay.processes > 1:
         log.info("settings: %s", settings.redacted())
-        return runtime.serve_workers(settings, lay, embedded=server)
-    runtime.install_uvloop()
-    asyncio.run(runtime.wait_for(settings, schema=True))
+        return serve.serve_workers(settings, lay, embedded=server)
+    process.install_uvloop()
+    asyncio.run(database.wait_for(settings, schema=True))
     stop = asyncio.Event()  # set by a background service that fails: the process exits 1
     app = services.gateway_app(settings, on_failure=stop.set)
     if not ns.worker:
         log.info("settings: %s", settings.redacted())
-    runtime.tune_gc()
-    return runtime.serve_http(app, settings, embedded=server, reuse_port=ns.worker, stop=stop)
+    process.tune_gc()
+    return serve.serve_http(app, settings, embedded=server, reuse_port=ns.worker, stop=stop)
 
 
 def cmd_migrate(settings: Settings, ns: argparse.Namespace) -> int:
@@ -70,7 +70,7 @@ def cmd_migrate(settings: Settings, ns: argparse.Namespace) -> int:
         print(f"applied {len(applied)} migration(s): {applied}" if applied else "schema up to date")
         return 0
 
-    return runtime.with_connection(settings, work)
+    return database.with_connection(settings, work)
 
 
 def settings_args(p: argparse.ArgumentParser) -> None:
@@ -121,19 +121,19 @@ def cmd_settings(settings: Settings, ns: argparse.Namespace) -> int:
 def cmd_consume(settings: Settings, ns: argparse.Namespace) -> int:
     from gateway.runtime.services import Roles
 
-    return runtime.run_services(settings, Roles(consumers=True))
+    return serve.run_services(settings, Roles(consumers=True))
 
 
 def cmd_send(settings: Settings, ns: argparse.Namespace) -> int:
     from gateway.runtime.services import Roles
 
-    return runtime.run_services(settings, Roles(sender=True))
+    return serve.run_services(settings, Roles(sender=True))
 
 
 def cmd_forward(settings: Settings, ns: argparse.Namespace) -> int:
     from gateway.runtime.services import Roles
 
-    return runtime.run_services(settings, Roles(forwarder=True))
+    return serve.run_services(settings, Roles(forwarder=True))
 
 
 def cmd_fake_provider(settings: Settings, ns: argparse.Namespace) -> int:
@@ -145,12 +145,12 @@ def cmd_fake_provider(settings: Settings, ns: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gateway: invalid configuration: {exc}", file=sys.stderr)
         return 2
-    return runtime.run(fake_provider.serve(fs))
+    return process.run(fake_provider.serve(fs))
 
 
 def cmd_console(settings: Settings, ns: argparse.Namespace) -> int:
     if not settings.console_port:
         print("gateway console: set GATEWAY_CONSOLE_PORT (and GATEWAY_CONSOLE_TOKENS)", file=sys.stderr)
         return 2
-    settings, server = runtime.resolve_database(settings)
-    return runtime.serve_console(settings, embedded=server)
+    settings, server = database.resolve_database(settings)
+    return serve.serve_console(settings, embedded=server)

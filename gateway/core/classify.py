@@ -24,7 +24,7 @@ class Transport(enum.Enum):
     CONNECTION_LOST = "connection_lost"  # sent; the connection dropped before the answer
 
 
-class Outcome(enum.Enum):
+class SendOutcome(enum.Enum):
     ACCEPTED = "accepted"
     RETRY = "retry"  # row back to pending with backoff
     UNKNOWN = "unknown"
@@ -51,7 +51,7 @@ SLOW_RETRY_FACTOR = {130429: 10.0, 131056: 1.0}
 
 @dataclass(frozen=True, slots=True)
 class Classified:
-    outcome: Outcome
+    outcome: SendOutcome
     code: int | None = None
     error: str | None = None
     wamid: str | None = None
@@ -67,20 +67,20 @@ class Classified:
     def state(self) -> OutboxState:
         """The outbox state this outcome leads to."""
         return {
-            Outcome.ACCEPTED: OutboxState.ACCEPTED,
-            Outcome.RETRY: OutboxState.PENDING,
-            Outcome.UNKNOWN: OutboxState.UNKNOWN,
-            Outcome.FAILED: OutboxState.FAILED,
+            SendOutcome.ACCEPTED: OutboxState.ACCEPTED,
+            SendOutcome.RETRY: OutboxState.PENDING,
+            SendOutcome.UNKNOWN: OutboxState.UNKNOWN,
+            SendOutcome.FAILED: OutboxState.FAILED,
         }[self.outcome]
 
 
 def classify_transport(failure: Transport, provider: str) -> Classified:
     if failure is Transport.CONNECT_FAILED:
-        return Classified(Outcome.RETRY, error="connect failed", reached=False)
+        return Classified(SendOutcome.RETRY, error="connect failed", reached=False)
     error = "read timeout" if failure is Transport.READ_TIMEOUT else "connection lost"
     if provider == Provider.TENASHI:
-        return Classified(Outcome.RETRY, error=error, maybe_sent=True)
-    return Classified(Outcome.UNKNOWN, error=error)
+        return Classified(SendOutcome.RETRY, error=error, maybe_sent=True)
+    return Classified(SendOutcome.UNKNOWN, error=error)
 
 
 def _meta_error(body: Any) -> tuple[int | None, str | None]:
@@ -135,26 +135,26 @@ def classify_meta(status: int, body: Any) -> Classified:
         wamid = _meta_wamid(body)
         if wamid is None:
             # Accepted by HTTP but no id to match statuses with: the message may exist.
-            return Classified(Outcome.UNKNOWN, error=f"HTTP {status} without a message id")
-        return Classified(Outcome.ACCEPTED, wamid=wamid)
+            return Classified(SendOutcome.UNKNOWN, error=f"HTTP {status} without a message id")
+        return Classified(SendOutcome.ACCEPTED, wamid=wamid)
     code, message = _meta_error(body)
     if code is not None:
         error = message or f"error code {code}"
         refusal = {"status": status, "error": _kept(body["error"])}
         if code in RETRYABLE_CODES:
             return Classified(
-                Outcome.RETRY, code=code, error=error, slow=code in SLOW_RETRY_FACTOR, refusal=refusal
+                SendOutcome.RETRY, code=code, error=error, slow=code in SLOW_RETRY_FACTOR, refusal=refusal
             )
         if code in TOKEN_CODES:
-            return Classified(Outcome.RETRY, code=code, error=error, breaker="token", refusal=refusal)
+            return Classified(SendOutcome.RETRY, code=code, error=error, breaker="token", refusal=refusal)
         if code in NUMBER_CODES:
-            return Classified(Outcome.RETRY, code=code, error=error, breaker="number", refusal=refusal)
-        return Classified(Outcome.FAILED, code=code, error=error, refusal=refusal)
+            return Classified(SendOutcome.RETRY, code=code, error=error, breaker="number", refusal=refusal)
+        return Classified(SendOutcome.FAILED, code=code, error=error, refusal=refusal)
     if status >= 500:
-        return Classified(Outcome.UNKNOWN, error=f"HTTP {status}")
+        return Classified(SendOutcome.UNKNOWN, error=f"HTTP {status}")
     if status == 429:
-        return Classified(Outcome.RETRY, error="HTTP 429", slow=True)
-    return Classified(Outcome.FAILED, error=f"HTTP {status} without an error code")
+        return Classified(SendOutcome.RETRY, error="HTTP 429", slow=True)
+    return Classified(SendOutcome.FAILED, error=f"HTTP {status} without an error code")
 
 
 def classify_tenashi(status: int, body: Any) -> Classified:
@@ -162,20 +162,20 @@ def classify_tenashi(status: int, body: Any) -> Classified:
     if 200 <= status < 300:
         msg_id = body.get("id") if isinstance(body, dict) else None
         if not isinstance(msg_id, str) or not msg_id:
-            return Classified(Outcome.RETRY, error=f"HTTP {status} without a message id", maybe_sent=True)
-        return Classified(Outcome.ACCEPTED, wamid=msg_id)
+            return Classified(SendOutcome.RETRY, error=f"HTTP {status} without a message id", maybe_sent=True)
+        return Classified(SendOutcome.ACCEPTED, wamid=msg_id)
     if status == 409:
-        return Classified(Outcome.RETRY, error="idempotency_in_progress", maybe_sent=True)
+        return Classified(SendOutcome.RETRY, error="idempotency_in_progress", maybe_sent=True)
     if status in (401, 403):
         # Our token is refused: every send would be (an assumption: Tenashi documents no codes).
-        return Classified(Outcome.RETRY, error=f"HTTP {status}", breaker="token")
+        return Classified(SendOutcome.RETRY, error=f"HTTP {status}", breaker="token")
     if status == 429:
-        return Classified(Outcome.RETRY, error="HTTP 429", slow=True)
+        return Classified(SendOutcome.RETRY, error="HTTP 429", slow=True)
     if status >= 500:
         # Tenashi: retry server errors with the same key; a repeat never sends twice.
-        return Classified(Outcome.RETRY, error=f"HTTP {status}", maybe_sent=True)
+        return Classified(SendOutcome.RETRY, error=f"HTTP {status}", maybe_sent=True)
     code, message = _meta_error(body)
-    return Classified(Outcome.FAILED, code=code, error=message or f"HTTP {status}")
+    return Classified(SendOutcome.FAILED, code=code, error=message or f"HTTP {status}")
 
 
 def classify_response(provider: str, status: int, body: Any) -> Classified:
@@ -191,12 +191,15 @@ def finalize(c: Classified, attempts: int, max_attempts: int) -> Classified:
     outage of the provider does not fail every queued message; account-level errors wait for
     their breaker (and count no attempt).
     """
-    if c.outcome is not Outcome.RETRY or attempts < max_attempts or not c.reached or c.breaker:
+    if c.outcome is not SendOutcome.RETRY or attempts < max_attempts or not c.reached or c.breaker:
         return c
     if c.maybe_sent:
-        return Classified(Outcome.UNKNOWN, code=c.code, error=f"{c.error}; gave up after {attempts}")
+        return Classified(SendOutcome.UNKNOWN, code=c.code, error=f"{c.error}; gave up after {attempts}")
     return Classified(
-        Outcome.FAILED, code=c.code, error=f"{c.error}; gave up after {attempts} attempts", refusal=c.refusal
+        SendOutcome.FAILED,
+        code=c.code,
+        error=f"{c.error}; gave up after {attempts} attempts",
+        refusal=c.refusal,
     )
 
 

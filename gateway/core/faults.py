@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from gateway.core.backoff import backoff_delay
+from gateway.core.errors import last_line
 
 
 class Fault(enum.Enum):
@@ -87,11 +88,6 @@ class HandlerError(Exception):
         self.cause = cause
         what = "timed out" if isinstance(cause, TimeoutError) else last_line(cause)
         super().__init__(f"handler {handler}: {what}")
-
-
-def last_line(exc: BaseException) -> str:
-    """The last line of ``exc``'s traceback: ``Type: message``."""
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def missing_partition(exc: BaseException) -> str | None:
@@ -159,7 +155,7 @@ STALL_CLAIMS = 3
 
 
 @dataclass
-class Health:
+class ConsumerHealth:
     """What this process's consumers have seen lately: system faults in a row (for their
     backoff), and claims that committed nothing, by the row that headed them.
 

@@ -107,7 +107,7 @@ class Candidate:
 class BreakerId:
     scope: str  # number | token
     provider: str
-    key: str  # phone_number_id | the token's key (Settings.token_key)
+    key: str  # phone_number_id | the token's key (tenancy.token_key)
 
     @property
     def lock_key(self) -> str:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from datetime import date
 from typing import Any
 
+from gateway.core.envelope import forward_row
+from gateway.core.errors import describe
 from gateway.core.events import (
     UNTIMED_DAY,
     AccountError,
@@ -23,11 +25,8 @@ from gateway.core.events import (
     event_day,
     subject_of,
 )
-from gateway.core.forwarding import forward_row
 from gateway.core.identity import Who, ident, links
 from gateway.core.parsing import parse_items
-
-MAX_ERROR_CHARS = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,11 +129,6 @@ def identity_links(ev: Event) -> list[dict[str, Any]]:
     if not number:
         return []
     return [{"phone_number_id": number, **pair} for pair in found]
-
-
-def describe(exc: BaseException) -> str:
-    """One bounded line for ``last_error`` and logs."""
-    return f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
 
 
 def plan_batch(rows: Iterable[StagedRow]) -> Plan:

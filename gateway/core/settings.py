@@ -756,43 +756,9 @@ class Settings:
             problems.append("GATEWAY_CONSOLE_PORT: must differ from GATEWAY_PORT and GATEWAY_METRICS_PORT")
         return problems
 
-    def provider_for(self, tenant: str) -> Provider:
-        return Provider(dict(self.tenant_providers).get(tenant, Provider.META))
-
-    def graph_token_for(self, phone_number_id: str) -> str:
-        """The Graph API token of a sending number: its own (GATEWAY_GRAPH_TOKENS), else the
-        default (GATEWAY_GRAPH_TOKEN)."""
-        return dict(self.graph_tokens).get(phone_number_id, self.graph_token)
-
-    def token_key(self, provider: str, phone_number_id: str) -> str:
-        """Which token a send from ``phone_number_id`` uses, as its breaker's key: the first number
-        GATEWAY_GRAPH_TOKENS lists with that token, or "default" (GATEWAY_GRAPH_TOKEN, and
-        Tenashi's one token)."""
-        token = dict(self.graph_tokens).get(phone_number_id) if provider == Provider.META else None
-        if token is None:
-            return DEFAULT_TOKEN
-        return next(n for n, t in self.graph_tokens if t == token)
-
-    def numbers_of(self, tenant: str) -> frozenset[str] | None:
-        """The numbers bound to ``tenant`` (GATEWAY_TENANT_NUMBERS); None when no binding is set
-        (every tenant may use every number)."""
-        if not self.tenant_numbers:
-            return None
-        return frozenset(n for t, n in self.tenant_numbers if t == tenant)
-
-    def may_send_from(self, tenant: str, phone_number_id: str) -> bool:
-        """Whether ``tenant`` may send from ``phone_number_id`` (anyone may when no binding is set)."""
-        if not self.tenant_numbers:
-            return True
-        return (tenant, phone_number_id) in self.tenant_numbers
-
     @property
     def tenashi_key_window_s(self) -> float:
         return self.tenashi_key_window_h * 3600
-
-    def reply_per_bot(self, tenant: str) -> bool:
-        """Whether ``tenant``'s bots may each answer a message (else one reply per message)."""
-        return tenant in self.reply_per_bot_tenants
 
     @property
     def metrics_public(self) -> bool:
@@ -845,9 +811,6 @@ class Settings:
         # Very short values would blank out ordinary words; settings reject short secrets anyway.
         return tuple(sorted({v for v in found if len(v) >= 4}, key=len, reverse=True))
 
-
-# The key of the breaker of GATEWAY_GRAPH_TOKEN (and of Tenashi's token).
-DEFAULT_TOKEN = "default"  # noqa: S105 - a breaker key, not a secret
 
 _SINGLE_SECRETS = {"tenashi_secret", "graph_token", "tenashi_token", "meta_verify_token"}
 

@@ -47,11 +47,12 @@ from asyncpg.pool import PoolConnectionProxy
 from gateway import metrics, tracing
 from gateway.core.aio import back_off
 from gateway.core.backoff import backoff_delay
+from gateway.core.errors import describe
 from gateway.core.events import Event, Item, Status
 from gateway.core.faults import (
+    ConsumerHealth,
     Fault,
     HandlerError,
-    Health,
     Verdict,
     classify,
     fault_delay,
@@ -64,7 +65,7 @@ from gateway.core.jsonspan import pointer
 from gateway.core.lanes import Cursor, LaneSet, close_windows
 from gateway.core.lanes import advance as advance_cursors
 from gateway.core.limits import LogThrottle
-from gateway.core.planning import Plan, StagedRow, describe, plan_batch, plan_event
+from gateway.core.planning import Plan, StagedRow, plan_batch, plan_event
 from gateway.core.settings import Settings
 from gateway.core.spacing import Spacing
 from gateway.handlers import Registry, set_reply_per_bot
@@ -107,8 +108,8 @@ Conn = asyncpg.Connection | PoolConnectionProxy
 
 # The lanes' cursors' move in a batch statement (inbox.advance_arg; None: rows from aside).
 Advance = list[dict[str, Any]] | None
-# One per process: what its consumers have seen lately (see ``Health``).
-HEALTH = Health(time.monotonic)
+# One per process: what its consumers have seen lately (see ``ConsumerHealth``).
+HEALTH = ConsumerHealth(time.monotonic)
 # Dead items are looked at when no staged row is due, and at least this often.
 ITEMS_EVERY_S = 1.0
 # Rows put off while the day they need gets its partition.
@@ -135,7 +136,7 @@ class Consumer:
         settings: Settings,
         *,
         rand: Callable[[], float] = random.random,
-        health: Health | None = None,
+        health: ConsumerHealth | None = None,
         handlers: Registry | None = None,
         spacing: Spacing | None = None,
         lanes: LaneSet | None = None,

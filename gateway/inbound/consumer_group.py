@@ -14,9 +14,9 @@ from typing import Any
 import asyncpg
 
 from gateway.core.aio import first_set
+from gateway.core.errors import describe
 from gateway.core.lanes import LaneSet
 from gateway.core.limits import LogThrottle
-from gateway.core.planning import describe
 from gateway.core.settings import Settings
 from gateway.core.spacing import Spacing
 from gateway.handlers import Registry

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gateway.core.errors import describe, last_line
 from gateway.core.events import Event, Item
-from gateway.core.faults import BadEvent, Fault, HandlerError, Verdict, last_line
+from gateway.core.faults import BadEvent, Fault, HandlerError, Verdict
 from gateway.core.jsonspan import fragment, pointer
 from gateway.core.parsing import parse_fragment
-from gateway.core.planning import StagedRow, describe
+from gateway.core.planning import StagedRow
 from gateway.store import dead_events
 
 

@@ -12,9 +12,10 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from gateway import metrics
+from gateway.core.errors import describe
 from gateway.core.faults import missing_partition
 from gateway.core.jsonspan import pointer
-from gateway.core.planning import Plan, describe, probe_plan
+from gateway.core.planning import Plan, probe_plan
 from gateway.store import inbox
 
 log = logging.getLogger("gateway.inbound.consumer")

@@ -18,7 +18,7 @@ import time
 import asyncpg
 
 from gateway import metrics
-from gateway.core.forwarding import BREAKER_GAUGE, BreakerState
+from gateway.core.delivery_outcomes import BREAKER_GAUGE, BreakerState
 from gateway.store import dead_events, deliveries, inbox, leader, outbox, pacing
 from gateway.store.db import Conn, connect
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.core import forwarding
+from gateway.core import destinations
 from gateway.core.enums import OutboxState
 from gateway.core.pacing import BreakerId
 from gateway.outbound.backfill import Backfilled, backfill
@@ -292,9 +292,9 @@ async def rotate_secret(
             "rotate it with --grace-h 0, then give the bot the new secret (what it refuses "
             "meanwhile is retried)"
         )
-    new = secret if secret is not None else forwarding.new_secret(fmt)
+    new = secret if secret is not None else destinations.new_secret(fmt)
     try:
-        forwarding.check_secret(fmt, new)
+        destinations.check_secret(fmt, new)
     except ValueError as exc:
         raise Invalid(str(exc)) from None
     params = {"grace_h": grace_h, "generated": secret is None}

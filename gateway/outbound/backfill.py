@@ -12,17 +12,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from gateway.core.events import Event, Status
-from gateway.core.forwarding import (
+from gateway.core.destinations import conversation_of, kind_of, number_of
+from gateway.core.envelope import envelope
+from gateway.core.event_rows import (
     account_error_from_row,
     account_update_from_row,
-    conversation_of,
-    envelope,
-    kind_of,
     message_from_row,
-    number_of,
     status_from_row,
 )
+from gateway.core.events import Event, Status
 from gateway.store import deliveries
 from gateway.store.db import Conn
 

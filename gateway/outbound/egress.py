@@ -4,7 +4,7 @@ private or link-local addresses (unless ``GATEWAY_FORWARD_ALLOW_PRIVATE``).
 The check is made on the very addresses the connection then uses (aiohttp connects to what
 the resolver returns), so a name that resolved to a public address when the destination was
 added and to 127.0.0.1 now (DNS rebinding) is refused at connect time. IP literals never reach
-a resolver: ``gateway.core.forwarding.host_refused`` judges those before the request. At
+a resolver: ``gateway.core.addresses.host_refused`` judges those before the request. At
 start, ``warn_refused`` names the enabled destinations the guard will refuse.
 """
 
@@ -20,7 +20,7 @@ import asyncpg
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
-from gateway.core.forwarding import address_refused, host_refused
+from gateway.core.addresses import address_refused, host_refused
 from gateway.core.settings import Settings
 from gateway.store import deliveries
 

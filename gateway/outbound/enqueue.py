@@ -36,6 +36,7 @@ import asyncpg
 import orjson
 
 from gateway import metrics
+from gateway.core import tenancy
 from gateway.core.enums import Provider
 from gateway.core.identity import is_bsuid
 from gateway.core.media import media_ids
@@ -142,18 +143,18 @@ class Enqueuer:
         async with self.pool().acquire() as conn:
             if ids:
                 owners = await media.numbers(conn, ids)
-                bound = self.settings.numbers_of(req.tenant) is not None
+                bound = tenancy.numbers_of(self.settings, req.tenant) is not None
                 for media_id in ids:
                     number = owners.get(media_id)
                     if (number is None and bound) or (
-                        number is not None and not self.settings.may_send_from(req.tenant, number)
+                        number is not None and not tenancy.may_send_from(self.settings, req.tenant, number)
                     ):
                         kind = m.message["type"]
                         errors.append(f"{kind}: media id {media_id[:40]!r} is not of your numbers")
             if m.in_reply_to is not None:
                 found = await replies.recipient_matches(conn, inbound_wamid=m.in_reply_to, recipient=m.to)
                 # Another tenant's message is not said to exist (the reply guard answers 404).
-                ours = found is not None and self.settings.may_send_from(req.tenant, found[0] or "")
+                ours = found is not None and tenancy.may_send_from(self.settings, req.tenant, found[0] or "")
                 if ours and found is not None and not found[1]:
                     field = "recipient" if is_bsuid(m.to) else "to"
                     errors.append(f"{field}: not the customer who wrote the message in_reply_to names")
@@ -289,7 +290,7 @@ class Enqueuer:
         """Claim the right to answer ``wamid`` in the enqueue transaction, or raise Refused:
         404 when it was not received on one of the tenant's numbers, 409 when it was answered."""
         numbers = await replies.received_on(conn, inbound_wamid=wamid)
-        if not any(n is not None and self.settings.may_send_from(req.tenant, n) for n in numbers):
+        if not any(n is not None and tenancy.may_send_from(self.settings, req.tenant, n) for n in numbers):
             raise Refused(
                 "no_inbound",
                 404,
@@ -302,7 +303,7 @@ class Enqueuer:
             bot=req.body.bot,
             tenant=req.tenant,
             key=req.key,
-            per_bot=self.settings.reply_per_bot(req.tenant),
+            per_bot=tenancy.reply_per_bot(self.settings, req.tenant),
         )
         if first is not None:
             metrics.REPLIES_REFUSED.labels("api").inc()

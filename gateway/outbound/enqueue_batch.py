@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
+from gateway.core.errors import describe
 from gateway.core.limits import LogThrottle
-from gateway.core.planning import describe
 from gateway.store import outbox
 
 log = logging.getLogger(__name__)

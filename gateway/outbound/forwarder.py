@@ -12,7 +12,7 @@ outcomes wait, with polling as a fallback. ``forward_concurrency`` posters (task
 send one request at a time) take claimed
 deliveries from a queue (up to a batch waits there, so a finished request's slot is refilled
 without a database round trip) and POST them. What an answer means is
-``gateway.core.forwarding.decide``; signing is ``gateway.core.stdwebhooks``; both pure. The
+``gateway.core.delivery_outcomes.decide``; signing is ``gateway.core.stdwebhooks``; both pure. The
 circuit breaker lives in the ``destinations`` row, so every forwarder sees the same state.
 """
 
@@ -36,11 +36,11 @@ import asyncpg
 from prometheus_client import Counter, Histogram
 
 from gateway import __version__, metrics
-from gateway.core import forwarding, stdwebhooks
+from gateway.core import addresses, stdwebhooks
 from gateway.core.aio import sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.clock import Clock, SystemClock
-from gateway.core.forwarding import Outcome, breaker_tally, decide, merge_tallies
+from gateway.core.delivery_outcomes import DeliveryOutcome, breaker_tally, decide, merge_tallies
 from gateway.core.heartbeat import HEARTBEATS
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
@@ -245,7 +245,7 @@ class Forwarder:
     def _host_refused(self, url: str) -> str | None:
         """An IP literal or localhost name the resolver would never see (cached per URL)."""
         if url not in self._refused:
-            why = forwarding.host_refused(urlsplit(url).hostname or "")
+            why = addresses.host_refused(urlsplit(url).hostname or "")
             self._refused[url] = None if why is None else f"{why} (GATEWAY_FORWARD_ALLOW_PRIVATE)"
         return self._refused[url]
 
@@ -380,7 +380,7 @@ class Forwarder:
                 deliveries.Result(c.destination_id, c.id, d.state.value, d.delay_s, status, d.error)
             )
             metrics.FORWARD_DELIVERIES.labels(c.destination, d.outcome.value).inc()
-            if d.outcome is Outcome.GONE:
+            if d.outcome is DeliveryOutcome.GONE:
                 # Not an outage to count towards the breaker: the endpoint says it is gone.
                 if c.destination_id not in self._gone:
                     self._gone.add(c.destination_id)
@@ -390,8 +390,8 @@ class Forwarder:
                         c.destination, c.id, c.webhook_id, d.error, c.destination,
                     )  # fmt: skip
                 continue
-            per_dest.setdefault(c.destination_id, []).append(d.outcome is Outcome.DELIVERED)
-            if d.outcome is Outcome.FAILED:
+            per_dest.setdefault(c.destination_id, []).append(d.outcome is DeliveryOutcome.DELIVERED)
+            if d.outcome is DeliveryOutcome.FAILED:
                 log.warning(
                     "delivery %d (%s) to %s failed after %d attempts: %s",
                     c.id, c.webhook_id, c.destination, c.attempts, d.error,
@@ -404,7 +404,7 @@ class Forwarder:
         m = self._ok_metrics.get(destination)
         if m is None:
             m = self._ok_metrics[destination] = (
-                metrics.FORWARD_DELIVERIES.labels(destination, Outcome.DELIVERED.value),
+                metrics.FORWARD_DELIVERIES.labels(destination, DeliveryOutcome.DELIVERED.value),
                 metrics.FORWARD_LATENCY.labels(destination),
             )
         return m

@@ -18,6 +18,7 @@ from typing import IO, Any
 import aiohttp
 import orjson
 
+from gateway.core import tenancy
 from gateway.core.media import Target, download_target
 from gateway.core.settings import Settings
 from gateway.outbound.egress import GuardedResolver
@@ -81,7 +82,7 @@ class Graph:
         self._sessions.clear()
 
     def _auth(self, phone_number_id: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.settings.graph_token_for(phone_number_id)}"}
+        return {"Authorization": f"Bearer {tenancy.graph_token_for(self.settings, phone_number_id)}"}
 
     async def _json(
         self,

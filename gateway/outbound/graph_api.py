@@ -29,14 +29,14 @@ import asyncpg
 import orjson
 from aiohttp import web
 
-from gateway.core import graphcompat
+from gateway.core import graphcompat, tenancy
 from gateway.core.messages import SendRequest, fingerprint
 from gateway.core.settings import Settings
 from gateway.httpkit import bearer_tenant
 from gateway.outbound.enqueue import Enqueuer, Refused, location, provider_problems
 from gateway.outbound.graph import GraphError
 from gateway.outbound.media_api import MediaApi
-from gateway.outbound.outcomes import Outcome, OutcomeWaiter
+from gateway.outbound.outcomes import OutboxOutcome, OutcomeWaiter
 from gateway.outbound.send_api import MAX_BODY, key_problem, openapi_bytes
 from gateway.outbound.validation import BodyValidator, RequestValidator
 from gateway.store import replies
@@ -138,7 +138,7 @@ class GraphApi:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
             return _error(graphcompat.refusal("invalid", "body: not JSON", trace))
-        if not self.settings.may_send_from(tenant, number):
+        if not tenancy.may_send_from(self.settings, tenant, number):
             # As Meta answers for a number the token may not use: whether it exists is not said.
             return _error(graphcompat.no_such_object(number, trace=trace))
         if graphcompat.is_read_receipt(body):
@@ -148,7 +148,7 @@ class GraphApi:
         if errors:
             return _error(graphcompat.refusal("invalid", "; ".join(errors), trace))
         message = graphcompat.message_of(body, number)
-        provider = self.settings.provider_for(tenant)
+        provider = tenancy.provider_for(self.settings, tenant)
         unsendable = provider_problems(provider, message)
         if unsendable:
             return _error(graphcompat.refusal("invalid", "; ".join(unsendable), trace))
@@ -163,7 +163,7 @@ class GraphApi:
             row = done.row
             if row is None:  # a replayed key whose row retention already purged
                 return _error(graphcompat.refusal("reused", "Idempotency-Key: its message is gone", trace))
-            known = Outcome(row["state"], row["wamid"]) if done.fresh else None
+            known = OutboxOutcome(row["state"], row["wamid"]) if done.fresh else None
             wait_s = self.settings.graph_compat_wait_ms / 1000
             outcome = await self.waiter.wait(row["id"], wait_s, lambda: self._read_state(row["id"]), known)
         except Refused as exc:
@@ -174,16 +174,16 @@ class GraphApi:
         headers = {"Idempotent-Replayed": "true"} if done.replayed else None
         return await self._outcome(body, req.key, row["id"], outcome, trace, headers)
 
-    async def _read_state(self, row_id: int) -> Outcome | None:
+    async def _read_state(self, row_id: int) -> OutboxOutcome | None:
         r = await self._pool().fetchrow("SELECT state, wamid FROM outbox WHERE id = $1", row_id)
-        return None if r is None else Outcome(r["state"], r["wamid"])
+        return None if r is None else OutboxOutcome(r["state"], r["wamid"])
 
     async def _outcome(
         self,
         body: dict[str, Any],
         key: str,
         row_id: int,
-        outcome: Outcome | None,
+        outcome: OutboxOutcome | None,
         trace: str,
         headers: dict[str, str] | None,
     ) -> web.Response:
@@ -234,7 +234,7 @@ class GraphApi:
         if isinstance(tenant, web.Response):
             return tenant
         number = request.match_info["phone_number_id"]
-        if not graphcompat.number_ok(number) or not self.settings.may_send_from(tenant, number):
+        if not graphcompat.number_ok(number) or not tenancy.may_send_from(self.settings, tenant, number):
             return _error(graphcompat.no_such_object(number, trace=trace))
         return await self._meta_shaped(await self.media_api.upload(request, tenant, number), trace)
 

@@ -21,6 +21,7 @@ import orjson
 from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from gateway.core import tenancy
 from gateway.core.media import upload_limit
 from gateway.core.settings import Settings
 from gateway.httpkit import bearer_tenant, problem, unauthorized
@@ -75,7 +76,7 @@ class MediaApi:
         return self.pool
 
     def _allowed(self, tenant: str, number: str | None) -> bool:
-        return number is not None and self.settings.may_send_from(tenant, number)
+        return number is not None and tenancy.may_send_from(self.settings, tenant, number)
 
     # -- read receipts ---------------------------------------------------------------------
 
@@ -224,7 +225,7 @@ class MediaApi:
             if problems:
                 return problem(400, "invalid upload", "; ".join(problems), errors=problems)
             assert number is not None and upload is not None
-            if not self.settings.may_send_from(tenant, number):
+            if not tenancy.may_send_from(self.settings, tenant, number):
                 return problem(403, "phone_number_id not allowed", "This tenant may not use this number.")
             file, filename, mime = upload
             size = file.tell()

@@ -44,7 +44,7 @@ RECENT_MAX = 50_000
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class OutboxOutcome:
     state: str
     wamid: str | None
 
@@ -53,12 +53,12 @@ class Outcome:
         return self.state in FINAL
 
 
-def parse(payload: str) -> tuple[int, Outcome] | None:
+def parse(payload: str) -> tuple[int, OutboxOutcome] | None:
     """``<id> <state> <wamid>`` (the wamid empty until known); None for anything else."""
     parts = payload.split(" ", 2)
     if len(parts) != 3 or not (parts[0].isascii() and parts[0].isdigit()):
         return None
-    return int(parts[0]), Outcome(parts[1], parts[2] or None)
+    return int(parts[0]), OutboxOutcome(parts[1], parts[2] or None)
 
 
 class OutcomeWaiter:
@@ -66,9 +66,9 @@ class OutcomeWaiter:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._waiting: dict[int, set[asyncio.Future[Outcome | None]]] = {}
+        self._waiting: dict[int, set[asyncio.Future[OutboxOutcome | None]]] = {}
         # Row id -> (when heard, outcome), oldest first.
-        self._recent: OrderedDict[int, tuple[float, Outcome]] = OrderedDict()
+        self._recent: OrderedDict[int, tuple[float, OutboxOutcome]] = OrderedDict()
         self.clock: Callable[[], float] = time.monotonic
 
     @property
@@ -95,7 +95,7 @@ class OutcomeWaiter:
         else:
             self._remember(row_id, outcome)
 
-    def _remember(self, row_id: int, outcome: Outcome) -> None:
+    def _remember(self, row_id: int, outcome: OutboxOutcome) -> None:
         now = self.clock()
         recent = self._recent
         recent[row_id] = (now, outcome)
@@ -109,7 +109,9 @@ class OutcomeWaiter:
             self._resolve(futures, None)
 
     @staticmethod
-    def _resolve(futures: set[asyncio.Future[Outcome | None]] | tuple[()], value: Outcome | None) -> None:
+    def _resolve(
+        futures: set[asyncio.Future[OutboxOutcome | None]] | tuple[()], value: OutboxOutcome | None
+    ) -> None:
         for fut in list(futures):
             if not fut.done():
                 fut.set_result(value)
@@ -118,9 +120,9 @@ class OutcomeWaiter:
         self,
         row_id: int,
         timeout_s: float,
-        read: Callable[[], Awaitable[Outcome | None]],
-        known: Outcome | None = None,
-    ) -> Outcome | None:
+        read: Callable[[], Awaitable[OutboxOutcome | None]],
+        known: OutboxOutcome | None = None,
+    ) -> OutboxOutcome | None:
         """The row's outcome once final, or its state when ``timeout_s`` ends (None: no row).
         ``read`` looks at the row in the database. ``known``: the state of a row its request just
         created (the first read is saved; an outcome announced between that write and this call
@@ -128,10 +130,10 @@ class OutcomeWaiter:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         futures = self._waiting.setdefault(row_id, set())
-        fut: asyncio.Future[Outcome | None] = loop.create_future()
+        fut: asyncio.Future[OutboxOutcome | None] = loop.create_future()
         futures.add(fut)
         try:
-            current: Outcome | None
+            current: OutboxOutcome | None
             if known is not None:
                 early = self._recent.pop(row_id, None)
                 current = early[1] if early is not None else known

@@ -14,7 +14,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.core.classify import Classified, Outcome, Transport, classify_response, classify_transport
+from gateway.core import tenancy
+from gateway.core.classify import Classified, SendOutcome, Transport, classify_response, classify_transport
 from gateway.core.enums import Provider
 from gateway.core.identity import recipient_field
 from gateway.core.settings import Settings
@@ -40,7 +41,7 @@ def build_request(settings: Settings, row: Any) -> tuple[str, dict[str, str], by
         **payload,
         "biz_opaque_callback_data": row["callback_data"],
     }
-    token = settings.graph_token_for(row["phone_number_id"])
+    token = tenancy.graph_token_for(settings, row["phone_number_id"])
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     return f"{settings.graph_url}/{row['phone_number_id']}/messages", headers, orjson.dumps(body)
 
@@ -69,7 +70,7 @@ async def send(session: aiohttp.ClientSession, settings: Settings, row: Any) -> 
         url, headers, body = build_request(settings, row)
     except ValueError as exc:
         # Nothing to send that the provider would take: refused here, nothing sent.
-        return Classified(Outcome.FAILED, error=str(exc), reached=False)
+        return Classified(SendOutcome.FAILED, error=str(exc), reached=False)
     provider = row["provider"]
     try:
         async with session.post(url, data=body, headers=headers) as resp:

@@ -17,6 +17,7 @@ import asyncpg
 import orjson
 from aiohttp import web
 
+from gateway.core import tenancy
 from gateway.core.enums import OutboxState
 from gateway.core.messages import Invalid, SendRequest, fingerprint
 from gateway.core.settings import Settings
@@ -138,9 +139,9 @@ class SendApi:
             message = self.validator.validate(body)
         except Invalid as exc:
             return _invalid(exc.errors)
-        if not self.settings.may_send_from(tenant, message.phone_number_id):
+        if not tenancy.may_send_from(self.settings, tenant, message.phone_number_id):
             return problem(403, "phone_number_id not allowed", "This tenant may not send from this number.")
-        provider = self.settings.provider_for(tenant)
+        provider = tenancy.provider_for(self.settings, tenant)
         unsendable = provider_problems(provider, message)
         if unsendable:
             return _invalid(unsendable)

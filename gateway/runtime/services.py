@@ -7,7 +7,7 @@ lifecycle: ``run(stop)`` until ``stop`` is set, then ``close()`` for what it hol
 shutdown), then it is cancelled.
 
 ``gateway serve`` runs them inside its app (``attach``: one ``cleanup_ctx``); ``gateway
-consume|send|forward`` run one of them as the whole process (``gateway.runtime.run_services``).
+consume|send|forward`` run one of them as the whole process (``gateway.runtime.serve.run_services``).
 Both build them here, with ``build``.
 """
 

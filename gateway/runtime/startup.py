@@ -19,6 +19,7 @@ import urllib.parse
 import asyncpg
 
 from gateway.core.backoff import backoff_delay
+from gateway.core.errors import one_line
 from gateway.store.db import MIGRATION_LOCK_ID, connect, latest_version, schema_version
 
 log = logging.getLogger("gateway")
@@ -50,11 +51,6 @@ def where(dsn: str) -> str:
         return "<malformed DSN>"
 
 
-def describe(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())[:200]
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 async def wait_for_database(dsn: str, *, wait_s: float, connect_timeout_s: float) -> None:
     """Return once a connection to ``dsn`` opens; raise ``StartupError`` when it cannot."""
     deadline = time.monotonic() + wait_s
@@ -68,24 +64,24 @@ async def wait_for_database(dsn: str, *, wait_s: float, connect_timeout_s: float
             if left <= 0:
                 raise StartupError(
                     f"database at {where(dsn)} unreachable after {wait_s:g}s "
-                    f"({attempt} tries; GATEWAY_DB_WAIT_S): {describe(exc)}"
+                    f"({attempt} tries; GATEWAY_DB_WAIT_S): {one_line(exc)}"
                 ) from None
             delay = min(backoff_delay(attempt, 0.25, 5.0), left)
             log.warning(
                 "database at %s not reachable (try %d: %s); retrying in %.1fs, giving up in %.0fs",
                 where(dsn),
                 attempt,
-                describe(exc),
+                one_line(exc),
                 delay,
                 left,
             )
             await asyncio.sleep(delay)
         except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
-            raise StartupError(f"database at {where(dsn)} refused the credentials: {describe(exc)}") from None
+            raise StartupError(f"database at {where(dsn)} refused the credentials: {one_line(exc)}") from None
         except (ValueError, asyncpg.ClientConfigurationError) as exc:
-            raise StartupError(f"DATABASE_URL is malformed: {describe(exc)}") from None
+            raise StartupError(f"DATABASE_URL is malformed: {one_line(exc)}") from None
         except asyncpg.PostgresError as exc:
-            raise StartupError(f"database at {where(dsn)}: {describe(exc)}") from None
+            raise StartupError(f"database at {where(dsn)}: {one_line(exc)}") from None
         else:
             await conn.close()
             if attempt > 1:
@@ -127,7 +123,7 @@ async def wait_for_schema(dsn: str, *, wait_s: float, connect_timeout_s: float) 
         try:
             why = await _not_ready(dsn, want, connect_timeout_s)
         except RETRYABLE as exc:
-            why = f"database not reachable ({describe(exc)})"
+            why = f"database not reachable ({one_line(exc)})"
         if why is None:
             if attempt > 1:
                 log.info("schema at %s is ready: starting", where(dsn))

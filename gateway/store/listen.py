@@ -22,8 +22,8 @@ import asyncpg
 
 from gateway.core.aio import first_set, setter, sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
+from gateway.core.errors import describe
 from gateway.core.heartbeat import HEARTBEATS, Beat
-from gateway.core.planning import describe
 from gateway.store import db
 from gateway.store.db import connect
 

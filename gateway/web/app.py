@@ -21,7 +21,7 @@ from gateway.outbound.send_api import SendApi
 from gateway.outbound.wake import SenderWake
 from gateway.store.db import connect, create_pool, migrate_dsn
 from gateway.web import access
-from gateway.web.health import Health, metrics_listener
+from gateway.web.health import HealthChecks, metrics_listener
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ SEND_API = web.AppKey("send_api", SendApi)
 MEDIA_API = web.AppKey("media_api", MediaApi)
 GRAPH_API = web.AppKey("graph_api", GraphApi)
 SENDER_WAKE = web.AppKey("sender_wake", SenderWake)
-HEALTH = web.AppKey("health", Health)
+HEALTH = web.AppKey("health", HealthChecks)
 
 
 async def _database(app: web.Application) -> AsyncIterator[None]:
@@ -120,7 +120,7 @@ def build_app(settings: Settings) -> web.Application:
     app[SEND_API] = SendApi(settings, app[SENDER_WAKE])
     app[MEDIA_API] = MediaApi(settings)
     app[GRAPH_API] = GraphApi(settings, app[MEDIA_API], OutcomeWaiter(settings), app[SENDER_WAKE])
-    app[HEALTH] = Health()
+    app[HEALTH] = HealthChecks()
     app.router.add_routes(app[WEBHOOKS].routes())
     # /metrics names destinations and phone-number ids: never on the public port unless asked for.
     app.router.add_routes(app[HEALTH].routes(metrics=settings.metrics_public))

@@ -65,8 +65,8 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "stuck", "pid": os.getpid(), "loops": loops}, status=503)
 
 
-class Health:
-    """Health routes; ``pool`` is set once the app's database is up."""
+class HealthChecks:
+    """HealthChecks routes; ``pool`` is set once the app's database is up."""
 
     def __init__(self, interval_s: float = PROBE_INTERVAL_S, timeout_s: float = PROBE_TIMEOUT_S) -> None:
         self.pool: asyncpg.Pool | None = None

@@ -19,7 +19,7 @@ import asyncio
 import time
 from typing import Any
 
-from gateway.core import forwarding, stdwebhooks
+from gateway.core import destinations, stdwebhooks
 from gateway.store import deliveries
 from gateway.store.db import connect
 from loadtest.harness.receiver import Receiver
@@ -42,7 +42,7 @@ GATEWAY_ENV = {
 
 
 def new_secret(fmt: str) -> str:
-    return forwarding.new_secret(fmt)
+    return destinations.new_secret(fmt)
 
 
 async def register(dsn: str, url: str, secret: str, fmt: str = "standard") -> None:

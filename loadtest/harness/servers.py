@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--meta-url", help="relay: the Meta-format destination")
     p.add_argument("--meta-dest-secret", help="relay: its secret")
     ns = p.parse_args(argv)
-    from gateway.runtime import install_uvloop
+    from gateway.runtime.process import install_uvloop
 
     install_uvloop()
     if ns.kind == "relay":

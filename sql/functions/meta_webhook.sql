@@ -1,5 +1,5 @@
 -- The body a Meta-format destination gets for one event: the event as its own Meta webhook,
--- rendered from the event's forwarding envelope (gateway.core.forwarding.envelope, documented
+-- rendered from the event's forwarding envelope (gateway.core.envelope.envelope, documented
 -- in docs/forwarding.md), which keeps what Meta sent: the message or status object as it
 -- came, the contact as it came, the change's metadata and the WABA id.
 --   {"object": "whatsapp_business_account",

@@ -11,9 +11,9 @@ import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
-from gateway.core.faults import Health
+from gateway.core.faults import ConsumerHealth
 from gateway.core.settings import Settings
-from gateway.core.signature import sign_meta, sign_tenashi
+from gateway.core.signature import sign_tenashi
 from gateway.inbound.consumer import Consumer
 from gateway.store import inbox
 from gateway.testing.payloads import (
@@ -26,17 +26,12 @@ from gateway.testing.payloads import (
     tenashi_event,
     to_bytes,
 )
-from tests.support.config import META_SECRET, TENASHI_SECRET, replace
+from tests.support.config import TENASHI_SECRET, replace
 from tests.support.consume import add_outbox, counts, drain, inbox_states, outbox_row, stage
+from tests.support.http import post_meta
 from tests.support.procs import gateway_ok
 
 ERR = [{"code": 131026, "title": "Message undeliverable"}]
-
-
-async def post_meta(http: ClientSession, server: TestServer, body: bytes) -> int:
-    headers = {"Content-Type": "application/json", "X-Hub-Signature-256": sign_meta(body, META_SECRET)}
-    async with http.post(server.make_url("/webhooks/meta"), data=body, headers=headers) as r:
-        return r.status
 
 
 async def wait_until_drained(pool: asyncpg.Pool, timeout_s: float = 15.0) -> None:
@@ -57,7 +52,7 @@ async def test_same_payload_five_times_in_sequence_one_side_effect(
         )
     )
     for _ in range(5):
-        assert await post_meta(http, gateway, body) == 200
+        assert (await post_meta(http, gateway, body))[0] == 200
         await drain(pool, settings)
     assert await counts(pool) == {
         "processed_webhook_events": 2,
@@ -87,7 +82,7 @@ async def test_same_payload_five_times_concurrently_with_live_consumers(
             ("messages", meta_value(statuses=[status_obj("wamid.OUT2", "read", callback="cb-conc")])),
         )
     )
-    statuses = await asyncio.gather(*(post_meta(http, server, body) for _ in range(5)))
+    statuses = [s for s, _ in await asyncio.gather(*(post_meta(http, server, body) for _ in range(5)))]
     assert statuses == [200] * 5
     await wait_until_drained(pool)
     c = await counts(pool)
@@ -312,7 +307,7 @@ async def test_poisoned_event_parked_rest_commits_then_replayed_once(
     poison_id = await stage(pool, to_bytes(messages_payload(message_obj("wamid.POISON"))))
     ids += [await stage(pool, to_bytes(messages_payload(message_obj(f"wamid.OK{i}")))) for i in range(5, 10)]
 
-    consumer = Consumer(pool, s, health=Health(time.monotonic))
+    consumer = Consumer(pool, s, health=ConsumerHealth(time.monotonic))
     assert await consumer.process_batch() == 11
     # The rest of the batch committed, every row is done; the poisoned event is a dead item
     # due again after a backoff, its first attempt counted (the other messages went through).
@@ -380,7 +375,7 @@ async def test_unparseable_body_parked_at_once_with_bytes_intact(
     odd = b'{"object": "instagram", "entry": []}'
     good = to_bytes(messages_payload(message_obj("wamid.GOOD")))
     for body in (bad, good, odd):
-        assert await post_meta(http, gateway, body) == 200
+        assert (await post_meta(http, gateway, body))[0] == 200
     await drain(pool, settings)
     rows = await pool.fetch(
         "SELECT w.body, s.state, coalesce(p.attempts, 0) AS attempts, p.last_error FROM webhook_inbox w"

@@ -11,13 +11,10 @@ import asyncpg
 import pytest
 from aiohttp import ClientSession
 
-from gateway.core.signature import sign_meta
 from gateway.store.db import database_name
 from gateway.testing.payloads import message_payload, meta_bytes
 from gateway.web.server import Listening
-from tests.support.config import META_SECRET
-
-AUTH = {"Authorization": "Bearer acme-api-key-0123456789"}
+from tests.support.http import ACME, post_meta
 
 
 @pytest.fixture
@@ -39,11 +36,11 @@ async def test_message_state_with_the_database_down_is_503(
     http: ClientSession, gateway: Listening, outage: object, caplog: pytest.LogCaptureFixture
 ) -> None:
     url = gateway.make_url("/v1/messages/some-key")
-    async with http.get(url, headers=AUTH) as r:
+    async with http.get(url, headers=ACME) as r:
         assert r.status == 404  # the database answers
     await outage()  # type: ignore[operator]
     for _ in range(3):  # the pool's dead connections first, then failed connects
-        async with http.get(url, headers=AUTH) as r:
+        async with http.get(url, headers=ACME) as r:
             assert r.status == 503
             assert r.content_type == "application/problem+json"
             assert r.headers["Retry-After"]
@@ -57,10 +54,8 @@ async def test_an_outage_logs_a_few_warnings_not_one_per_batch(
     await outage()  # type: ignore[operator]
     caplog.set_level(logging.WARNING)
     body = meta_bytes(message_payload("wamid.outage"))
-    headers = {"X-Hub-Signature-256": sign_meta(body, META_SECRET)}
     for _ in range(20):  # sequential: every request is a batch of its own, and every batch fails
-        async with http.post(gateway.make_url("/webhooks/meta"), data=body, headers=headers) as r:
-            assert r.status == 503
+        assert (await post_meta(http, gateway, body))[0] == 503
     lines = [r for r in caplog.records if r.name == "gateway.inbound.groupcommit"]
     assert len(lines) <= 1, [r.getMessage() for r in lines]
 
@@ -71,6 +66,6 @@ async def test_a_graph_compatible_send_with_the_database_down_is_metas_retryable
     body = {"messaging_product": "whatsapp", "to": "4915112345678", "type": "text", "text": {"body": "hi"}}
     await outage()  # type: ignore[operator]
     for _ in range(3):
-        async with http.post(gateway.make_url("/v23.0/1111/messages"), json=body, headers=AUTH) as r:
+        async with http.post(gateway.make_url("/v23.0/1111/messages"), json=body, headers=ACME) as r:
             assert r.status == 503 and r.headers["Retry-After"]
             assert (await r.json())["error"]["code"] == 2  # Meta's "temporarily unavailable": retry

@@ -12,7 +12,7 @@ import asyncpg
 import orjson
 import pytest
 
-from gateway.core.faults import Health
+from gateway.core.faults import ConsumerHealth
 from gateway.core.settings import Settings
 from gateway.inbound.consumer import Consumer
 from gateway.store import inbox
@@ -79,7 +79,7 @@ async def test_a_systemic_fault_for_a_while_parks_nothing_dead(
     pool: asyncpg.Pool, settings: Settings, with_statuses: bool
 ) -> None:
     s = fast(settings, consumer_batch=7)
-    health = Health(time.monotonic)
+    health = ConsumerHealth(time.monotonic)
     await stage(pool, to_bytes(messages_payload(message_obj("wamid.BEFORE"))))
     await drain_with(pool, s, health)
     inject, remove = FAULTS["disk_full"]
@@ -116,7 +116,7 @@ async def test_a_data_rule_that_rejects_every_message_is_each_events_own(
     rejected message is a dead item with its bytes after its attempts, and a replay once
     the rule is fixed processes each exactly once."""
     s = fast(settings, consumer_batch=7)
-    health = Health(time.monotonic)
+    health = ConsumerHealth(time.monotonic)
     inject, remove = FAULTS[fault]
     await pool.execute(inject)
     n = 10
@@ -142,7 +142,9 @@ async def test_a_data_rule_that_rejects_every_message_is_each_events_own(
     assert await pool.fetchval("SELECT count(*) FROM dead_events WHERE state <> 'done'") == 0
 
 
-async def drain_with(pool: asyncpg.Pool, settings: Settings, health: Health, max_steps: int = 200) -> None:
+async def drain_with(
+    pool: asyncpg.Pool, settings: Settings, health: ConsumerHealth, max_steps: int = 200
+) -> None:
     """Step until nothing is due (bounded: during a fault, deferred work keeps coming due)."""
     c = Consumer(pool, settings, health=health)
     for _ in range(max_steps):
@@ -166,7 +168,7 @@ async def test_system_fault_writes_nothing_and_the_consumer_backs_off(
                 conn.add_query_logger(
                     lambda rec: reads.append(rec.query) if "AS taken" in rec.query else None
                 )
-        consumer = await leased(pool, s, health=Health(time.monotonic))
+        consumer = await leased(pool, s, health=ConsumerHealth(time.monotonic))
         stop = asyncio.Event()
         task = asyncio.create_task(consumer.run(stop))
         try:
@@ -205,7 +207,7 @@ async def test_poison_event_attempts_honour_the_backoff(pool: asyncpg.Pool, sett
                FOR EACH ROW EXECUTE FUNCTION poison();"""
     )
     s = replace(settings, max_attempts=3, retry_base_ms=300, retry_max_ms=300)
-    health = Health(time.monotonic)
+    health = ConsumerHealth(time.monotonic)
     body = to_bytes(messages_payload(message_obj("wamid.OK0"), message_obj("wamid.POISON")))
     await stage(pool, body)
     consumers = [Consumer(pool, s, health=health) for _ in range(3)]
@@ -310,7 +312,7 @@ async def test_dead_list_and_replay_by_time_range(
                FOR EACH ROW EXECUTE FUNCTION poison();"""
     )
     s = fast(settings, max_attempts=1)
-    health = Health(time.monotonic)
+    health = ConsumerHealth(time.monotonic)
     for day in range(3):
         await stage(
             pool, to_bytes(messages_payload(message_obj(f"wamid.OK{day}"), message_obj(f"wamid.P{day}")))
@@ -359,7 +361,7 @@ async def test_statement_timeout_defers_without_attempts(db_dsn: str, settings: 
         for i in range(3):
             await stage(slow, to_bytes(messages_payload(message_obj(f"wamid.T{i}"))))
         s = fast(settings, max_attempts=1)
-        health = Health(time.monotonic)
+        health = ConsumerHealth(time.monotonic)
         for _ in range(5):
             await drain_with(slow, s, health, max_steps=3)
             await asyncio.sleep(0.01)

@@ -11,9 +11,8 @@ from aiohttp import ClientSession
 
 from gateway.core.settings import Settings
 from gateway.testing.fake_provider import FakeProvider
+from tests.support.http import ACME, post_message
 from tests.support.send import send_settings
-
-ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
 
 
 async def test_send_is_resolved_by_its_own_status_webhooks(
@@ -28,10 +27,8 @@ async def test_send_is_resolved_by_its_own_status_webhooks(
     fake.config.reorder = True
     body = {"to": "4915100000009", "phone_number_id": "1111", "type": "text", "text": {"body": "hi"}}
     for _ in range(3):  # the client retries its request; the customer must still get one message
-        async with http.post(
-            gw.make_url("/v1/messages"), json=body, headers={**ACME, "Idempotency-Key": "order-42"}
-        ) as r:
-            assert r.status in (202, 409)
+        status, _, _ = await post_message(http, gw, body, "order-42")
+        assert status in (202, 409)
     got: dict[str, Any] = {}
     for _ in range(200):
         async with http.get(gw.make_url("/v1/messages/order-42"), headers=ACME) as r:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from gateway.core.faults import Health
+from gateway.core.faults import ConsumerHealth
 from gateway.core.settings import Settings
 from gateway.inbound.consumer import Consumer
 from gateway.store.db import create_pool
@@ -62,7 +62,7 @@ async def settle(pool: asyncpg.Pool, consumer: Consumer, ids: list[int], timeout
 async def test_a_status_with_odd_digits_for_a_timestamp_stops_nothing(
     pool: asyncpg.Pool, settings: Settings
 ) -> None:
-    health = Health(time.monotonic)
+    health = ConsumerHealth(time.monotonic)
     consumer = Consumer(pool, quick(settings), health=health)
     odd = [{**status_obj(f"wamid.T{i}", "read"), "timestamp": t} for i, t in enumerate(("²", "①", "١٢"))]
     ids = [await stage(pool, meta_payload(("messages", meta_value(statuses=odd))))]
@@ -81,7 +81,7 @@ async def test_an_oversized_message_id_is_its_events_fault_and_delays_no_neighbo
     pool: asyncpg.Pool, settings: Settings
 ) -> None:
     """3 200 random characters: PostgreSQL refuses the index row (SQLSTATE 54000)."""
-    health = Health(time.monotonic)
+    health = ConsumerHealth(time.monotonic)
     consumer = Consumer(pool, quick(settings), health=health)
     huge = "wamid." + secrets.token_urlsafe(2400)[:3200]
     ids = [await stage(pool, messages_payload(message_obj("wamid.N0"), message_obj(huge)))]
@@ -108,7 +108,7 @@ async def test_a_systemic_error_of_one_event_only_is_its_own_when_the_probe_pass
            RETURN NEW; END $$;
            CREATE TRIGGER odd BEFORE INSERT ON inbound_messages FOR EACH ROW EXECUTE FUNCTION odd();"""
     )
-    health = Health(time.monotonic)
+    health = ConsumerHealth(time.monotonic)
     consumer = Consumer(pool, quick(settings), health=health)
     ids = [await stage(pool, messages_payload(message_obj("wamid.ODD")))]
     await settle(pool, consumer, ids)
@@ -132,7 +132,7 @@ async def test_a_row_that_kills_its_connection_is_taken_alone_and_parked(
         )
         poison = await stage(pool, messages_payload(message_obj("wamid.KILL")))
         others = [await stage(pool, messages_payload(message_obj(f"wamid.K{i}"))) for i in range(5)]
-        consumer = Consumer(pool, quick(settings), health=Health(time.monotonic))
+        consumer = Consumer(pool, quick(settings), health=ConsumerHealth(time.monotonic))
         stop = asyncio.Event()
         task = asyncio.create_task(consumer.run(stop))
         try:
@@ -164,7 +164,7 @@ def test_every_hostile_body_ends_processed_or_dead_and_none_is_a_system_fault(
     async def check() -> None:
         pool = await create_pool(db_dsn, 1, 3)
         try:
-            health = Health(time.monotonic)
+            health = ConsumerHealth(time.monotonic)
             consumer = Consumer(pool, quick(settings, database_url=db_dsn), health=health)
             ids = [
                 await stage(pool, raw, source, f"evt_{secrets.token_hex(8)}" if source == "tenashi" else None)

@@ -21,7 +21,8 @@ from gateway.runtime import services
 from gateway.testing.fake_provider import FakeProvider
 from gateway.testing.payloads import message_obj, messages_payload, to_bytes
 from tests.support.consume import drain, stage
-from tests.support.graph import ACME, GLOBEX, TO, graph, post, text
+from tests.support.graph import TO, graph, post, text
+from tests.support.http import ACME, GLOBEX
 from tests.support.send import send_settings
 
 

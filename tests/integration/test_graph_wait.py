@@ -16,7 +16,7 @@ from aiohttp import ClientSession
 
 from gateway.core.pacing import number_key
 from gateway.core.settings import Settings
-from gateway.outbound.outcomes import Outcome, OutcomeWaiter, running
+from gateway.outbound.outcomes import OutboxOutcome, OutcomeWaiter, running
 from gateway.outbound.sender import Sender
 from gateway.outbound.wake import SenderWake
 from gateway.runtime import services
@@ -24,7 +24,8 @@ from gateway.store import outbox, pacing
 from gateway.store.db import connect
 from gateway.testing.fake_provider import FakeProvider
 from gateway.testing.ports import closed_port
-from tests.support.graph import ACME, TO, graph, post, text
+from tests.support.graph import TO, graph, post, text
+from tests.support.http import ACME
 from tests.support.send import drain_sender, enqueue, send_settings
 
 # The senders poll this seldom here: only a wake gets a send out within a test's patience.
@@ -185,9 +186,9 @@ async def test_an_outcome_announced_before_the_request_waits_ends_its_wait_at_on
                           notify_outcome=True)  # fmt: skip
     sender = Sender(pool, send_settings(settings, fake, pair_interval_s=0.0))
 
-    async def read() -> Outcome | None:
+    async def read() -> OutboxOutcome | None:
         r = await pool.fetchrow("SELECT state, wamid FROM outbox WHERE id = $1", row["id"])
-        return None if r is None else Outcome(r["state"], r["wamid"])
+        return None if r is None else OutboxOutcome(r["state"], r["wamid"])
 
     async with running(waiter):
         await asyncio.sleep(0.3)  # listening
@@ -198,10 +199,10 @@ async def test_an_outcome_announced_before_the_request_waits_ends_its_wait_at_on
             await sender.close()
         await asyncio.sleep(0.3)  # heard
         started = time.monotonic()
-        outcome = await waiter.wait(row["id"], 5.0, read, Outcome(row["state"], row["wamid"]))
+        outcome = await waiter.wait(row["id"], 5.0, read, OutboxOutcome(row["state"], row["wamid"]))
         assert time.monotonic() - started < 1.0
     [sent] = fake.received_by(TO)
-    assert outcome == Outcome("accepted", sent.id)
+    assert outcome == OutboxOutcome("accepted", sent.id)
 
 
 async def test_a_row_another_claim_held_back_goes_once_that_claim_ends(

@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from examples import echo_bot, order_updater
-from gateway.core.faults import Health
+from gateway.core.faults import ConsumerHealth
 from gateway.core.settings import Settings
 from gateway.handlers import Registry
 from gateway.inbound.consumer import Consumer
@@ -21,7 +21,7 @@ from tests.support.procs import gateway_ok
 
 
 async def drain(
-    pool: asyncpg.Pool, s: Settings, registry: Registry, health: Health, consumers: int = 1
+    pool: asyncpg.Pool, s: Settings, registry: Registry, health: ConsumerHealth, consumers: int = 1
 ) -> None:
     workers = [Consumer(pool, s, handlers=registry, health=health) for _ in range(consumers)]
 
@@ -49,7 +49,7 @@ async def test_handlers_run_once_per_event_across_redeliveries(
 ) -> None:
     body = to_bytes(messages_payload(message_obj("wamid.H1"), message_obj("wamid.H2")))
     status = to_bytes(statuses_payload(status_obj("wamid.OUT", "read")))
-    health = Health(time.monotonic)
+    health = ConsumerHealth(time.monotonic)
     for _ in range(3):
         for _ in range(4):  # redeliveries, some in one batch, with concurrent consumers
             await stage(pool, body)
@@ -63,7 +63,7 @@ async def test_a_raising_handler_fails_only_its_event_then_replay_runs_it_once(
     pool: asyncpg.Pool, settings: Settings, sample: Registry, db_dsn: str
 ) -> None:
     s = replace(settings, max_attempts=2, retry_base_ms=60000, retry_max_ms=60000)
-    health = Health(time.monotonic)
+    health = ConsumerHealth(time.monotonic)
     msgs = [message_obj("wamid.A"), message_obj("wamid.RAISE1"), message_obj("wamid.B")]
     await stage(pool, to_bytes(messages_payload(*msgs)))
     await stage(pool, to_bytes(statuses_payload(status_obj("wamid.OUT", "sent"))))
@@ -109,7 +109,7 @@ async def test_a_handler_past_its_timeout_fails_only_its_event(
     s = replace(settings, handler_timeout_ms=200, retry_base_ms=60000, retry_max_ms=60000)
     msgs = [message_obj("wamid.A"), message_obj(wamid), message_obj("wamid.B")]
     await stage(pool, to_bytes(messages_payload(*msgs)))
-    await drain(pool, s, sample, Health(time.monotonic))
+    await drain(pool, s, sample, ConsumerHealth(time.monotonic))
     assert set(await handled(pool)) == {"msg:wamid.A", "msg:wamid.B"}
     item = await pool.fetchrow("SELECT event_key, state, attempts, last_error FROM dead_events")
     assert (item["event_key"], item["state"], item["attempts"]) == (f"msg:{wamid}", "retry", 1)
@@ -121,7 +121,7 @@ async def test_a_handler_past_its_timeout_fails_only_its_event(
 async def test_echo_bot_answers_each_text_message_once(pool: asyncpg.Pool, settings: Settings) -> None:
     bot = Registry()
     bot.message(type="text")(echo_bot.echo)
-    health = Health(time.monotonic)
+    health = ConsumerHealth(time.monotonic)
     body = to_bytes(
         messages_payload(message_obj("wamid.E1", text="hello"), message_obj("wamid.E2", text="bye"))
     )
@@ -155,7 +155,7 @@ async def test_order_updater_keeps_orders_in_step_with_statuses(
     await add_outbox(pool, "shop:o-1")
     updater = Registry()
     updater.status()(order_updater.track_delivery)
-    health = Health(time.monotonic)
+    health = ConsumerHealth(time.monotonic)
     err = [{"code": 131026, "title": "Message undeliverable"}]
     arrivals = [
         status_obj("wamid.O1", "read", callback="shop:o-1"),
@@ -184,5 +184,5 @@ async def test_handlers_plan_their_statements_with_the_sessions_setting(
     reg = Registry()
     reg.message()(record)
     await stage(pool, to_bytes(messages_payload(message_obj("wamid.PLAN1"), message_obj("wamid.PLAN2"))))
-    await drain(pool, settings, reg, Health(time.monotonic))
+    await drain(pool, settings, reg, ConsumerHealth(time.monotonic))
     assert seen == ["auto", "auto"]

@@ -26,16 +26,7 @@ from tests.support.config import (
     public_metrics,
     replace,
 )
-
-
-async def post_meta(
-    http: ClientSession, server: TestServer, body: bytes, signature: str | None
-) -> tuple[int, str]:
-    headers = {"Content-Type": "application/json"}
-    if signature is not None:
-        headers["X-Hub-Signature-256"] = signature
-    async with http.post(server.make_url("/webhooks/meta"), data=body, headers=headers) as r:
-        return r.status, await r.text()
+from tests.support.http import post_meta
 
 
 async def inbox_bodies(pool: asyncpg.Pool) -> list[bytes]:

@@ -8,7 +8,6 @@ import dataclasses
 from typing import Any
 
 import asyncpg
-import orjson
 import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
@@ -17,20 +16,11 @@ from gateway.core.messages import callback_data
 from gateway.core.settings import Settings
 from gateway.outbound.sender import Sender
 from gateway.testing.fake_provider import FakeConfig, FakeProvider
-
-ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
+from tests.support.http import post_message_json
 
 
 def msg(text: str, to: str = "4915112345678") -> dict[str, Any]:
     return {"to": to, "phone_number_id": "1111", "type": "text", "text": {"body": text}}
-
-
-async def post(
-    http: ClientSession, gw: TestServer, body: Any, key: str, auth: dict[str, str] = ACME
-) -> tuple[int, dict[str, str], dict[str, Any]]:
-    headers = {**auth, "Idempotency-Key": key}
-    async with http.post(gw.make_url("/v1/messages"), data=orjson.dumps(body), headers=headers) as r:
-        return r.status, dict(r.headers), orjson.loads(await r.read())
 
 
 @pytest.fixture
@@ -72,14 +62,16 @@ async def expire_keys(pool: asyncpg.Pool, *, purge: bool = False) -> None:
 async def test_an_expired_key_stays_bound_to_its_body_while_its_row_exists(
     http: ClientSession, gateway: TestServer, pool: asyncpg.Pool, purge: bool
 ) -> None:
-    assert (await post(http, gateway, msg("Payment of 900 EUR received"), "pay-1"))[0] == 202
+    assert (await post_message_json(http, gateway, msg("Payment of 900 EUR received"), "pay-1"))[0] == 202
     await expire_keys(pool, purge=purge)
     # Another body under the expired key: refused, not a 2xx that sends nothing.
-    status, _, problem = await post(http, gateway, msg("Your order shipped"), "pay-1")
+    status, _, problem = await post_message_json(http, gateway, msg("Your order shipped"), "pay-1")
     assert status == 422 and "different body" in problem["title"]
     assert await pool.fetchval("SELECT payload->'text'->>'body' FROM outbox") == "Payment of 900 EUR received"
     # The same body again is answered from its row (a replay: nothing new is sent).
-    status, headers, body = await post(http, gateway, msg("Payment of 900 EUR received"), "pay-1")
+    status, headers, body = await post_message_json(
+        http, gateway, msg("Payment of 900 EUR received"), "pay-1"
+    )
     assert (status, headers["Idempotent-Replayed"], body["state"]) == (202, "true", "pending")
     assert await pool.fetchval("SELECT count(*) FROM outbox") == 1
 
@@ -96,14 +88,14 @@ async def test_a_permanent_rejection_frees_the_key_for_a_corrected_send(
     s = with_fake(settings, fake)
     gw = await start_gateway(s)
     fake.add_fault("error", code=131026)  # message undeliverable: refused, nothing sent
-    assert (await post(http, gw, msg("hello", to="4915100000001"), "k"))[0] == 202
+    assert (await post_message_json(http, gw, msg("hello", to="4915100000001"), "k"))[0] == 202
     await send_all(pool, s)
     assert await pool.fetchval("SELECT state FROM outbox") == "failed"
     assert fake.received == []
     if expired:
         await expire_keys(pool)
     # The corrected body under the same key is a new send.
-    status, headers, body = await post(http, gw, msg("hello again", to="4915100000002"), "k")
+    status, headers, body = await post_message_json(http, gw, msg("hello again", to="4915100000002"), "k")
     assert (status, body["state"]) == (202, "pending") and "Idempotent-Replayed" not in headers
     await send_all(pool, s)
     assert [(r.to, r.message["text"]["body"]) for r in fake.received] == [("4915100000002", "hello again")]
@@ -113,6 +105,6 @@ async def test_a_permanent_rejection_frees_the_key_for_a_corrected_send(
     assert row["callback_data"] != callback_data("acme", "k")
     assert fake.received[0].callback_data == row["callback_data"]
     # Now it is bound again: the same body replays, another body is refused.
-    _, headers, _ = await post(http, gw, msg("hello again", to="4915100000002"), "k")
+    _, headers, _ = await post_message_json(http, gw, msg("hello again", to="4915100000002"), "k")
     assert headers["Idempotent-Replayed"] == "true"
-    assert (await post(http, gw, msg("third"), "k"))[0] == 422
+    assert (await post_message_json(http, gw, msg("third"), "k"))[0] == 422

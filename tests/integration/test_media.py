@@ -18,10 +18,9 @@ from gateway.outbound.sender import Sender
 from gateway.testing.fake_provider import FakeProvider
 from gateway.testing.payloads import meta_payload, meta_value, to_bytes
 from tests.support.consume import stage
+from tests.support.http import ACME, GLOBEX, post_message
 from tests.support.send import FakeClock, send_settings
 
-ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
-GLOBEX = {"Authorization": "Bearer globex-api-key-0123456789"}
 BOUND = (("acme", "1111"), ("globex", "2222"))
 
 
@@ -92,8 +91,7 @@ async def test_upload_then_send_and_download_by_its_id(
         "type": "document",
         "document": {"id": media_id},
     }
-    async with http.post(f"{base}/v1/messages", json=body, headers={**ACME, "Idempotency-Key": "d1"}) as r:
-        assert r.status == 202
+    assert (await post_message(http, base, body, "d1"))[0] == 202
     sender = Sender(pool, s, clock=FakeClock())
     try:
         await sender.step()
@@ -105,8 +103,7 @@ async def test_upload_then_send_and_download_by_its_id(
         assert await r.read() == data
     # globex may not send acme's upload, nor upload for acme's number.
     body2 = {**body, "phone_number_id": "2222"}
-    async with http.post(f"{base}/v1/messages", json=body2, headers={**GLOBEX, "Idempotency-Key": "d2"}) as r:
-        assert r.status == 400
+    assert (await post_message(http, base, body2, "d2", GLOBEX))[0] == 400
     form2 = aiohttp.FormData()
     form2.add_field("phone_number_id", "1111")
     form2.add_field("file", b"x", filename="a.txt", content_type="text/plain")

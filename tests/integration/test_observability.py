@@ -19,9 +19,9 @@ from gateway.core.signature import sign_meta
 from gateway.maintenance.gauges import GaugeLeader
 from gateway.testing.payloads import message_payload, meta_bytes
 from tests.support.config import META_SECRET, public_metrics, replace
+from tests.support.http import ACME, post_message
 from tests.support.procs import free_port
 
-ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
 MESSAGE = {"to": "4915100000001", "phone_number_id": "1111", "type": "text", "text": {"body": "hi"}}
 
 
@@ -57,10 +57,7 @@ async def test_api_requests_are_counted_by_route(http: ClientSession, gateway: T
     before_404 = sample("/v1/messages/{key}", "GET", "404")
     before_unmatched = sample("unmatched", "other", "404")
     key = uuid.uuid4().hex
-    async with http.post(
-        gateway.make_url("/v1/messages"), json=MESSAGE, headers={**ACME, "Idempotency-Key": key}
-    ) as r:
-        assert r.status == 202
+    assert (await post_message(http, gateway, MESSAGE, key))[0] == 202
     async with http.get(gateway.make_url("/v1/messages/nope-" + key), headers=ACME) as r:
         assert r.status == 404
     async with http.request("PROPFIND", gateway.make_url("/v1/nothing-here")) as r:

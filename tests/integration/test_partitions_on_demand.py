@@ -16,13 +16,12 @@ from prometheus_client import REGISTRY
 
 from gateway.core import planning
 from gateway.core.settings import Settings
-from gateway.core.signature import sign_meta
 from gateway.inbound.consumer import Consumer
 from gateway.maintenance import retention
 from gateway.store import retention as store
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
-from gateway.web.server import Listening
 from tests.support.clock import MovedClock
+from tests.support.http import post_meta
 
 TODAY = datetime.now(UTC).date()
 TIME_TABLES = ("webhook_inbox", "inbound_messages", "message_statuses", "account_errors", "account_updates")
@@ -35,12 +34,6 @@ async def detach_days(pool: asyncpg.Pool, table: str, days: list[date]) -> None:
         if await pool.fetchval("SELECT to_regclass($1)", name) is not None:
             await pool.execute(f"ALTER TABLE {table} DETACH PARTITION {name}")
             await pool.execute(f"DROP TABLE {name}")
-
-
-async def post_meta(http: ClientSession, gw: Listening, body: bytes) -> int:
-    headers = {"X-Hub-Signature-256": sign_meta(body, "meta-secret-current")}
-    async with http.post(gw.make_url("/webhooks/meta"), data=body, headers=headers) as r:
-        return r.status
 
 
 async def drain(pool: asyncpg.Pool, settings: Settings) -> None:
@@ -62,7 +55,7 @@ async def test_ingest_and_consumers_make_a_day_that_has_no_partition(
         await detach_days(pool, table, [TODAY, TODAY + timedelta(days=1)])
     gw = await start_gateway(settings)
     body = to_bytes(messages_payload(message_obj("wamid.NOPART")))
-    assert await post_meta(http, gw, body) == 200
+    assert (await post_meta(http, gw, body))[0] == 200
     assert await pool.fetchval("SELECT count(*) FROM webhook_inbox") == 1
     await drain(pool, settings)
     assert await pool.fetchval("SELECT state FROM inbox_row_states()") == "done"
@@ -122,7 +115,7 @@ async def test_a_forgotten_session_delays_neither_the_coming_partitions_nor_the_
         assert sample("gateway_maintenance_last_ok_timestamp_seconds") == ok_before
         # Webhooks are taken and processed meanwhile.
         gw = await start_gateway(s)
-        assert await post_meta(http, gw, to_bytes(messages_payload(message_obj("wamid.LUNCH")))) == 200
+        assert (await post_meta(http, gw, to_bytes(messages_payload(message_obj("wamid.LUNCH")))))[0] == 200
         await drain(pool, s)
         assert await pool.fetchval("SELECT count(*) FROM inbound_messages WHERE wamid = 'wamid.LUNCH'") == 1
     finally:

@@ -15,12 +15,11 @@ import asyncpg
 import pytest
 from aiohttp import ClientSession
 
-from gateway.core.signature import sign_meta
 from gateway.store import db
 from gateway.store.db import connect_any, database_name
 from gateway.testing.payloads import message_payload, meta_bytes
 from gateway.web.server import Listening
-from tests.support.config import META_SECRET
+from tests.support.http import post_meta
 
 GIVE_UP_S = 10.0  # a bound on the test, not a claim about speed
 
@@ -141,11 +140,9 @@ async def test_a_server_that_takes_no_writes_is_not_ready_and_acknowledges_nothi
                         return body
                 await asyncio.sleep(0.1)
 
-    async def post() -> int:
-        body = meta_bytes(message_payload(f"wamid.{uuid.uuid4().hex}"))
-        headers = {"X-Hub-Signature-256": sign_meta(body, META_SECRET)}
-        async with http.post(gateway.make_url("/webhooks/meta"), data=body, headers=headers) as r:
-            return r.status
+    async def post_one() -> int:
+        status, _ = await post_meta(http, gateway, meta_bytes(message_payload(f"wamid.{uuid.uuid4().hex}")))
+        return status
 
     try:
         await ready_is(200)
@@ -154,13 +151,13 @@ async def test_a_server_that_takes_no_writes_is_not_ready_and_acknowledges_nothi
         body = await ready_is(503)
         assert body["reason"] in ("database: not a writable primary", "database: ConnectionDoesNotExistError")
         assert (await ready_is(503))["reason"] == "database: not a writable primary"
-        assert await post() == 503
+        assert await post_one() == 503
         assert await admin.fetchval("SELECT count(*) FROM webhook_inbox") == 0
         await admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
         await reconnect_everyone()
         await ready_is(200)
         async with asyncio.timeout(GIVE_UP_S):
-            while await post() != 200:  # the committer's first batch may meet a killed session
+            while await post_one() != 200:  # the committer's first batch may meet a killed session
                 await asyncio.sleep(0.1)
     finally:
         await admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')

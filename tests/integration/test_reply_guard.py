@@ -8,7 +8,6 @@ import logging
 from typing import Any
 
 import asyncpg
-import orjson
 import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
@@ -18,11 +17,9 @@ from gateway.core.events import InboundMessage
 from gateway.core.settings import Settings
 from gateway.inbound.consumer import Consumer
 from gateway.testing.payloads import message_payload, meta_bytes
+from tests.support.http import GLOBEX, post_message_json
 
 CONSUMER = Settings()
-
-ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
-GLOBEX = {"Authorization": "Bearer globex-api-key-0123456789"}
 
 
 def reply(wamid: str, *, number: str = "1111", bot: str | None = None, text: str = "hi") -> dict[str, Any]:
@@ -36,14 +33,6 @@ def reply(wamid: str, *, number: str = "1111", bot: str | None = None, text: str
     if bot is not None:
         body["bot"] = bot
     return body
-
-
-async def post(
-    http: ClientSession, gw: TestServer, body: Any, key: str, auth: dict[str, str] = ACME
-) -> tuple[int, dict[str, Any]]:
-    headers = {**auth, "Idempotency-Key": key}
-    async with http.post(gw.make_url("/v1/messages"), data=orjson.dumps(body), headers=headers) as r:
-        return r.status, orjson.loads(await r.read())
 
 
 async def received(pool: asyncpg.Pool, wamid: str, number: str) -> None:
@@ -66,10 +55,10 @@ async def test_another_tenant_cannot_answer_or_silence_a_message_of_ours(
     gw = await start_gateway(two_tenants(settings))
     await received(pool, "wamid.A", "1111")
     # Globex names acme's message from its own number: no such message of globex's.
-    status, problem = await post(http, gw, reply("wamid.A", number="2222"), "g1", GLOBEX)
+    status, _, problem = await post_message_json(http, gw, reply("wamid.A", number="2222"), "g1", GLOBEX)
     assert status == 404 and "wamid.A" in problem["detail"]
     # So acme's bot is not silenced.
-    assert (await post(http, gw, reply("wamid.A"), "a1"))[0] == 202
+    assert (await post_message_json(http, gw, reply("wamid.A"), "a1"))[0] == 202
     assert await pool.fetchval("SELECT array_agg(tenant) FROM reply_claims") == ["acme"]
     # Globex's key was not spent on the refusal.
     assert await pool.fetchval("SELECT count(*) FROM idempotency_keys WHERE tenant = 'globex'") == 0
@@ -78,7 +67,7 @@ async def test_another_tenant_cannot_answer_or_silence_a_message_of_ours(
 async def test_a_reply_to_a_message_never_received_is_404(
     http: ClientSession, gateway: TestServer, pool: asyncpg.Pool
 ) -> None:
-    status, problem = await post(http, gateway, reply("wamid.NEVER"), "k1")
+    status, _, problem = await post_message_json(http, gateway, reply("wamid.NEVER"), "k1")
     assert status == 404 and problem["title"] == "no such inbound message"
     assert await pool.fetchval("SELECT count(*) FROM outbox") == 0
 
@@ -89,11 +78,11 @@ async def test_one_reply_per_message_whatever_the_bot_name(
     # No number bindings: every tenant owns every number, and still one reply per message.
     gw = await start_gateway(settings)
     await received(pool, "wamid.B", "1111")
-    assert (await post(http, gw, reply("wamid.B", bot="a"), "k-a"))[0] == 202
+    assert (await post_message_json(http, gw, reply("wamid.B", bot="a"), "k-a"))[0] == 202
     for key, bot in (("k-b", "b"), ("k-echo", "echo"), ("k-default", None)):
-        status, problem = await post(http, gw, reply("wamid.B", bot=bot), key)
+        status, _, problem = await post_message_json(http, gw, reply("wamid.B", bot=bot), key)
         assert status == 409 and problem["first_key"] == "k-a", (bot, problem)
-    status, problem = await post(http, gw, reply("wamid.B", bot="z"), "g1", GLOBEX)
+    status, _, problem = await post_message_json(http, gw, reply("wamid.B", bot="z"), "g1", GLOBEX)
     assert status == 409 and "first_key" not in problem
     assert await pool.fetchval("SELECT count(*) FROM outbox") == 1
 
@@ -103,15 +92,15 @@ async def test_several_bots_per_message_is_a_tenants_opt_in(
 ) -> None:
     gw = await start_gateway(dataclasses.replace(settings, reply_per_bot_tenants=("acme",)))
     await received(pool, "wamid.C", "1111")
-    assert (await post(http, gw, reply("wamid.C", bot="orders"), "o1"))[0] == 202
-    assert (await post(http, gw, reply("wamid.C", bot="survey"), "s1"))[0] == 202
+    assert (await post_message_json(http, gw, reply("wamid.C", bot="orders"), "o1"))[0] == 202
+    assert (await post_message_json(http, gw, reply("wamid.C", bot="survey"), "s1"))[0] == 202
     # Each bot still once; another tenant (not opted in, or opted in) not at all.
-    assert (await post(http, gw, reply("wamid.C", bot="survey", text="2"), "s2"))[0] == 409
-    assert (await post(http, gw, reply("wamid.C", bot="other"), "g1", GLOBEX))[0] == 409
+    assert (await post_message_json(http, gw, reply("wamid.C", bot="survey", text="2"), "s2"))[0] == 409
+    assert (await post_message_json(http, gw, reply("wamid.C", bot="other"), "g1", GLOBEX))[0] == 409
     # A tenant that opted in cannot add its bots to a message another tenant answered.
     await received(pool, "wamid.D", "1111")
-    assert (await post(http, gw, reply("wamid.D", bot="x"), "g2", GLOBEX))[0] == 202
-    assert (await post(http, gw, reply("wamid.D", bot="orders"), "o2"))[0] == 409
+    assert (await post_message_json(http, gw, reply("wamid.D", bot="x"), "g2", GLOBEX))[0] == 202
+    assert (await post_message_json(http, gw, reply("wamid.D", bot="orders"), "o2"))[0] == 409
 
 
 def event(wamid: str) -> InboundMessage:
@@ -129,7 +118,7 @@ async def test_handler_reply_and_the_api_follow_one_rule_and_a_refusal_is_logged
     await received(pool, "wamid.E", "1111")
     await received(pool, "wamid.F", "1111")
     # The API answered first: a handler's reply under any bot name is refused, with a trace.
-    assert (await post(http, gateway, reply("wamid.E", bot="orders"), "k1"))[0] == 202
+    assert (await post_message_json(http, gateway, reply("wamid.E", bot="orders"), "k1"))[0] == 202
     before = refused("handler")
     with caplog.at_level(logging.WARNING, logger="gateway.handlers"):
         async with pool.acquire() as conn, conn.transaction():
@@ -140,7 +129,7 @@ async def test_handler_reply_and_the_api_follow_one_rule_and_a_refusal_is_logged
     async with pool.acquire() as conn, conn.transaction():
         assert await handlers.reply(conn, event("wamid.F"), text="echo", bot="echo") is True
     api_before = refused("api")
-    status, problem = await post(http, gateway, reply("wamid.F", bot="orders"), "k2")
+    status, _, problem = await post_message_json(http, gateway, reply("wamid.F", bot="orders"), "k2")
     assert status == 409 and "first_key" not in problem
     assert refused("api") == api_before + 1
     # SQL callers follow the same rule.

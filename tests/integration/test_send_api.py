@@ -20,29 +20,12 @@ from gateway.outbound.sender import Sender
 from gateway.store import idempotency
 from gateway.testing.fake_provider import FakeProvider
 from tests.support.config import replace
+from tests.support.http import ACME, GLOBEX, post_message, url
 from tests.support.send import FakeClock, send_everything, send_settings
-
-ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
-GLOBEX = {"Authorization": "Bearer globex-api-key-0123456789"}
 
 
 def msg(to: str = "4915112345678", text: str = "hi", **extra: Any) -> dict[str, Any]:
     return {"to": to, "phone_number_id": "1111", "type": "text", "text": {"body": text}, **extra}
-
-
-def url(gw: TestServer, path: str) -> str:
-    return str(gw.make_url(path))
-
-
-async def post(
-    http: ClientSession, gw: TestServer, body: Any, key: str | None = "k1", auth: dict[str, str] = ACME
-) -> tuple[int, dict[str, str], bytes]:
-    headers = dict(auth)
-    if key is not None:
-        headers["Idempotency-Key"] = key
-    data = body if isinstance(body, bytes) else orjson.dumps(body)
-    async with http.post(url(gw, "/v1/messages"), data=data, headers=headers) as r:
-        return r.status, dict(r.headers), await r.read()
 
 
 @pytest.mark.parametrize(
@@ -56,7 +39,7 @@ async def post(
     ],
 )
 async def test_auth(http: ClientSession, gateway: TestServer, auth: dict[str, str], status: int) -> None:
-    got, headers, _body = await post(http, gateway, msg(), auth=auth)
+    got, headers, _body = await post_message(http, gateway, msg(), auth=auth)
     assert got == status
     if status == 401:
         assert headers["Content-Type"].startswith("application/problem+json")
@@ -118,7 +101,7 @@ async def test_bad_requests(
     status: int,
     needle: str,
 ) -> None:
-    got, headers, raw = await post(http, gateway, body, key=key)
+    got, headers, raw = await post_message(http, gateway, body, key=key)
     assert got == status
     assert headers["Content-Type"].startswith("application/problem+json")
     problem = orjson.loads(raw)
@@ -131,14 +114,14 @@ async def test_bad_requests(
 async def test_first_request_then_exact_replay(
     http: ClientSession, gateway: TestServer, pool: asyncpg.Pool
 ) -> None:
-    s1, h1, b1 = await post(http, gateway, msg(), key="order-1")
+    s1, h1, b1 = await post_message(http, gateway, msg(), key="order-1")
     assert s1 == 202
     assert orjson.loads(b1) == {"key": "order-1", "state": "pending", "provider": "meta"}
     assert h1["Location"] == "/v1/messages/order-1"
     assert "Idempotent-Replayed" not in h1
     # Same body with other key order and whitespace: same fingerprint.
     reordered = json.dumps(dict(reversed(list(msg().items()))), indent=2).encode()
-    s2, h2, b2 = await post(http, gateway, reordered, key="order-1")
+    s2, h2, b2 = await post_message(http, gateway, reordered, key="order-1")
     assert (s2, b2) == (s1, b1)
     assert h2["Idempotent-Replayed"] == "true"
     assert h2["Location"] == h1["Location"] and h2["Content-Type"] == h1["Content-Type"]
@@ -148,8 +131,8 @@ async def test_first_request_then_exact_replay(
 async def test_other_body_same_key_is_422(
     http: ClientSession, gateway: TestServer, pool: asyncpg.Pool
 ) -> None:
-    assert (await post(http, gateway, msg(text="a"), key="k"))[0] == 202
-    status, headers, _raw = await post(http, gateway, msg(text="b"), key="k")
+    assert (await post_message(http, gateway, msg(text="a"), key="k"))[0] == 202
+    status, headers, _raw = await post_message(http, gateway, msg(text="b"), key="k")
     assert status == 422
     assert headers["Content-Type"].startswith("application/problem+json")
     assert await pool.fetchval("SELECT count(*) FROM outbox") == 1
@@ -164,17 +147,17 @@ async def test_in_progress_is_409_with_retry_after(
         pool, tenant="acme", key="k", fingerprint=fingerprint(body), ttl_h=72, lease_s=30.0
     )
     assert claimed
-    status, headers, _ = await post(http, gateway, body, key="k")
+    status, headers, _ = await post_message(http, gateway, body, key="k")
     assert status == 409
     assert int(headers["Retry-After"]) >= 1
     # A claim left behind by a crashed request is taken over after its lease.
     await pool.execute("UPDATE idempotency_keys SET locked_at = now() - interval '1 minute'")
-    assert (await post(http, gateway, body, key="k"))[0] == 202
+    assert (await post_message(http, gateway, body, key="k"))[0] == 202
 
 
 async def test_keys_are_tenant_scoped(http: ClientSession, gateway: TestServer, pool: asyncpg.Pool) -> None:
-    assert (await post(http, gateway, msg(text="a"), key="same"))[0] == 202
-    assert (await post(http, gateway, msg(text="b"), key="same", auth=GLOBEX))[0] == 202
+    assert (await post_message(http, gateway, msg(text="a"), key="same"))[0] == 202
+    assert (await post_message(http, gateway, msg(text="b"), key="same", auth=GLOBEX))[0] == 202
     assert await pool.fetchval("SELECT count(*) FROM outbox") == 2
     async with http.get(url(gateway, "/v1/messages/same"), headers=GLOBEX) as r:
         assert (await r.json())["state"] == "pending"
@@ -186,20 +169,20 @@ async def test_keys_are_tenant_scoped(http: ClientSession, gateway: TestServer, 
 async def test_expired_key_is_purged_and_never_resends(
     http: ClientSession, gateway: TestServer, pool: asyncpg.Pool, settings: Settings
 ) -> None:
-    assert (await post(http, gateway, msg(), key="old"))[0] == 202
+    assert (await post_message(http, gateway, msg(), key="old"))[0] == 202
     await pool.execute("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'")
     counts = await Reconciler(pool, settings).run_once()
     assert counts["purged_keys"] == 1
     # The outbox still holds the business event: the key stays bound to its body, no second row
     # (and no 2xx for a body that would never be sent).
-    status, _, _raw = await post(http, gateway, msg(text="new body"), key="old")
+    status, _, _raw = await post_message(http, gateway, msg(text="new body"), key="old")
     assert status == 422
     assert await pool.fetchval("SELECT count(*) FROM outbox") == 1
 
 
 async def test_get_message(http: ClientSession, gateway: TestServer) -> None:
     key = "order/42:x"  # percent-encoded in the path
-    assert (await post(http, gateway, msg(), key=key))[0] == 202
+    assert (await post_message(http, gateway, msg(), key=key))[0] == 202
     async with http.get(url(gateway, "/v1/messages/order%2F42%3Ax"), headers=ACME) as r:
         assert r.status == 200
         got = await r.json()
@@ -238,7 +221,7 @@ async def test_fifty_concurrent_posts_one_row_one_send(
 ) -> None:
     s = send_settings(settings, fake, db_pool_max=20)
     gw = await start_gateway(s)
-    results = await asyncio.gather(*(post(http, gw, msg(), key="burst") for _ in range(50)))
+    results = await asyncio.gather(*(post_message(http, gw, msg(), key="burst") for _ in range(50)))
     statuses = [r[0] for r in results]
     assert set(statuses) <= {202, 409}
     firsts = [r for r in results if r[0] == 202]
@@ -253,7 +236,7 @@ async def test_fifty_concurrent_posts_one_row_one_send(
         await sender.close()
     assert len(fake.received) == 1
     # After the send, the replay still returns the first response; GET shows the new state.
-    status, headers, raw = await post(http, gw, msg(), key="burst")
+    status, headers, raw = await post_message(http, gw, msg(), key="burst")
     assert (status, raw, headers["Idempotent-Replayed"]) == (202, firsts[0][2], "true")
     async with http.get(url(gw, "/v1/messages/burst"), headers=ACME) as r:
         got = await r.json()
@@ -304,7 +287,7 @@ async def test_twenty_concurrent_replies_to_one_message_one_accepted(
     gw = await start_gateway(replace(settings, db_pool_max=20))
     await received(pool, "wamid.IN1")
     results = await asyncio.gather(
-        *(post(http, gw, reply(text=f"answer {i}"), key=f"reply-{i}") for i in range(20))
+        *(post_message(http, gw, reply(text=f"answer {i}"), key=f"reply-{i}") for i in range(20))
     )
     statuses = sorted(r[0] for r in results)
     assert statuses == [202] + [409] * 19
@@ -330,19 +313,19 @@ async def test_reply_is_threaded_once_per_bot_for_a_tenant_that_opted_in(
     s = send_settings(settings, fake, reply_per_bot_tenants=("acme",), pair_interval_s=0.0)
     gw = await start_gateway(s)
     await received(pool, "wamid.IN1", "wamid.IN2")
-    assert (await post(http, gw, reply(), key="r1"))[0] == 202
+    assert (await post_message(http, gw, reply(), key="r1"))[0] == 202
     # The same request again is a replay, not a second reply.
-    status, headers, _ = await post(http, gw, reply(), key="r1")
+    status, headers, _ = await post_message(http, gw, reply(), key="r1")
     assert (status, headers["Idempotent-Replayed"]) == (202, "true")
     # The same bot ("default") with another answer: refused, naming the first key.
-    status, _, raw = await post(http, gw, reply(text="again"), key="r2")
+    status, _, raw = await post_message(http, gw, reply(text="again"), key="r2")
     assert status == 409 and orjson.loads(raw)["first_key"] == "r1"
     # Another bot may answer the same message once; another message is free for the first bot.
-    assert (await post(http, gw, reply(bot="survey"), key="r3"))[0] == 202
-    assert (await post(http, gw, reply(bot="survey", text="2"), key="r4"))[0] == 409
-    assert (await post(http, gw, reply("wamid.IN2"), key="r5"))[0] == 202
+    assert (await post_message(http, gw, reply(bot="survey"), key="r3"))[0] == 202
+    assert (await post_message(http, gw, reply(bot="survey", text="2"), key="r4"))[0] == 409
+    assert (await post_message(http, gw, reply("wamid.IN2"), key="r5"))[0] == 202
     # Another tenant's bot learns that it was answered, not the other key.
-    status, _, raw = await post(http, gw, reply(text="globex"), key="g1", auth=GLOBEX)
+    status, _, raw = await post_message(http, gw, reply(text="globex"), key="g1", auth=GLOBEX)
     assert status == 409 and "first_key" not in orjson.loads(raw) and "r1" not in raw.decode()
     clock = FakeClock()
     sender = Sender(pool, s, clock=clock)
@@ -364,6 +347,6 @@ async def test_reply_claimed_in_sql_blocks_the_send_api(
     # A handler took the right to reply with claim_reply(): the API refuses without a key to name.
     await received(pool, "wamid.H")
     assert await pool.fetchval("SELECT claim_reply('wamid.H', 'default')") is True
-    status, _, raw = await post(http, gateway, reply("wamid.H"), key="k")
+    status, _, raw = await post_message(http, gateway, reply("wamid.H"), key="k")
     assert status == 409 and "first_key" not in orjson.loads(raw)
     assert await pool.fetchval("SELECT count(*) FROM outbox") == 0

@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
-import orjson
 import pytest
 from aiohttp import ClientSession
 
@@ -26,21 +25,12 @@ from gateway.testing.messages import EXAMPLES
 from gateway.testing.payloads import contact_obj, message_obj, meta_payload, meta_value, to_bytes
 from tests.support.consume import stage
 from tests.support.forward import add, fast, forwarding, until
+from tests.support.http import ACME, GLOBEX, post_message_json
 from tests.support.send import FakeClock, send_everything, send_settings
 
-ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
-GLOBEX = {"Authorization": "Bearer globex-api-key-0123456789"}
 BSUID = "US.13491208655302741918"
 PHONE = "4915112345678"
 BOUND = (("acme", "1111"), ("globex", "2222"))
-
-
-async def post(
-    http: ClientSession, base: str, body: Any, key: str, auth: dict[str, str] = ACME
-) -> tuple[int, dict[str, Any]]:
-    headers = {**auth, "Idempotency-Key": key}
-    async with http.post(f"{base}/v1/messages", data=orjson.dumps(body), headers=headers) as r:
-        return r.status, await r.json(content_type=None)
 
 
 async def send_all(pool: asyncpg.Pool, s: Settings) -> None:
@@ -71,7 +61,7 @@ async def test_every_message_type_reaches_the_provider_as_sent(
     address = PHONE if addressed == "to" else BSUID
     for name, example in EXAMPLES.items():
         body = {addressed: address, "phone_number_id": "1111", **example}
-        status, answer = await post(http, base, body, f"{addressed}-{name}")
+        status, _, answer = await post_message_json(http, base, body, f"{addressed}-{name}")
         assert status == 202, (name, answer)
     await send_all(pool, s)
     assert len(fake.received) == len(EXAMPLES)
@@ -108,7 +98,7 @@ async def test_neither_to_nor_recipient_an_unknown_type_or_a_refused_body_enqueu
         ),
     ]
     for i, (body, error) in enumerate(cases):
-        status, answer = await post(http, base, body, f"bad-{i}")
+        status, _, answer = await post_message_json(http, base, body, f"bad-{i}")
         assert status == 400 and any(e.startswith(error) for e in answer["errors"]), answer
     assert await pool.fetchval("SELECT count(*) FROM outbox") == 0
     assert await pool.fetchval("SELECT count(*) FROM idempotency_keys") == 0
@@ -122,12 +112,14 @@ async def test_a_media_id_of_another_tenants_number_is_refused(
     insert = "INSERT INTO media (media_id, phone_number_id, origin, tenant) VALUES ($1, $2, 'upload', $3)"
     await pool.execute(insert, "555", "2222", "globex")
     image = {"to": PHONE, "phone_number_id": "1111", "type": "image", "image": {"id": "555"}}
-    status, answer = await post(http, base, image, "steal")
+    status, _, answer = await post_message_json(http, base, image, "steal")
     assert status == 400 and answer["errors"] == ["image: media id '555' is not of your numbers"]
     # An id the gateway never saw is refused too where tenants are bound to numbers.
-    status, answer = await post(http, base, {**image, "image": {"id": "404404"}}, "unknown")
+    status, _, answer = await post_message_json(http, base, {**image, "image": {"id": "404404"}}, "unknown")
     assert status == 400
-    status, _ = await post(http, base, {**image, "phone_number_id": "2222"}, "own", auth=GLOBEX)
+    status, _, _ = await post_message_json(
+        http, base, {**image, "phone_number_id": "2222"}, "own", auth=GLOBEX
+    )
     assert status == 202
     assert await pool.fetchval("SELECT count(*) FROM outbox") == 1
 
@@ -151,7 +143,7 @@ async def test_the_callers_callback_data_comes_back_on_statuses(
         **EXAMPLES["text"],
         "biz_opaque_callback_data": "order-42|v2",
     }
-    status, _ = await post(http, base, body, "cb-1")
+    status, _, _ = await post_message_json(http, base, body, "cb-1")
     assert status == 202
     await send_all(pool, s)
     (sent,) = fake.received
@@ -205,11 +197,11 @@ async def test_a_reply_to_a_username_user_goes_to_their_bsuid(
     await Consumer(pool, s).step()
     reply = {"recipient": BSUID, "phone_number_id": "1111", "in_reply_to": "wamid.U1", **EXAMPLES["text"]}
     # Another customer cannot be the recipient of a reply to this message.
-    status, answer = await post(http, base, {**reply, "recipient": "US.999"}, "r0")
+    status, _, answer = await post_message_json(http, base, {**reply, "recipient": "US.999"}, "r0")
     assert status == 400 and answer["errors"] == [
         "recipient: not the customer who wrote the message in_reply_to names"
     ]
-    status, _ = await post(http, base, reply, "r1")
+    status, _, _ = await post_message_json(http, base, reply, "r1")
     assert status == 202
     await send_all(pool, s)
     (got,) = fake.received
@@ -224,8 +216,8 @@ async def test_cancel_a_pending_message_but_not_a_sent_one(
     gw = await start_gateway(s)
     base = str(gw.make_url("")).rstrip("/")
     body = {"to": PHONE, "phone_number_id": "1111", **EXAMPLES["text"]}
-    assert (await post(http, base, body, "c1"))[0] == 202
-    assert (await post(http, base, {**body, "to": "4915100000002"}, "c2"))[0] == 202
+    assert (await post_message_json(http, base, body, "c1"))[0] == 202
+    assert (await post_message_json(http, base, {**body, "to": "4915100000002"}, "c2"))[0] == 202
     async with http.delete(f"{base}/v1/messages/c1", headers=ACME) as r:
         assert r.status == 200 and await r.json() == {"key": "c1", "state": "cancelled"}
     async with http.delete(f"{base}/v1/messages/c1", headers=ACME) as r:
@@ -288,7 +280,7 @@ async def test_tenashi_sends_take_a_phone_number(
 ) -> None:
     gw = await start_gateway(dataclasses.replace(settings, tenant_providers=(("acme", "tenashi"),)))
     base = str(gw.make_url("")).rstrip("/")
-    status, answer = await post(
+    status, _, answer = await post_message_json(
         http, base, {"recipient": BSUID, "phone_number_id": "1111", **EXAMPLES["text"]}, "t1"
     )
     assert status == 400 and answer["errors"] == ["recipient: Tenashi sends go to a phone number (to)"]

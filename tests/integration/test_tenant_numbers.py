@@ -12,9 +12,7 @@ from aiohttp import ClientSession
 
 from gateway.core.settings import Settings
 from tests.support.config import replace
-
-ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
-GLOBEX = {"Authorization": "Bearer globex-api-key-0123456789"}
+from tests.support.http import ACME, GLOBEX, post_message
 
 
 def body(number: str) -> bytes:
@@ -62,7 +60,4 @@ async def test_unset_binding_allows_any_number_and_warns(
     with caplog.at_level(logging.WARNING):
         gw = await start_gateway(settings)
     assert "GATEWAY_TENANT_NUMBERS is unset" in caplog.text
-    async with http.post(
-        gw.make_url("/v1/messages"), data=body("9999"), headers={**GLOBEX, "Idempotency-Key": "k1"}
-    ) as r:
-        assert r.status == 202
+    assert (await post_message(http, gw, body("9999"), "k1", GLOBEX))[0] == 202

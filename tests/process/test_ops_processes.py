@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -16,7 +15,7 @@ import asyncpg
 
 from gateway.core.signature import sign_meta
 from gateway.testing.payloads import message_payload, meta_bytes
-from tests.support.procs import closed_port, free_port, spawn, wait_healthy
+from tests.support.procs import closed_port, free_port, run_cli, spawn, wait_healthy
 
 SECRETS = {
     "GATEWAY_META_APP_SECRETS": "meta-secret-QX7Z-current,meta-secret-QX7Z-previous",
@@ -33,17 +32,6 @@ def clean_env(**env: str) -> dict[str, str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_") and k != "DATABASE_URL"}
     full.update(env)
     return full
-
-
-def run_cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def test_unreachable_database_is_retried_then_one_line(tmp_path: Path) -> None:

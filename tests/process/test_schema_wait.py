@@ -5,8 +5,6 @@ on a schema they do not know or depending on the migration's container."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +15,7 @@ import pytest
 
 from gateway.store.db import MIGRATION_LOCK_ID, latest_version, migrate
 from gateway.testing.scratch import scratch_database
-from tests.support.procs import free_port, spawn
+from tests.support.procs import free_port, run_cli, spawn
 
 # Bounds on the test, not claims about speed: a hang must fail, not block CI.
 GIVE_UP_S = 60
@@ -31,6 +29,7 @@ async def empty_dsn(pg_admin_dsn: str) -> AsyncIterator[str]:
 
 def base_env(dsn: str, wait_s: str) -> dict[str, str]:
     return {
+        "PATH": "/usr/bin:/bin",
         "DATABASE_URL": dsn,
         "GATEWAY_MIGRATE_ON_START": "false",
         "GATEWAY_DB_WAIT_S": wait_s,
@@ -51,12 +50,6 @@ async def logged(log: Path, text: str) -> None:
     async with asyncio.timeout(GIVE_UP_S):
         while text not in log.read_text():
             await asyncio.sleep(0.1)
-
-
-def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    full = {"PATH": "/usr/bin:/bin", **env}
-    cmd = [sys.executable, "-m", "gateway", *args]
-    return subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=60, check=False)
 
 
 async def test_serve_and_workers_wait_for_the_schema_then_start(empty_dsn: str, tmp_path: Path) -> None:

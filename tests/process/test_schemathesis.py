@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.config import API_KEYS
 from tests.support.procs import free_port, spawn, wait_healthy
 
-API_KEY = "acme-api-key-0123456789"
+API_KEY = dict(API_KEYS)["acme"]
 # A bounded run: examples per operation and phase; the seed makes a failure reproducible.
 MAX_EXAMPLES = 25
 SEED = 20261130

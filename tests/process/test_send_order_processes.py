@@ -21,9 +21,9 @@ from typing import Any
 from aiohttp import ClientSession
 
 from gateway.core.settings import Settings
+from tests.support.http import post_message
 from tests.support.procs import free_port, spawn
 
-ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
 TO = {"P": "4915100000021", "Q": "4915100000022", "R": "4915100000023", "S": "4915100000024"}
 PAIR_S = 6.0  # the default GATEWAY_PAIR_INTERVAL_S
 # Far below the pair interval, far above a send's own time on a loaded machine.
@@ -72,16 +72,15 @@ async def test_the_issue_sequence_with_two_senders(
 ) -> None:
     gw = await start_gateway(settings)  # the send API; no sender in it
 
-    async def post(body: str) -> None:
+    async def send(body: str) -> None:
         customer = body[0]
         message = {"to": TO[customer], "phone_number_id": "1111", "type": "text", "text": {"body": body}}
-        headers = {**ACME, "Idempotency-Key": body}
-        async with http.post(gw.make_url("/v1/messages"), json=message, headers=headers) as r:
-            assert r.status == 202, await r.text()
+        status, _, answer = await post_message(http, gw, message, body)
+        assert status == 202, answer
 
     async with fake_provider(http, str(tmp_path)) as fake_url:
         for body in ("P#1", "P#2", "Q#1", "Q#2", "R#1"):
-            await post(body)
+            await send(body)
         env = {
             "DATABASE_URL": db_dsn,
             "GATEWAY_GRAPH_URL": f"{fake_url}/v21.0",
@@ -95,8 +94,8 @@ async def test_the_issue_sequence_with_two_senders(
                     await asyncio.sleep(0.05)
             # A later message to Q (a claim after Q#1 and Q#2 were put off) and a new customer.
             posted = time.time()
-            await post("Q#3")
-            await post("S#1")
+            await send("Q#3")
+            await send("S#1")
             async with asyncio.timeout(60):
                 while len(got := await received(http, fake_url)) < 7:
                     await asyncio.sleep(0.1)

@@ -11,10 +11,9 @@ from aiohttp import ClientSession
 
 from gateway.core.settings import Settings
 from gateway.testing.fake_provider import FakeProvider
+from tests.support.http import ACME, post_message
 from tests.support.procs import gateway_cli, spawn_send
 from tests.support.send import enqueue, reconcile, row, send_settings
-
-ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
 
 
 async def test_serve_runs_the_sender(
@@ -23,10 +22,7 @@ async def test_serve_runs_the_sender(
     s = send_settings(settings, fake, run_sender=True, send_poll_ms=20)
     gw = await start_gateway(s)
     body = {"to": "4915100000001", "phone_number_id": "1111", "type": "text", "text": {"body": "hi"}}
-    async with http.post(
-        gw.make_url("/v1/messages"), json=body, headers={**ACME, "Idempotency-Key": "e2e"}
-    ) as r:
-        assert r.status == 202
+    assert (await post_message(http, gw, body, "e2e"))[0] == 202
     for _ in range(200):
         async with http.get(gw.make_url("/v1/messages/e2e"), headers=ACME) as r:
             got = await r.json()

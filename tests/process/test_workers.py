@@ -16,6 +16,7 @@ import pytest
 from gateway.core.signature import sign_meta
 from gateway.testing.payloads import message_payload, meta_bytes
 from tests.support.config import META_SECRET
+from tests.support.http import post_meta
 from tests.support.procs import free_port, spawn, wait_healthy
 
 pytestmark = pytest.mark.slow
@@ -66,9 +67,7 @@ async def test_two_workers_share_one_port_and_stop_together(db_dsn: str, pool: a
 
             bodies = [meta_bytes(message_payload(f"wamid.W{i}")) for i in range(20)]
             for body in bodies:
-                headers = {"X-Hub-Signature-256": sign_meta(body, META_SECRET)}
-                async with http.post(f"{base}/webhooks/meta", data=body, headers=headers) as r:
-                    assert r.status == 200
+                assert (await post_meta(http, base, body))[0] == 200
             # Whichever worker is scraped (each listens on the metrics port too) reports the
             # requests of both; the public port serves no /metrics.
             seen = set()
@@ -168,12 +167,9 @@ async def test_services_apart_from_the_http_worker(db_dsn: str, pool: asyncpg.Po
         assert len(found) == 1, found
         return found[0]
 
-    async def post(http: aiohttp.ClientSession, wamids: list[str]) -> None:
+    async def post_all(http: aiohttp.ClientSession, wamids: list[str]) -> None:
         for wamid in wamids:
-            body = meta_bytes(message_payload(wamid))
-            headers = {"X-Hub-Signature-256": sign_meta(body, META_SECRET)}
-            async with http.post(f"{base}/webhooks/meta", data=body, headers=headers) as r:
-                assert r.status == 200
+            assert (await post_meta(http, base, meta_bytes(message_payload(wamid))))[0] == 200
 
     try:
         await wait_healthy(base, proc)
@@ -184,7 +180,7 @@ async def test_services_apart_from_the_http_worker(db_dsn: str, pool: asyncpg.Po
         async with aiohttp.ClientSession() as http:
             async with http.get(f"{base}/healthz") as r:
                 assert (await r.json())["pid"] == worker.pid  # the services process has no HTTP
-            await post(http, [f"wamid.S{i}" for i in range(20)])
+            await post_all(http, [f"wamid.S{i}" for i in range(20)])
             await _processed(pool, 20)
             # Counted in the services process, reported by the worker (one metrics directory).
             deadline = time.monotonic() + 10
@@ -198,7 +194,7 @@ async def test_services_apart_from_the_http_worker(db_dsn: str, pool: asyncpg.Po
 
             first = services_child()
             first.kill()
-            await post(http, [f"wamid.T{i}" for i in range(10)])  # the worker answers meanwhile
+            await post_all(http, [f"wamid.T{i}" for i in range(10)])  # the worker answers meanwhile
             await _processed(pool, 30)  # by the services process started again
             second = services_child()
             assert second.pid != first.pid and worker.is_running() and forwarder.is_running()

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from aiohttp import ClientSession
 
 from gateway.core.settings import Settings
 from gateway.testing.fake_provider import FakeProvider
+from tests.support.http import ACME, post_message_json
 from tests.support.send import send_settings
 
-ACME = {"Authorization": "Bearer acme-api-key-0123456789"}
-GLOBEX = {"Authorization": "Bearer globex-api-key-0123456789"}
 TO = "4915112345678"
 
 
@@ -31,13 +29,7 @@ async def post(
     auth: dict[str, str] = ACME,
     key: str | None = None,
 ) -> tuple[int, dict[str, str], Any]:
-    headers = dict(auth)
-    if key is not None:
-        headers["Idempotency-Key"] = key
-    data = body if isinstance(body, bytes) else orjson.dumps(body)
-    async with http.post(base.make_url(path), data=data, headers=headers) as r:
-        raw = await r.read()
-        return r.status, dict(r.headers), orjson.loads(raw) if raw else None
+    return await post_message_json(http, base, body, key, auth, path=path)
 
 
 def graph(settings: Settings, fake: FakeProvider, **changes: Any) -> Settings:

@@ -1,5 +1,6 @@
 """Gateway commands as real subprocesses: long-running ones (``spawn``, ``wait_healthy``) and
-one-shot CLI calls (``gateway_cli``, ``gateway_ok``)."""
+one-shot CLI calls (``gateway_cli``, ``gateway_ok``; ``run_cli`` with an environment of the
+test's own)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,16 @@ import aiohttp
 from gateway.testing.fake_provider import FakeProvider
 from gateway.testing.ports import closed_port, free_port
 
-__all__ = ["closed_port", "free_port", "gateway_cli", "gateway_ok", "spawn", "spawn_send", "wait_healthy"]
+__all__ = [
+    "closed_port",
+    "free_port",
+    "gateway_cli",
+    "gateway_ok",
+    "run_cli",
+    "spawn",
+    "spawn_send",
+    "wait_healthy",
+]
 
 
 def spawn(args: list[str], env: Mapping[str, str], log_path: str | None = None) -> subprocess.Popen[bytes]:
@@ -60,6 +70,18 @@ async def gateway_cli(dsn: str, *args: str, env: Mapping[str, str] | None = None
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+def run_cli(*args: str, env: Mapping[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``gateway <args>`` to its end with ``env`` as its whole environment (nothing inherited)."""
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 async def gateway_ok(dsn: str, *args: str, env: Mapping[str, str] | None = None) -> str:

@@ -9,7 +9,7 @@ from gateway.core.classify import (
     RETRYABLE_CODES,
     TOKEN_CODES,
     Classified,
-    Outcome,
+    SendOutcome,
     Transport,
     classify_response,
     classify_transport,
@@ -60,12 +60,12 @@ def test_classify_response(
 
 @pytest.mark.parametrize("code", sorted(RETRYABLE_CODES))
 def test_every_retryable_code_retries(code: int) -> None:
-    assert classify_response("meta", 400, meta_err(code)).outcome is Outcome.RETRY
+    assert classify_response("meta", 400, meta_err(code)).outcome is SendOutcome.RETRY
 
 
 @pytest.mark.parametrize("code", sorted(PERMANENT_CODES))
 def test_every_permanent_code_fails(code: int) -> None:
-    assert classify_response("meta", 400, meta_err(code)).outcome is Outcome.FAILED
+    assert classify_response("meta", 400, meta_err(code)).outcome is SendOutcome.FAILED
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_every_permanent_code_fails(code: int) -> None:
 )
 def test_account_level_codes_open_a_breaker_and_never_fail(code: int, breaker: str) -> None:
     c = classify_response("meta", 400, meta_err(code))
-    assert (c.outcome, c.breaker, c.state) == (Outcome.RETRY, breaker, "pending")
+    assert (c.outcome, c.breaker, c.state) == (SendOutcome.RETRY, breaker, "pending")
     assert finalize(c, 1000, 8) == c  # no attempt limit turns it into failed
 
 
@@ -102,12 +102,12 @@ def test_classify_transport(failure: Transport, provider: str, state: str, maybe
 @pytest.mark.parametrize(
     ("c", "attempts", "state"),
     [
-        (Classified(Outcome.RETRY, code=131000), 3, "pending"),
-        (Classified(Outcome.RETRY, code=131000), 8, "failed"),  # rejected every time: never sent
-        (Classified(Outcome.RETRY, maybe_sent=True), 8, "unknown"),  # Tenashi timeouts: may have gone
-        (Classified(Outcome.RETRY, reached=False), 50, "pending"),  # connect failures keep trying
-        (Classified(Outcome.ACCEPTED, wamid="w"), 8, "accepted"),
-        (Classified(Outcome.UNKNOWN), 1, "unknown"),
+        (Classified(SendOutcome.RETRY, code=131000), 3, "pending"),
+        (Classified(SendOutcome.RETRY, code=131000), 8, "failed"),  # rejected every time: never sent
+        (Classified(SendOutcome.RETRY, maybe_sent=True), 8, "unknown"),  # Tenashi timeouts: may have gone
+        (Classified(SendOutcome.RETRY, reached=False), 50, "pending"),  # connect failures keep trying
+        (Classified(SendOutcome.ACCEPTED, wamid="w"), 8, "accepted"),
+        (Classified(SendOutcome.UNKNOWN), 1, "unknown"),
     ],
 )
 def test_finalize(c: Classified, attempts: int, state: str) -> None:

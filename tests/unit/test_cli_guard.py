@@ -127,7 +127,7 @@ def test_a_database_error_of_any_command_is_one_line_without_the_row(
 
     help_text, _fn, add_args = COMMANDS[command]
     monkeypatch.setitem(COMMANDS, command, (help_text, fails, add_args))
-    monkeypatch.setattr(gateway.cli.runtime, "setup_logging", lambda *a, **k: None)
+    monkeypatch.setattr(gateway.cli.logs, "setup_logging", lambda *a, **k: None)
     path, parser = next((p, x) for p, x in commands(build_parser()) if p[0] == command)
     assert main(argv(path, parser)) == 1
     out, err = capsys.readouterr()

@@ -8,9 +8,9 @@ import pytest
 from gateway.core.faults import (
     STALL_CLAIMS,
     BadEvent,
+    ConsumerHealth,
     Fault,
     HandlerError,
-    Health,
     Verdict,
     classify,
     kind_of,
@@ -114,7 +114,7 @@ def test_missing_partition_names_the_table() -> None:
 
 
 def test_a_row_heading_claims_that_commit_nothing_is_stalled_after_three() -> None:
-    h = Health(lambda: 0.0)
+    h = ConsumerHealth(lambda: 0.0)
     for _ in range(STALL_CLAIMS - 1):
         h.uncommitted(7)
     assert h.stalled() is None
@@ -129,7 +129,7 @@ def test_a_row_heading_claims_that_commit_nothing_is_stalled_after_three() -> No
 
 
 def test_fault_streak_resets_on_success() -> None:
-    h = Health(lambda: 0.0)
+    h = ConsumerHealth(lambda: 0.0)
     assert [h.system_fault() for _ in range(3)] == [1, 2, 3]
     h.succeeded()
     assert h.system_fault() == 1

@@ -10,22 +10,18 @@ import orjson
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from gateway.core import forwarding, stdwebhooks
-from gateway.core.forwarding import (
+from gateway.core import addresses, destinations, stdwebhooks
+from gateway.core.delivery_outcomes import (
     MAX_RETRY_AFTER_S,
+    DeliveryOutcome,
     DeliveryState,
-    Outcome,
     breaker_tally,
-    check_name,
-    check_url,
-    conversation_of,
     decide,
-    envelope,
-    kind_of,
     merge_tallies,
-    parse_events,
     parse_retry_after,
 )
+from gateway.core.destinations import check_name, check_url, conversation_of, kind_of, parse_events
+from gateway.core.envelope import envelope
 from gateway.core.parsing import parse
 from gateway.core.planning import StagedRow, plan_batch
 from gateway.testing.payloads import (
@@ -223,26 +219,26 @@ def _decide(status: int | None, retry_after: str | None = None, first: float = N
 @pytest.mark.parametrize(
     ("status", "retry_after", "first", "outcome", "delay"),
     [
-        (200, None, NOW, Outcome.DELIVERED, None),
-        (204, None, NOW, Outcome.DELIVERED, None),
-        (299, None, NOW, Outcome.DELIVERED, None),
-        (301, None, NOW, Outcome.RETRY, 2.0),  # redirects are not followed
-        (400, None, NOW, Outcome.RETRY, 2.0),
-        (410, None, NOW, Outcome.GONE, 0.0),  # disables the destination; the delivery waits
-        (410, None, NOW - 3599, Outcome.GONE, 0.0),  # even at the window's end: nothing was refused
-        (404, None, NOW, Outcome.RETRY, 2.0),  # may be a deployment in progress
-        (500, "120", NOW, Outcome.RETRY, 2.0),  # Retry-After only on 429/503
-        (429, "120", NOW, Outcome.RETRY, 120.0),
-        (503, "120", NOW, Outcome.RETRY, 120.0),
-        (503, "1", NOW, Outcome.RETRY, 2.0),  # never sooner than our own backoff
-        (503, "garbage", NOW, Outcome.RETRY, 2.0),
-        (None, None, NOW, Outcome.RETRY, 2.0),  # timeout / refused
-        (500, None, NOW - 3599, Outcome.FAILED, None),  # window closes before the next attempt
-        (429, "3000", NOW - 1000, Outcome.FAILED, None),
+        (200, None, NOW, DeliveryOutcome.DELIVERED, None),
+        (204, None, NOW, DeliveryOutcome.DELIVERED, None),
+        (299, None, NOW, DeliveryOutcome.DELIVERED, None),
+        (301, None, NOW, DeliveryOutcome.RETRY, 2.0),  # redirects are not followed
+        (400, None, NOW, DeliveryOutcome.RETRY, 2.0),
+        (410, None, NOW, DeliveryOutcome.GONE, 0.0),  # disables the destination; the delivery waits
+        (410, None, NOW - 3599, DeliveryOutcome.GONE, 0.0),  # even at the window's end: nothing was refused
+        (404, None, NOW, DeliveryOutcome.RETRY, 2.0),  # may be a deployment in progress
+        (500, "120", NOW, DeliveryOutcome.RETRY, 2.0),  # Retry-After only on 429/503
+        (429, "120", NOW, DeliveryOutcome.RETRY, 120.0),
+        (503, "120", NOW, DeliveryOutcome.RETRY, 120.0),
+        (503, "1", NOW, DeliveryOutcome.RETRY, 2.0),  # never sooner than our own backoff
+        (503, "garbage", NOW, DeliveryOutcome.RETRY, 2.0),
+        (None, None, NOW, DeliveryOutcome.RETRY, 2.0),  # timeout / refused
+        (500, None, NOW - 3599, DeliveryOutcome.FAILED, None),  # window closes before the next attempt
+        (429, "3000", NOW - 1000, DeliveryOutcome.FAILED, None),
     ],
 )
 def test_decide(
-    status: int | None, retry_after: str | None, first: float, outcome: Outcome, delay: float | None
+    status: int | None, retry_after: str | None, first: float, outcome: DeliveryOutcome, delay: float | None
 ) -> None:
     d = _decide(status, retry_after, first)
     assert d.outcome is outcome
@@ -250,13 +246,13 @@ def test_decide(
     assert (
         d.state
         is {
-            Outcome.DELIVERED: DeliveryState.DELIVERED,
-            Outcome.RETRY: DeliveryState.PENDING,
-            Outcome.FAILED: DeliveryState.FAILED,
-            Outcome.GONE: DeliveryState.PENDING,
+            DeliveryOutcome.DELIVERED: DeliveryState.DELIVERED,
+            DeliveryOutcome.RETRY: DeliveryState.PENDING,
+            DeliveryOutcome.FAILED: DeliveryState.FAILED,
+            DeliveryOutcome.GONE: DeliveryState.PENDING,
         }[outcome]
     )
-    if outcome is not Outcome.DELIVERED:
+    if outcome is not DeliveryOutcome.DELIVERED:
         assert d.error
 
 
@@ -361,7 +357,7 @@ def test_names_and_events() -> None:
     ],
 )
 def test_private_destination_hosts_are_refused(host: str, refused: str | None) -> None:
-    why = forwarding.host_refused(host)
+    why = addresses.host_refused(host)
     if refused is None:
         assert why is None
     else:
@@ -405,17 +401,17 @@ def test_merged_tallies_keep_each_destination() -> None:
 )
 def test_a_secret_is_checked_for_its_format(fmt: str, secret: str, ok: bool) -> None:
     if ok:
-        assert forwarding.check_secret(fmt, secret) == secret
+        assert destinations.check_secret(fmt, secret) == secret
     else:
         with pytest.raises(ValueError) as exc:
-            forwarding.check_secret(fmt, secret)
+            destinations.check_secret(fmt, secret)
         assert secret not in str(exc.value) or not secret
 
 
 def test_new_secrets_and_masks_per_format() -> None:
-    meta = forwarding.new_secret("meta")
-    assert len(meta) == 32 and int(meta, 16) >= 0 and forwarding.new_secret("meta") != meta
-    assert forwarding.check_secret("standard", forwarding.new_secret("standard"))
-    assert forwarding.mask_secret("meta", meta) == f"…{meta[-4:]}"
-    assert forwarding.mask_secret("meta", "short") == "…"  # a short secret shows nothing
-    assert forwarding.mask_secret("standard", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw") == "whsec_…LaSw"
+    meta = destinations.new_secret("meta")
+    assert len(meta) == 32 and int(meta, 16) >= 0 and destinations.new_secret("meta") != meta
+    assert destinations.check_secret("standard", destinations.new_secret("standard"))
+    assert destinations.mask_secret("meta", meta) == f"…{meta[-4:]}"
+    assert destinations.mask_secret("meta", "short") == "…"  # a short secret shows nothing
+    assert destinations.mask_secret("standard", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw") == "whsec_…LaSw"

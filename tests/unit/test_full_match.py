@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli.common import dead_id
-from gateway.core import console, forwarding, stdwebhooks
+from gateway.core import console, delivery_outcomes, destinations, stdwebhooks
 from gateway.store.retention import _ddl
 from gateway.web.access import request_id
 
@@ -28,8 +28,8 @@ def _signature(msg_id: str) -> object:
 
 # (a check, a value it accepts): the same value with a newline, a NUL or a tab after it is refused.
 CHECKS: list[tuple[str, Callable[[str], object], str]] = [
-    ("destination name", forwarding.check_name, "bot"),
-    ("destination url", forwarding.check_url, "https://bot.example/hooks"),
+    ("destination name", destinations.check_name, "bot"),
+    ("destination url", destinations.check_url, "https://bot.example/hooks"),
     ("webhook id", _signature, "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W"),
     ("partition name", lambda n: _ddl("partition_detach_now", parent="webhook_inbox", child=n),
      "webhook_inbox_p20261201"),
@@ -55,7 +55,7 @@ def test_a_request_id_header_is_used_only_when_all_of_it_is_sane(given: str) -> 
 
 @pytest.mark.parametrize("digits", ["²", "١٢", "12²", "\uff11\uff12"])
 def test_only_ascii_digits_are_numbers(digits: str) -> None:
-    assert forwarding.parse_retry_after(digits, 0) is None  # a receiver's Retry-After: hostile
+    assert delivery_outcomes.parse_retry_after(digits, 0) is None  # a receiver's Retry-After: hostile
     with pytest.raises(ValueError, match="not a time"):
         console.parse_when(f"{digits}h", NOW)
     with pytest.raises(argparse.ArgumentTypeError):

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gateway.core import graphcompat as g
-from gateway.outbound.outcomes import Outcome, parse
+from gateway.outbound.outcomes import OutboxOutcome, parse
 
 
 @pytest.mark.parametrize(
@@ -102,11 +102,11 @@ def test_a_providers_refusal_is_relayed_as_it_came() -> None:
 
 @pytest.mark.parametrize(
     ("payload", "parsed"),
-    [("12 accepted wamid.X", (12, Outcome("accepted", "wamid.X"))),
-     ("7 failed ", (7, Outcome("failed", None))), ("7 sending ", (7, Outcome("sending", None))),
+    [("12 accepted wamid.X", (12, OutboxOutcome("accepted", "wamid.X"))),
+     ("7 failed ", (7, OutboxOutcome("failed", None))), ("7 sending ", (7, OutboxOutcome("sending", None))),
      ("x accepted w", None), ("12", None), ("", None)],
 )  # fmt: skip
-def test_outcome_notifications(payload: str, parsed: tuple[int, Outcome] | None) -> None:
+def test_outcome_notifications(payload: str, parsed: tuple[int, OutboxOutcome] | None) -> None:
     assert parse(payload) == parsed
     if parsed is not None:
         assert parsed[1].final is (parsed[1].state in ("accepted", "failed"))

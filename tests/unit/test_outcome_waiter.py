@@ -7,21 +7,21 @@ import pytest
 
 from gateway.core.settings import Settings
 from gateway.outbound import outcomes
-from gateway.outbound.outcomes import Outcome, OutcomeWaiter
+from gateway.outbound.outcomes import OutboxOutcome, OutcomeWaiter
 
 
 @pytest.mark.parametrize(
     ("payloads", "kept"),
     [
-        (["1 accepted wamid.A"], {1: Outcome("accepted", "wamid.A")}),
+        (["1 accepted wamid.A"], {1: OutboxOutcome("accepted", "wamid.A")}),
         (["1 sending ", "2 pending "], {}),  # not final: nothing to answer with
-        (["1 unknown ", "1 accepted wamid.A"], {1: Outcome("accepted", "wamid.A")}),  # the last one
+        (["1 unknown ", "1 accepted wamid.A"], {1: OutboxOutcome("accepted", "wamid.A")}),  # the last one
         (["x accepted wamid.A", "1 2", ""], {}),  # not ours
-        ([f"{i} failed " for i in range(1, 6)], {i: Outcome("failed", None) for i in (3, 4, 5)}),
+        ([f"{i} failed " for i in range(1, 6)], {i: OutboxOutcome("failed", None) for i in (3, 4, 5)}),
     ],
 )
 def test_outcomes_heard_before_a_wait_are_kept_within_bounds(
-    monkeypatch: pytest.MonkeyPatch, payloads: list[str], kept: dict[int, Outcome]
+    monkeypatch: pytest.MonkeyPatch, payloads: list[str], kept: dict[int, OutboxOutcome]
 ) -> None:
     monkeypatch.setattr(outcomes, "RECENT_MAX", 3)
     w = OutcomeWaiter(Settings())

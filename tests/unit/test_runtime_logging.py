@@ -1,6 +1,6 @@
 import logging
 
-from gateway.runtime import _Throttled
+from gateway.runtime.logs import Throttled
 
 
 def record(msg: str, *args: object, exc: BaseException | None = None) -> logging.LogRecord:
@@ -9,7 +9,7 @@ def record(msg: str, *args: object, exc: BaseException | None = None) -> logging
 
 
 def test_throttled_filter_keeps_one_line_per_interval_without_traceback() -> None:
-    f = _Throttled(30.0)
+    f = Throttled(30.0)
     first = record("Failed to restore %s", "the floor", exc=ConnectionRefusedError("refused 100%"))
     assert f.filter(first)
     assert first.exc_info is None

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.core import tenancy
 from gateway.core.settings import Settings, SettingsError, env_names
 
 
@@ -25,8 +26,8 @@ def test_parses_lists_and_pairs() -> None:
     )
     assert s.meta_app_secrets == ("new-secret-1", "old-secret-2")
     assert s.api_keys == (("acme", "key-aaaaaaaaaaaaaaaa"), ("globex", "key:with:colons-bbbb"))
-    assert s.provider_for("globex") == "tenashi"
-    assert s.provider_for("acme") == "meta"
+    assert tenancy.provider_for(s, "globex") == "tenashi"
+    assert tenancy.provider_for(s, "acme") == "meta"
     assert s.run_sender is False
 
 

@@ -1,0 +1,102 @@
+"""The envelope: the JSON body a destination receives for one event (documented in
+docs/forwarding.md), and the row that fans an event out to the destinations that want it.
+
+The envelope is the same bytes for every attempt and every destination of one event; only the
+``webhook-*`` headers differ.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.core.destinations import conversation_of, kind_of, number_of
+from gateway.core.events import AccountError, AccountUpdate, Event, InboundMessage, Status
+
+ENVELOPE_VERSION = 1
+
+
+def _iso(ts: int | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def envelope(ev: Event, source: str) -> dict[str, Any]:
+    """The JSON body forwarded for one event: normalised fields in ``data``, the provider's
+    own fragment untouched in ``raw``."""
+    data: dict[str, Any]
+    raw: Any
+    ts: int | None = None
+    if isinstance(ev, InboundMessage):
+        typ = "message.received"
+        ts = ev.timestamp
+        data = {
+            "wamid": ev.wamid,
+            "phone_number_id": ev.phone_number_id,
+            "display_phone_number": ev.display_phone_number,
+            "waba_id": ev.waba_id,
+            "from": ev.sender,
+            "from_user_id": ev.user_id,
+            "from_parent_user_id": ev.parent_user_id,
+            "username": ev.username,
+            "type": ev.type,
+            "contact_name": ev.contact_name,
+            "contact": ev.contact,
+        }
+        raw = ev.message
+    elif isinstance(ev, Status):
+        typ = "message.status"
+        ts = ev.timestamp
+        data = {
+            "wamid": ev.wamid,
+            "status": ev.status,
+            "phone_number_id": ev.phone_number_id,
+            "display_phone_number": ev.display_phone_number,
+            "waba_id": ev.waba_id,
+            "recipient_id": ev.recipient,
+            "recipient_user_id": ev.recipient_user_id,
+            "recipient_parent_user_id": ev.recipient_parent_user_id,
+            "recipient_username": ev.recipient_username,
+            "participant": ev.participant or None,
+            "callback_data": ev.callback_data,
+            "biz_opaque_callback_data": ev.biz_opaque_callback_data,
+            "errors": ev.errors,
+            "contact": ev.contact,
+        }
+        raw = ev.raw
+    elif isinstance(ev, AccountError):
+        typ = "account.error"
+        data = {
+            "waba_id": ev.waba_id,
+            "phone_number_id": ev.phone_number_id,
+            "field": ev.field,
+            "errors": ev.errors,
+        }
+        raw = ev.raw
+    else:
+        assert isinstance(ev, AccountUpdate)
+        typ = "account.update"
+        data = {"waba_id": ev.waba_id, "field": ev.field}
+        raw = ev.value
+    return {
+        "v": ENVELOPE_VERSION,
+        "type": typ,
+        "event_key": ev.key,
+        "source": source,
+        "timestamp": _iso(ts),
+        "data": data,
+        "raw": raw,
+    }
+
+
+def forward_row(ev: Event, source: str, inbox_id: int) -> dict[str, Any]:
+    """What the consumer's batch statement needs to fan one event out to destinations (a
+    Meta-format destination's body is rendered from the envelope there, by meta_webhook)."""
+    return {
+        "key": ev.key,
+        "kind": kind_of(ev),
+        "conversation": conversation_of(ev),
+        "envelope": envelope(ev, source),
+        "inbox_id": inbox_id,
+        "callback": ev.callback_data if isinstance(ev, Status) else None,
+        "number": number_of(ev),
+    }
