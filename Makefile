@@ -10,7 +10,7 @@ HA_PYTHON ?= /usr/bin/python3
 HA_VENV   ?= .venv-ha
 PATRONI   ?= patroni[etcd3,psycopg3]==4.1.5
 
-.PHONY: run test lint typecheck unit compose-test bench-ingest clean ha
+.PHONY: run test lint typecheck unit schema compose-test bench-ingest clean ha
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 required"'
@@ -49,6 +49,10 @@ typecheck: $(VENV)/.installed
 ## Pure tests: no database, no processes (seconds).
 unit: $(VENV)/.installed
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
+
+## sql/schema.sql: the schema a fresh migration leaves, dumped by pg_dump (after a schema change).
+schema: $(VENV)/.installed
+	$(BIN)/python -m gateway.testing.schemadump sql/schema.sql
 
 ## Build the image and run deploy/compose.yaml end to end with podman (root; .ci/compose-test).
 compose-test: $(VENV)/.installed

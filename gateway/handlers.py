@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -112,9 +114,10 @@ class Registry:
 
 
 on = Registry()
-# Tenants whose bots may each answer one message (GATEWAY_REPLY_PER_BOT_TENANTS): the
-# consumers set it from their settings, so reply() follows the send API's rule.
-_per_bot_tenants: frozenset[str] = frozenset()
+# Tenants whose bots may each answer one message (GATEWAY_REPLY_PER_BOT_TENANTS), for the
+# handlers being run: the consumer running them passes its settings' (``replying``), so reply()
+# follows the send API's rule; outside a consumer, one reply per message.
+_per_bot_tenants: ContextVar[frozenset[str]] = ContextVar("reply_per_bot_tenants", default=frozenset())
 
 
 def load(modules: Sequence[str], registry: Registry | None = None) -> Registry:
@@ -124,10 +127,15 @@ def load(modules: Sequence[str], registry: Registry | None = None) -> Registry:
     return on if registry is None else registry
 
 
-def set_reply_per_bot(tenants: Iterable[str]) -> None:
-    """The tenants whose bots may each answer a message (the others: one reply per message)."""
-    global _per_bot_tenants
-    _per_bot_tenants = frozenset(tenants)
+@contextmanager
+def replying(per_bot_tenants: frozenset[str]) -> Iterator[None]:
+    """Run handlers inside this block: their reply() lets each bot of ``per_bot_tenants``
+    answer a message (the other tenants: one reply per message)."""
+    token = _per_bot_tenants.set(per_bot_tenants)
+    try:
+        yield
+    finally:
+        _per_bot_tenants.reset(token)
 
 
 async def reply(
@@ -153,7 +161,12 @@ async def reply(
         raise ValueError(f"message {event.wamid} has no sender to reply to")
     key = f"reply:{bot}:{event.wamid}"
     first = await replies.claim(
-        conn, inbound_wamid=event.wamid, bot=bot, tenant=tenant, key=key, per_bot=tenant in _per_bot_tenants
+        conn,
+        inbound_wamid=event.wamid,
+        bot=bot,
+        tenant=tenant,
+        key=key,
+        per_bot=tenant in _per_bot_tenants.get(),
     )
     if first is not None:
         metrics.REPLIES_REFUSED.labels("handler").inc()

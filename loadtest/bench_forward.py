@@ -244,8 +244,7 @@ async def _run(dsn: str, args: argparse.Namespace, run: contract.Run) -> tuple[d
 
         # 2. latency at half saturation, Meta webhook receipt -> receiver, with consumers
         await deliveries.set_enabled(pool, name=DEST, enabled=True)
-        group = ConsumerGroup(pool, settings)
-        group.on_deliveries(forwarder.wake.set)  # as gateway serve wires them
+        group = ConsumerGroup(pool, settings, on_deliveries=forwarder.wake.set)  # as gateway serve wires them
         group_task = asyncio.create_task(group.run(stop))
         rate = statistics.median(fw_rates) / 2
         receipts = await _pipeline(pool, "lat", rate, args.seconds)

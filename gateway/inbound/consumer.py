@@ -68,7 +68,7 @@ from gateway.core.limits import LogThrottle
 from gateway.core.planning import Plan, StagedRow, plan_batch, plan_event
 from gateway.core.settings import Settings
 from gateway.core.spacing import Spacing
-from gateway.handlers import Registry, set_reply_per_bot
+from gateway.handlers import Registry, replying
 from gateway.handlers import load as load_handlers
 from gateway.inbound import triage
 from gateway.inbound.dead_items import Failure, bad_item, error_text, failed_item, raw_fragment, rebuild
@@ -142,6 +142,8 @@ class Consumer:
         lanes: LaneSet | None = None,
         member: str | None = None,
         loops: int = 1,
+        on_more: Callable[[], None] | None = None,
+        on_deliveries: Callable[[], None] | None = None,
     ) -> None:
         self._pool = pool
         # Shared by a process's consumers (their group passes one): woken batches start apart.
@@ -151,7 +153,7 @@ class Consumer:
         self._health = HEALTH if health is None else health
         if handlers is None and settings.handlers:
             handlers = load_handlers(settings.handlers)
-        set_reply_per_bot(settings.reply_per_bot_tenants)
+        self._per_bot_tenants = frozenset(settings.reply_per_bot_tenants)
         self._handlers = handlers if handlers else None
         # The lanes are the group's (it leases them); a consumer made on its own leases its own.
         if lanes is None:
@@ -169,7 +171,9 @@ class Consumer:
         self._items_at = -ITEMS_EVERY_S
         # The rows of the batch being handled, head first (until its transaction commits).
         self._claimed: list[int] = []
-        self.wake = asyncio.Event()
+        # The scheduling state is this consumer's own; its group reads it and wakes it through
+        # the methods below (``wake``, ``wake_if_idle``), never by setting it.
+        self._woken = asyncio.Event()
         # The last step may have left work due right now: rows its batch did not reach (the
         # limit or the byte budget cut it), or dead items (it claimed some). Otherwise the loop
         # waits for a wake-up: a NOTIFY that came during the step sets it, and reading again at
@@ -177,18 +181,44 @@ class Consumer:
         self._more = False
         self._again = False
         # True while the loop waits for a wake-up (a group wakes one idle consumer per NOTIFY).
-        self.idle = False
-        # True from a wake-up to the start of the batch it calls for (its group sets it when it
-        # wakes this one; the loop while it waits for its turn, Spacing): that batch will read
+        self._idle = False
+        # True from a wake-up to the start of the batch it calls for (set when its group wakes
+        # this one, and by the loop while it waits for its turn, Spacing): that batch will read
         # what a NOTIFY announces meanwhile, so the group wakes no other consumer for it.
-        self.starting = False
+        self._starting = False
         # Called when a batch left more due (a group wakes an idle sibling: a backlog is
         # drained in parallel, each loop on its share of the lanes).
-        self.on_more: Callable[[], None] | None = None
+        self._on_more = on_more
         # Called after a batch that may have inserted deliveries has committed: a forwarder in
         # the same process starts its round at once instead of waiting for the NOTIFY to come
         # round through PostgreSQL and its LISTEN connection (which still wakes the others).
-        self.on_deliveries: Callable[[], None] | None = None
+        self._on_deliveries = on_deliveries
+
+    # -- waking ---------------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        """The loop waits for a wake-up."""
+        return self._idle
+
+    @property
+    def starting(self) -> bool:
+        """Woken, its batch not started yet: it will read what is announced meanwhile."""
+        return self._starting
+
+    def wake(self) -> None:
+        """Look again now (a NOTIFY, lanes gained, a stop)."""
+        self._woken.set()
+
+    def wake_if_idle(self) -> bool:
+        """Wake this consumer if it waits for a wake-up, its next batch counted as starting;
+        False (and nothing done) if it does not wait."""
+        if not self._idle:
+            return False
+        self._idle = False  # taken
+        self._starting = True
+        self._woken.set()
+        return True
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -221,11 +251,11 @@ class Consumer:
         try:
             while not stop.is_set():
                 beat()
-                self.wake.clear()
+                self._woken.clear()
                 if not reserved:
                     self._spacing.started(clock())
                 reserved = False
-                self.starting = False
+                self._starting = False
                 try:
                     await self.step()
                 except Exception as exc:
@@ -235,23 +265,23 @@ class Consumer:
                     # headed the batch is remembered (a stall is taken alone).
                     self._uncommitted()
                     delay = self._fault(exc)
-                    await back_off(stop, self.wake, delay, min(delay, s.retry_base_ms / 1000))
+                    await back_off(stop, self._woken, delay, min(delay, s.retry_base_ms / 1000))
                     continue
                 if self.deferred_s:
                     delay, self.deferred_s = self.deferred_s, 0.0
-                    await back_off(stop, self.wake, delay, min(delay, s.retry_base_ms / 1000))
+                    await back_off(stop, self._woken, delay, min(delay, s.retry_base_ms / 1000))
                     continue
                 if self._again:
-                    if self._more and self.on_more is not None:  # rows left: a sibling helps
-                        self.on_more()
+                    if self._more and self._on_more is not None:  # rows left: a sibling helps
+                        self._on_more()
                     continue
-                self.idle = True
+                self._idle = True
                 try:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.wake.wait(), poll_s)
+                        await asyncio.wait_for(self._woken.wait(), poll_s)
                 finally:
-                    self.idle = False
-                self.starting = True
+                    self._idle = False
+                self._starting = True
                 reserved = True
                 delay = self._spacing.reserve(clock())
                 if delay > 0:
@@ -377,8 +407,8 @@ class Consumer:
     def _committed(self, forwards: bool) -> None:
         self._health.succeeded(self._claimed)
         self._claimed = []
-        if forwards and self.on_deliveries is not None:
-            self.on_deliveries()
+        if forwards and self._on_deliveries is not None:
+            self._on_deliveries()
 
     def _uncommitted(self) -> None:
         if self._claimed:
@@ -612,8 +642,8 @@ class Consumer:
                     )
                 else:
                     done.append(row.id)
-                    if forwards and self.on_deliveries is not None:
-                        self.on_deliveries()
+                    if forwards and self._on_deliveries is not None:
+                        self._on_deliveries()
             await inbox.parked_done(conn, ids=done)
         self._claimed = []
         if rows:
@@ -703,12 +733,13 @@ class Consumer:
         if isinstance(ev, Status) and ev.key in callers:
             ev = dataclasses.replace(ev, biz_opaque_callback_data=callers[ev.key])
         timeout = self._s.handler_timeout_ms / 1000
-        for h in self._handlers.for_event(ev):
-            try:
-                await asyncio.wait_for(h.fn(ev, conn), timeout)
-            except Exception as exc:
-                raise HandlerError(h.name, exc) from exc
-            metrics.HANDLER_CALLS.labels("ok").inc()
+        with replying(self._per_bot_tenants):
+            for h in self._handlers.for_event(ev):
+                try:
+                    await asyncio.wait_for(h.fn(ev, conn), timeout)
+                except Exception as exc:
+                    raise HandlerError(h.name, exc) from exc
+                metrics.HANDLER_CALLS.labels("ok").inc()
 
     async def _fragments(self, conn: Conn, events: list[tuple[Event, StagedRow, Item]]) -> None:
         """Exact bytes of events stored escaped (a NUL, a lone surrogate), beside their key."""

@@ -39,7 +39,16 @@ class ConsumerGroup:
     # its transaction rolled back leaves its rows due for the next consumer.
     stop_grace_s: float | None = 10.0
 
-    def __init__(self, pool: asyncpg.Pool, settings: Settings, handlers: Registry | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        settings: Settings,
+        handlers: Registry | None = None,
+        *,
+        on_deliveries: Callable[[], None] | None = None,
+    ) -> None:
+        """``on_deliveries`` is called after each committed batch that inserted deliveries (an
+        in-process forwarder's wake-up; other processes' forwarders are woken by NOTIFY)."""
         self._pool = pool
         self._s = settings
         if handlers is None and settings.handlers:
@@ -60,21 +69,15 @@ class ConsumerGroup:
                 lanes=self.lanes,
                 member=self.lease.member,
                 loops=n,
+                on_more=self._wake_one,
+                on_deliveries=on_deliveries,
             )
             for _ in range(n)
         ]
-        for c in self.consumers:
-            c.on_more = self._wake_one
-
-    def on_deliveries(self, wake: Callable[[], None]) -> None:
-        """Call ``wake`` after each committed batch that inserted deliveries (an in-process
-        forwarder's wake-up; other processes' forwarders are woken by NOTIFY)."""
-        for c in self.consumers:
-            c.on_deliveries = wake
 
     def _wake_all(self, *_: Any) -> None:
         for c in self.consumers:
-            c.wake.set()
+            c.wake()
 
     def _wake_one(self, *_: Any) -> None:
         """A NOTIFY (or a batch that left more due): one idle consumer claims. Waking them all
@@ -84,13 +87,8 @@ class ConsumerGroup:
         it may be waiting for its turn) will claim what was announced: none is woken for it."""
         if any(c.starting for c in self.consumers):
             return
-        for c in self.consumers:
-            if c.idle:
-                c.idle = False  # taken
-                c.starting = True
-                c.wake.set()
-                return
-        self._wake_all()
+        if not any(c.wake_if_idle() for c in self.consumers):  # stops at the first woken
+            self._wake_all()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set; then each consumer finishes its batch, and the lanes

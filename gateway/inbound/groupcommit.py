@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import asyncpg
@@ -86,9 +87,13 @@ class GroupCommitter:
         self._inflight = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        self._loop = asyncio.get_running_loop()
         self.batches_written = 0
         self._failing: tuple[float, int] | None = None  # since when, and how many batches failed
+
+    @cached_property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The loop of its first row: it is built with the app, before the app's loop runs."""
+        return asyncio.get_running_loop()
 
     @property
     def pending(self) -> int:

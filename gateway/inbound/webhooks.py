@@ -34,11 +34,11 @@ META_HEADER = "X-Hub-Signature-256"
 
 
 class Webhooks:
-    """The webhook routes; ``committer`` is set once the app's database is up."""
+    """The webhook routes, staging bodies through ``committer``."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, committer: GroupCommitter) -> None:
         self.settings = settings
-        self.committer: GroupCommitter | None = None
+        self.committer = committer
         # Bytes of bodies being read right now, across requests.
         self.budget = ByteBudget(settings.max_inflight_body_bytes)
 
@@ -117,8 +117,6 @@ class Webhooks:
         the committer enforces, or the database). The committer counts what it stored."""
         committer = self.committer
         try:
-            if committer is None:
-                raise Unavailable("starting")
             if tracing.enabled:
                 with tracing.span("webhook.commit", source=source.value):
                     await committer.stage(source, body, delivery_id)

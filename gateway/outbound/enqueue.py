@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-import asyncpg
 import orjson
 
 from gateway import metrics
@@ -43,6 +42,7 @@ from gateway.core.media import media_ids
 from gateway.core.messages import Message, SendRequest
 from gateway.core.settings import Settings
 from gateway.store import idempotency, media, outbox, replies
+from gateway.store.database import Database
 
 log = logging.getLogger(__name__)
 
@@ -116,19 +116,27 @@ class Enqueued:
     fresh: bool = False  # this request created the row: its state is the row's as returned
 
 
+# Writes one keyless request's row with those of concurrent ones; its row once committed.
+Batch = Callable[[outbox.NewMessage], Awaitable[outbox.OutboxRow]]
+
+
 class Enqueuer:
-    """Takes send requests into the outbox; ``pool()`` gives the database once it is up;
-    ``wake()`` is called once a new row is committed (``gateway.outbound.wake``); ``batch``,
-    when set, writes the rows of keyless requests with those of concurrent ones and wakes the
-    senders itself (``gateway.outbound.enqueue_batch``)."""
+    """Takes send requests into the outbox, on ``db`` (open while the app runs); ``wake()`` is
+    called once a new row is committed (``gateway.outbound.wake``); ``batch``, when given,
+    writes the rows of keyless requests with those of concurrent ones and wakes the senders
+    itself (``gateway.outbound.enqueue_batch``)."""
 
     def __init__(
-        self, settings: Settings, pool: Callable[[], asyncpg.Pool], wake: Callable[[], None] | None = None
+        self,
+        settings: Settings,
+        db: Database,
+        wake: Callable[[], None] | None = None,
+        batch: Batch | None = None,
     ) -> None:
         self.settings = settings
-        self.pool = pool
+        self.db = db
         self.wake = wake
-        self.batch: Callable[[outbox.NewMessage], Awaitable[outbox.OutboxRow]] | None = None
+        self.batch = batch
 
     async def refused(self, req: SendRequest) -> list[str]:
         """What the database shows is wrong with the message, before its key is claimed: a
@@ -140,7 +148,7 @@ class Enqueuer:
         if not ids and m.in_reply_to is None:
             return []
         errors = []
-        async with self.pool().acquire() as conn:
+        async with self.db.pool.acquire() as conn:
             if ids:
                 owners = await media.numbers(conn, ids)
                 bound = tenancy.numbers_of(self.settings, req.tenant) is not None
@@ -167,7 +175,7 @@ class Enqueuer:
         the key is fresh and the caller's (nothing is claimed or stored for it)."""
         if keyless:
             return await self._first_request(req, keyless=True, notify_outcome=notify_outcome)
-        pool = self.pool()
+        pool = self.db.pool
         ident = {"tenant": req.tenant, "key": req.key}
         for _ in range(3):
             claimed = await idempotency.claim(
@@ -243,7 +251,7 @@ class Enqueuer:
             if not keyless:
                 # Nothing was written; the key is free again so it is not bound to a refusal.
                 await idempotency.release(
-                    self.pool(), tenant=req.tenant, key=req.key, fingerprint=req.fingerprint
+                    self.db.pool, tenant=req.tenant, key=req.key, fingerprint=req.fingerprint
                 )
             raise
 
@@ -251,12 +259,12 @@ class Enqueuer:
         m = req.body
         if keyless and m.in_reply_to is None:
             # A fresh key, nothing else to write with it: one statement, its own transaction.
-            created, row = await outbox.enqueue(self.pool(), new)
+            created, row = await outbox.enqueue(self.db.pool, new)
             if not created:
                 raise RuntimeError("a fresh key found a row")
             return Enqueued(row, fresh=True)
         replayed = False
-        async with self.pool().acquire() as conn, conn.transaction():
+        async with self.db.pool.acquire() as conn, conn.transaction():
             created, row = await outbox.enqueue(conn, new)
             if not created and row["state"] != "failed":
                 # The key's record expired (or was purged) but its row lives: it is still bound

@@ -25,7 +25,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import asyncpg
 import orjson
 from aiohttp import web
 
@@ -33,13 +32,14 @@ from gateway.core import graphcompat, tenancy
 from gateway.core.messages import SendRequest, fingerprint
 from gateway.core.settings import Settings
 from gateway.httpkit import bearer_tenant
-from gateway.outbound.enqueue import Enqueuer, Refused, location, provider_problems
+from gateway.outbound.enqueue import Batch, Enqueuer, Refused, location, provider_problems
 from gateway.outbound.graph import GraphError
 from gateway.outbound.media_api import MediaApi
 from gateway.outbound.outcomes import OutboxOutcome, OutcomeWaiter
 from gateway.outbound.send_api import MAX_BODY, key_problem, openapi_bytes
 from gateway.outbound.validation import BodyValidator, RequestValidator
 from gateway.store import replies
+from gateway.store.database import Database
 from gateway.store.db import DB_ERRORS
 
 log = logging.getLogger(__name__)
@@ -75,20 +75,23 @@ def _unavailable(trace: str) -> web.Response:
 
 
 class GraphApi:
-    """The Graph-compatible routes; ``pool`` is set once the app's database is up."""
+    """The Graph-compatible routes, on ``db`` (open while the app runs). ``batch``: see
+    ``Enqueuer``."""
 
     def __init__(
         self,
         settings: Settings,
+        db: Database,
         media_api: MediaApi,
         waiter: OutcomeWaiter,
         wake: Callable[[], None] | None = None,
+        batch: Batch | None = None,
     ) -> None:
         self.settings = settings
+        self.db = db
         self.media_api = media_api
         self.waiter = waiter
-        self.pool: asyncpg.Pool | None = None
-        self.enqueuer = Enqueuer(settings, self._pool, wake)
+        self.enqueuer = Enqueuer(settings, db, wake, batch)
         doc = orjson.loads(openapi_bytes())
         self.validator = RequestValidator(doc, "GraphSendRequest")
         self.read_validator = BodyValidator(doc, "GraphReadRequest")
@@ -99,10 +102,6 @@ class GraphApi:
             web.post(f"/{_V}/{{phone_number_id}}/media", self.post_media),
             web.get(f"/{_V_GET}/{{media_id}}", self.get_media),
         ]
-
-    def _pool(self) -> asyncpg.Pool:
-        assert self.pool is not None, "served only after the database is up"
-        return self.pool
 
     def _tenant(self, request: web.Request, trace: str) -> str | web.Response:
         # The key first: a caller without one learns nothing, not even which paths exist.
@@ -175,7 +174,7 @@ class GraphApi:
         return await self._outcome(body, req.key, row["id"], outcome, trace, headers)
 
     async def _read_state(self, row_id: int) -> OutboxOutcome | None:
-        r = await self._pool().fetchrow("SELECT state, wamid FROM outbox WHERE id = $1", row_id)
+        r = await self.db.pool.fetchrow("SELECT state, wamid FROM outbox WHERE id = $1", row_id)
         return None if r is None else OutboxOutcome(r["state"], r["wamid"])
 
     async def _outcome(
@@ -190,7 +189,7 @@ class GraphApi:
         if outcome is not None and outcome.state == "accepted" and outcome.wamid:
             return _answer(200, graphcompat.sent(body, outcome.wamid), headers)
         if outcome is not None and outcome.state in ("failed", "cancelled"):
-            r = await self._pool().fetchrow(
+            r = await self.db.pool.fetchrow(
                 "SELECT provider_error, last_error_code, last_error FROM outbox WHERE id = $1", row_id
             )
             if outcome.state == "cancelled" or r is None:
@@ -213,7 +212,7 @@ class GraphApi:
             return _error(graphcompat.refusal("invalid", "; ".join(errors), trace))
         wamid = body["message_id"]
         try:
-            async with self._pool().acquire() as conn:
+            async with self.db.pool.acquire() as conn:
                 numbers = await replies.received_on(conn, inbound_wamid=wamid)
         except DB_ERRORS:
             return _unavailable(trace)

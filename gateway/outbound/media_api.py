@@ -16,7 +16,6 @@ import re
 import tempfile
 from typing import Any
 
-import asyncpg
 import orjson
 from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -29,6 +28,7 @@ from gateway.outbound.graph import Graph, GraphError
 from gateway.outbound.send_api import openapi_bytes
 from gateway.outbound.validation import BodyValidator
 from gateway.store import media, replies
+from gateway.store.database import Database
 from gateway.store.db import DB_ERRORS
 
 log = logging.getLogger(__name__)
@@ -53,11 +53,11 @@ def _graph_problem(exc: GraphError) -> web.Response:
 
 
 class MediaApi:
-    """Routes that call the Graph API directly; ``pool`` is set once the database is up."""
+    """Routes that call the Graph API directly, on ``db`` (open while the app runs)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, db: Database) -> None:
         self.settings = settings
-        self.pool: asyncpg.Pool | None = None
+        self.db = db
         self.graph = Graph(settings)
         self.read_validator = BodyValidator(orjson.loads(openapi_bytes()), "ReadRequest")
 
@@ -70,10 +70,6 @@ class MediaApi:
 
     async def close(self, _app: web.Application | None = None) -> None:
         await self.graph.close()
-
-    def _pool(self) -> asyncpg.Pool:
-        assert self.pool is not None, "served only after the database is up"
-        return self.pool
 
     def _allowed(self, tenant: str, number: str | None) -> bool:
         return number is not None and tenancy.may_send_from(self.settings, tenant, number)
@@ -93,7 +89,7 @@ class MediaApi:
             return problem(400, "invalid request", "; ".join(errors), errors=errors)
         wamid = body["message_id"]
         try:
-            async with self._pool().acquire() as conn:
+            async with self.db.pool.acquire() as conn:
                 numbers = await replies.received_on(conn, inbound_wamid=wamid)
         except DB_ERRORS:
             return problem(503, "database unavailable, retry later", headers={"Retry-After": "5"})
@@ -113,7 +109,7 @@ class MediaApi:
         if _MEDIA_ID.fullmatch(media_id) is None:
             return problem(404, "no media with this id")
         try:
-            async with self._pool().acquire() as conn:
+            async with self.db.pool.acquire() as conn:
                 row = await media.get(conn, media_id)
         except DB_ERRORS:
             return problem(503, "database unavailable, retry later", headers={"Retry-After": "5"})
@@ -238,7 +234,7 @@ class MediaApi:
             except GraphError as exc:
                 return _graph_problem(exc)
         try:
-            async with self._pool().acquire() as conn:
+            async with self.db.pool.acquire() as conn:
                 await media.record_upload(
                     conn, media_id=media_id, phone_number_id=number, tenant=tenant, mime_type=mime
                 )

@@ -13,7 +13,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import orjson
 from aiohttp import web
 
@@ -25,6 +24,7 @@ from gateway.httpkit import bearer_tenant, problem, unauthorized
 from gateway.outbound.enqueue import Enqueuer, Refused, invalid, location, provider_problems
 from gateway.outbound.validation import RequestValidator
 from gateway.store import idempotency, outbox
+from gateway.store.database import Database
 from gateway.store.db import DB_ERRORS
 
 log = logging.getLogger(__name__)
@@ -93,13 +93,13 @@ def request_validator() -> RequestValidator:
 
 
 class SendApi:
-    """The send API's routes; ``pool`` is set once the app's database is up."""
+    """The send API's routes, on ``db`` (open while the app runs)."""
 
-    def __init__(self, settings: Settings, wake: Callable[[], None] | None = None) -> None:
+    def __init__(self, settings: Settings, db: Database, wake: Callable[[], None] | None = None) -> None:
         self.settings = settings
-        self.pool: asyncpg.Pool | None = None
+        self.db = db
         self.validator = request_validator()
-        self.enqueuer = Enqueuer(settings, self._pool, wake)
+        self.enqueuer = Enqueuer(settings, db, wake)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -109,10 +109,6 @@ class SendApi:
             web.delete("/v1/messages/{key:(?!read$).+}", self.delete_message),
             web.get("/v1/openapi.json", self.get_openapi),
         ]
-
-    def _pool(self) -> asyncpg.Pool:
-        assert self.pool is not None, "the send API is served only after the database is up"
-        return self.pool
 
     async def post_message(self, request: web.Request) -> web.Response:
         tenant = bearer_tenant(self.settings.api_keys, request.headers.get("Authorization"))
@@ -176,7 +172,7 @@ class SendApi:
         if bad is not None:
             return bad
         try:
-            row = await outbox.get(self._pool(), tenant=tenant, key=key)
+            row = await outbox.get(self.db.pool, tenant=tenant, key=key)
         except DB_ERRORS as exc:
             log.warning("message state not read: database %s", type(exc).__name__)
             return problem(503, "database unavailable, retry later", headers={"Retry-After": "5"})
@@ -214,7 +210,7 @@ class SendApi:
         if bad is not None:
             return bad
         try:
-            async with self._pool().acquire() as conn:
+            async with self.db.pool.acquire() as conn:
                 found = await outbox.cancel_pending(conn, tenant=tenant, key=key)
         except DB_ERRORS as exc:
             log.warning("message not cancelled: database %s", type(exc).__name__)

@@ -40,10 +40,11 @@ Connect = Callable[[], Awaitable[asyncpg.Connection]]
 
 
 class SenderWake:
-    """Call it after a commit that made a row due; ``connect`` is set once the database is up."""
+    """Call it after a commit that made a row due; it NOTIFYs on a connection from ``connect``."""
 
-    def __init__(self) -> None:
-        self.connect: Connect | None = None
+    def __init__(self, connect: Connect) -> None:
+        self._connect = connect
+        self._closed = False
         self._conn: asyncpg.Connection | None = None
         self._local: list[Callable[[], None]] = []
         self._task: asyncio.Task[None] | None = None
@@ -59,12 +60,12 @@ class SenderWake:
             for wake in self._local:
                 wake()
             return
-        if self.connect is None:
+        if self._closed:
             return
         if self._task is not None and not self._task.done():
             self._again = True  # the one under way may have left before this commit
             return
-        self._task = asyncio.get_running_loop().create_task(self._notify(self.connect))
+        self._task = asyncio.get_running_loop().create_task(self._notify(self._connect))
 
     async def _notify(self, connect: Connect) -> None:
         again = True
@@ -87,7 +88,7 @@ class SenderWake:
 
     async def close(self) -> None:
         """Let the wake under way finish, and close the connection."""
-        self.connect = None
+        self._closed = True
         if self._task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._task, TIMEOUT_S)

@@ -79,14 +79,13 @@ def build(pool: asyncpg.Pool, settings: Settings, roles: Roles) -> Services:
     """The services ``roles`` asks for, on ``pool``. In-process consumers wake an in-process
     forwarder right after their commits (other processes' forwarders wake on NOTIFY)."""
     out = Services()
-    if roles.consumers:
-        out.consumers = ConsumerGroup(pool, settings)
-    if roles.sender:
-        out.sender = Sender(pool, settings)
     if roles.forwarder:
         out.forwarder = Forwarder(pool, settings)
-        if out.consumers is not None:
-            out.consumers.on_deliveries(out.forwarder.wake.set)
+    if roles.consumers:
+        wake = out.forwarder.wake.set if out.forwarder is not None else None
+        out.consumers = ConsumerGroup(pool, settings, on_deliveries=wake)
+    if roles.sender:
+        out.sender = Sender(pool, settings)
     if roles:
         out.maintenance = Maintenance(
             pool, settings, inbound=roles.consumers, outbound=roles.sender, forward=roles.forwarder

@@ -105,9 +105,10 @@ def functions() -> tuple[Function, ...]:
 
 
 def present() -> list[str]:
-    """Every ``.sql`` file under ``sql/``, as a path relative to it."""
+    """Every ``.sql`` file the code loads (``sql/{functions,migrations,queries}/``), as a path
+    relative to ``sql/``; ``sql/schema.sql`` is for reading only."""
     root = sql_dir()
-    return sorted(str(path.relative_to(root)) for path in root.rglob("*.sql"))
+    return sorted(str(path.relative_to(root)) for path in root.glob("*/*.sql"))
 
 
 def missing() -> list[str]:

@@ -1,11 +1,13 @@
 """The aiohttp application: routes, the typed keys it holds, and the resources its requests
-use, owned via ``cleanup_ctx`` (database pool, group committer, metrics listener). The
+use. Each object that serves requests is built with what it uses (the ``Database``, the group
+committer, the senders' wake-up); the ``cleanup_ctx`` steps open and close those resources
+(database pool, committer, enqueue batcher, metrics listener), never patch the objects. The
 background services ``gateway serve`` runs beside it are attached by gateway.runtime.services."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import asyncpg
 from aiohttp import web
@@ -19,13 +21,15 @@ from gateway.outbound.media_api import MediaApi
 from gateway.outbound.outcomes import OutcomeWaiter, running
 from gateway.outbound.send_api import SendApi
 from gateway.outbound.wake import SenderWake
-from gateway.store.db import connect, create_pool, migrate_dsn
+from gateway.store.database import Database
+from gateway.store.db import migrate_dsn
 from gateway.web import access
 from gateway.web.health import HealthChecks, metrics_listener
 
 log = logging.getLogger(__name__)
 
 SETTINGS = web.AppKey("settings", Settings)
+DATABASE = web.AppKey("database", Database)
 POOL = web.AppKey("pool", asyncpg.Pool)
 COMMITTER = web.AppKey("committer", GroupCommitter)
 WEBHOOKS = web.AppKey("webhooks", Webhooks)
@@ -34,6 +38,7 @@ MEDIA_API = web.AppKey("media_api", MediaApi)
 GRAPH_API = web.AppKey("graph_api", GraphApi)
 SENDER_WAKE = web.AppKey("sender_wake", SenderWake)
 HEALTH = web.AppKey("health", HealthChecks)
+ENQUEUE_BATCHER = web.AppKey("enqueue_batcher", EnqueueBatcher)
 
 
 async def _database(app: web.Application) -> AsyncIterator[None]:
@@ -41,18 +46,12 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     assert s.database_url, "database_url must be resolved before the app starts"
     if s.migrate_on_start:
         await migrate_dsn(s.database_url, timeout=s.db_connect_timeout_s)
-    pool = await create_pool(s.database_url, s.db_pool_min, s.db_pool_max, timeout=s.db_connect_timeout_s)
-    app[POOL] = pool
-    app[SEND_API].pool = pool
-    app[MEDIA_API].pool = pool
-    app[GRAPH_API].pool = pool
-    app[SENDER_WAKE].connect = _own_connections(s)
-    app[HEALTH].pool = pool
+    app[POOL] = await app[DATABASE].open(s.db_pool_min, s.db_pool_max)
     # /readyz answers from a probe run once a second, not per request.
     async with app[HEALTH].probing():
         yield
     await app[SENDER_WAKE].close()
-    await pool.close()
+    await app[DATABASE].close()
 
 
 async def _outcomes(app: web.Application) -> AsyncIterator[None]:
@@ -61,26 +60,10 @@ async def _outcomes(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-def _own_connections(s: Settings) -> Callable[[], Awaitable[asyncpg.Connection]]:
-    """Connections outside the pool: a hot path that owns them pays no acquire, no reset, and
-    busy consumers or senders cannot starve it."""
-    dsn = s.database_url
-    assert dsn
-
-    async def connect_() -> asyncpg.Connection:
-        return await connect(dsn, timeout=s.db_connect_timeout_s)
-
-    return connect_
-
-
 async def _enqueue_batcher(app: web.Application) -> AsyncIterator[None]:
-    """Keyless Graph-compatible requests share INSERTs and COMMITs, on connections of their own."""
-    batcher = EnqueueBatcher(_own_connections(app[SETTINGS]), app[SENDER_WAKE])
-    enqueuer = app[GRAPH_API].enqueuer
-    enqueuer.batch = batcher.enqueue
+    """At shutdown, the batches under way are committed and its connections closed."""
     yield
-    enqueuer.batch = None
-    await batcher.close()
+    await app[ENQUEUE_BATCHER].close()
 
 
 async def _metrics_listener(app: web.Application) -> AsyncIterator[None]:
@@ -91,19 +74,9 @@ async def _metrics_listener(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _committer(app: web.Application) -> AsyncIterator[None]:
-    s = app[SETTINGS]
-    committer = GroupCommitter(
-        _own_connections(s),
-        window_s=s.commit_window_ms / 1000,
-        max_batch=s.commit_max_batch,
-        max_inflight=s.commit_max_inflight,
-        deadline_s=s.ack_deadline_ms / 1000,
-    )
-    app[COMMITTER] = committer
-    app[WEBHOOKS].committer = committer
+    """At shutdown, what is staged is committed (or answered 503) and its connections closed."""
     yield
-    app[WEBHOOKS].committer = None
-    await committer.close()
+    await app[COMMITTER].close()
 
 
 def build_app(settings: Settings) -> web.Application:
@@ -113,14 +86,28 @@ def build_app(settings: Settings) -> web.Application:
         client_max_size=settings.max_body_bytes, middlewares=[access.middleware(settings.access_log_rate)]
     )
     app[SETTINGS] = settings
-    app[WEBHOOKS] = Webhooks(settings)
+    # Opened by _database once the app starts; the hot paths below own connections of their
+    # own besides (Database.connect): no acquire, no reset, no starving behind the pool's users.
+    db = app[DATABASE] = Database(settings.database_url, connect_timeout_s=settings.db_connect_timeout_s)
+    app[COMMITTER] = GroupCommitter(
+        db.connect,
+        window_s=settings.commit_window_ms / 1000,
+        max_batch=settings.commit_max_batch,
+        max_inflight=settings.commit_max_inflight,
+        deadline_s=settings.ack_deadline_ms / 1000,
+    )
+    app[WEBHOOKS] = Webhooks(settings, app[COMMITTER])
     # Both send front ends wake the senders after their commits (this process's sender, when
     # gateway.runtime.services runs one here, else by NOTIFY).
-    app[SENDER_WAKE] = SenderWake()
-    app[SEND_API] = SendApi(settings, app[SENDER_WAKE])
-    app[MEDIA_API] = MediaApi(settings)
-    app[GRAPH_API] = GraphApi(settings, app[MEDIA_API], OutcomeWaiter(settings), app[SENDER_WAKE])
-    app[HEALTH] = HealthChecks()
+    wake = app[SENDER_WAKE] = SenderWake(db.connect)
+    # Keyless Graph-compatible requests share INSERTs and COMMITs.
+    app[ENQUEUE_BATCHER] = EnqueueBatcher(db.connect, wake)
+    app[SEND_API] = SendApi(settings, db, wake)
+    app[MEDIA_API] = MediaApi(settings, db)
+    app[GRAPH_API] = GraphApi(
+        settings, db, app[MEDIA_API], OutcomeWaiter(settings), wake, app[ENQUEUE_BATCHER].enqueue
+    )
+    app[HEALTH] = HealthChecks(db)
     app.router.add_routes(app[WEBHOOKS].routes())
     # /metrics names destinations and phone-number ids: never on the public port unless asked for.
     app.router.add_routes(app[HEALTH].routes(metrics=settings.metrics_public))

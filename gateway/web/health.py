@@ -22,13 +22,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
 from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry, multiprocess
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from gateway import metrics
 from gateway.core.heartbeat import HEARTBEATS
+from gateway.store.database import Database
 from gateway.store.db import latest_version, readiness
 
 log = logging.getLogger(__name__)
@@ -66,10 +66,12 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 class HealthChecks:
-    """HealthChecks routes; ``pool`` is set once the app's database is up."""
+    """Health routes, probing ``db`` (open while the app runs)."""
 
-    def __init__(self, interval_s: float = PROBE_INTERVAL_S, timeout_s: float = PROBE_TIMEOUT_S) -> None:
-        self.pool: asyncpg.Pool | None = None
+    def __init__(
+        self, db: Database, interval_s: float = PROBE_INTERVAL_S, timeout_s: float = PROBE_TIMEOUT_S
+    ) -> None:
+        self.db = db
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self._status = 503
@@ -88,15 +90,15 @@ class HealthChecks:
         pooled connection still on a server that became a standby or read-only) it is 503, and
         the pool's connections are replaced, so new ones find the writable primary."""
         try:
-            assert self.pool is not None, "database not up yet"
+            pool = self.db.pool
             async with asyncio.timeout(self.timeout_s):
-                version, writable = await readiness(self.pool)
+                version, writable = await readiness(pool)
         except Exception as exc:
             self._set(503, {"status": "unavailable", "reason": f"database: {type(exc).__name__}"})
             return
         want = latest_version()
         if not writable:
-            await self.pool.expire_connections()
+            await pool.expire_connections()
             self._set(503, {"status": "unavailable", "reason": "database: not a writable primary"})
         elif version < want:
             self._set(503, {"status": "unavailable", "reason": f"schema at {version}, want {want}"})

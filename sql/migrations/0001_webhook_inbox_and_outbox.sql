@@ -19,6 +19,7 @@ CREATE INDEX webhook_inbox_dead ON webhook_inbox (id) WHERE state = 'dead';
 CREATE INDEX webhook_inbox_processed ON webhook_inbox (processed_at) WHERE state = 'done';
 
 -- One NOTIFY per inserting statement (one per group-commit batch), not per row.
+-- Superseded: the current source is sql/functions/webhook_inbox_notify.sql (this body is kept as released).
 CREATE FUNCTION webhook_inbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('webhook_inbox', '');

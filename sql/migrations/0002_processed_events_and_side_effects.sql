@@ -29,6 +29,7 @@ CREATE TABLE inbound_messages (
 CREATE INDEX inbound_messages_received_at ON inbound_messages (received_at);
 
 -- One NOTIFY per inserting statement (one per consumer batch), only when rows landed.
+-- Superseded: the current source is sql/functions/inbound_messages_notify.sql (this body is kept as released).
 CREATE FUNCTION inbound_messages_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     top bigint;
@@ -56,6 +57,7 @@ CREATE TABLE reply_claims (
     claimed_at    timestamptz NOT NULL DEFAULT now()
 );
 
+-- Superseded: the current source is sql/functions/claim_reply.sql (this body is kept as released).
 CREATE FUNCTION claim_reply(p_inbound_wamid text, p_claimed_by text) RETURNS boolean
 LANGUAGE sql AS $$
     WITH ins AS (
@@ -89,6 +91,7 @@ CREATE INDEX message_statuses_recorded_at ON message_statuses (recorded_at);
 
 -- Delivery states only move forward. failed is terminal and kept with its errors;
 -- statuses we do not know rank 0 and never move the state (they stay in the history).
+-- Superseded: the current source is sql/functions/delivery_rank.sql (this body is kept as released).
 CREATE FUNCTION delivery_rank(status text) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE status

@@ -64,6 +64,7 @@ CREATE INDEX deliveries_open_conversation ON deliveries (destination_id, convers
 CREATE INDEX deliveries_received ON deliveries (destination_id, received_at);
 
 -- Wake the forwarders: one NOTIFY per inserting statement, only when rows landed.
+-- Superseded: the current source is sql/functions/deliveries_notify.sql (this body is kept as released).
 CREATE FUNCTION deliveries_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM new_rows) THEN

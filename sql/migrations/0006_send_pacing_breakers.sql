@@ -37,6 +37,7 @@ CREATE TABLE send_breakers (
 );
 
 -- Wake the senders when the send API (or anything else) enqueues: one NOTIFY per statement.
+-- Superseded: outbox_notify() is dropped by 0022_outbox_wake_after_commit (this body is kept as released).
 CREATE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('outbox', '');

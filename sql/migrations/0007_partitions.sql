@@ -28,6 +28,7 @@
 -- standalone and then ATTACHed: ATTACH PARTITION takes only SHARE UPDATE EXCLUSIVE on the
 -- parent, so inserts and claims go on (CREATE TABLE ... PARTITION OF would lock them out);
 -- the parent's indexes are built on the empty table and its identity is shared.
+-- Superseded: the current source is sql/functions/partition_ensure_day.sql (this body is kept as released).
 CREATE FUNCTION partition_ensure_day(parent text, day date) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -58,6 +59,7 @@ END;
 $$;
 
 -- The days of `parent`'s day partitions, oldest first (the sentinel partition is not a day).
+-- Superseded: the current source is sql/functions/partition_days.sql (this body is kept as released).
 CREATE FUNCTION partition_days(parent text) RETURNS SETOF date
 LANGUAGE sql STABLE AS $$
     SELECT to_date(right(c.relname, 8), 'YYYYMMDD') AS day
@@ -72,6 +74,7 @@ $$;
 -- whether an interrupted DETACH ... CONCURRENTLY left it pending. The job detaches it
 -- CONCURRENTLY (no lock that blocks writers) and drops the detached table; neither can run
 -- inside a function, so the statements are in sql/queries/retention.sql.
+-- Superseded: the current source is sql/functions/partition_oldest_before.sql (this body is kept as released).
 CREATE FUNCTION partition_oldest_before(parent text, cutoff date, OUT name text, OUT detach_pending boolean)
 LANGUAGE sql STABLE AS $$
     SELECT c.relname::text, i.inhdetachpending

@@ -8,6 +8,7 @@ ALTER TABLE reply_claims ADD COLUMN tenant text;
 ALTER TABLE reply_claims ADD COLUMN idem_key text;
 
 -- Same signature and meaning for its callers: true once per (wamid, bot), false after.
+-- Superseded: the current source is sql/functions/claim_reply.sql (this body is kept as released).
 CREATE OR REPLACE FUNCTION claim_reply(p_inbound_wamid text, p_claimed_by text) RETURNS boolean
 LANGUAGE sql AS $$
     WITH ins AS (

@@ -19,6 +19,7 @@
 -- rebuilds its indexes in one pass, without the dead tuples an UPDATE would leave): on a
 -- large database, run `gateway migrate` in a quiet window, as for 0007.
 
+-- Superseded: the current source is sql/functions/event_subject.sql (this body is kept as released).
 CREATE FUNCTION event_subject(event_key text) RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
     SELECT CASE
@@ -100,6 +101,7 @@ CREATE INDEX webhook_inbox_lane_due ON webhook_inbox (lane, next_attempt_at, id)
 
 -- New day partitions are created LIKE their parent and then attached: the stored lane must
 -- come along as a generated column, or ATTACH refuses the partition.
+-- Superseded: the current source is sql/functions/partition_ensure_day.sql (this body is kept as released).
 CREATE OR REPLACE FUNCTION partition_ensure_day(parent text, day date) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE

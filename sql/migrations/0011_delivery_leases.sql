@@ -68,6 +68,7 @@ ALTER TABLE delivery_leases SET (toast_tuple_target = 8160);
 -- With $14 (housekeeping), after the round: the leases of dead forwarders are deleted (and
 -- rows an earlier version marked 'delivering' released), and open breakers whose cool-down
 -- ($15 seconds) has passed turn half-open, one row each (NULL, 'half_open', ..., name).
+-- Superseded: the current source is sql/functions/forward_round.sql (this body is kept as released).
 CREATE FUNCTION forward_round(
     bigint[], text[], float8[], int[], text[], bigint[], bool[], int[], int, int, float8,
     bigint[], text, boolean, float8, bigint[]

@@ -24,6 +24,7 @@ ALTER TABLE delivery_leases ALTER COLUMN ids SET STORAGE EXTERNAL;
 ALTER TABLE deliveries SET (autovacuum_vacuum_scale_factor = 0.02);
 
 -- forward_round() as in 0011 (see there), but for the lease's "still held" test.
+-- Superseded: the current source is sql/functions/forward_round.sql (this body is kept as released).
 CREATE OR REPLACE FUNCTION forward_round(
     bigint[], text[], float8[], int[], text[], bigint[], bool[], int[], int, int, float8,
     bigint[], text, boolean, float8, bigint[]

@@ -11,6 +11,7 @@ ALTER TABLE destinations ADD COLUMN due_from timestamptz NOT NULL DEFAULT '-infi
 
 -- forward_round() as in 0012 (see 0011 for the whole round), with the claim's lower bound and
 -- its recomputation in the housekeeping.
+-- Superseded: the current source is sql/functions/forward_round.sql (this body is kept as released).
 CREATE OR REPLACE FUNCTION forward_round(
     bigint[], text[], float8[], int[], text[], bigint[], bool[], int[], int, int, float8,
     bigint[], text, boolean, float8, bigint[]

@@ -23,6 +23,7 @@ ALTER TABLE outbox ADD COLUMN retry_until timestamptz;
 -- transaction advisory lock (namespace 0x67777270, "gwrp"; the second key a hash of the wamid),
 -- so the check and the insert are one step; a rollback releases the claim with the lock.
 -- Returns nothing when the claim is ours, else the claim that stands in the way.
+-- Superseded: the current source is sql/functions/reply_claim.sql (this body is kept as released).
 CREATE FUNCTION reply_claim(p_wamid text, p_bot text, p_tenant text, p_key text, p_per_bot boolean)
 RETURNS TABLE (holder_tenant text, holder_bot text, holder_key text)
 LANGUAGE plpgsql AS $$
@@ -43,6 +44,7 @@ END;
 $$;
 
 -- For SQL callers: true the first time a message is claimed, false once anyone answered it.
+-- Superseded: the current source is sql/functions/claim_reply.sql (this body is kept as released).
 CREATE OR REPLACE FUNCTION claim_reply(p_inbound_wamid text, p_claimed_by text) RETURNS boolean
 LANGUAGE sql AS $$
     SELECT NOT EXISTS (SELECT 1 FROM reply_claim(p_inbound_wamid, p_claimed_by, NULL, NULL, false));

@@ -59,6 +59,7 @@ CREATE TABLE outbox_attempts (
 );
 CREATE INDEX outbox_attempts_row ON outbox_attempts (outbox_id, at);
 
+-- Superseded: the current source is sql/functions/outbox_attempts_record.sql (this body is kept as released).
 CREATE FUNCTION outbox_attempts_record() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO outbox_attempts (outbox_id, sent_at, outcome, code, error, wamid)

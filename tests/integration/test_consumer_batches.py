@@ -125,12 +125,12 @@ async def test_after_a_batch_that_left_nothing_due_the_loop_waits(db_dsn: str, s
         await asyncio.sleep(0.3)
         assert len(claims) == 1
         await stage(pool, to_bytes(messages_payload(message_obj("wamid.W2"))))
-        consumer.wake.set()  # as a NOTIFY does
+        consumer.wake()  # as a NOTIFY does
         await until(lambda: done(2), what="the second row")
         assert len(claims) == 2
     finally:
         stop.set()
-        consumer.wake.set()
+        consumer.wake()
         await task
         await pool.close()
 

@@ -179,7 +179,7 @@ async def test_system_fault_writes_nothing_and_the_consumer_backs_off(
             assert len(reads) == 1
         finally:
             stop.set()
-            consumer.wake.set()
+            consumer.wake()
             await task
         # Nothing was written: no attempt, no dead item, nothing moved aside; the rows wait as lag.
         await no_dead(pool)

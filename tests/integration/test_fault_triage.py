@@ -147,7 +147,7 @@ async def test_a_row_that_kills_its_connection_is_taken_alone_and_parked(
                 await asyncio.sleep(0.05)
         finally:
             stop.set()
-            consumer.wake.set()
+            consumer.wake()
             await task
         row = await pool.fetchrow("SELECT attempts, last_error FROM inbox_parked WHERE inbox_id = $1", poison)
         assert row["attempts"] == 2 and "taken alone" in row["last_error"]

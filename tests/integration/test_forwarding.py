@@ -456,13 +456,12 @@ async def test_a_consumer_wakes_an_in_process_forwarder_after_committing_deliver
     # gateway serve wires this to its forwarder's wake-up: no wait for the NOTIFY to come back
     # through PostgreSQL. Only a batch that inserted deliveries calls it, after its COMMIT.
     await add(pool, "bot", "http://127.0.0.1:9/b", ("message",))
-    consumer = Consumer(pool, settings)
     calls: list[int] = []
 
     def woken() -> None:
         calls.append(1)
 
-    consumer.on_deliveries = woken
+    consumer = Consumer(pool, settings, on_deliveries=woken)
     message = to_bytes(messages_payload(message_obj("wamid.W1")))
     await stage(pool, message)
     assert await consumer.process_batch() == 1

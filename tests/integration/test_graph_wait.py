@@ -231,8 +231,7 @@ async def test_wakes_of_concurrent_commits_share_notifies(
 ) -> None:
     """Commits before the NOTIFY leaves share it; those while it is under way share one more;
     a database that cannot be reached costs a warning, never the request."""
-    wake = SenderWake()
-    wake.connect = lambda: connect(db_dsn)
+    wake = SenderWake(lambda: connect(db_dsn))
 
     async def commits() -> None:
         for _ in range(100):
@@ -243,8 +242,7 @@ async def test_wakes_of_concurrent_commits_share_notifies(
         await wake.close()
 
     assert await _heard(db_dsn, "outbox", commits) == ["", ""]
-    down = SenderWake()
-    down.connect = lambda: connect(f"postgresql://nobody@127.0.0.1:{closed_port()}/none", timeout=1)
+    down = SenderWake(lambda: connect(f"postgresql://nobody@127.0.0.1:{closed_port()}/none", timeout=1))
     down()
     await down.close()
     assert "senders not woken (they poll)" in caplog.text

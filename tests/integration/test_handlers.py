@@ -9,9 +9,10 @@ import asyncpg
 import pytest
 
 from examples import echo_bot, order_updater
+from gateway.core.events import InboundMessage
 from gateway.core.faults import ConsumerHealth
 from gateway.core.settings import Settings
-from gateway.handlers import Registry
+from gateway.handlers import HANDLER_TENANT, Registry, reply
 from gateway.inbound.consumer import Consumer
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
 from tests.support.config import replace
@@ -186,3 +187,32 @@ async def test_handlers_plan_their_statements_with_the_sessions_setting(
     await stage(pool, to_bytes(messages_payload(message_obj("wamid.PLAN1"), message_obj("wamid.PLAN2"))))
     await drain(pool, settings, reg, ConsumerHealth(time.monotonic))
     assert seen == ["auto", "auto"]
+
+
+async def test_handler_replies_follow_the_per_bot_rule_of_the_consumer_running_them(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    """GATEWAY_REPLY_PER_BOT_TENANTS as the consumer running the handler has it, whichever
+    consumers were made since in the same process (and reply() outside one: once per message)."""
+    answered: list[bool] = []
+
+    async def two_bots(ev: InboundMessage, conn: asyncpg.Connection) -> None:
+        for bot in ("orders", "survey"):
+            answered.append(await reply(conn, ev, bot=bot, text="hi"))
+
+    reg = Registry()
+    reg.message()(two_bots)
+    health = ConsumerHealth(time.monotonic)
+    per_bot = Consumer(
+        pool, replace(settings, reply_per_bot_tenants=(HANDLER_TENANT,)), handlers=reg, health=health
+    )
+    once = Consumer(pool, settings, handlers=reg, health=health)  # made after: its rule is its own
+    await stage(pool, to_bytes(messages_payload(message_obj("wamid.PB1"))))
+    while await per_bot.step():
+        pass
+    await stage(pool, to_bytes(messages_payload(message_obj("wamid.PB2"))))
+    while await once.step():
+        pass
+    assert answered == [True, True, True, False]
+    keys = [r["idem_key"] for r in await pool.fetch("SELECT idem_key FROM outbox ORDER BY idem_key")]
+    assert keys == ["reply:orders:wamid.PB1", "reply:orders:wamid.PB2", "reply:survey:wamid.PB1"]
