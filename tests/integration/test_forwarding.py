@@ -292,7 +292,7 @@ async def test_gateway_serve_forwards_a_meta_webhook_end_to_end(
     assert app is not None
     running = app[SERVICES]
     assert running.forwarder is not None and running.consumers is not None
-    assert all(c.on_deliveries == running.forwarder.wake.set for c in running.consumers.consumers)
+    assert all(c._on_deliveries == running.forwarder.wake.set for c in running.consumers.consumers)
     body = to_bytes(messages_payload(message_obj("wamid.E2E", "hello")))
     headers = {"Content-Type": "application/json", "X-Hub-Signature-256": sign_meta(body, META_SECRET)}
     for _ in range(2):  # Meta redelivers: still one delivery
