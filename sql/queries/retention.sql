@@ -5,8 +5,11 @@
 
 -- name: partition_lock_timeout
 -- Creating or dropping a partition locks its parent: never queue behind a long transaction
--- (and so block every writer queued behind us); the job retries on its next run.
-SET LOCAL lock_timeout = '2s';
+-- (and so block every writer queued behind us); the job retries on its next run. And never
+-- hold those locks idle: a process stopped before its COMMIT (SIGSTOP, a paused VM) would
+-- block every reader of the default partition until it came back; the server ends such a
+-- transaction (and its session) after a few seconds instead.
+SET LOCAL lock_timeout = '2s'; SET LOCAL idle_in_transaction_session_timeout = '5s';
 
 -- name: partition_session_lock_timeout
 -- The same for DETACH ... CONCURRENTLY, which runs outside a transaction (its wait for the

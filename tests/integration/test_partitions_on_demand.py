@@ -152,3 +152,24 @@ async def test_a_redelivery_after_midnight_meets_its_key(
         "SELECT event_day FROM processed_webhook_events WHERE event_key LIKE 'status:wamid.AHEAD%'"
     )
     assert [r[0] for r in keys] == [stamp.date()]
+
+
+async def test_a_process_that_hangs_after_making_a_partition_holds_its_table_for_seconds_only(
+    pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """A replica stopped (SIGSTOP, a paused VM) between making a partition and its COMMIT
+    leaves a transaction idle that holds the default partition's lock (rows of the new day
+    move out of it): the server ends that transaction, so readers whose scan includes the
+    default partition (a key looked up without its day: the console, replay) go on within seconds
+    instead of waiting for the process to come back."""
+    hung = await asyncpg.connect(db_dsn)
+    try:
+        with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, ConnectionError)):
+            async with hung.transaction():  # ensure_day's own transaction becomes a savepoint
+                day = TODAY + timedelta(days=40)
+                assert await store.ensure_day(hung, table="processed_webhook_events", day=day)
+                seen = pool.fetchval("SELECT count(*) FROM processed_webhook_events WHERE event_key = 'msg:wamid.HUNG'")
+                assert await asyncio.wait_for(seen, 30) == 0
+                await hung.execute("SELECT 1")  # its session was ended meanwhile
+    finally:
+        await hung.close()
