@@ -1,0 +1,161 @@
+"""Retrying what a consumer moved aside: webhooks in ``inbox_parked`` (the whole row again, as
+a batch of one) and events in ``dead_events`` (rebuilt from their raw fragment), each in its
+own savepoint, with backoff; dead after ``max_attempts``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import asyncpg
+
+from gateway.core.backoff import backoff_delay
+from gateway.core.errors import describe
+from gateway.core.faults import ConsumerHealth, Fault, Verdict, verdict
+from gateway.core.planning import plan_event
+from gateway.core.settings import Settings
+from gateway.inbound import triage
+from gateway.inbound.applier import Applier, Conn, Deferred
+from gateway.inbound.dead_items import error_text, rebuild
+from gateway.store import dead_events, inbox
+
+# The consumer's log: its lines keep the consumer's name wherever the code that writes them is.
+log = logging.getLogger("gateway.inbound.consumer")
+
+
+class Retries:
+    """One consumer's retries of the webhooks and events moved aside and due."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        settings: Settings,
+        applier: Applier,
+        *,
+        rand: Callable[[], float],
+        health: ConsumerHealth,
+        idle_bound: str,
+        on_deliveries: Callable[[], None] | None,
+    ) -> None:
+        self._pool = pool
+        self._s = settings
+        self._apply = applier
+        self._rand = rand
+        self._health = health
+        self._idle_bound = idle_bound
+        self._on_deliveries = on_deliveries
+
+    async def due(self) -> int:
+        """Retry due webhooks moved aside, then due dead items, each in its own savepoint;
+        returns how many were claimed."""
+        return await self._retry_parked() + await self._retry_dead_events()
+
+    async def _retry_parked(self) -> int:
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(self._idle_bound)
+            rows = await inbox.parked_claim(conn, limit=self._s.consumer_batch)
+            done: list[int] = []
+            for i, row in enumerate(rows):
+                try:
+                    async with conn.transaction():
+                        forwards = await self._apply.handle(conn, [row], None, None)
+                except Deferred as d:
+                    rest = [r.id for r in rows[i:]]
+                    await inbox.parked_defer(conn, ids=rest, delay_s=d.delay, error=describe(d.cause))
+                    break
+                except Exception as exc:
+                    if conn.is_closed():
+                        raise
+                    s = self._s
+                    delay = backoff_delay(
+                        row.attempts + 1, s.retry_base_ms / 1000, s.retry_max_ms / 1000, self._rand
+                    )
+                    await triage.parked_attempt(
+                        conn, inbox_id=row.id, max_attempts=s.max_attempts, delay_s=delay, exc=exc
+                    )
+                else:
+                    done.append(row.id)
+                    if forwards and self._on_deliveries is not None:
+                        self._on_deliveries()
+            await inbox.parked_done(conn, ids=done)
+        self._apply.claimed = []
+        if rows:
+            self._health.succeeded([r.id for r in rows])
+        return len(rows)
+
+    async def _retry_dead_events(self) -> int:
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(self._idle_bound)
+            claimed = await dead_events.claim(conn, limit=self._s.consumer_batch)
+            if not claimed:
+                return 0
+            try:
+                async with conn.transaction():
+                    await self._retry_items(conn, claimed)
+            except Exception as exc:
+                if conn.is_closed():
+                    raise
+                cause = triage.cause(exc)
+                delay = self._apply.fault(cause)
+                for it in claimed:
+                    await dead_events.failed(
+                        conn,
+                        item_id=it.id,
+                        state=dead_events.RETRY,
+                        attempts=0,
+                        deferrals=1,
+                        delay_s=delay,
+                        error=describe(cause),
+                    )
+                return len(claimed)
+        self._health.succeeded()
+        return len(claimed)
+
+    async def _retry_items(self, conn: Conn, claimed: list[dead_events.Claimed]) -> None:
+        done: list[int] = []
+        failures: list[tuple[dead_events.Claimed, BaseException, Fault]] = []
+        for it in claimed:
+            try:
+                async with conn.transaction():
+                    for ev in rebuild(it):
+                        result = await inbox.apply_plan(
+                            conn,
+                            plan_event(ev, it.inbox_id, it.source),
+                        )
+                        if result.fresh_keys and b"\\u" in it.fragment:
+                            await dead_events.record_fragments(
+                                conn,
+                                keys=[ev.key],
+                                inbox_ids=[it.inbox_id],
+                                paths=[it.path],
+                                fragments=[it.fragment],
+                            )
+                        if self._apply.handlers and result.fresh_keys:
+                            await self._apply.run_handlers(conn, ev, result.callers)
+            except Exception as exc:
+                failures.append((it, exc, await self._apply.event_fault(conn, exc, it.kind)))
+            else:
+                done.append(it.id)
+        await dead_events.done(conn, ids=done)
+        s = self._s
+        for it, error, fault in failures:
+            v = verdict(fault, probe_failed=False)
+            attempts = it.attempts + (v is Verdict.ATTEMPT)
+            dead = v is Verdict.DEAD or (v is Verdict.ATTEMPT and attempts >= s.max_attempts)
+            delay = self._apply.item_delay(v, attempts, it.deferrals + 1)
+            await dead_events.failed(
+                conn,
+                item_id=it.id,
+                state=dead_events.DEAD if dead else dead_events.RETRY,
+                attempts=int(v is not Verdict.DEFER),
+                deferrals=int(v is Verdict.DEFER),
+                delay_s=delay,
+                error=error_text(error),
+            )
+            self._apply.count_item(
+                dead_events.DEAD if dead else dead_events.RETRY, v is Verdict.DEFER, it.kind
+            )
+            if dead:
+                log.error(
+                    "dead item %d (%s) parked after %d attempts: %s", it.id, it.event_key, attempts, error
+                )
