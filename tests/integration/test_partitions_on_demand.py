@@ -168,7 +168,9 @@ async def test_a_process_that_hangs_after_making_a_partition_holds_its_table_for
             async with hung.transaction():  # ensure_day's own transaction becomes a savepoint
                 day = TODAY + timedelta(days=40)
                 assert await store.ensure_day(hung, table="processed_webhook_events", day=day)
-                seen = pool.fetchval("SELECT count(*) FROM processed_webhook_events WHERE event_key = 'msg:wamid.HUNG'")
+                seen = pool.fetchval(
+                    "SELECT count(*) FROM processed_webhook_events WHERE event_key = 'msg:wamid.HUNG'"
+                )
                 assert await asyncio.wait_for(seen, 30) == 0
                 await hung.execute("SELECT 1")  # its session was ended meanwhile
     finally:
