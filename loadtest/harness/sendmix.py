@@ -129,12 +129,16 @@ async def start_sender(env: Env, name: str, pair_interval_s: float) -> processes
         "GATEWAY_METRICS_PORT": str(port),
     }
     proc = processes.start_sender(env.dsn, env.log_dir, name, port, extra)
-    await proc.wait_ready("/healthz")
-    deadline = time.monotonic() + 30
-    while not await env.pool.fetchval(q("lt_listeners"), "outbox"):
-        if time.monotonic() > deadline or not proc.alive():
-            raise RuntimeError(f"{name} never listened:\n{proc.log_tail()}")
-        await asyncio.sleep(0.05)
+    try:
+        await proc.wait_ready("/healthz")
+        deadline = time.monotonic() + 30
+        while not await env.pool.fetchval(q("lt_listeners"), "outbox"):
+            if time.monotonic() > deadline or not proc.alive():
+                raise RuntimeError(f"{name} never listened:\n{proc.log_tail()}")
+            await asyncio.sleep(0.05)
+    except BaseException:
+        proc.stop()  # a bench that fails leaves no sender behind
+        raise
     return proc
 
 
