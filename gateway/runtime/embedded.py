@@ -16,7 +16,6 @@ from typing import Any
 
 from gateway.core.aio import sleep_unless_stopped
 from gateway.core.heartbeat import HEARTBEATS, Beat
-from gateway.runtime import pgwatch
 from gateway.runtime.startup import StartupError
 
 log = logging.getLogger(__name__)
@@ -71,6 +70,10 @@ def _start_watchdog(pgdata: Path) -> None:
 
 def running(pgdata: Path) -> bool:
     """The embedded server under ``pgdata`` is up."""
+    # Imported here: pgwatch needs psutil, which only the [embedded] extra brings; a gateway
+    # on an external PostgreSQL (the image) imports this module without it.
+    from gateway.runtime import pgwatch
+
     return pgwatch.postmaster_running(pgdata)
 
 
