@@ -18,6 +18,7 @@ import aiohttp
 import asyncpg
 
 from gateway.store import outbox
+from gateway.store.listen import LISTENER_NAME
 from gateway.testing.ports import free_port
 from loadtest.harness import processes
 from loadtest.harness.sql import q
@@ -132,7 +133,7 @@ async def start_sender(env: Env, name: str, pair_interval_s: float) -> processes
     try:
         await proc.wait_ready("/healthz")
         deadline = time.monotonic() + 30
-        while not await env.pool.fetchval(q("lt_listeners"), "outbox"):
+        while not await env.pool.fetchval(q("lt_listeners"), LISTENER_NAME + "outbox"):
             if time.monotonic() > deadline or not proc.alive():
                 raise RuntimeError(f"{name} never listened:\n{proc.log_tail()}")
             await asyncio.sleep(0.05)

@@ -138,6 +138,6 @@ SELECT count(*) FROM outbox WHERE state IN ('pending', 'sending') AND phone_numb
 SELECT count(*) FROM outbox WHERE state = 'accepted' AND phone_number_id = $1;
 
 -- name: lt_listeners
--- Sessions LISTENing on a channel: each sets application_name to 'gateway LISTEN <channel>'
--- (gateway/store/listen.py), the query column only shows a session's last statement.
-SELECT count(*) FROM pg_stat_activity WHERE application_name = 'gateway LISTEN ' || $1;
+-- Sessions with this application_name: a LISTEN session names itself after its channel
+-- (gateway.store.listen.LISTENER_NAME); the query column only shows its last statement.
+SELECT count(*) FROM pg_stat_activity WHERE application_name = $1;
