@@ -70,10 +70,16 @@ class Read:
 
 
 async def insert_batch(
-    conn: Conn, *, sources: Sequence[str], bodies: Sequence[bytes], delivery_ids: Sequence[str | None]
+    conn: Conn,
+    *,
+    sources: Sequence[str],
+    bodies: Sequence[bytes],
+    delivery_ids: Sequence[str | None],
+    lane: int | None = None,
 ) -> None:
-    """Stage rows in arrival order, one statement (the group commit's write)."""
-    await conn.execute(q("inbox_insert_batch"), sources, bodies, delivery_ids)
+    """Stage rows in arrival order, one statement (the group commit's write), all in ``lane``
+    (None: the rows spread over the lanes in turn, as bulk loaders want)."""
+    await conn.execute(q("inbox_insert_batch"), sources, bodies, delivery_ids, lane)
 
 
 async def read(conn: Conn, cursors: Sequence[Cursor], *, limit: int, max_bytes: int) -> Read:

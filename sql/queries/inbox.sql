@@ -2,11 +2,20 @@
 -- dead letters. processed_webhook_events and the side-effect tables are written by inbox_apply_batch.
 
 -- name: inbox_insert_batch
--- One statement per group-commit batch, rows in arrival order.
-INSERT INTO webhook_inbox (source, body, delivery_id)
-SELECT source, body, delivery_id
-FROM unnest($1::text[], $2::bytea[], $3::text[]) WITH ORDINALITY AS t(source, body, delivery_id, n)
-ORDER BY n;
+-- One statement per group-commit batch, rows in arrival order, all in lane $4: on Citus one
+-- shard's insert, committed without two-phase commit ($4 NULL: the rows take the lanes in
+-- turn, for bulk loads). The statement wakes the consumers
+-- itself: on Citus the table's trigger would run on a worker, whose NOTIFY no consumer hears
+-- (sql/citus/layout.sql drops it there); on one PostgreSQL the trigger's identical
+-- notification of the same transaction is delivered once.
+WITH staged AS (
+    INSERT INTO webhook_inbox (lane, source, body, delivery_id)
+    SELECT coalesce($4::smallint, ((n - 1) % 32)::smallint), source, body, delivery_id
+    FROM unnest($1::text[], $2::bytea[], $3::text[]) WITH ORDINALITY AS t(source, body, delivery_id, n)
+    ORDER BY n
+    RETURNING 1
+)
+SELECT pg_notify('webhook_inbox', '') FROM (SELECT count(*) FROM staged) s;
 
 -- name: inbox_read
 -- The next rows of a set of lanes (gateway/core/lanes.py), in (txid, id) order: each lane's

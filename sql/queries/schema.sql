@@ -9,3 +9,12 @@ SELECT coalesce(max(version), 0) FROM schema_migrations;
 SELECT coalesce(max(version), 0) AS version,
        NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off' AS writable
   FROM schema_migrations;
+
+-- name: citus_installed
+-- Whether this database is a Citus node (the extension installed in it).
+SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus');
+
+-- name: citus_distributed
+-- Whether sql/citus/layout.sql has distributed the gateway's tables here (only with the citus
+-- extension installed: pg_dist_partition is its catalog).
+SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass('webhook_inbox'));
