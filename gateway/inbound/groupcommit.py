@@ -43,7 +43,7 @@ import asyncpg
 from gateway import metrics, tracing
 from gateway.core.faults import missing_partition
 from gateway.core.limits import LogThrottle
-from gateway.store import inbox
+from gateway.store import db, inbox
 
 log = logging.getLogger(__name__)
 # A database outage fails every batch: one line per 10 s says so, with how many were held back.
@@ -101,6 +101,7 @@ class GroupCommitter:
         self._failing: tuple[float, int] | None = None  # since when, and how many batches failed
         self._lane = random.randrange(LANES)  # the lane of the last batch cut
         self._resting: dict[int, float] = {}  # lane -> until when it is passed over
+        self._citus: bool | None = None  # the database is a Citus coordinator (asked once)
 
     def _next_lane(self) -> int:
         """The next lane after the last batch's that has not failed lately (any, if all have)."""
@@ -182,6 +183,8 @@ class GroupCommitter:
                 async with asyncio.timeout_at(batch[0].deadline):
                     if conn is None or conn.is_closed():
                         conn = await self._connect()
+                    if self._citus is None:
+                        self._citus = (await db.citus_state(conn))[0]
                     await self._insert(conn, batch, lane)
         except Exception as exc:  # any failure: nobody in this batch may get a 200
             self._resting[lane] = time.monotonic() + LANE_REST_S
@@ -216,6 +219,8 @@ class GroupCommitter:
                 if not item.future.done():
                     item.future.set_result(None)
             self._account(batch, started)
+            if self._citus and conn is not None:
+                await self._wake(conn)
         finally:
             if conn is not None:
                 self._idle.append(conn)
@@ -247,6 +252,17 @@ class GroupCommitter:
             ack, stored = _metrics(src)
             metrics.observe_many(ack, [base - i.deadline for i in rows])
             stored.inc(len(rows))
+
+    @staticmethod
+    async def _wake(conn: asyncpg.Connection) -> None:
+        """On Citus, where no trigger wakes the consumers: after the commit (the rows are
+        answered already), in a statement of its own (inside the batch's transaction it would
+        make the coordinator a second participant, and every batch a two-phase commit). One
+        lost costs the consumers a poll."""
+        try:
+            await inbox.notify(conn)
+        except Exception as exc:  # a wake-up is best effort
+            log.debug("wake-up after a batch failed: %s", exc)
 
     @staticmethod
     async def _insert(conn: asyncpg.Connection, batch: list[_Item], lane: int) -> None:

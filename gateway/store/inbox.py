@@ -78,8 +78,11 @@ async def insert_batch(
     lane: int | None = None,
 ) -> None:
     """Stage rows in arrival order, one statement (the group commit's write), all in ``lane``
-    (None: the rows spread over the lanes in turn, as bulk loaders want)."""
-    await conn.execute(q("inbox_insert_batch"), sources, bodies, delivery_ids, lane)
+    (None: each row in lane id % 32, as bulk loaders want)."""
+    if lane is None:
+        await conn.execute(q("inbox_insert_spread"), sources, bodies, delivery_ids)
+    else:
+        await conn.execute(q("inbox_insert_batch"), sources, bodies, delivery_ids, lane)
 
 
 async def read(conn: Conn, cursors: Sequence[Cursor], *, limit: int, max_bytes: int) -> Read:

@@ -9,7 +9,10 @@
 --   lanes      (lane, 0..31)    webhook_inbox, delivery_events, delivery_queue, delivery_log
 --   tenants    (one shard)      outbox, outbox_attempts, idempotency_keys
 --   reference  (every node)     the small tables read beside the others
--- schema_migrations and schema_functions stay on the coordinator (only `migrate` reads them).
+--   (inbox_lanes, the lanes' cursors, is in the lanes group: the staging INSERT reads its
+--   lane's row there, so that it runs on one worker alone)
+-- schema_migrations and schema_functions stay on the coordinator (only `migrate` reads them),
+-- and consumer_members too: its rows name the coordinator's sessions (pg_stat_activity).
 -- The caller sets citus.enable_unsafe_triggers (Citus refuses a table with triggers without it).
 
 -- Triggers that NOTIFY would run on a worker, inside the shard's transaction: no listener
@@ -74,7 +77,7 @@ DECLARE
 BEGIN
     -- Reference tables first: delivery_leases has a foreign key to destinations.
     FOR t IN SELECT * FROM unnest(ARRAY[
-            'destinations', 'delivery_leases', 'inbox_lanes', 'consumer_members', 'inbox_parked',
+            'destinations', 'delivery_leases', 'inbox_parked',
             'dead_events', 'customer_ids', 'media', 'send_pacing', 'send_breakers',
             'maintenance_passes', 'operator_actions']) AS r(name)
     LOOP
@@ -91,6 +94,7 @@ BEGIN
             ('event_fragments', 'subject', 'processed_webhook_events'),
             ('reply_claims', 'inbound_wamid', 'processed_webhook_events'),
             ('webhook_inbox', 'lane', 'none'),
+            ('inbox_lanes', 'lane', 'webhook_inbox'),
             ('delivery_events', 'lane', 'webhook_inbox'),
             ('delivery_queue', 'lane', 'webhook_inbox'),
             ('delivery_log', 'lane', 'webhook_inbox'),
@@ -112,6 +116,7 @@ $$;
 -- A consumer reads the lanes of one shard per statement (inbox_read must be a router query:
 -- its snapshot is the worker's): lanes in the same shard share a `shard` number here.
 UPDATE inbox_lanes l SET shard = s.n
-FROM (SELECT lane, dense_rank() OVER (ORDER BY get_shard_id_for_distribution_column('webhook_inbox', lane))::int - 1 AS n
-      FROM generate_series(0, 31) AS lane) s
+FROM (SELECT g.i::smallint AS lane,
+             dense_rank() OVER (ORDER BY get_shard_id_for_distribution_column('webhook_inbox', g.i::smallint))::int - 1 AS n
+      FROM generate_series(0, 31) AS g(i)) s
 WHERE l.lane = s.lane AND l.shard IS DISTINCT FROM s.n;
