@@ -1,0 +1,130 @@
+"""Load runs against a Citus cluster of their own (tests/citus/test_load.py): the gateway's
+schema migrated and distributed on it as ``gateway migrate --citus`` leaves it, and
+``python -m loadtest run`` driving a gateway whose DATABASE_URL is the coordinator, in its own
+process, while the test adds a worker, moves shards or kills a node beside it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from gateway.store.db import connect, migrate
+from gateway.testing import citus
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def gateway_database(cluster: citus.Cluster, name: str) -> str:
+    """``name`` on every node of ``cluster``, migrated and distributed; its coordinator DSN."""
+    dsn = await cluster.create_database(name)
+    conn = await connect(dsn, timeout=30)
+    try:
+        # asyncpg introspects a statement's parameter types on a connection's first use of
+        # it; Citus hides shards by filtering every pg_class scan, which makes that query take
+        # over a second on the coordinator (docs/scaling.md).
+        await conn.execute(f'ALTER DATABASE "{name}" SET citus.override_table_visibility = off')
+        await migrate(conn, citus=True)
+    finally:
+        await conn.close()
+    return dsn
+
+
+@dataclass
+class LoadRun:
+    """``python -m loadtest run`` in its own process (self-contained: it starts the gateway and
+    the fake provider on the given database), its JSON result read when it ends."""
+
+    proc: subprocess.Popen[bytes]
+    results: Path
+    log: Path
+    started: float
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    async def finish(self, timeout_s: float = 300.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while self.proc.poll() is None:
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise AssertionError(f"loadtest run did not end in {timeout_s:.0f}s:\n{self.tail()}")
+            await asyncio.sleep(0.5)
+        found = sorted(self.results.glob("*.json"))
+        if not found:
+            raise AssertionError(f"loadtest run exited {self.proc.returncode} without a result:\n{self.tail()}")
+        result: dict[str, Any] = json.loads(found[-1].read_text())
+        result["exit_status"] = self.proc.returncode
+        return result
+
+    def tail(self, n: int = 40) -> str:
+        lines = self.log.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+
+def start_load(
+    dsn: str, results: Path, *, rate: float, duration: float, drain_timeout: float = 90.0, extra: tuple[str, ...] = ()
+) -> LoadRun:
+    """Signed Meta and Tenashi webhooks at ``rate``/s for ``duration`` s with the default
+    redeliveries (2 % immediate, 3 % delayed, 2 % concurrent) and 1 % bad signatures; latency
+    targets loose (a shared machine): the tests judge the verification, not the speed."""
+    results.mkdir(parents=True, exist_ok=True)
+    argv = [
+        sys.executable, "-m", "loadtest", "run",
+        "--database-url", dsn,
+        "--rate", str(rate), "--duration", str(duration),
+        "--drain-timeout", str(drain_timeout),
+        "--target-p50-ms", "5000", "--target-p99-ms", "30000",
+        "--results", str(results), "--name", "citus", "--quiet",
+        *extra,
+    ]  # fmt: skip
+    log = results / "loadtest.log"
+    out = log.open("wb")
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ})
+    return LoadRun(proc, results, log, time.monotonic())
+
+
+def failed_checks(result: dict[str, Any]) -> list[str]:
+    """The verification's failed checks, and a missing verification as one."""
+    v = result.get("verification")
+    if not v:
+        return ["no verification in the result"]
+    return [f"{c['name']}: {c.get('detail', '')}" for c in v["checks"] if not c["ok"]]
+
+
+def errors(result: dict[str, Any]) -> dict[str, int]:
+    """Answers that were not a 200 (nor a 401 to a bad signature), by class: ``http_503``..."""
+    return {str(k): int(n) for k, n in result["summary"]["errors"].items()}
+
+
+async def placements(dsn: str) -> dict[int, int]:
+    """Shard placements of the distributed tables per worker port."""
+    conn = await asyncpg.connect(dsn, timeout=30)
+    try:
+        rows = await conn.fetch(
+            "SELECT nodeport, count(*) AS n FROM citus_shards WHERE citus_table_type = 'distributed' GROUP BY 1"
+        )
+    finally:
+        await conn.close()
+    return {int(r["nodeport"]): int(r["n"]) for r in rows}
+
+
+async def rebalance(dsn: str, mode: str = "block_writes") -> float:
+    """Move shards onto the cluster's newest nodes (``citus_rebalance_start``) and wait for the
+    background job (``citus_rebalance_wait``); its seconds."""
+    started = time.monotonic()
+    conn = await asyncpg.connect(dsn, timeout=30)
+    try:
+        await conn.execute(f"SELECT citus_rebalance_start(shard_transfer_mode => '{mode}')")
+        await conn.execute("SELECT citus_rebalance_wait()")
+    finally:
+        await conn.close()
+    return time.monotonic() - started
