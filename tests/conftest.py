@@ -45,9 +45,14 @@ CITUS = os.environ.get("GATEWAY_TEST_CITUS", "")
 CITUS_DIR = Path(__file__).parent / "citus"
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m citus` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On a Citus run, only the tests meant for it; without one, tests/citus/ is skipped."""
-    on_cluster = [i for i in items if i.get_closest_marker("citus") or CITUS_DIR in i.path.parents]
+    """Every test under tests/citus/ is a `citus` test. On a Citus run only those run; without
+    one, tests/citus/ is skipped."""
+    for item in items:
+        if CITUS_DIR in item.path.parents and not item.get_closest_marker("citus"):
+            item.add_marker(pytest.mark.citus)
+    on_cluster = [i for i in items if i.get_closest_marker("citus")]
     if CITUS:
         others = [i for i in items if i not in on_cluster]
         if others:

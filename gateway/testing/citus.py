@@ -124,10 +124,11 @@ def verify_tarball(tarball: Path) -> str:
         return digest
     try:
         with tarfile.open(tarball, "r:gz") as tar:
-            if not any(m.name.endswith("/configure") for m in tar):
-                raise CitusError(f"{tarball} is a tar but not a Citus source release (no configure)")
+            names = [m.name for m in tar]  # to the end: a truncated download fails here
     except (tarfile.TarError, gzip.BadGzipFile, EOFError, OSError) as e:
         raise CitusError(f"{tarball} is not a readable gzip tar: {e}") from e
+    if not any(n.endswith("/configure") for n in names):
+        raise CitusError(f"{tarball} is a tar but not a Citus source release (no configure)")
     return digest
 
 
