@@ -10,7 +10,7 @@ HA_PYTHON ?= /usr/bin/python3
 HA_VENV   ?= .venv-ha
 PATRONI   ?= patroni[etcd3,psycopg3]==4.1.5
 
-.PHONY: run test lint typecheck unit schema compose-test bench-ingest clean ha
+.PHONY: run test test-citus lint typecheck unit schema compose-test bench-ingest clean ha
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 required"'
@@ -30,6 +30,22 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed lint typecheck
 	@$(MAKE) --no-print-directory ha || echo "make: Patroni could not be installed: the failover tests will be skipped" >&2
 	$(BIN)/pytest -q -p no:cacheprovider
+
+## The tests marked `citus` and tests/citus/ against a Citus cluster: a coordinator and two
+## workers running the wheel's PostgreSQL with Citus built (once) into a cache outside the
+## repository (gateway/testing/citus.py). CITUS_TARBALL: the Citus release tarball (the Citus
+## project's v14.0.1 release, github.com/citusdata/citus/releases), a path relative to this
+## directory or absolute; without it, the newest cached build for the wheel's PostgreSQL.
+## CITUS_CACHE: the build cache (default $XDG_CACHE_HOME/gateway-citus or ~/.cache/gateway-citus;
+## /var/cache/gateway-citus as root).
+CITUS_TARBALL ?=
+CITUS_CACHE   ?=
+test-citus: $(VENV)/.installed
+	@root=$$($(BIN)/python -m gateway.testing.citus build \
+		$(if $(CITUS_TARBALL),--tarball "$(abspath $(CITUS_TARBALL))") \
+		$(if $(CITUS_CACHE),--cache "$(abspath $(CITUS_CACHE))")) || exit 1; \
+	echo "make: Citus build $$root"; \
+	GATEWAY_TEST_CITUS="$$root" $(BIN)/pytest -q -p no:cacheprovider -m citus tests
 
 ## Patroni in its own virtualenv, for the failover tests and `python -m loadtest chaos --failover`.
 ha: $(HA_VENV)/.installed

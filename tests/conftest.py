@@ -1,8 +1,18 @@
-"""Shared fixtures: one PostgreSQL per session, one migrated template, a database per test."""
+"""Shared fixtures: one PostgreSQL per session, one migrated template, a database per test.
+
+With ``GATEWAY_TEST_CITUS`` set (``make test-citus`` sets it), the database fixtures are on a
+Citus cluster instead (a coordinator and two workers, started once per session from a Citus
+build: the variable names a build root made by ``python -m gateway.testing.citus build``, or a
+Citus release tarball, built then into the cache), and only the tests marked ``citus`` and
+those under tests/citus/ run. A migrated Citus database cannot be cloned from a template, so
+one is migrated per session and put back to its baseline after every test
+(gateway.testing.citus.ReusableDatabase).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import shutil
 import tempfile
@@ -17,6 +27,7 @@ from aiohttp import ClientSession
 from gateway.core.settings import Settings
 from gateway.runtime.services import gateway_app
 from gateway.store.db import connect, create_pool, migrate, with_database
+from gateway.testing import citus
 from gateway.testing.fake_provider import FakeConfig, FakeProvider
 from gateway.testing.fake_receiver import FakeReceiver
 from gateway.testing.scratch import scratch_database
@@ -30,10 +41,81 @@ from tests.support.config import (
     VERIFY_TOKEN,
 )
 
+CITUS = os.environ.get("GATEWAY_TEST_CITUS", "")
+CITUS_DIR = Path(__file__).parent / "citus"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m citus` selects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test under tests/citus/ is a `citus` test. On a Citus run only those run; without
+    one, tests/citus/ is skipped."""
+    for item in items:
+        if CITUS_DIR in item.path.parents and not item.get_closest_marker("citus"):
+            item.add_marker(pytest.mark.citus)
+    on_cluster = [i for i in items if i.get_closest_marker("citus")]
+    if CITUS:
+        others = [i for i in items if i not in on_cluster]
+        if others:
+            config.hook.pytest_deselected(items=others)
+            items[:] = on_cluster
+        return
+    skip = pytest.mark.skip(reason="needs a Citus cluster: make test-citus (GATEWAY_TEST_CITUS)")
+    for item in items:
+        if CITUS_DIR in item.path.parents:
+            item.add_marker(skip)
+
 
 @pytest.fixture(scope="session")
-def pg_admin_dsn() -> Iterator[str]:
+def citus_cluster() -> Iterator[citus.Cluster]:
+    """The session's Citus cluster: a coordinator and two workers on loopback ports."""
+    if not CITUS:
+        pytest.skip("GATEWAY_TEST_CITUS is not set (make test-citus)")
+    given = Path(CITUS)
+    root = citus.build(given) if given.is_file() else given
+    base = Path(tempfile.mkdtemp(prefix="gateway-test-citus-"))  # see pg_admin_dsn
+    os.chmod(base, 0o755)  # noqa: S103 - the postgres user must traverse it
+    cluster = citus.Cluster(root, base)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def migrate_citus(conn: asyncpg.Connection) -> None:
+    """The schema as `gateway migrate --citus` leaves it: distributed where it says so."""
+    if "citus" in inspect.signature(migrate).parameters:
+        await migrate(conn, citus=True)  # type: ignore[call-arg]
+    else:  # a schema without the distribution: every table stays on the coordinator
+        await migrate(conn)
+
+
+async def new_citus_database(cluster: citus.Cluster) -> citus.ReusableDatabase:
+    db = citus.ReusableDatabase(cluster, f"gw_citus_{uuid.uuid4().hex[:8]}")
+    await cluster.create_database(db.name)
+    conn = await connect(db.dsn, timeout=30)
+    try:
+        await migrate_citus(conn)
+    finally:
+        await conn.close()
+    await db.snapshot()
+    return db
+
+
+@pytest.fixture(scope="session")
+def citus_database(citus_cluster: citus.Cluster) -> list[citus.ReusableDatabase]:
+    """The migrated database the tests share, one after the other (a list: replaced when a test
+    changes its schema)."""
+    return [asyncio.run(new_citus_database(citus_cluster))]
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn(request: pytest.FixtureRequest) -> Iterator[str]:
     """DSN of a maintenance database on the server the tests use."""
+    if CITUS:
+        yield request.getfixturevalue("citus_cluster").dsn()
+        return
     external = os.environ.get("TEST_DATABASE_URL")
     if external:
         yield external
@@ -66,7 +148,11 @@ def pg_dir() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def template_db(pg_admin_dsn: str) -> str:
+def template_db(request: pytest.FixtureRequest, pg_admin_dsn: str) -> str:
+    """The migrated database the tests' databases come from (on Citus: the shared one)."""
+    if CITUS:
+        shared: list[citus.ReusableDatabase] = request.getfixturevalue("citus_database")
+        return shared[0].name
     name = f"gw_tpl_{uuid.uuid4().hex[:8]}"
 
     async def make() -> None:
@@ -86,8 +172,18 @@ def template_db(pg_admin_dsn: str) -> str:
 
 
 @pytest.fixture
-async def db_dsn(pg_admin_dsn: str, template_db: str) -> AsyncIterator[str]:
-    """A fresh database cloned from the migrated template."""
+async def db_dsn(request: pytest.FixtureRequest, pg_admin_dsn: str, template_db: str) -> AsyncIterator[str]:
+    """A fresh database cloned from the migrated template (on Citus: the shared database,
+    put back to its baseline first; not afterwards, when the fixtures set up before this one,
+    such as a running gateway, are still connected to it)."""
+    if CITUS:
+        shared: list[citus.ReusableDatabase] = request.getfixturevalue("citus_database")
+        if not await shared[0].reset():
+            cluster = shared[0].cluster
+            await cluster.drop_database(shared[0].name)
+            shared[0] = await new_citus_database(cluster)
+        yield shared[0].dsn
+        return
     async with scratch_database(pg_admin_dsn, "gw_t", template=template_db) as dsn:
         yield dsn
 

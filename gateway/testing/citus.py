@@ -124,10 +124,11 @@ def verify_tarball(tarball: Path) -> str:
         return digest
     try:
         with tarfile.open(tarball, "r:gz") as tar:
-            if not any(m.name.endswith("/configure") for m in tar):
-                raise CitusError(f"{tarball} is a tar but not a Citus source release (no configure)")
+            names = [m.name for m in tar]  # to the end: a truncated download fails here
     except (tarfile.TarError, gzip.BadGzipFile, EOFError, OSError) as e:
         raise CitusError(f"{tarball} is not a readable gzip tar: {e}") from e
+    if not any(n.endswith("/configure") for n in names):
+        raise CitusError(f"{tarball} is a tar but not a Citus source release (no configure)")
     return digest
 
 
@@ -211,6 +212,7 @@ def _build(tarball: Path, root: Path, digest: str, version: str, jobs: int) -> N
         raise CitusError(f"citus build installed no citus.control (log: {log})")
     info = {
         "tarball": tarball.name,
+        "path": str(tarball),
         "sha256": digest,
         "postgres": version,
         "seconds": time.monotonic() - started,
@@ -528,6 +530,173 @@ class Cluster:
                 lines = node.log.read_text(errors="replace").splitlines()
                 out.append(f"--- {node.name}\n" + "\n".join(lines[-n:]))
         return "\n".join(out)
+
+
+# -- one database reused by many tests ------------------------------------------------------
+
+
+@dataclass
+class _NodeBaseline:
+    fingerprint: str
+    # Relations holding rows at the baseline (seeded by the migrations): columns, sorted rows.
+    rows: dict[str, tuple[list[str], list[tuple[Any, ...]]]]
+    # Sequence -> (value to setval, is_called); None: never used.
+    sequences: dict[str, tuple[int, bool]]
+
+
+# What makes a database's schema, per node: relations (the shards too) and functions. A
+# difference from the baseline means a test changed the schema (a partition made or dropped,
+# a shard moved): the database cannot be reset in place.
+_FINGERPRINT = """
+SELECT md5(concat_ws('|',
+    (SELECT string_agg(c.oid::text || ':' || c.relname || ':' || c.relkind::text, ',' ORDER BY c.oid)
+       FROM pg_class c WHERE c.relnamespace = 'public'::regnamespace),
+    (SELECT string_agg(p.oid::text || ':' || md5(p.prosrc), ',' ORDER BY p.oid)
+       FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace)))
+"""
+# Tables (shards included) that ever had a row since their last TRUNCATE.
+_WRITTEN = """
+SELECT quote_ident(c.relname) FROM pg_class c
+ WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r' AND pg_relation_size(c.oid) > 0
+"""
+_SEQUENCES = """
+SELECT quote_ident(sequencename) AS name, coalesce(last_value, start_value) AS value,
+       last_value IS NOT NULL AS called
+  FROM pg_sequences WHERE schemaname = 'public'
+"""
+_COLUMNS = """
+SELECT array_agg(quote_ident(attname) ORDER BY attnum) FROM pg_attribute
+ WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attgenerated = ''
+"""
+# Shards are hidden from pg_class unless asked for, and refuse changes made on them directly.
+_SHARD_SESSION = {"citus.override_table_visibility": "off", "citus.enable_manual_changes_to_shards": "on"}
+
+
+class ReusableDatabase:
+    """A migrated database on a cluster, put back to its baseline after each test: one
+    migrated Citus database is expensive (every table becomes shards on every worker), and
+    ``CREATE DATABASE ... TEMPLATE`` cannot copy one (the node registrations and the shards
+    live in every node's own copy).
+
+    ``await snapshot()`` once, right after the migration; ``await reset()`` after each test,
+    on every node: other sessions on the database are ended, in-doubt two-phase commits
+    resolved, every table (shard) written since is truncated, the tables the migrations filled
+    (lanes and their cursors, the migration records) get their rows back, and the sequences
+    their values. ``reset()`` returns False when the schema itself changed (a partition made
+    or dropped, a shard moved): the caller replaces the database."""
+
+    def __init__(self, cluster: Cluster, name: str) -> None:
+        self.cluster = cluster
+        self.name = name
+        self.baseline: dict[str, _NodeBaseline] = {}
+
+    @property
+    def dsn(self) -> str:
+        return self.cluster.dsn(self.name)
+
+    async def _connect(self, node: Node) -> Any:
+        import asyncpg
+
+        return await asyncpg.connect(
+            self.cluster.dsn(self.name, node), timeout=30, server_settings=dict(_SHARD_SESSION)
+        )
+
+    async def snapshot(self) -> None:
+        self.baseline = dict(
+            zip(
+                [n.name for n in self.cluster.nodes],
+                await asyncio.gather(*(self._snapshot(n) for n in self.cluster.nodes)),
+                strict=True,
+            )
+        )
+
+    async def _snapshot(self, node: Node) -> _NodeBaseline:
+        conn = await self._connect(node)
+        try:
+            rows: dict[str, tuple[list[str], list[tuple[Any, ...]]]] = {}
+            for rel in [r[0] for r in await conn.fetch(_WRITTEN)]:
+                columns: list[str] = await conn.fetchval(_COLUMNS, rel)
+                found = await self._rows(conn, rel, columns)
+                if found:
+                    rows[rel] = (columns, found)
+                else:  # written, then emptied: truncated so that only a later write marks it
+                    await conn.execute(f"TRUNCATE {rel}")
+            return _NodeBaseline(
+                fingerprint=await conn.fetchval(_FINGERPRINT),
+                rows=rows,
+                sequences={r["name"]: (r["value"], r["called"]) for r in await conn.fetch(_SEQUENCES)},
+            )
+        finally:
+            await conn.close()
+
+    @staticmethod
+    async def _rows(conn: Any, rel: str, columns: list[str]) -> list[tuple[Any, ...]]:
+        found = [tuple(r) for r in await conn.fetch(f"SELECT {', '.join(columns)} FROM {rel}")]
+        return sorted(found, key=repr)
+
+    async def reset(self) -> bool:
+        """Back to the baseline on every node; False if the schema changed meanwhile."""
+        if not self.baseline:
+            raise CitusError("snapshot() first")
+        for node in self.cluster.nodes:
+            if not node.running():
+                self.cluster.restart(node)
+        await asyncio.gather(*(self._end_sessions(n) for n in self.cluster.nodes))
+        await self._resolve_prepared()
+        results = await asyncio.gather(*(self._reset(n) for n in self.cluster.nodes))
+        return all(results)
+
+    async def _end_sessions(self, node: Node) -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(self.cluster.dsn("postgres", node), timeout=30)
+        try:
+            others = """SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()
+                           AND backend_type = 'client backend'"""
+            deadline = time.monotonic() + 30
+            while pids := [r[0] for r in await conn.fetch(others, self.name)]:
+                await conn.execute("SELECT pg_terminate_backend(p) FROM unnest($1::int[]) p", pids)
+                if time.monotonic() > deadline:
+                    raise CitusError(f"sessions on {self.name} at {node.name} do not end: {pids}")
+                await asyncio.sleep(0.02)
+        finally:
+            await conn.close()
+
+    async def _resolve_prepared(self) -> None:
+        """Two-phase commits a killed session left in doubt hold their locks until resolved:
+        the coordinator commits or aborts them as its records say (as its maintenance daemon
+        would, later)."""
+        conn = await self._connect(self.cluster.coordinator)
+        try:
+            await conn.execute("SELECT recover_prepared_transactions()")
+        finally:
+            await conn.close()
+
+    async def _reset(self, node: Node) -> bool:
+        base = self.baseline[node.name]
+        conn = await self._connect(node)
+        try:
+            if await conn.fetchval(_FINGERPRINT) != base.fingerprint:
+                return False
+            written = [r[0] for r in await conn.fetch(_WRITTEN) if r[0] not in base.rows]
+            async with conn.transaction():
+                if written:
+                    await conn.execute(f"TRUNCATE {', '.join(written)} CASCADE")
+                for rel, (columns, rows) in base.rows.items():
+                    if await self._rows(conn, rel, columns) != rows:
+                        await conn.execute(f"TRUNCATE {rel}")
+                        await conn.executemany(
+                            f"INSERT INTO {rel} ({', '.join(columns)}) OVERRIDING SYSTEM VALUE"
+                            f" VALUES ({', '.join(f'${i + 1}' for i in range(len(columns)))})",
+                            rows,
+                        )
+                now = {r["name"]: (r["value"], r["called"]) for r in await conn.fetch(_SEQUENCES)}
+                for seq, (value, called) in base.sequences.items():
+                    if now.get(seq) != (value, called):
+                        await conn.execute("SELECT setval($1::regclass, $2, $3)", seq, value, called)
+            return True
+        finally:
+            await conn.close()
 
 
 def _unreachable(path: Path) -> Path | None:

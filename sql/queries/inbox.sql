@@ -74,8 +74,17 @@ WITH a AS MATERIALIZED (
 )
 SELECT w.id, w.txid::text::bigint AS txid, w.lane, w.source, w.body, w.delivery_id,
        (SELECT now::text FROM a) AS snapshot, (SELECT count(*) FROM picked) AS taken
-FROM budget b JOIN webhook_inbox w ON w.id = b.id AND w.received_at = b.received_at AND w.lane = b.lane
-WHERE w.lane = ANY ($1::smallint[]) AND (b.before = 0 OR b.before + b.size <= $10)
+FROM budget b
+-- Each body by its primary key, a lookup per row picked (LIMIT keeps the planner from
+-- flattening it into a join, which the lanes' filter, there for Citus's routing, would make
+-- a hash join over every partition).
+CROSS JOIN LATERAL (
+    SELECT x.id, x.txid, x.lane, x.source, x.body, x.delivery_id FROM webhook_inbox x
+    WHERE x.id = b.id AND x.received_at = b.received_at AND x.lane = b.lane
+      AND x.lane = ANY ($1::smallint[])
+    LIMIT 1
+) w
+WHERE b.before = 0 OR b.before + b.size <= $10
 ORDER BY b.txid, b.id;
 
 -- name: inbox_read_mode

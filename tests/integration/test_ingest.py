@@ -55,6 +55,7 @@ async def test_verification_handshake(
             assert await r.text() == body
 
 
+@pytest.mark.citus
 async def test_signed_payload_is_stored_byte_for_byte(
     http: ClientSession, gateway: TestServer, pool: asyncpg.Pool
 ) -> None:
@@ -96,6 +97,7 @@ async def test_bad_signatures_are_refused_and_nothing_stored(
     assert await inbox_bodies(pool) == []
 
 
+@pytest.mark.citus
 async def test_rotation_accepts_old_and_new_secret(
     http: ClientSession, gateway: TestServer, pool: asyncpg.Pool
 ) -> None:
@@ -162,6 +164,7 @@ async def test_commit_past_deadline_gives_503(
     # The late commit may still land; a redelivery is harmless, a lost 200 is not.
 
 
+@pytest.mark.citus
 async def test_concurrent_requests_share_commits(
     http: ClientSession, gateway: TestServer, pool: asyncpg.Pool
 ) -> None:
@@ -174,6 +177,7 @@ async def test_concurrent_requests_share_commits(
     assert gateway.app[COMMITTER].batches_written == transactions
 
 
+@pytest.mark.citus
 async def test_tenashi_signed_event_is_stored_with_delivery_id(
     http: ClientSession, gateway: TestServer, pool: asyncpg.Pool
 ) -> None:
