@@ -202,6 +202,9 @@ async def execute(ns: argparse.Namespace, target: Target, secrets: Secrets) -> d
             # No consumers yet: every row stays pending, and counting them each second would
             # load the database more and more as the run goes on. Sample memory only.
             sampler_db = None
+        elif await db.wait(verify.on_citus, 60.0):
+            # The backlog is per worker on Citus (verify.wait_keys_processed): not sampled.
+            sampler_db = None
     ledger = Ledger()
     pool = Pool(target.host, target.port, ns.connections, ns.timeout)
     started = dt.datetime.now(dt.UTC)

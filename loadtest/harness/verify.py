@@ -197,6 +197,31 @@ async def backlog(conn: asyncpg.Connection, start_id: int) -> tuple[int, float]:
     return int(row["pending"]), float(row["lag_s"])
 
 
+async def on_citus(conn: asyncpg.Connection) -> bool:
+    """Whether the database is a Citus coordinator (the citus extension installed in it)."""
+    return bool(await conn.fetchval(q("lt_on_citus")))
+
+
+async def wait_keys_processed(
+    conn: asyncpg.Connection, start_id: int, must: set[str], timeout_s: float
+) -> tuple[bool, int]:
+    """The drain on Citus: every key of an acknowledged body processed and no webhook of the
+    run waiting for a retry. Which rows the lanes' cursors have read is a question for each
+    worker (a cursor holds its worker's snapshot), which no one statement on the coordinator
+    can ask; the keys the consumers record answer it for the rows that must be processed.
+    Returns (drained, how many keys or retries are left)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        processed = {r[0] for r in await conn.fetch(q("lt_processed_keys_since"), start_id)}
+        retrying = int(await conn.fetchval(q("lt_parked_retrying"), start_id))
+        left = len(must - processed) + retrying
+        if left == 0:
+            return True, 0
+        if time.monotonic() > deadline:
+            return False, left
+        await asyncio.sleep(0.5)
+
+
 async def wait_drained(conn: asyncpg.Connection, start_id: int, timeout_s: float) -> tuple[bool, int]:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -228,7 +253,18 @@ async def verify(
     the ingest edge only (a gateway running without consumers)."""
     v = Verdict()
     processed_cols = await columns(conn, "processed_webhook_events") if consumers is not False else set()
-    if processed_cols:
+    citus = await on_citus(conn)
+    if processed_cols and citus:
+        drained, left = await wait_keys_processed(conn, start_id, expected_sets(entries)[0], drain_timeout_s)
+        v.checks.append(
+            Check(
+                "consumers: inbox drained",
+                drained,
+                f"{left} keys of acknowledged bodies unprocessed or rows retrying "
+                f"after {drain_timeout_s:.0f}s",
+            )
+        )
+    elif processed_cols:
         drained, left = await wait_drained(conn, start_id, drain_timeout_s)
         v.checks.append(
             Check(
@@ -240,7 +276,9 @@ async def verify(
     if not processed_cols:
         # Without consumers every row of the run is pending: there are no states to tell apart.
         return v
-    v.states = {r["state"]: int(r["n"]) for r in await conn.fetch(q("lt_inbox_states"), start_id)}
+    # On Citus only the webhooks moved aside (inbox_parked) are told apart (see wait_keys_processed).
+    states = q("lt_parked_states") if citus else q("lt_inbox_states")
+    v.states = {r["state"]: int(r["n"]) for r in await conn.fetch(states, start_id)}
     dead = v.states.get("dead", 0)
     v.checks.append(Check("consumers: no dead rows", dead == 0, f"{dead} rows parked as dead"))
     must, may = expected_sets(entries)

@@ -60,7 +60,9 @@ class LoadRun:
             await asyncio.sleep(0.5)
         found = sorted(self.results.glob("*.json"))
         if not found:
-            raise AssertionError(f"loadtest run exited {self.proc.returncode} without a result:\n{self.tail()}")
+            raise AssertionError(
+                f"loadtest run exited {self.proc.returncode} without a result:\n{self.tail()}"
+            )
         result: dict[str, Any] = json.loads(found[-1].read_text())
         result["exit_status"] = self.proc.returncode
         return result
@@ -71,7 +73,13 @@ class LoadRun:
 
 
 def start_load(
-    dsn: str, results: Path, *, rate: float, duration: float, drain_timeout: float = 90.0, extra: tuple[str, ...] = ()
+    dsn: str,
+    results: Path,
+    *,
+    rate: float,
+    duration: float,
+    drain_timeout: float = 90.0,
+    extra: tuple[str, ...] = (),
 ) -> LoadRun:
     """Signed Meta and Tenashi webhooks at ``rate``/s for ``duration`` s with the default
     redeliveries (2 % immediate, 3 % delayed, 2 % concurrent) and 1 % bad signatures; latency
@@ -105,12 +113,29 @@ def errors(result: dict[str, Any]) -> dict[str, int]:
     return {str(k): int(n) for k, n in result["summary"]["errors"].items()}
 
 
+async def flowing(dsn: str, timeout_s: float = 60.0) -> float:
+    """Once the run's webhooks are being stored (more rows than when called): that moment
+    (``time.monotonic()``), which is within a second of the run's t = 0."""
+    conn = await asyncpg.connect(dsn, timeout=30)
+    try:
+        base = await conn.fetchval("SELECT count(*) FROM webhook_inbox")
+        deadline = time.monotonic() + timeout_s
+        while await conn.fetchval("SELECT count(*) FROM webhook_inbox") == base:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no webhook stored within {timeout_s:.0f}s")
+            await asyncio.sleep(0.2)
+        return time.monotonic()
+    finally:
+        await conn.close()
+
+
 async def placements(dsn: str) -> dict[int, int]:
     """Shard placements of the distributed tables per worker port."""
     conn = await asyncpg.connect(dsn, timeout=30)
     try:
         rows = await conn.fetch(
-            "SELECT nodeport, count(*) AS n FROM citus_shards WHERE citus_table_type = 'distributed' GROUP BY 1"
+            "SELECT nodeport, count(*) AS n FROM citus_shards"
+            " WHERE citus_table_type = 'distributed' GROUP BY 1"
         )
     finally:
         await conn.close()

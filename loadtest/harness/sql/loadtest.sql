@@ -19,6 +19,17 @@ WHERE id > $1 AND state = 'pending';
 -- name: lt_inbox_states
 SELECT state, count(*) AS n FROM inbox_row_states() WHERE id > $1 GROUP BY state;
 
+-- name: lt_on_citus
+SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus');
+
+-- name: lt_parked_retrying
+-- Webhooks of the run moved aside and waiting for a retry (the drain on Citus).
+SELECT count(*) FROM inbox_parked WHERE inbox_id > $1 AND state = 'retry';
+
+-- name: lt_parked_states
+-- On Citus: the run's webhooks moved aside, by state ('retry', 'dead').
+SELECT state::text, count(*) AS n FROM inbox_parked WHERE inbox_id > $1 GROUP BY state;
+
 -- name: lt_table_columns
 SELECT column_name::text FROM information_schema.columns
 WHERE table_schema = current_schema() AND table_name = $1;
