@@ -63,8 +63,8 @@ def _judge(result: dict[str, object], what: str) -> None:
 
 
 async def test_load_with_redeliveries_every_event_once(load_dsn: str, tmp_path: Path) -> None:
-    run = start_load(load_dsn, tmp_path, rate=100, duration=10)
-    result = await run.finish()
+    with start_load(load_dsn, tmp_path, rate=100, duration=10) as run:
+        result = await run.finish()
     _judge(result, "load")
     summary = result["summary"]
     assert isinstance(summary, dict)
@@ -76,14 +76,14 @@ async def test_worker_added_and_shards_moved_under_load(
     load_cluster: citus.Cluster, load_dsn: str, tmp_path: Path
 ) -> None:
     before = await placements(load_dsn)
-    run = start_load(load_dsn, tmp_path, rate=100, duration=30)
-    await flowing(load_dsn)
-    await asyncio.sleep(2)
-    node = await load_cluster.add_worker()
-    # block_writes: delivery_log's partitions have no replica identity, which logical
-    # replication needs (the default mode refuses them; docs/scaling.md).
-    seconds = await rebalance(load_dsn, "block_writes")
-    result = await run.finish()
+    with start_load(load_dsn, tmp_path, rate=100, duration=30) as run:
+        await flowing(load_dsn)
+        await asyncio.sleep(2)
+        node = await load_cluster.add_worker()
+        # block_writes: delivery_log's partitions have no replica identity, which logical
+        # replication needs (the default mode refuses them; docs/scaling.md).
+        seconds = await rebalance(load_dsn, "block_writes")
+        result = await run.finish()
     after = await placements(load_dsn)
     print(f"\nrebalance onto {node.name}: {seconds:.1f} s, placements {before} -> {after}")
     _judge(result, "shard move")
@@ -94,15 +94,15 @@ async def test_worker_added_and_shards_moved_under_load(
 async def test_worker_killed_mid_load_nothing_lost(
     load_cluster: citus.Cluster, load_dsn: str, tmp_path: Path
 ) -> None:
-    run = start_load(load_dsn, tmp_path, rate=100, duration=20)
-    t0 = await flowing(load_dsn)
-    await asyncio.sleep(5)
     victim = load_cluster.workers[1]
-    load_cluster.kill(victim)
-    killed = time.monotonic() - t0
-    await asyncio.sleep(6)  # ingest with one worker gone
-    await asyncio.to_thread(load_cluster.restart, victim)
-    result = await run.finish()
+    with start_load(load_dsn, tmp_path, rate=100, duration=20) as run:
+        t0 = await flowing(load_dsn)
+        await asyncio.sleep(5)
+        load_cluster.kill(victim)
+        killed = time.monotonic() - t0
+        await asyncio.sleep(6)  # ingest with one worker gone
+        await asyncio.to_thread(load_cluster.restart, victim)
+        result = await run.finish()
     _judge(result, f"{victim.name} SIGKILLed for 6 s")
     timeline = result["timeline"]
     assert isinstance(timeline, list)
@@ -115,11 +115,11 @@ async def test_worker_killed_mid_load_nothing_lost(
 async def test_coordinator_killed_mid_load_nothing_lost(
     load_cluster: citus.Cluster, load_dsn: str, tmp_path: Path
 ) -> None:
-    run = start_load(load_dsn, tmp_path, rate=100, duration=15)
-    await flowing(load_dsn)
-    await asyncio.sleep(4)
-    load_cluster.kill(load_cluster.coordinator)
-    await asyncio.sleep(2)
-    await asyncio.to_thread(load_cluster.restart, load_cluster.coordinator)
-    result = await run.finish()
+    with start_load(load_dsn, tmp_path, rate=100, duration=15) as run:
+        await flowing(load_dsn)
+        await asyncio.sleep(4)
+        load_cluster.kill(load_cluster.coordinator)
+        await asyncio.sleep(2)
+        await asyncio.to_thread(load_cluster.restart, load_cluster.coordinator)
+        result = await run.finish()
     _judge(result, "coordinator SIGKILLed for 2 s")

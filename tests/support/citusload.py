@@ -67,6 +67,19 @@ class LoadRun:
         result["exit_status"] = self.proc.returncode
         return result
 
+    def __enter__(self) -> LoadRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """A test that failed midway stops the run (it stops the gateway it started)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
     def tail(self, n: int = 40) -> str:
         lines = self.log.read_text(errors="replace").splitlines()
         return "\n".join(lines[-n:])
