@@ -236,6 +236,8 @@ async def migrate(conn: asyncpg.Connection, *, upto: int | None = None, citus: b
             if installed:
                 async with conn.transaction():
                     await conn.execute(citus_layout())
+                if not distributed and not await conn.fetchval(q("citus_lanes_restart")):
+                    raise CitusLayoutError("the lanes' cursors could not be set on every worker")
                 log.info("applied the Citus layout (sql/citus/layout.sql)")
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)
