@@ -114,7 +114,8 @@ async def test_a_populated_database_moves_and_every_redelivery_meets_its_keys(si
         assert await db.citus_state(conn) == (True, True)
         placed = await conn.fetchval(
             "SELECT count(DISTINCT nodeport) FROM pg_dist_shard_placement p"
-            " JOIN pg_dist_shard s USING (shardid) WHERE s.logicalrelid = 'processed_webhook_events'::regclass"
+            " JOIN pg_dist_shard s USING (shardid)"
+            " WHERE s.logicalrelid = 'processed_webhook_events'::regclass"
         )
         assert placed == 2  # on both workers
         assert await rows(conn) == before  # every row kept, now read from the shards
