@@ -171,6 +171,10 @@ async def connect(dsn: str, timeout: float = 5.0) -> asyncpg.Connection:
     return conn
 
 
+# What sql/citus/layout.sql raises when the database is not ready to be distributed.
+CITUS_NOT_READY = "GWC01"
+
+
 class CitusLayoutError(RuntimeError):
     """``migrate`` was asked for a layout the database cannot take or must not get silently."""
 
@@ -234,8 +238,15 @@ async def migrate(conn: asyncpg.Connection, *, upto: int | None = None, citus: b
         if upto is None or upto >= latest_version():
             await _apply_functions(conn, functions())
             if installed:
-                async with conn.transaction():
-                    await conn.execute(citus_layout())
+                try:
+                    async with conn.transaction():
+                        await conn.execute(citus_layout())
+                except asyncpg.PostgresError as exc:
+                    if exc.sqlstate == CITUS_NOT_READY:
+                        raise CitusLayoutError(str(exc)) from exc
+                    raise
+                if not distributed and not await conn.fetchval(q("citus_lanes_restart")):
+                    raise CitusLayoutError("the lanes' cursors could not be set on every worker")
                 log.info("applied the Citus layout (sql/citus/layout.sql)")
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)

@@ -108,7 +108,8 @@ def verify_tarball(tarball: Path) -> str:
     if not tarball.is_file():
         raise CitusError(
             f"Citus source tarball not found: {tarball}\n"
-            f"Download the release tarball from {RELEASES} and pass its path (CITUS_TARBALL=...)."
+            f"Download the release tarball from {RELEASES} and pass its path:\n"
+            "    make test-citus CITUS_TARBALL=path/to/citus-14.0.1.tar.gz"
         )
     digest = sha256_of(tarball)
     sums = tarball.parent / "SHA256SUMS"
@@ -717,8 +718,8 @@ def _root(args: argparse.Namespace) -> Path:
     found = cached_build(cache)
     if found is None:
         raise CitusError(
-            f"no Citus build in {cache or default_cache()} for {pg_version()}: pass --tarball "
-            f"(CITUS_TARBALL=...), the release tarball from {RELEASES}"
+            f"no Citus build in {cache or default_cache()} for {pg_version()}: pass the Citus release "
+            f"tarball from {RELEASES}:\n    make test-citus CITUS_TARBALL=path/to/citus-14.0.1.tar.gz"
         )
     return found
 

@@ -74,7 +74,24 @@ $$;
 DO $$
 DECLARE
     t record;
+    inbox_moved boolean := NOT EXISTS (SELECT 1 FROM pg_dist_partition
+                                       WHERE logicalrelid = 'webhook_inbox'::regclass);
 BEGIN
+    -- The inbox log's positions are transaction ids and snapshots of one server: those of a
+    -- single PostgreSQL mean nothing on the workers (each counts its own). So the log is
+    -- distributed only once every staged row has been read (nothing is lost: the operator
+    -- stops ingest and lets the consumers finish, docs/scaling.md), its rows leave the log
+    -- (txid NULL: no cursor reads them again; they stay for `gateway dead`, replay and
+    -- retention), and each lane's cursor starts at its worker's snapshot (citus_lanes_restart,
+    -- run by `migrate` once this transaction has committed: the workers' own sessions cannot
+    -- see shards made by a transaction still open).
+    IF inbox_moved THEN
+        IF EXISTS (SELECT 1 FROM inbox_unread()) THEN
+            RAISE EXCEPTION 'webhook_inbox has rows no consumer has read yet: stop ingest, let the consumers read every staged webhook (gateway lanes), then run gateway migrate --citus again'
+                USING ERRCODE = 'GWC01';
+        END IF;
+        UPDATE webhook_inbox SET txid = NULL WHERE txid IS NOT NULL;
+    END IF;
     -- Reference tables first: delivery_leases has a foreign key to destinations.
     FOR t IN SELECT * FROM unnest(ARRAY[
             'destinations', 'delivery_leases', 'inbox_parked',

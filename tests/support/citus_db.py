@@ -36,7 +36,9 @@ async def nodes(dsn: str) -> tuple[tuple[str, int], list[tuple[str, int]]]:
     """(the coordinator, the workers) as registered in ``dsn``'s database."""
     conn = await asyncpg.connect(dsn, timeout=30)
     try:
-        rows = await conn.fetch("SELECT groupid, nodename, nodeport FROM pg_dist_node WHERE isactive ORDER BY nodeid")
+        rows = await conn.fetch(
+            "SELECT groupid, nodename, nodeport FROM pg_dist_node WHERE isactive ORDER BY nodeid"
+        )
     finally:
         await conn.close()
     coordinator = [(r["nodename"], r["nodeport"]) for r in rows if r["groupid"] == 0]
