@@ -161,8 +161,25 @@ async def rebalance(dsn: str, mode: str = "block_writes") -> float:
     started = time.monotonic()
     conn = await asyncpg.connect(dsn, timeout=30)
     try:
-        await conn.execute(f"SELECT citus_rebalance_start(shard_transfer_mode => '{mode}')")
+        await start_rebalance(conn, mode)
         await conn.execute("SELECT citus_rebalance_wait()")
     finally:
         await conn.close()
     return time.monotonic() - started
+
+
+async def start_rebalance(
+    conn: asyncpg.Connection, mode: str = "block_writes", timeout_s: float = 60.0
+) -> None:
+    """``citus_rebalance_start``, again while Citus says another shard operation holds the
+    colocation groups' lock (seen right after ``citus_add_node``: it fails at once rather
+    than waiting)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await conn.execute(f"SELECT citus_rebalance_start(shard_transfer_mode => '{mode}')")
+            return
+        except asyncpg.InternalServerError as exc:
+            if "could not acquire the lock" not in str(exc) or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1.0)
