@@ -30,6 +30,7 @@ import pytest
 
 from gateway.testing import citus
 from tests.support.citusload import (
+    CLUSTER_SETTINGS,
     errors,
     failed_checks,
     flowing,
@@ -48,7 +49,7 @@ def load_cluster(citus_cluster: citus.Cluster) -> Iterator[citus.Cluster]:
     base = Path(tempfile.mkdtemp(prefix="gateway-citus-load-"))
     os.chmod(base, 0o755)  # noqa: S103 - the postgres user must traverse it
     # fsync off: the tests kill processes, never the machine (the page cache keeps what they wrote).
-    cluster = citus.Cluster(citus_cluster.root, base, fsync=False)
+    cluster = citus.Cluster(citus_cluster.root, base, fsync=False, settings=CLUSTER_SETTINGS)
     try:
         cluster.start()
         yield cluster
