@@ -115,7 +115,9 @@ async def test_after_a_batch_that_left_nothing_due_the_loop_waits(db_dsn: str, s
     try:
         claims: list[str] = []
         async with pool.acquire() as conn:
-            conn.add_query_logger(lambda rec: claims.append(rec.query) if "AS taken" in rec.query else None)
+            conn.add_query_logger(
+                lambda rec: claims.append(rec.query) if "AS taken" in rec.query else None
+            )
         await stage(pool, to_bytes(messages_payload(message_obj("wamid.W1"))))
         consumer = Consumer(pool, replace(settings, consumer_poll_ms=60_000))
         task = asyncio.create_task(consumer.run(stop))

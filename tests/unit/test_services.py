@@ -14,15 +14,8 @@ from gateway.runtime import services
 class Probe:
     """A service that records what happens to it."""
 
-    def __init__(
-        self,
-        name: str,
-        log: list[str],
-        *,
-        grace: float | None = 1.0,
-        finish_s: float = 0.0,
-        fail_after_s: float | None = None,
-    ) -> None:
+    def __init__(self, name: str, log: list[str], *, grace: float | None = 1.0, finish_s: float = 0.0,
+                 fail_after_s: float | None = None) -> None:
         self.name = name
         self.stop_grace_s = grace
         self.log = log
