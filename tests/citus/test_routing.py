@@ -10,9 +10,11 @@ store functions on a database distributed by ``gateway migrate --citus``.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import asyncpg
@@ -20,6 +22,7 @@ import pytest
 import pytest_asyncio
 
 from gateway.core.lanes import read_params
+from gateway.inbound.groupcommit import GroupCommitter
 from gateway.store import db, idempotency, inbox, lanes, outbox, replies, retention
 from gateway.store.sqlfiles import q
 from tests.support.citus_db import citus_dsn, drop_database, fresh_database
@@ -274,3 +277,20 @@ async def test_day_partitions_are_made_and_dropped_on_every_shard(
     assert dropped == name
     assert await conn.fetchval("SELECT to_regclass($1)", name) is None
     assert await shards_on_workers(conn, name) == 0
+
+
+async def test_the_committer_wakes_the_consumers_from_the_coordinator(cluster_db: str) -> None:
+    # No trigger NOTIFYs on Citus (sql/citus/layout.sql): the group committer does, after the
+    # commit, on the coordinator where the consumers LISTEN; the batch stays one phase.
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await db.connect(cluster_db)
+    await listener.add_listener("webhook_inbox", lambda *a: heard.put_nowait(a[3]))
+    gc = GroupCommitter(partial(db.connect, cluster_db), window_s=60.0)
+    try:
+        before = await two_phase_commits(listener)
+        await asyncio.wait_for(gc.stage("meta", b'{"wake": 1}'), 10)
+        assert await asyncio.wait_for(heard.get(), 5) == ""
+        assert await two_phase_commits(listener) == before
+    finally:
+        await gc.close()
+        await listener.close()
