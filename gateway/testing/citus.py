@@ -584,7 +584,7 @@ class ReusableDatabase:
     resolved, every table (shard) written since is truncated, the tables the migrations filled
     (lanes and their cursors, the migration records) get their rows back, and the sequences
     their values. ``reset()`` returns False when the schema itself changed (a partition made
-    or dropped, a shard moved): the caller replaces the database."""
+    or dropped, a shard moved, a worker added): the caller replaces the database."""
 
     def __init__(self, cluster: Cluster, name: str) -> None:
         self.cluster = cluster
@@ -639,6 +639,8 @@ class ReusableDatabase:
         """Back to the baseline on every node; False if the schema changed meanwhile."""
         if not self.baseline:
             raise CitusError("snapshot() first")
+        if {n.name for n in self.cluster.nodes} != set(self.baseline):
+            return False  # a worker added since: it holds no baseline
         for node in self.cluster.nodes:
             if not node.running():
                 self.cluster.restart(node)

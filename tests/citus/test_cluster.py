@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import asyncpg
@@ -194,3 +196,34 @@ async def test_the_admin_dsn_is_the_coordinator(citus_cluster: citus.Cluster, pg
             assert await conn.fetchval("SHOW port") == str(citus_cluster.coordinator.port)
         finally:
             await conn.close()
+
+
+async def test_an_added_worker_takes_shards_in_a_rebalance(citus_cluster: citus.Cluster) -> None:
+    """On a cluster of its own: the session's keeps its two workers."""
+    base = Path(tempfile.mkdtemp(prefix="gateway-test-citus-"))
+    os.chmod(base, 0o755)  # noqa: S103 - the postgres user must traverse it
+    cluster = citus.Cluster(citus_cluster.root, base, fsync=False)
+    try:
+        await asyncio.to_thread(cluster.start)
+        dsn = await cluster.create_database("gw_rebalance")
+        db = citus.ReusableDatabase(cluster, "gw_rebalance")
+        await db.snapshot()
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute("CREATE TABLE t (k int PRIMARY KEY, v int)")
+            await conn.execute("SELECT create_distributed_table('t', 'k', shard_count => 8)")
+            await conn.execute("INSERT INTO t SELECT g, g FROM generate_series(1, 1000) g")
+            added = await cluster.add_worker()
+            assert added.running() and cluster.workers[-1] is added
+            await conn.execute("SELECT citus_rebalance_start()")
+            await conn.execute("SELECT citus_rebalance_wait()")
+            per_node = dict(await conn.fetch("SELECT nodeport, count(*) FROM citus_shards GROUP BY nodeport"))
+            assert await conn.fetchval("SELECT count(*) FROM t") == 1000
+        finally:
+            await conn.close()
+        assert per_node.get(added.port, 0) > 0 and sum(per_node.values()) == 8
+        assert await cluster.reachable("gw_rebalance") == {w.name: True for w in cluster.workers}
+        assert not await db.reset()  # a node the baseline does not know: the database is replaced
+    finally:
+        await asyncio.to_thread(cluster.stop)
+        shutil.rmtree(base, ignore_errors=True)

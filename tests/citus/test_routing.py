@@ -10,9 +10,11 @@ store functions on a database distributed by ``gateway migrate --citus``.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import asyncpg
@@ -20,7 +22,8 @@ import pytest
 import pytest_asyncio
 
 from gateway.core.lanes import read_params
-from gateway.store import db, idempotency, inbox, lanes, outbox, replies
+from gateway.inbound.groupcommit import GroupCommitter
+from gateway.store import db, idempotency, inbox, lanes, outbox, replies, retention
 from gateway.store.sqlfiles import q
 from tests.support.citus_db import citus_dsn, drop_database, fresh_database
 
@@ -244,3 +247,50 @@ async def test_the_forwarder_round_runs_on_the_shard_of_its_lanes(conn: asyncpg.
     # This test fails (strict xfail) once it runs.
     mine = await lanes_of_one_shard(conn)
     await conn.fetch(q("forward_round"), "fw", [], [], [], [], 10, mine, 30.0, 5, True, 30.0)
+
+
+async def shards_on_workers(conn: asyncpg.Connection, partition: str) -> int:
+    """How many shards of ``partition`` the workers hold (their own catalogs, asked on each)."""
+    rows = await conn.fetch(
+        "SELECT result FROM run_command_on_workers($$SELECT count(*) FROM pg_class"
+        " WHERE relname ~ '^" + partition + "_[0-9]+$'$$)"
+    )
+    return sum(int(r["result"]) for r in rows)
+
+
+@pytest.mark.parametrize("table", ["webhook_inbox", "processed_webhook_events", "delivery_log"])
+async def test_day_partitions_are_made_and_dropped_on_every_shard(
+    conn: asyncpg.Connection, table: str
+) -> None:
+    # The maintenance job's own statements through the coordinator: a partition made for a day
+    # is distributed with its parent (colocated, every shard), and dropping the oldest drops it
+    # on every worker (DETACH ... CONCURRENTLY is refused by Citus: a plain DETACH there).
+    old = dt.date.today() - dt.timedelta(days=400)
+    name = f"{table}_p{old:%Y%m%d}"
+    assert await conn.fetchval(q("partition_ensure_day"), table, old)
+    assert (
+        await conn.fetchval("SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = $1::regclass", name)
+        == 32
+    )
+    assert await shards_on_workers(conn, name) == 32
+    dropped = await retention.drop_oldest(conn, table=table, before=old + dt.timedelta(days=1), keep_days=7)
+    assert dropped == name
+    assert await conn.fetchval("SELECT to_regclass($1)", name) is None
+    assert await shards_on_workers(conn, name) == 0
+
+
+async def test_the_committer_wakes_the_consumers_from_the_coordinator(cluster_db: str) -> None:
+    # No trigger NOTIFYs on Citus (sql/citus/layout.sql): the group committer does, after the
+    # commit, on the coordinator where the consumers LISTEN; the batch stays one phase.
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await db.connect(cluster_db)
+    await listener.add_listener("webhook_inbox", lambda *a: heard.put_nowait(a[3]))
+    gc = GroupCommitter(partial(db.connect, cluster_db), window_s=60.0)
+    try:
+        before = await two_phase_commits(listener)
+        await asyncio.wait_for(gc.stage("meta", b'{"wake": 1}'), 10)
+        assert await asyncio.wait_for(heard.get(), 5) == ""
+        assert await two_phase_commits(listener) == before
+    finally:
+        await gc.close()
+        await listener.close()
