@@ -159,6 +159,11 @@ class LaneSet:
         self.shards: dict[int, int] = {}
         self.out: set[int] = set()
         self.stale: set[int] = set()
+        # shard -> the number of the take that last read it: shards are read in turn (on Citus a
+        # read is one shard's lanes, and a take that always chose the same one would starve the
+        # others; on one PostgreSQL every lane is in shard 0)
+        self.taken_at: dict[int, int] = {}
+        self.takes = 0
 
     def owned(self) -> list[int]:
         return sorted(self.cursors)
@@ -178,14 +183,18 @@ class LaneSet:
         self.shards = {lane: shards.get(lane, 0) for lane in self.cursors}
 
     def take(self, most: int | None = None) -> list[Cursor]:
-        """Free lanes of one shard (the one with most free lanes), at most ``most``."""
+        """Free lanes of one shard (the one read least recently, then the one with most free
+        lanes), at most ``most``."""
         free = [lane for lane in sorted(self.cursors) if lane not in self.out]
         if not free:
             return []
         by_shard: dict[int, list[int]] = {}
         for lane in free:
             by_shard.setdefault(self.shards.get(lane, 0), []).append(lane)
-        lanes = max(by_shard.values(), key=len)
+        shard = min(by_shard, key=lambda s: (self.taken_at.get(s, -1), -len(by_shard[s]), s))
+        self.takes += 1
+        self.taken_at[shard] = self.takes
+        lanes = by_shard[shard]
         if most is not None:
             lanes = lanes[: max(1, most)]
         self.out.update(lanes)

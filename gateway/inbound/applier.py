@@ -54,7 +54,7 @@ from gateway.core.settings import Settings
 from gateway.handlers import Registry, replying
 from gateway.inbound import triage
 from gateway.inbound.dead_items import Failure, bad_item, failed_item, raw_fragment
-from gateway.store import dead_events, inbox
+from gateway.store import db, dead_events, inbox
 
 # The consumer's log: its lines keep the consumer's name wherever the code that writes them is.
 log = logging.getLogger("gateway.inbound.consumer")
@@ -119,6 +119,7 @@ class Applier:
         self.handlers = handlers
         self._member = member
         self._idle_bound = idle_bound
+        self._citus: bool | None = None  # the database is a Citus coordinator (asked once)
         # The rows being handled, head first (until their transaction commits).
         self.claimed: list[int] = []
 
@@ -151,7 +152,9 @@ class Applier:
         return result.deliveries > 0
 
     async def _fast(self, conn: Conn, plan: Plan, advance: Advance) -> inbox.Applied:
-        result = await inbox.apply_plan(conn, plan, member=self._member, advance=advance)
+        if self._citus is None:
+            self._citus = (await db.citus_state(conn))[0]
+        result = await inbox.apply_plan(conn, plan, member=self._member, advance=advance, citus=self._citus)
         if plan.bad:
             await dead_events.record(conn, [bad_item(row, item) for row, item in plan.bad])
         await self._fragments(conn, [(ev, row, item) for ev, row, item in plan.events if item.scrubbed])
@@ -197,8 +200,7 @@ class Applier:
                     try:
                         async with conn.transaction():
                             result = await inbox.apply_plan(
-                                conn,
-                                plan_event(ev, row.id, row.source),
+                                conn, plan_event(ev, row.id, row.source), citus=bool(self._citus)
                             )
                             if item.scrubbed:
                                 await self._fragments(conn, [(ev, row, item)])
@@ -232,7 +234,7 @@ class Applier:
             )
             new = []
             metrics.DEAD_LETTERS.labels("unparseable").inc(len(bad))
-        await inbox.apply_plan(conn, rows, member=self._member, advance=advance)
+        await inbox.apply_plan(conn, rows, member=self._member, advance=advance, citus=bool(self._citus))
         for i in new:
             self.count_item(i.state, i.deferrals > 0, i.kind)
 

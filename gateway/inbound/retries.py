@@ -17,7 +17,7 @@ from gateway.core.settings import Settings
 from gateway.inbound import triage
 from gateway.inbound.applier import Applier, Conn, Deferred
 from gateway.inbound.dead_items import error_text, rebuild
-from gateway.store import dead_events, inbox
+from gateway.store import db, dead_events, inbox
 
 # The consumer's log: its lines keep the consumer's name wherever the code that writes them is.
 log = logging.getLogger("gateway.inbound.consumer")
@@ -114,13 +114,13 @@ class Retries:
     async def _retry_items(self, conn: Conn, claimed: list[dead_events.Claimed]) -> None:
         done: list[int] = []
         failures: list[tuple[dead_events.Claimed, BaseException, Fault]] = []
+        citus = (await db.citus_state(conn))[0]
         for it in claimed:
             try:
                 async with conn.transaction():
                     for ev in rebuild(it):
                         result = await inbox.apply_plan(
-                            conn,
-                            plan_event(ev, it.inbox_id, it.source),
+                            conn, plan_event(ev, it.inbox_id, it.source), citus=citus
                         )
                         if result.fresh_keys and b"\\u" in it.fragment:
                             await dead_events.record_fragments(

@@ -16,7 +16,7 @@ from gateway.core.errors import describe
 from gateway.core.faults import missing_partition
 from gateway.core.jsonspan import pointer
 from gateway.core.planning import Plan, probe_plan
-from gateway.store import inbox
+from gateway.store import db, inbox
 
 log = logging.getLogger("gateway.inbound.consumer")
 
@@ -55,7 +55,8 @@ async def probe(
         return exc
     try:
         async with conn.transaction():
-            await inbox.apply_plan(conn, probe_plan(list(kinds) or ["message"], source, uuid.uuid4().hex))
+            probe = probe_plan(list(kinds) or ["message"], source, uuid.uuid4().hex)
+            await inbox.apply_plan(conn, probe, citus=(await db.citus_state(conn))[0])
             raise _Rollback
     except _Rollback:
         return None

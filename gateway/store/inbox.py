@@ -200,12 +200,19 @@ async def ensure_partition(conn: asyncpg.Connection | PoolConnectionProxy, *, ta
 
 
 async def apply_plan(
-    conn: Conn, plan: Plan, *, member: str | None = None, advance: list[dict[str, Any]] | None = None
+    conn: Conn,
+    plan: Plan,
+    *,
+    member: str | None = None,
+    advance: list[dict[str, Any]] | None = None,
+    citus: bool = False,
 ) -> Applied:
     """handle_once for a whole batch: keys, side effects, rows moved aside and the lanes'
-    cursors (``advance``, from ``advance_arg``; None: none move) in one statement."""
+    cursors (``advance``, from ``advance_arg``; None: none move) in one statement (on a Citus
+    coordinator, ``citus``: the same as a sequence of statements in one function call, which
+    Citus can plan)."""
     r = await conn.fetchrow(
-        q("inbox_apply_batch"),
+        q("inbox_apply_batch_steps" if citus else "inbox_apply_batch"),
         plan.keys,
         plan.key_inbox,
         plan.messages,

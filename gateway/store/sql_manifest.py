@@ -16,6 +16,7 @@ FILES: tuple[str, ...] = (
     "functions/forward_round.sql",
     "functions/inbound_messages_notify.sql",
     "functions/inbox_advance.sql",
+    "functions/inbox_apply_batch_steps.sql",
     "functions/inbox_oldest_unread.sql",
     "functions/inbox_row_states.sql",
     "functions/inbox_unprocessed.sql",

@@ -31,17 +31,22 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: dead_events_failed
 -- A retry failed: $2 new state (retry/dead), $3/$4 attempts/deferrals to add, $5 delay, $6 error.
-UPDATE dead_events SET
+-- (The clock is read in a sub-select, here and below: Citus refuses volatile functions in an
+-- UPDATE of a distributed or reference table.)
+UPDATE dead_events d SET
     state = $2,
-    attempts = attempts + $3,
-    deferrals = deferrals + $4,
-    next_attempt_at = clock_timestamp() + make_interval(secs => $5),
+    attempts = d.attempts + $3,
+    deferrals = d.deferrals + $4,
+    next_attempt_at = c.due,
     last_error = $6,
-    updated_at = clock_timestamp()
-WHERE id = $1;
+    updated_at = c.now
+FROM (SELECT clock_timestamp() AS now, clock_timestamp() + make_interval(secs => $5) AS due) c
+WHERE d.id = $1;
 
 -- name: dead_events_done
-UPDATE dead_events SET state = 'done', updated_at = clock_timestamp() WHERE id = ANY($1::bigint[]);
+UPDATE dead_events d SET state = 'done', updated_at = c.now
+FROM (SELECT clock_timestamp() AS now) c
+WHERE d.id = ANY($1::bigint[]);
 
 -- name: dead_events_list
 -- $1 states, $2 since, $3 until (received_at; NULL: open), $4 limit.
@@ -67,13 +72,14 @@ FROM dead_events WHERE id = $1;
 
 -- name: dead_events_replay
 -- Dead items due again with a fresh budget: $1 ids (NULL: any), $2 since, $3 until.
-UPDATE dead_events SET state = 'retry', attempts = 0, deferrals = 0,
-       next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
-WHERE state = 'dead'
-  AND ($1::bigint[] IS NULL OR id = ANY($1::bigint[]))
-  AND ($2::timestamptz IS NULL OR received_at >= $2)
-  AND ($3::timestamptz IS NULL OR received_at < $3)
-RETURNING id;
+UPDATE dead_events d SET state = 'retry', attempts = 0, deferrals = 0,
+       next_attempt_at = c.now, updated_at = c.now
+FROM (SELECT clock_timestamp() AS now) c
+WHERE d.state = 'dead'
+  AND ($1::bigint[] IS NULL OR d.id = ANY($1::bigint[]))
+  AND ($2::timestamptz IS NULL OR d.received_at >= $2)
+  AND ($3::timestamptz IS NULL OR d.received_at < $3)
+RETURNING d.id;
 
 -- name: dead_events_stats
 -- Items by state, and the age of the oldest one waiting for a retry (0: none).

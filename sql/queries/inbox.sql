@@ -209,20 +209,23 @@ FOR UPDATE SKIP LOCKED;
 -- name: inbox_parked_attempt
 -- A whole webhook failed again where nothing else could be recorded (or could not be stored
 -- as events): one attempt; due again after $3 seconds, dead at $2 attempts. Its state.
-UPDATE inbox_parked SET
-    attempts = attempts + 1,
-    state = CASE WHEN attempts + 1 >= $2 THEN 'dead' ELSE 'retry' END,
-    next_attempt_at = clock_timestamp() + make_interval(secs => $3),
+-- (The clock is read in a sub-select, here and below: Citus refuses volatile functions in an
+-- UPDATE of a reference table.)
+UPDATE inbox_parked p SET
+    attempts = p.attempts + 1,
+    state = CASE WHEN p.attempts + 1 >= $2 THEN 'dead' ELSE 'retry' END,
+    next_attempt_at = c.due,
     last_error = $4,
-    updated_at = clock_timestamp()
-WHERE inbox_id = $1 AND state = 'retry'
-RETURNING state, attempts;
+    updated_at = c.now
+FROM (SELECT clock_timestamp() AS now, clock_timestamp() + make_interval(secs => $3) AS due) c
+WHERE p.inbox_id = $1 AND p.state = 'retry'
+RETURNING p.state, p.attempts;
 
 -- name: inbox_parked_defer
 -- The system failed while these were retried: due again after $2 seconds, no attempt counted.
-UPDATE inbox_parked SET next_attempt_at = clock_timestamp() + make_interval(secs => $2),
-    last_error = $3, updated_at = clock_timestamp()
-WHERE inbox_id = ANY ($1::bigint[]) AND state = 'retry';
+UPDATE inbox_parked p SET next_attempt_at = c.due, last_error = $3, updated_at = c.now
+FROM (SELECT clock_timestamp() AS now, clock_timestamp() + make_interval(secs => $2) AS due) c
+WHERE p.inbox_id = ANY ($1::bigint[]) AND p.state = 'retry';
 
 -- name: inbox_move_aside
 -- Row $1 of the log, which failed where nothing could be recorded, moves aside to be retried
@@ -489,6 +492,10 @@ SELECT (SELECT count(*) FROM fresh) AS fresh,
        (SELECT coalesce(jsonb_object_agg(key, caller), '{}') FROM st WHERE caller IS NOT NULL) AS callers,
        CASE WHEN $14::jsonb IS NULL THEN 0 ELSE inbox_advance($13, $14::jsonb) END AS advanced;
 
+-- name: inbox_apply_batch_steps
+-- inbox_apply_batch on Citus: the same arguments and result (sql/functions/inbox_apply_batch_steps.sql).
+SELECT * FROM inbox_apply_batch_steps($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14);
+
 -- name: inbox_notify
 SELECT pg_notify('webhook_inbox', '');
 
@@ -531,18 +538,19 @@ FROM w FULL JOIN p ON true;
 -- name: inbox_dead_replay
 -- Dead whole webhooks due again with a fresh attempt budget; $1 NULL means every dead one,
 -- $2/$3 a received_at range (NULL: open).
-UPDATE inbox_parked SET state = 'retry', attempts = 0, next_attempt_at = clock_timestamp(),
-    updated_at = clock_timestamp()
-WHERE state = 'dead' AND ($1::bigint[] IS NULL OR inbox_id = ANY($1::bigint[]))
-  AND ($2::timestamptz IS NULL OR received_at >= $2)
-  AND ($3::timestamptz IS NULL OR received_at < $3)
-RETURNING inbox_id AS id;
+UPDATE inbox_parked p SET state = 'retry', attempts = 0, next_attempt_at = c.now, updated_at = c.now
+FROM (SELECT clock_timestamp() AS now) c
+WHERE p.state = 'dead' AND ($1::bigint[] IS NULL OR p.inbox_id = ANY($1::bigint[]))
+  AND ($2::timestamptz IS NULL OR p.received_at >= $2)
+  AND ($3::timestamptz IS NULL OR p.received_at < $3)
+RETURNING p.inbox_id AS id;
 
 -- name: inbox_parked_done
 -- Whole webhooks a retry or a replay processed (kept for the record, then purged); one the
 -- retry found to be no payload again stays dead.
-UPDATE inbox_parked SET state = 'done', updated_at = clock_timestamp()
-WHERE inbox_id = ANY ($1::bigint[]) AND state = 'retry';
+UPDATE inbox_parked p SET state = 'done', updated_at = c.now
+FROM (SELECT clock_timestamp() AS now) c
+WHERE p.inbox_id = ANY ($1::bigint[]) AND p.state = 'retry';
 
 -- name: inbox_depth
 -- Rows no cursor has read yet, and whole webhooks waiting for a retry, counted up to a cap

@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from gateway.core.planning import StagedRow, plan_batch
 from gateway.core.settings import Settings
+from gateway.inbound.consumer import Consumer
 from gateway.store import db, idempotency, inbox, lanes
 from gateway.testing.payloads import (
     message_obj,
@@ -58,6 +58,13 @@ async def rows(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, list[tuple[
         t: [tuple(r) for r in await conn.fetch(f"SELECT {c} FROM {t} ORDER BY {c}")]
         for t, c in TABLES.items()
     }
+
+
+async def lanes_by_shard(conn: asyncpg.Connection | asyncpg.Pool) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for lane, shard in (await lanes.shards(conn)).items():
+        out.setdefault(shard, []).append(lane)
+    return out
 
 
 async def stage_all(conn: asyncpg.Connection | asyncpg.Pool) -> None:
@@ -120,35 +127,41 @@ async def test_a_populated_database_moves_and_every_redelivery_meets_its_keys(si
         assert placed == 2  # on both workers
         assert await rows(conn) == before  # every row kept, now read from the shards
 
-        # Every webhook again: staged on the cluster (one shard per batch), read by a lane
-        # read on its shard, planned as a consumer plans it; every key meets the one stored
-        # before the move, on the shard of its subject (the consumers' key insert: nothing
-        # fresh, so no side effect happens twice).
-        await stage_all(conn)
-        shards = await lanes.shards(conn)
-        by_shard: dict[int, list[int]] = {}
-        for lane, shard in shards.items():
-            by_shard.setdefault(shard, []).append(lane)
-        staged: list[StagedRow] = []
-        for i, mine in enumerate(by_shard.values()):
-            cursors = await lanes.lease(conn, member=f"m{i}", lanes=mine, live=[f"m{i}"], ttl_s=30)
-            async with conn.transaction():
-                await inbox.read_mode(conn, idle_ms=5000)
-                staged += (await inbox.read(conn, cursors, limit=100, max_bytes=1 << 22)).rows
-            await lanes.leave(conn, member=f"m{i}")
-        assert sorted(r.body for r in staged) == sorted(b for _, b in BODIES)
-        plan = plan_batch(staged)
-        assert plan.keys
-        fresh = await conn.fetch(
-            "INSERT INTO processed_webhook_events (event_key, inbox_id, event_day, subject)"
-            " SELECT * FROM unnest($1::text[], $2::bigint[], $3::date[], $4::text[])"
-            " ON CONFLICT (event_key, event_day, subject) DO NOTHING RETURNING event_key",
-            plan.keys,
-            plan.key_inbox,
-            plan.key_days,
-            plan.key_subjects,
-        )
-        assert fresh == []
-        assert (await counts(conn))["processed_webhook_events"] == len(before["processed_webhook_events"])
+        # Every webhook again, and one new one: staged on the cluster (one shard per batch),
+        # processed by the gateway's consumers there (lane reads on the workers, the batch as
+        # one distributed transaction). Every redelivery meets its keys: nothing is processed,
+        # recorded or forwarded twice; the new webhook is processed once.
+        pool = await db.create_pool(dsn, 1, 3)
+        try:
+            await stage_all(pool)
+            new = to_bytes(statuses_payload(status_obj("wamid.MVN", "read", timestamp=TS)))
+            await inbox.insert_batch(pool, sources=["meta"], bodies=[new], delivery_ids=[None], lane=9)
+            # A consumer's step reads the lanes of one shard, the shards in turn
+            # (tests.support.consume.drain ends at the first empty step): steps enough for
+            # every shard group twice.
+            consumer = Consumer(pool, settings)
+            for _ in range(2 * len(await lanes_by_shard(pool))):
+                await consumer.step()
+            after = await counts(pool)
+            assert after == {
+                **processed,
+                "processed_webhook_events": processed["processed_webhook_events"] + 1,
+                "message_statuses": processed["message_statuses"] + 1,
+            }
+            assert (
+                await pool.fetchval(
+                    "SELECT count(*) FROM processed_webhook_events WHERE event_key LIKE 'status:wamid.MVN:%'"
+                )
+                == 1
+            )
+            # nothing left unread in any lane
+            for shard_lanes in (await lanes_by_shard(pool)).values():
+                cursors = await lanes.lease(pool, member="check", lanes=shard_lanes, live=["check"], ttl_s=30)
+                async with pool.acquire() as c, c.transaction():
+                    await inbox.read_mode(c, idle_ms=5000)
+                    assert (await inbox.read(c, cursors, limit=10, max_bytes=1 << 20)).rows == []
+                await lanes.leave(pool, member="check")
+        finally:
+            await pool.close()
     finally:
         await conn.close()

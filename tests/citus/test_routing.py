@@ -22,6 +22,7 @@ import pytest
 import pytest_asyncio
 
 from gateway.core.lanes import read_params
+from gateway.core.planning import Plan
 from gateway.inbound.groupcommit import GroupCommitter
 from gateway.store import db, idempotency, inbox, lanes, outbox, replies, retention
 from gateway.store.sqlfiles import q
@@ -210,33 +211,32 @@ async def test_a_reply_claim_touches_one_shard_in_one_phase(conn: asyncpg.Connec
     assert await two_phase_commits(conn) == before
 
 
-@pytest.mark.xfail(strict=True, raises=asyncpg.FeatureNotSupportedError)
-async def test_the_consumers_batch_statement_runs_as_one_distributed_transaction(
-    conn: asyncpg.Connection,
-) -> None:
+async def test_the_consumers_batch_is_one_distributed_transaction(conn: asyncpg.Connection) -> None:
     # Not a router query by design: a batch's keys have many subjects (shards of the events
-    # group) and its cursors are in the lanes group, so it is one distributed transaction
-    # (two-phase commit). Today Citus refuses it: its correlated subqueries over outbox and
-    # webhook_inbox inside CTEs ("correlated subqueries are not supported when the FROM clause
-    # contains a CTE or subquery"). This test fails (strict xfail) once it runs.
+    # group) and its cursors are in the lanes group, so it is one distributed transaction,
+    # committed in two phases. The one-statement form is refused by Citus ("correlated
+    # subqueries are not supported when the FROM clause contains a CTE or subquery"); on Citus
+    # the store runs the same batch as inbox_apply_batch_steps.
     day = dt.date(2026, 12, 4)
-    await conn.fetch(
-        q("inbox_apply_batch"),
-        ["k:routing"],
-        [1],
-        "[]",
-        "[]",
-        "[]",
-        "[]",
-        [],
-        [],
-        "[]",
-        [day],
-        ["subject"],
-        "[]",
-        None,
-        None,
+    keys = ["k:routing-1", "k:routing-2", "k:routing-3"]
+    args = (keys, [1, 2, 3], "[]", "[]", "[]", "[]", [], [], "[]", [day] * 3, ["s-a", "s-b", "s-c"], "[]")
+    with pytest.raises(asyncpg.FeatureNotSupportedError, match="correlated subqueries"):
+        async with conn.transaction():
+            await conn.fetch(q("inbox_apply_batch"), *args, None, None)
+    before = await two_phase_commits(conn)
+    plan = Plan(keys=keys, key_inbox=[1, 2, 3], key_days=[day] * 3, key_subjects=["s-a", "s-b", "s-c"])
+    async with conn.transaction():
+        applied = await inbox.apply_plan(conn, plan, citus=True)
+    assert sorted(applied.fresh_keys) == keys
+    shards = await conn.fetchval(
+        "SELECT count(DISTINCT get_shard_id_for_distribution_column('processed_webhook_events', s))"
+        " FROM unnest($1::text[]) s",
+        ["s-a", "s-b", "s-c"],
     )
+    assert shards > 1 and await two_phase_commits(conn) > before
+    async with conn.transaction():
+        again = await inbox.apply_plan(conn, plan, citus=True)
+    assert again.fresh_keys == []
 
 
 @pytest.mark.xfail(strict=True, raises=asyncpg.FeatureNotSupportedError)
@@ -285,7 +285,7 @@ async def test_the_committer_wakes_the_consumers_from_the_coordinator(cluster_db
     heard: asyncio.Queue[str] = asyncio.Queue()
     listener = await db.connect(cluster_db)
     await listener.add_listener("webhook_inbox", lambda *a: heard.put_nowait(a[3]))
-    gc = GroupCommitter(partial(db.connect, cluster_db), window_s=60.0)
+    gc = GroupCommitter(partial(db.connect, cluster_db), window_s=60.0, deadline_s=10.0)
     try:
         before = await two_phase_commits(listener)
         await asyncio.wait_for(gc.stage("meta", b'{"wake": 1}'), 10)

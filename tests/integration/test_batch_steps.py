@@ -1,0 +1,113 @@
+"""inbox_apply_batch_steps (the consumers' batch as Citus can plan it) does what the one-statement
+inbox_apply_batch does: the same batch applied each way, in transactions rolled back, writes the
+same rows and answers the same counts. On one PostgreSQL: the two differ only in how they are
+planned, which is what Citus cares about (tests/citus/test_routing.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import orjson
+
+from gateway.core.planning import StagedRow, plan_batch
+from gateway.store.sqlfiles import q
+from gateway.testing.payloads import (
+    message_obj,
+    messages_payload,
+    meta_payload,
+    meta_value,
+    status_obj,
+    statuses_payload,
+    tenashi_event,
+    to_bytes,
+)
+from tests.support.consume import add_outbox
+
+TS = str(int((datetime.now(UTC) - timedelta(hours=1)).timestamp()))
+BODIES = [
+    (
+        "meta",
+        to_bytes(
+            messages_payload(message_obj("wamid.BS1", timestamp=TS), message_obj("wamid.BS2", timestamp=TS))
+        ),
+    ),
+    (
+        "meta",
+        to_bytes(statuses_payload(status_obj("wamid.BSS", "delivered", callback="cb-bs", timestamp=TS))),
+    ),
+    ("meta", to_bytes(statuses_payload(status_obj("wamid.BSS", "read", callback="cb-bs", timestamp=TS)))),
+    ("meta", to_bytes(meta_payload(("messages", meta_value(errors=[{"code": 131000, "title": "x"}]))))),
+    ("meta", to_bytes(meta_payload(("account_update", {"phone_number": "1", "event": "VERIFIED"})))),
+    ("tenashi", to_bytes(tenashi_event("evt_bs", "message.received", {"message_id": "t.BS", "from": "49"}))),
+    ("meta", b"not json at all"),
+]
+TABLES = {
+    "processed_webhook_events": "event_key, event_day, subject, inbox_id",
+    "inbound_messages": "wamid, subject, sender, message",
+    "message_statuses": "event_key, subject, status, biz_opaque_callback_data",
+    "account_errors": "event_key, subject, errors",
+    "account_updates": "event_key, subject, value",
+    "customer_ids": "phone_number_id, user_id, wa_id",
+    "inbox_parked": "inbox_id, state, last_error",
+    "outbox": "idem_key, state, wamid, delivery_status",
+    "delivery_events": "lane, event_key, kind, conversation, body, meta_body",
+    "delivery_queue": "destination_id, lane, conv",
+}
+
+
+async def applied(pool: asyncpg.Pool, query: str, plan: Any) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            r = await conn.fetchrow(
+                query,
+                plan.keys,
+                plan.key_inbox,
+                plan.messages,
+                plan.statuses,
+                plan.account_errors,
+                plan.account_updates,
+                plan.parked,
+                plan.parked_why,
+                orjson.dumps(plan.forwards).decode(),
+                plan.key_days,
+                plan.key_subjects,
+                plan.links,
+                None,
+                None,
+            )
+            assert r is not None
+            rows = {
+                t: [tuple(x) for x in await conn.fetch(f"SELECT {c} FROM {t} ORDER BY {c}")]
+                for t, c in TABLES.items()
+            }
+            return dict(r), rows
+        finally:
+            await tx.rollback()
+
+
+async def test_the_steps_write_what_the_statement_writes(pool: asyncpg.Pool) -> None:
+    await add_outbox(pool, "cb-bs", biz_opaque_callback_data="caller-value")
+    await pool.execute(
+        "INSERT INTO destinations (name, url, events, secret, ordered, format) VALUES"
+        " ('std', 'http://127.0.0.1:9/a', '{message,status,account}', 'whsec_abc', true, 'standard'),"
+        " ('meta', 'http://127.0.0.1:9/b', '{message,status}', 'meta-secret', false, 'meta')"
+    )
+    rows = []
+    for source, body in BODIES:
+        inbox_id = await pool.fetchval(
+            "INSERT INTO webhook_inbox (source, body) VALUES ($1, $2) RETURNING id", source, body
+        )
+        rows.append(StagedRow(inbox_id, source, body, None))
+    plan = plan_batch(rows)
+    one, one_rows = await applied(pool, q("inbox_apply_batch"), plan)
+    steps, steps_rows = await applied(pool, q("inbox_apply_batch_steps"), plan)
+    assert one["fresh"] > 5 and one["deliveries"] > 0 and one["outbox_updated"] == 1 and one["parked"] == 1
+    assert {k: v for k, v in steps.items() if k != "fresh_keys"} == {
+        k: v for k, v in one.items() if k != "fresh_keys"
+    }
+    assert sorted(steps["fresh_keys"]) == sorted(one["fresh_keys"])
+    assert steps_rows == one_rows
