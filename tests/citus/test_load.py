@@ -5,11 +5,6 @@ started again, the coordinator SIGKILLed and started again. After each: every ac
 webhook stored once, every event of an acknowledged webhook processed once, its side effects
 neither lost nor doubled, no badly signed body stored (the verifier's checks).
 
-The gateway's consumers do not run on Citus yet (their batch statement is not plannable
-there: tests/citus/test_routing.py), so the runs under faults check the ingest edge's promise
-alone (``--no-consumers``: every 200 is a durable row, none doubled, none forged), and the
-full check of the first run is a strict xfail that turns into a failure once they run.
-
 The tests share one cluster of their own (they add a worker and kill nodes, which the
 session's cluster of the other tests must not see) and run in file order: each judges only
 the rows of its own run. The figures they print (503s, seconds) are what docs/scaling.md
@@ -66,51 +61,26 @@ def load_dsn(load_cluster: citus.Cluster) -> str:
     return asyncio.run(gateway_database(load_cluster, "gw_load"))
 
 
-INGEST_ONLY = ("--no-consumers",)
-
-
-def _judge(result: dict[str, Any], what: str, prefix: str = "") -> None:
-    failed = [f for f in failed_checks(result) if f.startswith(prefix)]
+def _judge(result: dict[str, Any], what: str) -> None:
+    failed = failed_checks(result)
     print(f"\n{what}: {result['summary']}")  # the 503s and timeouts, by class: the run's figures
     assert not failed, f"{what}: {failed}"
 
 
-@pytest.fixture(scope="module")
-def redelivered(load_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One run of 100 webhooks/s for 10 s with redeliveries, the gateway's consumers on."""
-
-    async def run() -> dict[str, Any]:
-        # Drain timeout short: the consumers either process 1 000 webhooks in 15 s (one
-        # PostgreSQL here does 11 000 events/s) or do not run on Citus at all (below).
-        with start_load(
-            load_dsn, tmp_path_factory.mktemp("load"), rate=100, duration=10, drain_timeout=15
-        ) as load:
-            return await load.finish()
-
-    return asyncio.run(run())
-
-
-def test_load_with_redeliveries_every_acknowledged_webhook_stored_once(redelivered: dict[str, Any]) -> None:
-    _judge(redelivered, "load", prefix="ingest:")
-    summary = redelivered["summary"]
+async def test_load_with_redeliveries_every_event_once(load_dsn: str, tmp_path: Path) -> None:
+    with start_load(load_dsn, tmp_path, rate=100, duration=10) as run:
+        result = await run.finish()
+    _judge(result, "load")
+    summary = result["summary"]
     # A quiet cluster answers (almost) everything: a failure here is ingest not working on Citus.
-    assert summary["answered"] >= 0.95 * summary["sent"], errors(redelivered)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the consumers' batch statement (inbox_apply_batch) is not plannable on Citus yet: "
-    "correlated subqueries inside its CTEs (tests/citus/test_routing.py); no event is processed",
-)
-def test_load_with_redeliveries_every_event_processed_once(redelivered: dict[str, Any]) -> None:
-    _judge(redelivered, "load")
+    assert summary["answered"] >= 0.95 * summary["sent"], errors(result)
 
 
 async def test_worker_added_and_shards_moved_under_load(
     load_cluster: citus.Cluster, load_dsn: str, tmp_path: Path
 ) -> None:
     before = await placements(load_dsn)
-    with start_load(load_dsn, tmp_path, rate=100, duration=20, extra=INGEST_ONLY) as run:
+    with start_load(load_dsn, tmp_path, rate=100, duration=20) as run:
         await flowing(load_dsn)
         await asyncio.sleep(2)
         node = await load_cluster.add_worker()
@@ -129,7 +99,7 @@ async def test_worker_killed_mid_load_nothing_lost(
     load_cluster: citus.Cluster, load_dsn: str, tmp_path: Path
 ) -> None:
     victim = load_cluster.workers[1]
-    with start_load(load_dsn, tmp_path, rate=100, duration=20, extra=INGEST_ONLY) as run:
+    with start_load(load_dsn, tmp_path, rate=100, duration=20) as run:
         t0 = await flowing(load_dsn)
         await asyncio.sleep(5)
         load_cluster.kill(victim)
@@ -149,7 +119,7 @@ async def test_worker_killed_mid_load_nothing_lost(
 async def test_coordinator_killed_mid_load_nothing_lost(
     load_cluster: citus.Cluster, load_dsn: str, tmp_path: Path
 ) -> None:
-    with start_load(load_dsn, tmp_path, rate=100, duration=15, extra=INGEST_ONLY) as run:
+    with start_load(load_dsn, tmp_path, rate=100, duration=15) as run:
         await flowing(load_dsn)
         await asyncio.sleep(4)
         load_cluster.kill(load_cluster.coordinator)
