@@ -51,7 +51,7 @@ class LoadRun:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    async def finish(self, timeout_s: float = 300.0) -> dict[str, Any]:
+    async def finish(self, timeout_s: float = 420.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         while self.proc.poll() is None:
             if time.monotonic() > deadline:
@@ -91,7 +91,7 @@ def start_load(
     *,
     rate: float,
     duration: float,
-    drain_timeout: float = 90.0,
+    drain_timeout: float = 180.0,
     extra: tuple[str, ...] = (),
 ) -> LoadRun:
     """Signed Meta and Tenashi webhooks at ``rate``/s for ``duration`` s with the default
