@@ -378,9 +378,12 @@ BEGIN
         pos_txid = c.pos_txid::text::xid8,
         pos_id = c.pos_id,
         version = l.version + 1,
-        advanced_at = clock_timestamp()
+        advanced_at = t.now
     FROM jsonb_to_recordset(cursors) AS c(lane smallint, version bigint, done text, win text,
-                                          pos_txid bigint, pos_id bigint)
+                                          pos_txid bigint, pos_id bigint),
+         -- (the clock read in a sub-select: Citus refuses a volatile function in an UPDATE of
+         -- a distributed table)
+         (SELECT clock_timestamp() AS now) t
     WHERE l.lane = c.lane AND l.owner = member AND l.version = c.version;
     GET DIAGNOSTICS moved = ROW_COUNT;
     IF moved <> jsonb_array_length(cursors) THEN
@@ -1482,8 +1485,9 @@ CREATE TABLE public.webhook_inbox (
     body bytea NOT NULL,
     received_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     delivery_id text,
-    lane smallint GENERATED ALWAYS AS (((id % (32)::bigint))::smallint) STORED,
+    lane smallint NOT NULL,
     txid xid8 DEFAULT pg_current_xact_id(),
+    CONSTRAINT webhook_inbox_lane_check CHECK (((lane >= 0) AND (lane <= 31))),
     CONSTRAINT webhook_inbox_source_check CHECK ((source = ANY (ARRAY['meta'::text, 'tenashi'::text])))
 )
 PARTITION BY RANGE (received_at);
@@ -1515,6 +1519,13 @@ ALTER TABLE ONLY public.processed_webhook_events ATTACH PARTITION public.process
 --
 
 ALTER TABLE ONLY public.processed_webhook_events ATTACH PARTITION public.processed_webhook_events_untimed FOR VALUES FROM (MINVALUE) TO ('1970-01-02');
+
+
+--
+-- DEFAULT: webhook_inbox lane
+--
+
+ALTER TABLE ONLY public.webhook_inbox ALTER COLUMN lane SET DEFAULT ((currval('public.webhook_inbox_id_seq'::regclass) % (32)::bigint))::smallint;
 
 
 --
@@ -1762,7 +1773,7 @@ ALTER TABLE ONLY public.send_pacing
 --
 
 ALTER TABLE ONLY public.webhook_inbox
-    ADD CONSTRAINT webhook_inbox_pkey PRIMARY KEY (id, received_at);
+    ADD CONSTRAINT webhook_inbox_pkey PRIMARY KEY (id, received_at, lane);
 
 
 --

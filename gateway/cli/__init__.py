@@ -31,6 +31,7 @@ from gateway.cli.processes import (
     cmd_send,
     cmd_serve,
     cmd_settings,
+    migrate_args,
     serve_args,
     settings_args,
 )
@@ -44,7 +45,7 @@ log = logging.getLogger("gateway")
 # name -> (help, function, extra arguments)
 COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None] | None]] = {
     "serve": ("run the HTTP gateway (with consumers and sender unless disabled)", cmd_serve, serve_args),
-    "migrate": ("apply pending database migrations and exit", cmd_migrate, None),
+    "migrate": ("apply pending database migrations and exit", cmd_migrate, migrate_args),
     "consume": ("run the consumers alone (no HTTP), until SIGTERM or SIGINT", cmd_consume, None),
     "send": ("run the sender (outbox → provider) and reconciler alone", cmd_send, None),
     "dead": (
@@ -107,7 +108,12 @@ Examples:
   GATEWAY_SERVE_SERVICES=inline gateway serve --workers 1   # one process, everything in it""",
     "migrate": """Apply the pending database migrations and exit (0). Safe to run from several places at
 once: migrations are serialised by an advisory lock. Compose runs it once before the other
-services; with GATEWAY_MIGRATE_ON_START=false the other commands do not migrate themselves.""",
+services; with GATEWAY_MIGRATE_ON_START=false the other commands do not migrate themselves.
+
+On a Citus coordinator, --citus distributes the gateway's tables once the schema is current
+(sql/citus/layout.sql; a second run changes nothing); afterwards every migrate there (start-ups
+included) checks the layout again. Without --citus, a coordinator whose tables are not
+distributed yet is refused (exit 1), and --citus without the extension too (docs/scaling.md).""",
     "consume": """Run the consumers alone, without HTTP: they claim staged webhooks, record each event exactly
 once (a redelivery is a duplicate by its key) and park what keeps failing as dead. Any number of
 consume processes may share a database. GATEWAY_CONSUMER_CONCURRENCY loops per process.

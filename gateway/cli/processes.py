@@ -12,7 +12,7 @@ import asyncpg
 
 from gateway.core.settings import Settings, env_names
 from gateway.runtime import database, process, serve
-from gateway.store.db import migrate
+from gateway.store.db import CitusLayoutError, migrate
 
 log = logging.getLogger("gateway")
 
@@ -66,11 +66,23 @@ def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
 
 def cmd_migrate(settings: Settings, ns: argparse.Namespace) -> int:
     async def work(conn: asyncpg.Connection) -> int:
-        applied = await migrate(conn)
+        try:
+            applied = await migrate(conn, citus=ns.citus)
+        except CitusLayoutError as exc:
+            print(f"gateway migrate: {exc}", file=sys.stderr)
+            return 1
         print(f"applied {len(applied)} migration(s): {applied}" if applied else "schema up to date")
         return 0
 
     return database.with_connection(settings, work)
+
+
+def migrate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--citus",
+        action="store_true",
+        help="on a Citus coordinator: distribute the gateway's tables (sql/citus/layout.sql) after migrating",
+    )
 
 
 def settings_args(p: argparse.ArgumentParser) -> None:

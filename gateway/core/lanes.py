@@ -1,8 +1,9 @@
 """Lanes and their cursors: which consumer process reads which lane, and how a lane's cursor
 moves, without I/O.
 
-``webhook_inbox`` is a log in 32 lanes (``lane = id % 32``). A lane is read in commit order by
-a cursor made of transaction snapshots, as PgQ does: ``done`` is a snapshot such that every row
+``webhook_inbox`` is a log in 32 lanes (the group commit writes each batch into one lane, the
+next batch into the next; a row staged otherwise takes ``id % 32``). A lane is read in commit
+order by a cursor made of transaction snapshots, as PgQ does: ``done`` is a snapshot such that every row
 written by a transaction visible in it has been read; a read takes the rows of transactions
 visible in a later snapshot and not in ``done``, so a row that commits late with a smaller id
 is read in a later window, never skipped. A window too large for one batch is read in

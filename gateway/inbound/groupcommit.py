@@ -19,12 +19,19 @@ A batch is one statement in its own implicit transaction, so a connection lost w
 503, never 200, and a copy Meta redelivers is absorbed by deduplication if it had committed.
 A lost connection is replaced at the next batch (``connect``: the writable primary of the
 moment).
+
+Each batch is staged into one lane, the next one after the previous batch's (starting at a
+random lane, so that several committers spread): on Citus a lane is on one shard, so a batch
+is one shard's insert, without two-phase commit. A lane whose batch failed is passed over for
+``LANE_REST_S``: a Citus worker that is down fails only the batches of the lanes whose shards
+it holds, and those lanes are avoided while it is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -36,11 +43,16 @@ import asyncpg
 from gateway import metrics, tracing
 from gateway.core.faults import missing_partition
 from gateway.core.limits import LogThrottle
-from gateway.store import inbox
+from gateway.store import db, inbox
 
 log = logging.getLogger(__name__)
 # A database outage fails every batch: one line per 10 s says so, with how many were held back.
 _WARN = LogThrottle(10.0)
+LANES = 32  # webhook_inbox's lanes (its CHECK constraint)
+# How long a lane whose batch failed is passed over (unless every lane failed lately): with
+# one of two Citus workers stopped, 64 webhooks staged one by one lost 31 batches to a 5 s rest
+# (each lane of the stopped worker failed again every 5 s) and 15 to a 30 s one.
+LANE_REST_S = 30.0
 
 
 class Unavailable(Exception):
@@ -89,6 +101,21 @@ class GroupCommitter:
         self._closed = False
         self.batches_written = 0
         self._failing: tuple[float, int] | None = None  # since when, and how many batches failed
+        self._lane = random.randrange(LANES)  # the lane of the last batch cut
+        self._resting: dict[int, float] = {}  # lane -> until when it is passed over
+        self._citus: bool | None = None  # the database is a Citus coordinator (asked once)
+
+    def _next_lane(self) -> int:
+        """The next lane after the last batch's that has not failed lately (any, if all have)."""
+        now = time.monotonic()
+        for step in range(1, LANES + 1):
+            lane = (self._lane + step) % LANES
+            if self._resting.get(lane, 0.0) <= now:
+                break
+        else:
+            lane = (self._lane + 1) % LANES
+        self._lane = lane
+        return lane
 
     @cached_property
     def _loop(self) -> asyncio.AbstractEventLoop:
@@ -148,6 +175,7 @@ class GroupCommitter:
 
     async def _write(self, batch: list[_Item]) -> None:
         started = time.perf_counter()
+        lane = self._next_lane()
         conn = self._idle.pop() if self._idle else None
         try:
             # Bounded by the oldest row's deadline; the late commit may still land,
@@ -157,8 +185,11 @@ class GroupCommitter:
                 async with asyncio.timeout_at(batch[0].deadline):
                     if conn is None or conn.is_closed():
                         conn = await self._connect()
-                    await self._insert(conn, batch)
+                    if self._citus is None:
+                        self._citus = (await db.citus_state(conn))[0]
+                    await self._insert(conn, batch, lane)
         except Exception as exc:  # any failure: nobody in this batch may get a 200
+            self._resting[lane] = time.monotonic() + LANE_REST_S
             # The connection's state is unknown (cancelled mid-query, or broken): drop it, and
             # the idle ones with it: they went to the same server, which may be gone or frozen
             # (a failover), and each would cost its batch a deadline to find out.
@@ -180,6 +211,7 @@ class GroupCommitter:
             _fail(batch, Unavailable(reason))
         else:
             self.batches_written += 1
+            self._resting.pop(lane, None)
             if self._failing is not None:
                 since, n = self._failing
                 self._failing = None
@@ -189,6 +221,8 @@ class GroupCommitter:
                 if not item.future.done():
                     item.future.set_result(None)
             self._account(batch, started)
+            if self._citus and conn is not None:
+                await self._wake(conn)
         finally:
             if conn is not None:
                 self._idle.append(conn)
@@ -222,21 +256,32 @@ class GroupCommitter:
             stored.inc(len(rows))
 
     @staticmethod
-    async def _insert(conn: asyncpg.Connection, batch: list[_Item]) -> None:
+    async def _wake(conn: asyncpg.Connection) -> None:
+        """On Citus, where no trigger wakes the consumers: after the commit (the rows are
+        answered already), in a statement of its own (inside the batch's transaction it would
+        make the coordinator a second participant, and every batch a two-phase commit). One
+        lost costs the consumers a poll."""
+        try:
+            await inbox.notify(conn)
+        except Exception as exc:  # a wake-up is best effort
+            log.debug("wake-up after a batch failed: %s", exc)
+
+    @staticmethod
+    async def _insert(conn: asyncpg.Connection, batch: list[_Item], lane: int) -> None:
         """One statement; a day without its partition (the maintenance job has not run) gets
         one on the spot and the statement runs again: ingest never waits for the job."""
         sources = [i.source for i in batch]
         bodies = [i.body for i in batch]
         ids = [i.delivery_id for i in batch]
         try:
-            await inbox.insert_batch(conn, sources=sources, bodies=bodies, delivery_ids=ids)
+            await inbox.insert_batch(conn, sources=sources, bodies=bodies, delivery_ids=ids, lane=lane)
         except asyncpg.CheckViolationError as exc:
             table = missing_partition(exc)
             if table is None:
                 raise
             made = await inbox.ensure_partition(conn, table=table)
             log.warning("%s had no partition for today: %s", table, "made it" if made else "it exists now")
-            await inbox.insert_batch(conn, sources=sources, bodies=bodies, delivery_ids=ids)
+            await inbox.insert_batch(conn, sources=sources, bodies=bodies, delivery_ids=ids, lane=lane)
 
     async def close(self) -> None:
         """Stop taking rows, write what is pending, and wait for every batch."""

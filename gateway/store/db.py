@@ -13,7 +13,7 @@ import orjson
 from asyncpg.pool import PoolConnectionProxy
 
 from gateway.core import dsn as dsns
-from gateway.store.sqlfiles import Function, functions, migrations, q
+from gateway.store.sqlfiles import Function, citus_layout, functions, migrations, q
 
 log = logging.getLogger(__name__)
 
@@ -171,13 +171,53 @@ async def connect(dsn: str, timeout: float = 5.0) -> asyncpg.Connection:
     return conn
 
 
-async def migrate(conn: asyncpg.Connection, *, upto: int | None = None) -> list[int]:
+# What sql/citus/layout.sql raises when the database is not ready to be distributed.
+CITUS_NOT_READY = "GWC01"
+
+
+class CitusLayoutError(RuntimeError):
+    """``migrate`` was asked for a layout the database cannot take or must not get silently."""
+
+
+async def citus_state(conn: Conn) -> tuple[bool, bool]:
+    """(the citus extension is installed in this database, the gateway's tables are distributed)."""
+    if not await conn.fetchval(q("citus_installed")):
+        return False, False
+    return True, bool(await conn.fetchval(q("citus_distributed")))
+
+
+async def migrate(conn: asyncpg.Connection, *, upto: int | None = None, citus: bool = False) -> list[int]:
     """Apply pending migrations (up to ``upto``, default all), each in its own transaction,
     then, once the schema is current, every SQL function whose source changed
-    (``apply_functions``); returns the migration versions applied."""
+    (``apply_functions``); returns the migration versions applied.
+
+    On a Citus coordinator (the extension installed) the tables are distributed by
+    ``sql/citus/layout.sql`` once the schema is current: with ``citus``, or by itself once they
+    have been (each run re-checks the layout: a migration or function may have brought back
+    what it changes). A coordinator whose tables are not distributed yet is refused without
+    ``citus``: distributing is an operator's decision (it copies every row to the workers,
+    docs/scaling.md), and tables left on the coordinator would take the traffic silently. With
+    ``citus`` and no extension, nothing is applied."""
     applied: list[int] = []
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_ID)
     try:
+        installed, distributed = await citus_state(conn)
+        if citus and not installed:
+            raise CitusLayoutError(
+                "--citus: this database has no citus extension (install Citus on the coordinator and "
+                "the workers, CREATE EXTENSION citus in this database on each, and add the workers "
+                "with citus_add_node; docs/scaling.md)"
+            )
+        if installed and not citus and not distributed:
+            raise CitusLayoutError(
+                "this database has the citus extension but the gateway's tables are not distributed: "
+                "run `gateway migrate --citus` to distribute them (docs/scaling.md), or drop the "
+                "extension to use it as one PostgreSQL"
+            )
+        if installed:
+            # Citus refuses triggers on distributed tables (and tables with triggers) without it:
+            # the gateway's triggers are checked by sql/citus/layout.sql.
+            await conn.execute("SELECT set_config('citus.enable_unsafe_triggers', 'on', false)")
         await conn.execute(
             """CREATE TABLE IF NOT EXISTS schema_migrations (
                    version    integer PRIMARY KEY,
@@ -197,6 +237,17 @@ async def migrate(conn: asyncpg.Connection, *, upto: int | None = None) -> list[
             applied.append(m.version)
         if upto is None or upto >= latest_version():
             await _apply_functions(conn, functions())
+            if installed:
+                try:
+                    async with conn.transaction():
+                        await conn.execute(citus_layout())
+                except asyncpg.PostgresError as exc:
+                    if exc.sqlstate == CITUS_NOT_READY:
+                        raise CitusLayoutError(str(exc)) from exc
+                    raise
+                if not distributed and not await conn.fetchval(q("citus_lanes_restart")):
+                    raise CitusLayoutError("the lanes' cursors could not be set on every worker")
+                log.info("applied the Citus layout (sql/citus/layout.sql)")
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)
     return applied

@@ -70,10 +70,19 @@ class Read:
 
 
 async def insert_batch(
-    conn: Conn, *, sources: Sequence[str], bodies: Sequence[bytes], delivery_ids: Sequence[str | None]
+    conn: Conn,
+    *,
+    sources: Sequence[str],
+    bodies: Sequence[bytes],
+    delivery_ids: Sequence[str | None],
+    lane: int | None = None,
 ) -> None:
-    """Stage rows in arrival order, one statement (the group commit's write)."""
-    await conn.execute(q("inbox_insert_batch"), sources, bodies, delivery_ids)
+    """Stage rows in arrival order, one statement (the group commit's write), all in ``lane``
+    (None: each row in lane id % 32, as bulk loaders want)."""
+    if lane is None:
+        await conn.execute(q("inbox_insert_spread"), sources, bodies, delivery_ids)
+    else:
+        await conn.execute(q("inbox_insert_batch"), sources, bodies, delivery_ids, lane)
 
 
 async def read(conn: Conn, cursors: Sequence[Cursor], *, limit: int, max_bytes: int) -> Read:

@@ -39,7 +39,7 @@ async def lease(
     """Keep or take ``lanes`` (those free, expired or held by a member not in ``live``), let
     the others go; every lane ``member`` owns afterwards, with its cursor."""
     rows = await conn.fetch(q("lanes_lease"), member, list(lanes), list(live), ttl_s)
-    return [cursor(r) for r in rows]
+    return [cursor(r) for r in rows if r["lane"] is not None]
 
 
 async def release(conn: Conn, *, member: str) -> None:

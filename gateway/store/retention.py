@@ -86,8 +86,9 @@ async def drop_oldest(conn: Session, *, table: str, before: date, keep_days: int
     the detached table: neither takes a lock on the parent that would stop inserts or claims;
     a detach interrupted by a crash or a lock timeout is finalized on the next call. With one
     (processed_webhook_events): a plain DETACH, the keys processed within ``keep_days`` moved to
-    the default partition, and the DROP, in one short transaction. Every wait is bounded by
-    lock_timeout (LockNotAvailableError: try again on the next pass).
+    the default partition, and the DROP, in one short transaction. On Citus (the extension in
+    the database), a plain DETACH and the DROP in one short transaction. Every wait is bounded
+    by lock_timeout (LockNotAvailableError: try again on the next pass).
     """
     r = await conn.fetchrow(q("partition_oldest_before"), table, before)
     if r is None or r["name"] is None:
@@ -98,6 +99,15 @@ async def drop_oldest(conn: Session, *, table: str, before: date, keep_days: int
             await conn.execute(q("partition_lock_timeout"))
             await conn.execute(_ddl("partition_detach_now", parent=table, child=name))
             await conn.execute(_ddl("partition_carry_recent_keys", child=name), keep_days)
+            await conn.execute(_ddl("partition_drop_detached", child=name))
+        return name
+    if await conn.fetchval(q("citus_installed")):
+        # Citus refuses DETACH ... CONCURRENTLY on a distributed table: a plain DETACH (the
+        # parent's lock for the catalog change on every node, bounded by lock_timeout) and the
+        # DROP, in one short transaction; Citus runs both on every shard.
+        async with conn.transaction():
+            await conn.execute(q("partition_lock_timeout"))
+            await conn.execute(_ddl("partition_detach_now", parent=table, child=name))
             await conn.execute(_ddl("partition_drop_detached", child=name))
         return name
     await conn.execute(q("partition_session_lock_timeout"))

@@ -5,6 +5,7 @@ tree; after adding or removing a file under sql/, regenerate it with
 ``python -m gateway.store.sqlfiles > gateway/store/sql_manifest.py``."""
 
 FILES: tuple[str, ...] = (
+    "citus/layout.sql",
     "functions/claim_reply.sql",
     "functions/deliveries_notify.sql",
     "functions/delivery_conversation.sql",
@@ -52,6 +53,7 @@ FILES: tuple[str, ...] = (
     "migrations/0021_outbox_customer_order.sql",
     "migrations/0022_outbox_wake_after_commit.sql",
     "migrations/0023_deliveries_queue_and_log.sql",
+    "migrations/0024_inbox_lane_written.sql",
     "queries/audit.sql",
     "queries/console.sql",
     "queries/dead_events.sql",

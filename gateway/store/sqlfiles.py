@@ -104,8 +104,15 @@ def functions() -> tuple[Function, ...]:
     return tuple(found)
 
 
+@cache
+def citus_layout() -> str:
+    """``sql/citus/layout.sql``: the gateway's tables distributed on a Citus cluster (applied by
+    ``gateway migrate --citus`` after the migrations and functions)."""
+    return (sql_dir() / "citus" / "layout.sql").read_text()
+
+
 def present() -> list[str]:
-    """Every ``.sql`` file the code loads (``sql/{functions,migrations,queries}/``), as a path
+    """Every ``.sql`` file the code loads (``sql/{citus,functions,migrations,queries}/``), as a path
     relative to ``sql/``; ``sql/schema.sql`` is for reading only."""
     root = sql_dir()
     return sorted(str(path.relative_to(root)) for path in root.glob("*/*.sql"))

@@ -14,9 +14,12 @@ BEGIN
         pos_txid = c.pos_txid::text::xid8,
         pos_id = c.pos_id,
         version = l.version + 1,
-        advanced_at = clock_timestamp()
+        advanced_at = t.now
     FROM jsonb_to_recordset(cursors) AS c(lane smallint, version bigint, done text, win text,
-                                          pos_txid bigint, pos_id bigint)
+                                          pos_txid bigint, pos_id bigint),
+         -- (the clock read in a sub-select: Citus refuses a volatile function in an UPDATE of
+         -- a distributed table)
+         (SELECT clock_timestamp() AS now) t
     WHERE l.lane = c.lane AND l.owner = member AND l.version = c.version;
     GET DIAGNOSTICS moved = ROW_COUNT;
     IF moved <> jsonb_array_length(cursors) THEN

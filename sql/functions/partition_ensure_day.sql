@@ -3,7 +3,8 @@
 -- standalone and then ATTACHed: ATTACH PARTITION takes only SHARE UPDATE EXCLUSIVE on the
 -- parent, so inserts and claims go on (CREATE TABLE ... PARTITION OF would lock them out);
 -- the parent's indexes are built on the empty table and its identity is shared. A stored
--- generated column (webhook_inbox.lane) must come along as generated, or ATTACH refuses it.
+-- generated column must come along as generated, or ATTACH refuses it. On Citus the
+-- coordinator runs this unchanged: the ATTACH distributes the new table with its parent.
 -- Where the parent has a default partition (processed_webhook_events), the rows of that day
 -- are moved out of it first, under its lock (ATTACH scans the default for rows the new
 -- partition would hold); the caller's lock_timeout bounds the wait for it.

@@ -2,7 +2,22 @@
 -- dead letters. processed_webhook_events and the side-effect tables are written by inbox_apply_batch.
 
 -- name: inbox_insert_batch
--- One statement per group-commit batch, rows in arrival order.
+-- One statement per group-commit batch, rows in arrival order, all in lane $4. The lane comes
+-- from its inbox_lanes row: on Citus that table is colocated with webhook_inbox, so the
+-- statement reads and writes one shard on one worker and commits without two-phase commit (an
+-- INSERT ... SELECT from unnest alone, or inside a CTE, makes the coordinator a second
+-- participant). On Citus the table's NOTIFY trigger is gone (it would run on the worker, where
+-- no consumer listens): the committer sends inbox_notify after the commit.
+INSERT INTO webhook_inbox (lane, source, body, delivery_id)
+SELECT l.lane, t.source, t.body, t.delivery_id
+FROM inbox_lanes l,
+     unnest($1::text[], $2::bytea[], $3::text[]) WITH ORDINALITY AS t(source, body, delivery_id, n)
+WHERE l.lane = $4::smallint
+ORDER BY t.n;
+
+-- name: inbox_insert_spread
+-- Bulk loads (benchmarks, tools): rows in arrival order, each in lane id % 32 (the column's
+-- default), one statement.
 INSERT INTO webhook_inbox (source, body, delivery_id)
 SELECT source, body, delivery_id
 FROM unnest($1::text[], $2::bytea[], $3::text[]) WITH ORDINALITY AS t(source, body, delivery_id, n)
@@ -23,8 +38,10 @@ ORDER BY n;
 -- before, and stop at the limit: a merge of the day partitions' index scans in order (the
 -- caller turns enable_sort off for this statement: a sort would read the whole backlog to
 -- find its first rows, which a generic plan's guess at the filters' selectivity invites).
--- The lanes' equality keeps the read on their shard on Citus (a consumer reads the lanes of
--- one shard at a time: inbox_lanes.shard).
+-- The lanes' equality (on every scan of webhook_inbox) keeps the read on their shard on Citus
+-- (a consumer reads the lanes of one shard at a time: inbox_lanes.shard): the statement runs
+-- whole on that worker, pg_current_snapshot() included, so its snapshot and the rows' txids
+-- are the same server's.
 WITH a AS MATERIALIZED (
     SELECT $2::text[]::pg_snapshot[] AS dones, $3::text[]::pg_snapshot[] AS wins,
            $4::bigint[]::text[]::xid8[] AS ptx, $5::bigint[] AS pid, pg_current_snapshot() AS now
@@ -57,7 +74,16 @@ WITH a AS MATERIALIZED (
 )
 SELECT w.id, w.txid::text::bigint AS txid, w.lane, w.source, w.body, w.delivery_id,
        (SELECT now::text FROM a) AS snapshot, (SELECT count(*) FROM picked) AS taken
-FROM budget b JOIN webhook_inbox w ON w.id = b.id AND w.received_at = b.received_at
+FROM budget b
+-- Each body by its primary key, a lookup per row picked (LIMIT keeps the planner from
+-- flattening it into a join, which the lanes' filter, there for Citus's routing, would make
+-- a hash join over every partition).
+CROSS JOIN LATERAL (
+    SELECT x.id, x.txid, x.lane, x.source, x.body, x.delivery_id FROM webhook_inbox x
+    WHERE x.id = b.id AND x.received_at = b.received_at AND x.lane = b.lane
+      AND x.lane = ANY ($1::smallint[])
+    LIMIT 1
+) w
 WHERE b.before = 0 OR b.before + b.size <= $10
 ORDER BY b.txid, b.id;
 
@@ -88,12 +114,15 @@ ORDER BY lane;
 -- A member new to the table tells the others (NOTIFY webhook_inbox 'lanes'), so that they make
 -- room for it at once rather than at their next renewal.
 -- (Identical notifications of one transaction are delivered once.)
-INSERT INTO consumer_members (member, pid, backend_start, seen_at)
-SELECT $1, pg_backend_pid(), a.backend_start, clock_timestamp()
-FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
-ON CONFLICT (member) DO UPDATE SET pid = excluded.pid, backend_start = excluded.backend_start,
-                                   seen_at = excluded.seen_at
-RETURNING CASE WHEN xmax = 0 THEN pg_notify('webhook_inbox', 'lanes') END;
+WITH beat AS (
+    INSERT INTO consumer_members (member, pid, backend_start, seen_at)
+    SELECT $1, pg_backend_pid(), a.backend_start, clock_timestamp()
+    FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
+    ON CONFLICT (member) DO UPDATE SET pid = excluded.pid, backend_start = excluded.backend_start,
+                                       seen_at = excluded.seen_at
+    RETURNING xmax = 0 AS new
+)
+SELECT pg_notify('webhook_inbox', 'lanes') FROM beat WHERE new;
 
 -- name: lanes_members
 -- The live members: seen within $1 seconds and their connection still open; the others'
@@ -118,34 +147,46 @@ SELECT lane, shard FROM inbox_lanes ORDER BY lane;
 -- Member $1 keeps the lanes $2 it is assigned and may take (free, its own, leased past their
 -- time, or held by a member that is not among the live ones $3), each leased for $4 seconds;
 -- lanes it owns that are not in $2 are let go. Returns every lane it owns after this, with
--- its cursor.
-WITH let_go AS (
+-- its cursor, and a row of NULLs when it owns none. (The clock is read once, in a sub-select:
+-- Citus refuses volatile functions in an UPDATE of a distributed table, and NOTIFY in its
+-- RETURNING; the NOTIFY is on the left of a LEFT JOIN so that it runs whatever was taken.)
+WITH clock AS (
+    SELECT clock_timestamp() AS now, clock_timestamp() + make_interval(secs => $4) AS until
+), let_go AS (
     -- Lanes let go: the member they are assigned to may take them now (one NOTIFY).
     UPDATE inbox_lanes SET owner = NULL, lease_until = NULL
     WHERE owner = $1 AND NOT (lane = ANY ($2::smallint[]))
-    RETURNING pg_notify('webhook_inbox', 'lanes')
+    RETURNING lane
 ), took AS (
-    UPDATE inbox_lanes SET owner = $1, lease_until = clock_timestamp() + make_interval(secs => $4)
-    WHERE lane = ANY ($2::smallint[])
-      AND (owner IS NULL OR owner = $1 OR lease_until < clock_timestamp() OR NOT (owner = ANY ($3::text[])))
-    RETURNING lane, shard, version, done_snap, win_snap, pos_txid, pos_id
+    UPDATE inbox_lanes l SET owner = $1, lease_until = c.until
+    FROM clock c
+    WHERE l.lane = ANY ($2::smallint[])
+      AND (l.owner IS NULL OR l.owner = $1 OR l.lease_until < c.now OR NOT (l.owner = ANY ($3::text[])))
+    RETURNING l.lane, l.shard, l.version, l.done_snap, l.win_snap, l.pos_txid, l.pos_id
 )
-SELECT lane, shard, version, done_snap::text AS done, win_snap::text AS win,
-       pos_txid::text::bigint AS pos_txid, pos_id
-FROM took ORDER BY lane;
+SELECT k.lane, k.shard, k.version, k.done_snap::text AS done, k.win_snap::text AS win,
+       k.pos_txid::text::bigint AS pos_txid, k.pos_id
+FROM (SELECT count(*) FROM (SELECT pg_notify('webhook_inbox', 'lanes')::text FROM let_go LIMIT 1) n) told
+LEFT JOIN took k ON true
+ORDER BY k.lane;
 
 -- name: lanes_release
 -- Member $1 lets its lanes go and stays a member; the others are told.
-UPDATE inbox_lanes SET owner = NULL, lease_until = NULL WHERE owner = $1
-RETURNING pg_notify('webhook_inbox', 'lanes');
+WITH freed AS (
+    UPDATE inbox_lanes SET owner = NULL, lease_until = NULL WHERE owner = $1 RETURNING lane
+)
+SELECT pg_notify('webhook_inbox', 'lanes') FROM freed;
 
 -- name: lanes_leave
 -- Member $1 stops: its lanes are free at once, its row goes, and the others are told.
+-- (consumer_members stays on the coordinator on Citus: its rows name the coordinator's
+-- sessions.)
 WITH freed AS (
     UPDATE inbox_lanes SET owner = NULL, lease_until = NULL WHERE owner = $1
+), gone AS (
+    DELETE FROM consumer_members WHERE member = $1 RETURNING member
 )
-DELETE FROM consumer_members WHERE member = $1
-RETURNING pg_notify('webhook_inbox', 'lanes');
+SELECT pg_notify('webhook_inbox', 'lanes') FROM gone;
 
 -- name: lanes_state
 -- Every lane: owner, lease and how far behind its cursor is (for `gateway lanes` and tests).

@@ -9,3 +9,21 @@ SELECT coalesce(max(version), 0) FROM schema_migrations;
 SELECT coalesce(max(version), 0) AS version,
        NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off' AS writable
   FROM schema_migrations;
+
+-- name: citus_installed
+-- Whether this database is a Citus node (the extension installed in it).
+SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus');
+
+-- name: citus_distributed
+-- Whether sql/citus/layout.sql has distributed the gateway's tables here (only with the citus
+-- extension installed: pg_dist_partition is its catalog).
+SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass('webhook_inbox'));
+
+-- name: citus_lanes_restart
+-- Each lane's cursor at the snapshot of the worker that holds it (run on every shard of
+-- inbox_lanes, there), nobody owning it: after sql/citus/layout.sql first distributed the
+-- inbox log. Whether every shard took it.
+SELECT bool_and(success) FROM run_command_on_shards('inbox_lanes', $cmd$
+    UPDATE %s SET done_snap = pg_current_snapshot(), win_snap = NULL, pos_txid = NULL,
+                  pos_id = NULL, version = version + 1, owner = NULL, lease_until = NULL
+$cmd$);

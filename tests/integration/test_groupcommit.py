@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from functools import partial
 
 import asyncpg
 import pytest
 
+from gateway.inbound import groupcommit
 from gateway.inbound.groupcommit import GroupCommitter, Unavailable
 from gateway.store.db import connect
 
@@ -124,4 +126,27 @@ async def test_rows_waiting_for_a_slot_fail_at_their_deadline(pool: asyncpg.Pool
         results = await asyncio.wait_for(asyncio.gather(stuck, waiting, return_exceptions=True), 2)
     assert [type(r) for r in results] == [Unavailable, Unavailable]
     assert [r.reason for r in results if isinstance(r, Unavailable)] == ["timeout", "timeout"]
+    await gc.close()
+
+
+async def test_each_batch_takes_the_next_lane_and_a_failed_lane_rests(
+    pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    """A batch is staged in one lane (one shard's insert on Citus), the next batch in the next
+    lane; a lane whose batch failed is passed over for a while (a Citus worker that is down
+    fails only the batches of its lanes)."""
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=60.0, max_batch=1000)
+    for i in range(3):
+        await asyncio.wait_for(asyncio.gather(*(gc.stage("meta", f"l{i}.{j}".encode()) for j in range(4))), 5)
+    rows = await pool.fetch(
+        "SELECT array_agg(DISTINCT lane) AS lanes FROM webhook_inbox GROUP BY xmin::text ORDER BY min(id)"
+    )
+    assert len(rows) == 3 and all(len(r["lanes"]) == 1 for r in rows)
+    lanes = [r["lanes"][0] for r in rows]
+    assert lanes[1] == (lanes[0] + 1) % 32 and lanes[2] == (lanes[1] + 1) % 32
+    # the lane after the last one failed: it is skipped until its rest is over
+    failing = (gc._lane + 1) % groupcommit.LANES
+    gc._resting[failing] = time.monotonic() + 60
+    await asyncio.wait_for(gc.stage("meta", b"after"), 5)
+    assert await pool.fetchval("SELECT lane FROM webhook_inbox WHERE body = 'after'") == (failing + 1) % 32
     await gc.close()

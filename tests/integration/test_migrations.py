@@ -129,3 +129,22 @@ async def test_a_database_that_woke_senders_by_trigger_loses_it(empty_db: str) -
         await conn.close()
     assert (trigger, recorded) == (0, 0)
     assert await dump(empty_db) == SCHEMA.read_text()
+
+
+async def test_migrate_citus_without_the_extension_is_refused_and_applies_nothing(db_dsn: str) -> None:
+    from tests.support.procs import run_cli
+
+    conn = await connect(db_dsn)
+    try:
+        applied = await conn.fetchval("SELECT count(*) FROM schema_migrations")
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "DATABASE_URL": db_dsn,
+            "GATEWAY_META_APP_SECRETS": "meta-secret-migrate",
+        }
+        done = await asyncio.to_thread(run_cli, "migrate", "--citus", env=env)
+        assert done.returncode == 1, done.stderr
+        assert "--citus: this database has no citus extension" in done.stderr
+        assert await conn.fetchval("SELECT count(*) FROM schema_migrations") == applied
+    finally:
+        await conn.close()

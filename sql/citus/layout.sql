@@ -1,0 +1,139 @@
+-- The gateway's tables on a Citus cluster: what `gateway migrate --citus` applies on the
+-- coordinator after the migrations and functions, in one transaction, every time it runs
+-- (each step checks first: a second run changes nothing). docs/scaling.md says why each table
+-- is placed where it is; the limitations met on the way are listed there too.
+--
+-- Three colocation groups of 32 shards and one group on a single shard:
+--   events     (subject)        processed_webhook_events, inbound_messages, message_statuses,
+--                               account_errors, account_updates, event_fragments, reply_claims
+--   lanes      (lane, 0..31)    webhook_inbox, delivery_events, delivery_queue, delivery_log
+--   tenants    (one shard)      outbox, outbox_attempts, idempotency_keys
+--   reference  (every node)     the small tables read beside the others
+--   (inbox_lanes, the lanes' cursors, is in the lanes group: the staging INSERT reads its
+--   lane's row there, so that it runs on one worker alone)
+-- schema_migrations and schema_functions stay on the coordinator (only `migrate` reads them),
+-- and consumer_members too: its rows name the coordinator's sessions (pg_stat_activity).
+-- The caller sets citus.enable_unsafe_triggers (Citus refuses a table with triggers without it).
+
+-- Triggers that NOTIFY would run on a worker, inside the shard's transaction: no listener
+-- (they are on the coordinator) hears a worker's NOTIFY, and a transaction that also wrote
+-- another node is prepared (two-phase commit), which PostgreSQL refuses after a NOTIFY. The
+-- statements that need a wake-up send it from the coordinator (inbox_insert_batch), the
+-- others are found by polling (docs/scaling.md).
+DROP TRIGGER IF EXISTS webhook_inbox_notify ON webhook_inbox;
+DROP TRIGGER IF EXISTS inbound_messages_notify ON inbound_messages;
+DROP TRIGGER IF EXISTS deliveries_notify ON delivery_queue;
+DROP TRIGGER IF EXISTS outbox_outcome_notify ON outbox;
+
+-- webhook_inbox.txid must be the id of the transaction on the worker that stores the row: a
+-- lane's cursor compares it with that worker's snapshots. The column's default is computed on
+-- the coordinator for an INSERT into a distributed table (the coordinator's transaction id),
+-- so a trigger on the shards sets it where the row lands.
+CREATE OR REPLACE FUNCTION webhook_inbox_txid() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.txid := pg_current_xact_id();
+    RETURN NEW;
+END;
+$$;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgrelid = 'webhook_inbox'::regclass AND tgname = 'webhook_inbox_txid') THEN
+        CREATE TRIGGER webhook_inbox_txid BEFORE INSERT ON webhook_inbox
+            FOR EACH ROW EXECUTE FUNCTION webhook_inbox_txid();
+    END IF;
+END;
+$$;
+
+-- outbox's attempts: a statement trigger's transition tables are not visible to the statement
+-- Citus runs for the trigger's INSERT on the worker ("could not find named tuplestore"); a row
+-- trigger with the same condition records the same rows.
+CREATE OR REPLACE FUNCTION outbox_attempts_record_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO outbox_attempts (outbox_id, sent_at, outcome, code, error, wamid)
+    VALUES (NEW.id, OLD.sending_at, NEW.state, NEW.last_error_code, NEW.last_error, NEW.wamid);
+    RETURN NULL;
+END;
+$$;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+               WHERE t.tgrelid = 'outbox'::regclass AND t.tgname = 'outbox_attempts'
+                 AND p.proname = 'outbox_attempts_record') THEN
+        DROP TRIGGER outbox_attempts ON outbox;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgrelid = 'outbox'::regclass AND tgname = 'outbox_attempts') THEN
+        CREATE TRIGGER outbox_attempts AFTER UPDATE ON outbox
+            FOR EACH ROW WHEN (OLD.state = 'sending' AND NEW.state <> 'sending')
+            EXECUTE FUNCTION outbox_attempts_record_row();
+    END IF;
+END;
+$$;
+
+DO $$
+DECLARE
+    t record;
+    inbox_moved boolean := NOT EXISTS (SELECT 1 FROM pg_dist_partition
+                                       WHERE logicalrelid = 'webhook_inbox'::regclass);
+BEGIN
+    -- The inbox log's positions are transaction ids and snapshots of one server: those of a
+    -- single PostgreSQL mean nothing on the workers (each counts its own). So the log is
+    -- distributed only once every staged row has been read (nothing is lost: the operator
+    -- stops ingest and lets the consumers finish, docs/scaling.md), its rows leave the log
+    -- (txid NULL: no cursor reads them again; they stay for `gateway dead`, replay and
+    -- retention), and each lane's cursor starts at its worker's snapshot (citus_lanes_restart,
+    -- run by `migrate` once this transaction has committed: the workers' own sessions cannot
+    -- see shards made by a transaction still open).
+    IF inbox_moved THEN
+        IF EXISTS (SELECT 1 FROM inbox_unread()) THEN
+            RAISE EXCEPTION 'webhook_inbox has rows no consumer has read yet: stop ingest, let the consumers read every staged webhook (gateway lanes), then run gateway migrate --citus again'
+                USING ERRCODE = 'GWC01';
+        END IF;
+        UPDATE webhook_inbox SET txid = NULL WHERE txid IS NOT NULL;
+    END IF;
+    -- Reference tables first: delivery_leases has a foreign key to destinations.
+    FOR t IN SELECT * FROM unnest(ARRAY[
+            'destinations', 'delivery_leases', 'inbox_parked',
+            'dead_events', 'customer_ids', 'media', 'send_pacing', 'send_breakers',
+            'maintenance_passes', 'operator_actions']) AS r(name)
+    LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = t.name::regclass) THEN
+            PERFORM create_reference_table(t.name);
+        END IF;
+    END LOOP;
+    FOR t IN SELECT * FROM (VALUES
+            ('processed_webhook_events', 'subject', 'none'),
+            ('inbound_messages', 'subject', 'processed_webhook_events'),
+            ('message_statuses', 'subject', 'processed_webhook_events'),
+            ('account_errors', 'subject', 'processed_webhook_events'),
+            ('account_updates', 'subject', 'processed_webhook_events'),
+            ('event_fragments', 'subject', 'processed_webhook_events'),
+            ('reply_claims', 'inbound_wamid', 'processed_webhook_events'),
+            ('webhook_inbox', 'lane', 'none'),
+            ('inbox_lanes', 'lane', 'webhook_inbox'),
+            ('delivery_events', 'lane', 'webhook_inbox'),
+            ('delivery_queue', 'lane', 'webhook_inbox'),
+            ('delivery_log', 'lane', 'webhook_inbox'),
+            ('outbox', NULL, 'none'),
+            ('outbox_attempts', NULL, 'outbox'),
+            ('idempotency_keys', NULL, 'outbox')) AS d(name, col, colocate)
+    LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = t.name::regclass) THEN
+            IF t.col IS NULL OR t.colocate <> 'none' THEN
+                PERFORM create_distributed_table(t.name, t.col, colocate_with => t.colocate);
+            ELSE
+                PERFORM create_distributed_table(t.name, t.col, shard_count => 32, colocate_with => 'none');
+            END IF;
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- A consumer reads the lanes of one shard per statement (inbox_read must be a router query:
+-- its snapshot is the worker's): lanes in the same shard share a `shard` number here.
+UPDATE inbox_lanes l SET shard = s.n
+FROM (SELECT g.i::smallint AS lane,
+             dense_rank() OVER (ORDER BY get_shard_id_for_distribution_column('webhook_inbox', g.i::smallint))::int - 1 AS n
+      FROM generate_series(0, 31) AS g(i)) s
+WHERE l.lane = s.lane AND l.shard IS DISTINCT FROM s.n;

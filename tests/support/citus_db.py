@@ -1,0 +1,91 @@
+"""Databases on a Citus cluster for the tests of tests/citus: the cluster is the one whose
+coordinator ``GATEWAY_TEST_CITUS_DSN`` names (any database on it with the citus extension and
+the workers registered: `make test-citus` starts one). A fresh database is made on every node
+it lists (the workers are reached as the coordinator knows them, with the same user)."""
+
+from __future__ import annotations
+
+import os
+
+import asyncpg
+import pytest
+
+from gateway.store.db import with_database
+
+ENV = "GATEWAY_TEST_CITUS_DSN"
+
+
+def citus_dsn() -> str:
+    """The coordinator's DSN, or the test is skipped (no cluster in this run)."""
+    dsn = os.environ.get(ENV)
+    if not dsn:
+        pytest.skip(f"{ENV} is not set (a Citus coordinator: `make test-citus`)")
+    return dsn
+
+
+async def _run(dsn: str, *statements: str) -> None:
+    conn = await asyncpg.connect(dsn, timeout=30)
+    try:
+        for sql in statements:
+            await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def nodes(dsn: str) -> tuple[tuple[str, int], list[tuple[str, int]]]:
+    """(the coordinator, the workers) as registered in ``dsn``'s database."""
+    conn = await asyncpg.connect(dsn, timeout=30)
+    try:
+        rows = await conn.fetch(
+            "SELECT groupid, nodename, nodeport FROM pg_dist_node WHERE isactive ORDER BY nodeid"
+        )
+    finally:
+        await conn.close()
+    coordinator = [(r["nodename"], r["nodeport"]) for r in rows if r["groupid"] == 0]
+    workers = [(r["nodename"], r["nodeport"]) for r in rows if r["groupid"] != 0]
+    assert coordinator and workers, f"{ENV} names a database without a registered coordinator and workers"
+    return coordinator[0], workers
+
+
+def node_dsn(dsn: str, host: str, port: int, database: str) -> str:
+    user = dsn.partition("://")[2].partition("@")[0] if "@" in dsn else "postgres"
+    return f"postgresql://{user}@{host}:{port}/{database}"
+
+
+async def drop_database(dsn: str, name: str) -> None:
+    coordinator, workers = await nodes(dsn)
+    for host, port in [*workers, coordinator]:
+        await _run(node_dsn(dsn, host, port, "postgres"), f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def plain_database(dsn: str, name: str) -> str:
+    """A database on the coordinator's server without the extension: one PostgreSQL, as a
+    deployment before its move to Citus. Its DSN."""
+    await drop_database(dsn, name)
+    coordinator, _ = await nodes(dsn)
+    await _run(node_dsn(dsn, *coordinator, "postgres"), f'CREATE DATABASE "{name}"')
+    return with_database(dsn, name)
+
+
+async def join_cluster(dsn: str, name: str, *, create: bool = True) -> str:
+    """Database ``name`` made a Citus database: on every worker (created there when ``create``),
+    the extension in each, the coordinator and the workers registered. Its coordinator DSN."""
+    coordinator, workers = await nodes(dsn)
+    for host, port in workers:
+        if create:
+            await _run(node_dsn(dsn, host, port, "postgres"), f'CREATE DATABASE "{name}"')
+        await _run(node_dsn(dsn, host, port, name), "CREATE EXTENSION IF NOT EXISTS citus")
+    target = node_dsn(dsn, *coordinator, name)
+    await _run(
+        target,
+        "CREATE EXTENSION IF NOT EXISTS citus",
+        f"SELECT citus_set_coordinator_host('{coordinator[0]}', {coordinator[1]})",
+        *(f"SELECT citus_add_node('{h}', {p})" for h, p in workers),
+    )
+    return target
+
+
+async def fresh_database(dsn: str, name: str) -> str:
+    """An empty Citus database ``name`` on every node; its coordinator DSN."""
+    await plain_database(dsn, name)
+    return await join_cluster(dsn, name)
