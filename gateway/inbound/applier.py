@@ -54,7 +54,7 @@ from gateway.core.settings import Settings
 from gateway.handlers import Registry, replying
 from gateway.inbound import triage
 from gateway.inbound.dead_items import Failure, bad_item, failed_item, raw_fragment
-from gateway.store import dead_events, inbox
+from gateway.store import db, dead_events, inbox
 
 # The consumer's log: its lines keep the consumer's name wherever the code that writes them is.
 log = logging.getLogger("gateway.inbound.consumer")
@@ -66,6 +66,9 @@ _SAVEPOINT = "gateway_consumer_batch"
 # and no partition key is among them. Local to the fast path: ROLLBACK TO SAVEPOINT undoes it
 # for the event-by-event path, and handlers' own statements get the session's setting back.
 _FAST_PATH = f"SAVEPOINT {_SAVEPOINT}; SET LOCAL plan_cache_mode = force_generic_plan"
+# On a Citus coordinator the statement is planned for each batch: Citus plans a distributed
+# statement only with its parameters' values ("could not create distributed plan").
+_FAST_PATH_CITUS = f"SAVEPOINT {_SAVEPOINT}"
 _HANDLERS_PLANS = "SET LOCAL plan_cache_mode TO DEFAULT"
 # A database outage fails every batch alike: at most one line per kind per 10 s.
 _WARN = LogThrottle(10.0)
@@ -121,6 +124,8 @@ class Applier:
         self._idle_bound = idle_bound
         # The rows being handled, head first (until their transaction commits).
         self.claimed: list[int] = []
+        # How the fast path starts (asked once: whether the database is a Citus coordinator).
+        self._fast_path: str | None = None
 
     async def handle(
         self,
@@ -135,10 +140,12 @@ class Applier:
         self.claimed = [r.id for r in rows]
         advance = None if cursors is None or moved is None else inbox.advance_arg(cursors, moved)
         plan = plan_batch(rows)  # never raises
+        if self._fast_path is None:
+            self._fast_path = _FAST_PATH_CITUS if (await db.citus_state(conn))[0] else _FAST_PATH
         try:
             # A savepoint of our own, not a nested transaction(): COMMIT releases it, one
             # round trip (RELEASE SAVEPOINT) fewer per batch.
-            await conn.execute(f"SET LOCAL enable_sort = on; {self._idle_bound}; {_FAST_PATH}")
+            await conn.execute(f"SET LOCAL enable_sort = on; {self._idle_bound}; {self._fast_path}")
             with tracing.span("consumer.batch", rows=len(rows)):
                 result = await self._fast(conn, plan, advance)
         except Exception as exc:

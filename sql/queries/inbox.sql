@@ -275,6 +275,20 @@ WITH ev AS (
     SELECT key, inbox_id, day, subject FROM ev ORDER BY key, day
     ON CONFLICT (event_key, event_day, subject) DO NOTHING
     RETURNING event_key, subject
+), sent AS (
+    -- The outbox rows the batch's statuses name by biz_opaque_callback_data (unique), then
+    -- those that have their wamids (the first row of each): index look-ups for the arrays of
+    -- the batch, joined below (Citus plans no correlated subquery over a CTE).
+    SELECT o.id, o.callback_data, o.biz_opaque_callback_data
+    FROM outbox o
+    WHERE o.callback_data = ANY (ARRAY(SELECT s.callback_data FROM jsonb_to_recordset($4::jsonb) AS s(callback_data text)
+                                       WHERE s.callback_data IS NOT NULL))
+), sent_wamid AS (
+    SELECT DISTINCT ON (o.wamid) o.wamid, o.id
+    FROM outbox o
+    WHERE o.wamid = ANY (ARRAY(SELECT s.wamid FROM jsonb_to_recordset($4::jsonb) AS s(wamid text)
+                               WHERE s.wamid IS NOT NULL))
+    ORDER BY o.wamid, o.id
 ), msg AS (
     SELECT m.*, fresh.subject
     FROM jsonb_to_recordset($3::jsonb) AS m(
@@ -283,6 +297,15 @@ WITH ev AS (
         parent_user_id text, username text, waba_id text, display_phone_number text, contact jsonb,
         media_id text, mime_type text)
     JOIN fresh ON fresh.event_key = m.key
+), seen AS (
+    -- wamid cannot be UNIQUE across day partitions: a message recorded in the last 8 days
+    -- (Meta's redelivery window) is skipped; the dedup key is what makes each event count
+    -- once. A probe of the wamid index for the batch's wamids (an array: the planner cannot
+    -- turn it into an anti-join that hashes 8 days of inbound_messages).
+    SELECT DISTINCT i.wamid
+    FROM inbound_messages i
+    WHERE i.wamid = ANY (ARRAY(SELECT m.wamid FROM jsonb_to_recordset($3::jsonb) AS m(wamid text)))
+      AND i.received_at > now() - interval '8 days'
 ), ins_msg AS (
     INSERT INTO inbound_messages
         (wamid, source, phone_number_id, sender, type, timestamp, contact_name, message, inbox_id, subject,
@@ -290,14 +313,8 @@ WITH ev AS (
     SELECT DISTINCT ON (wamid)
            wamid, source, phone_number_id, sender, type, to_timestamp(ts), contact_name, message, inbox_id,
            subject, user_id, parent_user_id, username, waba_id, display_phone_number, contact
-    FROM msg
-    -- wamid cannot be UNIQUE across day partitions: skip one recorded in the last 8 days
-    -- (Meta's redelivery window); the dedup key is what makes each event count once.
-    -- A probe of the wamid index per message (LIMIT keeps the planner from turning it into
-    -- an anti-join: with stale statistics it hashed 8 days of inbound_messages per batch).
-    WHERE (SELECT 1 FROM inbound_messages i
-           WHERE i.wamid = msg.wamid AND i.received_at > now() - interval '8 days'
-           LIMIT 1) IS NULL
+    FROM msg LEFT JOIN seen USING (wamid)
+    WHERE seen.wamid IS NULL
     ORDER BY wamid
     RETURNING 1
 ), ins_media AS (
@@ -311,15 +328,16 @@ WITH ev AS (
     RETURNING 1
 ), st AS (
     -- caller: the send API caller's biz_opaque_callback_data of the outbox row the status names.
-    SELECT s.*, delivery_rank(s.status) AS rank, fresh.subject,
-           (SELECT o.biz_opaque_callback_data FROM outbox o WHERE o.callback_data = s.callback_data)
-               AS caller
+    SELECT s.*, delivery_rank(s.status) AS rank, fresh.subject, sent.biz_opaque_callback_data AS caller,
+           coalesce(sent.id, sent_wamid.id) AS outbox_id
     FROM jsonb_to_recordset($4::jsonb) AS s(
         key text, source text, wamid text, status text, participant text, recipient text,
         ts bigint, callback_data text, errors jsonb, raw jsonb, inbox_id bigint,
         recipient_user_id text, recipient_parent_user_id text, recipient_username text,
         phone_number_id text, waba_id text, display_phone_number text, contact jsonb)
     JOIN fresh ON fresh.event_key = s.key
+    LEFT JOIN sent ON sent.callback_data = s.callback_data
+    LEFT JOIN sent_wamid ON sent_wamid.wamid = s.wamid
 ), ins_st AS (
     INSERT INTO message_statuses
         (event_key, source, wamid, status, participant, recipient, timestamp, callback_data,
@@ -336,9 +354,11 @@ WITH ev AS (
     -- in the batch wins, in key order (two consumers upserting the same rows wait for each
     -- other instead of deadlocking). A row already up to date is left alone unless it was
     -- last seen an hour ago, so a busy customer does not rewrite it with every message.
-    INSERT INTO customer_ids AS c (phone_number_id, user_id, wa_id, parent_user_id, username)
+    -- (seen_at comes from the inserted row: Citus refuses a function that is not IMMUTABLE
+    -- in DO UPDATE of a distributed or reference table)
+    INSERT INTO customer_ids AS c (phone_number_id, user_id, wa_id, parent_user_id, username, seen_at)
     SELECT DISTINCT ON (l.phone_number_id, l.user_id)
-           l.phone_number_id, l.user_id, l.wa_id, l.parent_user_id, l.username
+           l.phone_number_id, l.user_id, l.wa_id, l.parent_user_id, l.username, now()
     FROM ROWS FROM (jsonb_to_recordset($12::jsonb) AS (
             phone_number_id text, user_id text, wa_id text, parent_user_id text, username text))
         WITH ORDINALITY AS l(phone_number_id, user_id, wa_id, parent_user_id, username, n)
@@ -347,28 +367,24 @@ WITH ev AS (
         wa_id = coalesce(excluded.wa_id, c.wa_id),
         parent_user_id = coalesce(excluded.parent_user_id, c.parent_user_id),
         username = coalesce(excluded.username, c.username),
-        seen_at = now()
+        seen_at = excluded.seen_at
     WHERE c.wa_id IS DISTINCT FROM coalesce(excluded.wa_id, c.wa_id)
        OR c.parent_user_id IS DISTINCT FROM coalesce(excluded.parent_user_id, c.parent_user_id)
        OR c.username IS DISTINCT FROM coalesce(excluded.username, c.username)
-       OR c.seen_at < now() - interval '1 hour'
+       OR excluded.seen_at - c.seen_at > interval '1 hour'
     RETURNING 1
-), hit AS (
-    -- The outbox row named by biz_opaque_callback_data, else the one that has the wamid.
-    SELECT coalesce(
-               (SELECT o.id FROM outbox o WHERE o.callback_data = st.callback_data),
-               (SELECT o.id FROM outbox o WHERE o.wamid = st.wamid ORDER BY o.id LIMIT 1)
-           ) AS outbox_id,
-           st.wamid, st.status, st.rank, st.errors
-    FROM st
 ), best AS (
+    -- The outbox row named by biz_opaque_callback_data, else the one that has the wamid.
     -- Several statuses for one row in one batch: the furthest one wins.
     SELECT DISTINCT ON (outbox_id) outbox_id, wamid, status, rank, errors
-    FROM hit
+    FROM st
     WHERE outbox_id IS NOT NULL
     ORDER BY outbox_id, rank DESC
 ), locked AS (
-    SELECT o.id FROM outbox o JOIN best ON best.outbox_id = o.id ORDER BY o.id FOR UPDATE OF o
+    SELECT k.id, b.wamid, b.status, b.rank, b.errors
+    FROM (SELECT o.id FROM outbox o WHERE o.id = ANY (ARRAY(SELECT outbox_id FROM best))
+          ORDER BY o.id FOR UPDATE OF o) k
+    JOIN best b ON b.outbox_id = k.id
 ), upd AS (
     -- A status proves the provider accepted the send, whatever we thought: a row still
     -- pending/sending/unknown/review becomes accepted (so it is never sent again).
@@ -377,15 +393,17 @@ WITH ev AS (
         state = CASE WHEN o.state IN ('pending', 'sending', 'unknown', 'review')
                      THEN 'accepted' ELSE o.state END,
         accepted_at = CASE WHEN o.state IN ('pending', 'sending', 'unknown', 'review')
-                           THEN coalesce(o.accepted_at, now()) ELSE o.accepted_at END,
+                           THEN coalesce(o.accepted_at, c.now) ELSE o.accepted_at END,
         wamid = coalesce(o.wamid, b.wamid),
         delivery_status = CASE WHEN b.rank > delivery_rank(o.delivery_status)
                                THEN b.status ELSE o.delivery_status END,
         delivery_errors = CASE WHEN b.rank > delivery_rank(o.delivery_status) AND b.status = 'failed'
                                THEN b.errors ELSE o.delivery_errors END,
-        updated_at = now()
-    FROM best b JOIN locked l ON l.id = b.outbox_id
-    WHERE o.id = b.outbox_id
+        updated_at = c.now
+    -- (the clock read in a sub-select: Citus refuses a STABLE function with column
+    -- references in an UPDATE of a distributed table)
+    FROM locked b, (SELECT now() AS now) c
+    WHERE o.id = b.id
     RETURNING 1
 ), ins_err AS (
     INSERT INTO account_errors (event_key, waba_id, phone_number_id, field, errors, raw, inbox_id, subject)
@@ -404,13 +422,15 @@ WITH ev AS (
 ), parked AS (
     -- Whole webhooks that are no payload (not JSON, no known shape): moved aside dead with
     -- their bytes, for an operator; the reason is looked up per row, a rare one.
-    INSERT INTO inbox_parked (inbox_id, received_at, source, delivery_id, body, state, attempts, last_error)
-    SELECT w.id, w.received_at, w.source, w.delivery_id, w.body, 'dead', 1,
-           (SELECT d.why FROM unnest($7::bigint[], $8::text[]) AS d(id, why) WHERE d.id = w.id LIMIT 1)
+    INSERT INTO inbox_parked (inbox_id, received_at, source, delivery_id, body, state, attempts, last_error,
+                              updated_at)
+    SELECT w.id, w.received_at, w.source, w.delivery_id, w.body, 'dead', 1, d.why, clock_timestamp()
     FROM webhook_inbox w
+    JOIN (SELECT DISTINCT ON (d.id) d.id, d.why FROM unnest($7::bigint[], $8::text[]) AS d(id, why)
+          ORDER BY d.id) d ON d.id = w.id
     WHERE w.id = ANY ($7::bigint[])
     ON CONFLICT (inbox_id) DO UPDATE SET state = 'dead', attempts = inbox_parked.attempts + 1,
-        last_error = excluded.last_error, updated_at = clock_timestamp()
+        last_error = excluded.last_error, updated_at = excluded.updated_at
     RETURNING 1
 ), fwd_in AS (
     -- The transactional outbox towards downstream (docs/forwarding.md, "Storage"): each fresh
@@ -422,9 +442,10 @@ WITH ev AS (
     SELECT DISTINCT ON (f.key) f.key, f.kind, f.conversation, f.envelope, f.inbox_id, f.number, f.n,
            fresh.subject,
            -- A status of a send of ours carries the send API caller's biz_opaque_callback_data
-           -- (tracker: JSON null when it gave none; no row when the status is not of a send of ours).
-           (SELECT coalesce(to_jsonb(o.biz_opaque_callback_data), 'null'::jsonb)
-            FROM outbox o WHERE f.callback IS NOT NULL AND o.callback_data = f.callback) AS tracker
+           -- (tracker: JSON null when it gave none; no row when the status is not of a send of
+           -- ours). Its callback is its status's callback_data ($4), so `sent` has the row.
+           CASE WHEN sent.id IS NOT NULL THEN coalesce(to_jsonb(sent.biz_opaque_callback_data), 'null'::jsonb)
+           END AS tracker
     FROM ROWS FROM (jsonb_to_recordset(
             CASE WHEN EXISTS (SELECT 1 FROM destinations WHERE enabled) THEN $9::text::jsonb
                  ELSE '[]'::jsonb END) AS (
@@ -432,6 +453,7 @@ WITH ev AS (
         number text))
         WITH ORDINALITY AS f(key, kind, conversation, envelope, inbox_id, callback, number, n)
     JOIN fresh ON fresh.event_key = f.key
+    LEFT JOIN sent ON sent.callback_data = f.callback
     ORDER BY f.key, f.n
 ), fwd_want AS (
     -- Which destinations want which event: its kind; a destination limited to numbers only
@@ -441,27 +463,39 @@ WITH ev AS (
     JOIN destinations d ON d.enabled AND f.kind = ANY (d.events)
                        AND (d.numbers IS NULL OR f.number = ANY (d.numbers))
                        AND (d.format = 'standard' OR f.envelope->>'source' = 'meta')
+), fwd_fmt AS (
+    SELECT w.n, bool_or(w.format = 'standard') AS standard, bool_or(w.format = 'meta') AS meta
+    FROM fwd_want w
+    GROUP BY w.n
+), fwd_rcv AS (
+    -- When the wanted events' webhooks were received: index look-ups by id for the batch's
+    -- array (not a join: with stale statistics, as after a burst, the planner hashed the whole
+    -- webhook_inbox for every batch), first in the last day's partitions only (pruned when
+    -- the statement starts), then, for older rows (a backlog, a replayed webhook), in every
+    -- partition.
+    SELECT w.id, w.received_at FROM webhook_inbox w
+    WHERE w.id = ANY (ARRAY(SELECT f.inbox_id FROM fwd_in f JOIN fwd_fmt x ON x.n = f.n))
+      AND w.received_at >= now() - interval '1 day' AND w.received_at <= now()
+), fwd_old AS (
+    SELECT w.id, w.received_at FROM webhook_inbox w
+    WHERE w.id = ANY (ARRAY(SELECT f.inbox_id FROM fwd_in f JOIN fwd_fmt x ON x.n = f.n
+                            EXCEPT SELECT r.id FROM fwd_rcv r))
 ), fwd_ev AS (
     -- In the batch's arrival order, so event ids (the order of a customer's deliveries to a
-    -- destination with --ordered) follow it. received_at: a lookup by id per event, not a join
-    -- (with stale statistics, as after a burst, the planner hashed the whole webhook_inbox for
-    -- every batch); first in the last day's partitions only (pruned when the statement starts),
-    -- then, for an older row (a backlog, a replayed webhook), in every partition.
+    -- destination with --ordered) follow it.
     INSERT INTO delivery_events (lane, received_at, event_key, kind, conversation, body, meta_body)
     SELECT delivery_lane(f.conversation, f.subject),
-           coalesce((SELECT w.received_at FROM webhook_inbox w
-                     WHERE w.id = f.inbox_id AND w.received_at >= now() - interval '1 day'
-                       AND w.received_at <= now()),
-                    (SELECT w.received_at FROM webhook_inbox w WHERE w.id = f.inbox_id), now()),
+           coalesce(r.received_at, o.received_at, now()),
            f.key, f.kind, f.conversation,
-           CASE WHEN EXISTS (SELECT 1 FROM fwd_want w WHERE w.n = f.n AND w.format = 'standard')
+           CASE WHEN x.standard
                 THEN convert_to(CASE WHEN f.tracker IS NULL THEN f.envelope
                                      ELSE jsonb_set(f.envelope, '{data,biz_opaque_callback_data}', f.tracker)
                                 END::text, 'UTF8') END,
-           CASE WHEN EXISTS (SELECT 1 FROM fwd_want w WHERE w.n = f.n AND w.format = 'meta')
-                THEN convert_to(meta_webhook(f.envelope, f.tracker)::text, 'UTF8') END
+           CASE WHEN x.meta THEN convert_to(meta_webhook(f.envelope, f.tracker)::text, 'UTF8') END
     FROM fwd_in f
-    WHERE EXISTS (SELECT 1 FROM fwd_want w WHERE w.n = f.n)
+    JOIN fwd_fmt x ON x.n = f.n
+    LEFT JOIN fwd_rcv r ON r.id = f.inbox_id
+    LEFT JOIN fwd_old o ON o.id = f.inbox_id
     ORDER BY f.n
     RETURNING id, day, lane, received_at, event_key, conversation
 ), fwd AS (
