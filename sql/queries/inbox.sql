@@ -209,19 +209,22 @@ FOR UPDATE SKIP LOCKED;
 -- name: inbox_parked_attempt
 -- A whole webhook failed again where nothing else could be recorded (or could not be stored
 -- as events): one attempt; due again after $3 seconds, dead at $2 attempts. Its state.
+-- (the clock read in a sub-select: Citus refuses volatile functions in an UPDATE of a
+-- distributed or reference table)
 UPDATE inbox_parked SET
     attempts = attempts + 1,
     state = CASE WHEN attempts + 1 >= $2 THEN 'dead' ELSE 'retry' END,
-    next_attempt_at = clock_timestamp() + make_interval(secs => $3),
+    next_attempt_at = c.due,
     last_error = $4,
-    updated_at = clock_timestamp()
+    updated_at = c.now
+FROM (SELECT clock_timestamp() AS now, clock_timestamp() + make_interval(secs => $3) AS due) c
 WHERE inbox_id = $1 AND state = 'retry'
 RETURNING state, attempts;
 
 -- name: inbox_parked_defer
 -- The system failed while these were retried: due again after $2 seconds, no attempt counted.
-UPDATE inbox_parked SET next_attempt_at = clock_timestamp() + make_interval(secs => $2),
-    last_error = $3, updated_at = clock_timestamp()
+UPDATE inbox_parked SET next_attempt_at = c.due, last_error = $3, updated_at = c.now
+FROM (SELECT clock_timestamp() AS now, clock_timestamp() + make_interval(secs => $2) AS due) c
 WHERE inbox_id = ANY ($1::bigint[]) AND state = 'retry';
 
 -- name: inbox_move_aside
@@ -565,8 +568,8 @@ FROM w FULL JOIN p ON true;
 -- name: inbox_dead_replay
 -- Dead whole webhooks due again with a fresh attempt budget; $1 NULL means every dead one,
 -- $2/$3 a received_at range (NULL: open).
-UPDATE inbox_parked SET state = 'retry', attempts = 0, next_attempt_at = clock_timestamp(),
-    updated_at = clock_timestamp()
+UPDATE inbox_parked SET state = 'retry', attempts = 0, next_attempt_at = c.now, updated_at = c.now
+FROM (SELECT clock_timestamp() AS now) c
 WHERE state = 'dead' AND ($1::bigint[] IS NULL OR inbox_id = ANY($1::bigint[]))
   AND ($2::timestamptz IS NULL OR received_at >= $2)
   AND ($3::timestamptz IS NULL OR received_at < $3)
@@ -575,7 +578,8 @@ RETURNING inbox_id AS id;
 -- name: inbox_parked_done
 -- Whole webhooks a retry or a replay processed (kept for the record, then purged); one the
 -- retry found to be no payload again stays dead.
-UPDATE inbox_parked SET state = 'done', updated_at = clock_timestamp()
+UPDATE inbox_parked SET state = 'done', updated_at = c.now
+FROM (SELECT clock_timestamp() AS now) c
 WHERE inbox_id = ANY ($1::bigint[]) AND state = 'retry';
 
 -- name: inbox_depth

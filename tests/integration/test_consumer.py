@@ -31,6 +31,9 @@ from tests.support.consume import add_outbox, counts, drain, inbox_states, outbo
 from tests.support.http import post_meta
 from tests.support.procs import gateway_ok
 
+# Also run on a Citus cluster (make test-citus): exactly once, side effects, poison, replay.
+pytestmark = pytest.mark.citus
+
 ERR = [{"code": 131026, "title": "Message undeliverable"}]
 
 
