@@ -124,8 +124,8 @@ class Applier:
         self._idle_bound = idle_bound
         # The rows being handled, head first (until their transaction commits).
         self.claimed: list[int] = []
-        # How the fast path starts (asked once: whether the database is a Citus coordinator).
-        self._fast_path: str | None = None
+        # Whether the database is a Citus coordinator (asked once).
+        self._citus: bool | None = None
 
     async def handle(
         self,
@@ -140,12 +140,11 @@ class Applier:
         self.claimed = [r.id for r in rows]
         advance = None if cursors is None or moved is None else inbox.advance_arg(cursors, moved)
         plan = plan_batch(rows)  # never raises
-        if self._fast_path is None:
-            self._fast_path = _FAST_PATH_CITUS if (await db.citus_state(conn))[0] else _FAST_PATH
+        fast_path = _FAST_PATH_CITUS if await self.on_citus(conn) else _FAST_PATH
         try:
             # A savepoint of our own, not a nested transaction(): COMMIT releases it, one
             # round trip (RELEASE SAVEPOINT) fewer per batch.
-            await conn.execute(f"SET LOCAL enable_sort = on; {self._idle_bound}; {self._fast_path}")
+            await conn.execute(f"SET LOCAL enable_sort = on; {self._idle_bound}; {fast_path}")
             with tracing.span("consumer.batch", rows=len(rows)):
                 result = await self._fast(conn, plan, advance)
         except Exception as exc:
@@ -156,6 +155,12 @@ class Applier:
             return bool(plan.forwards)
         triage.observe(plan, result)
         return result.deliveries > 0
+
+    async def on_citus(self, conn: Conn) -> bool:
+        """Whether the database is a Citus coordinator (asked the first time only)."""
+        if self._citus is None:
+            self._citus = (await db.citus_state(conn))[0]
+        return self._citus
 
     async def _fast(self, conn: Conn, plan: Plan, advance: Advance) -> inbox.Applied:
         result = await inbox.apply_plan(conn, plan, member=self._member, advance=advance)

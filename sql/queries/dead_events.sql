@@ -92,3 +92,9 @@ FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bytea[]) AS t(key, inbox_i
 JOIN processed_webhook_events p ON p.event_key = t.key AND p.inbox_id = t.inbox_id
 ORDER BY t.key
 ON CONFLICT (event_key, subject) DO NOTHING;
+
+-- name: dead_events_due
+-- Whether any item is due, without a lock (on Citus dead_events is a reference table: a FOR
+-- UPDATE there locks it on every node for the transaction, even when it finds nothing, so
+-- consumers look first).
+SELECT EXISTS (SELECT 1 FROM dead_events WHERE state = 'retry' AND next_attempt_at <= clock_timestamp());
