@@ -31,17 +31,22 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: dead_events_failed
 -- A retry failed: $2 new state (retry/dead), $3/$4 attempts/deferrals to add, $5 delay, $6 error.
+-- (the clock read in a sub-select in these UPDATEs: Citus refuses volatile functions in an
+-- UPDATE of a distributed or reference table)
 UPDATE dead_events SET
     state = $2,
     attempts = attempts + $3,
     deferrals = deferrals + $4,
-    next_attempt_at = clock_timestamp() + make_interval(secs => $5),
+    next_attempt_at = c.due,
     last_error = $6,
-    updated_at = clock_timestamp()
+    updated_at = c.now
+FROM (SELECT clock_timestamp() AS now, clock_timestamp() + make_interval(secs => $5) AS due) c
 WHERE id = $1;
 
 -- name: dead_events_done
-UPDATE dead_events SET state = 'done', updated_at = clock_timestamp() WHERE id = ANY($1::bigint[]);
+UPDATE dead_events SET state = 'done', updated_at = c.now
+FROM (SELECT clock_timestamp() AS now) c
+WHERE id = ANY($1::bigint[]);
 
 -- name: dead_events_list
 -- $1 states, $2 since, $3 until (received_at; NULL: open), $4 limit.
@@ -68,7 +73,8 @@ FROM dead_events WHERE id = $1;
 -- name: dead_events_replay
 -- Dead items due again with a fresh budget: $1 ids (NULL: any), $2 since, $3 until.
 UPDATE dead_events SET state = 'retry', attempts = 0, deferrals = 0,
-       next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
+       next_attempt_at = c.now, updated_at = c.now
+FROM (SELECT clock_timestamp() AS now) c
 WHERE state = 'dead'
   AND ($1::bigint[] IS NULL OR id = ANY($1::bigint[]))
   AND ($2::timestamptz IS NULL OR received_at >= $2)

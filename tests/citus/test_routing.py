@@ -226,16 +226,16 @@ async def test_the_consumers_batch_statement_runs_as_one_distributed_transaction
     args: tuple[Any, ...] = (
         ["k:routing:1", "k:routing:2"],
         [1, 2],
-        "[]",
-        "[]",
-        "[]",
-        "[]",
+        [],  # (jsonb: the gateway's connections encode it from Python values)
         [],
         [],
-        "[]",
+        [],
+        [],
+        [],
+        "[]",  # (text)
         [day, day],
         ["subject-a", "subject-b"],
-        "[]",
+        [],
         None,
         None,
     )

@@ -33,9 +33,6 @@ from tests.support.config import replace
 from tests.support.consume import inbox_states, leased, stage
 from tests.support.forward import until
 
-# Also run on a Citus cluster (make test-citus): the consumers' batches there.
-pytestmark = pytest.mark.citus
-
 
 async def test_batch_reads_bodies_up_to_a_byte_budget(pool: asyncpg.Pool, settings: Settings) -> None:
     bodies = [to_bytes(messages_payload(message_obj(f"wamid.B{i}", text="x" * 800))) for i in range(5)]
