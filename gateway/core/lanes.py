@@ -12,7 +12,7 @@ is read in a later window, never skipped. A window too large for one batch is re
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 LANES = 32
@@ -159,11 +159,7 @@ class LaneSet:
         self.shards: dict[int, int] = {}
         self.out: set[int] = set()
         self.stale: set[int] = set()
-        # shard -> the number of the take that last read it: shards are read in turn (on Citus a
-        # read is one shard's lanes, and a take that always chose the same one would starve the
-        # others; on one PostgreSQL every lane is in shard 0)
-        self.taken_at: dict[int, int] = {}
-        self.takes = 0
+        self._last_shard = -1
 
     def owned(self) -> list[int]:
         return sorted(self.cursors)
@@ -182,18 +178,21 @@ class LaneSet:
                 self.stale.discard(lane)
         self.shards = {lane: shards.get(lane, 0) for lane in self.cursors}
 
-    def take(self, most: int | None = None) -> list[Cursor]:
-        """Free lanes of one shard (the one read least recently, then the one with most free
-        lanes), at most ``most``."""
+    def take(self, most: int | None = None, skip: Collection[int] = ()) -> list[Cursor]:
+        """Free lanes of one shard, at most ``most``: the shard with most free lanes, among
+        equals the next after the shard taken last (so that every shard is read in turn), and
+        none of the shards in ``skip``."""
         free = [lane for lane in sorted(self.cursors) if lane not in self.out]
-        if not free:
-            return []
         by_shard: dict[int, list[int]] = {}
         for lane in free:
-            by_shard.setdefault(self.shards.get(lane, 0), []).append(lane)
-        shard = min(by_shard, key=lambda s: (self.taken_at.get(s, -1), -len(by_shard[s]), s))
-        self.takes += 1
-        self.taken_at[shard] = self.takes
+            shard = self.shards.get(lane, 0)
+            if shard not in skip:
+                by_shard.setdefault(shard, []).append(lane)
+        if not by_shard:
+            return []
+        last = self._last_shard
+        shard = max(by_shard, key=lambda s: (len(by_shard[s]), s > last, -s))
+        self._last_shard = shard
         lanes = by_shard[shard]
         if most is not None:
             lanes = lanes[: max(1, most)]

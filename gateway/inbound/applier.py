@@ -66,6 +66,9 @@ _SAVEPOINT = "gateway_consumer_batch"
 # and no partition key is among them. Local to the fast path: ROLLBACK TO SAVEPOINT undoes it
 # for the event-by-event path, and handlers' own statements get the session's setting back.
 _FAST_PATH = f"SAVEPOINT {_SAVEPOINT}; SET LOCAL plan_cache_mode = force_generic_plan"
+# On a Citus coordinator the statement is planned for each batch: Citus plans a distributed
+# statement only with its parameters' values ("could not create distributed plan").
+_FAST_PATH_CITUS = f"SAVEPOINT {_SAVEPOINT}"
 _HANDLERS_PLANS = "SET LOCAL plan_cache_mode TO DEFAULT"
 # A database outage fails every batch alike: at most one line per kind per 10 s.
 _WARN = LogThrottle(10.0)
@@ -136,10 +139,11 @@ class Applier:
         self.claimed = [r.id for r in rows]
         advance = None if cursors is None or moved is None else inbox.advance_arg(cursors, moved)
         plan = plan_batch(rows)  # never raises
+        fast_path = _FAST_PATH_CITUS if await self.on_citus(conn) else _FAST_PATH
         try:
             # A savepoint of our own, not a nested transaction(): COMMIT releases it, one
             # round trip (RELEASE SAVEPOINT) fewer per batch.
-            await conn.execute(f"SET LOCAL enable_sort = on; {self._idle_bound}; {_FAST_PATH}")
+            await conn.execute(f"SET LOCAL enable_sort = on; {self._idle_bound}; {fast_path}")
             with tracing.span("consumer.batch", rows=len(rows)):
                 result = await self._fast(conn, plan, advance)
         except Exception as exc:
@@ -151,10 +155,15 @@ class Applier:
         triage.observe(plan, result)
         return result.deliveries > 0
 
-    async def _fast(self, conn: Conn, plan: Plan, advance: Advance) -> inbox.Applied:
+    async def on_citus(self, conn: Conn) -> bool:
+        """Whether the database is a Citus coordinator (asked the first time only)."""
         if self._citus is None:
             self._citus = (await db.citus_state(conn))[0]
-        result = await inbox.apply_plan(conn, plan, member=self._member, advance=advance, citus=self._citus)
+        return self._citus
+
+    async def _fast(self, conn: Conn, plan: Plan, advance: Advance) -> inbox.Applied:
+        citus = await self.on_citus(conn)
+        result = await inbox.apply_plan(conn, plan, member=self._member, advance=advance, citus=citus)
         if plan.bad:
             await dead_events.record(conn, [bad_item(row, item) for row, item in plan.bad])
         await self._fragments(conn, [(ev, row, item) for ev, row, item in plan.events if item.scrubbed])

@@ -262,9 +262,22 @@ class Consumer:
         # A loop whose last batch left rows reads its share of the lanes, so that the siblings
         # it wakes read the rest in parallel; otherwise every free lane, in one statement.
         share = -(-len(self._lanes.cursors) // self._loops) if self._more_before else None
-        taken = self._lanes.take(share)
-        if not taken:
-            return 0
+        # One statement reads the lanes of one shard (on Citus a router query on the worker
+        # whose snapshot it takes; on one server every lane is in shard 0): a shard with
+        # nothing to read passes the turn to the next one, so that a batch is found wherever
+        # there is one and an empty step means every shard was empty.
+        tried: set[int] = set()
+        while True:
+            taken = self._lanes.take(share, skip=tried)
+            if not taken:
+                return 0
+            tried.add(self._lanes.shards.get(taken[0].lane, 0))
+            n = await self._read(taken)
+            if n:
+                return n
+
+    async def _read(self, taken: list[Cursor]) -> int:
+        """One batch of the lanes ``taken`` (of one shard), handled; the rows read."""
         lanes_out = [c.lane for c in taken]
         moved: list[Cursor] | None = None
         started = time.perf_counter()

@@ -53,6 +53,10 @@ class Retries:
     async def _retry_parked(self) -> int:
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(self._idle_bound)
+            # On Citus a claim (FOR UPDATE of a reference table) locks the table on every node
+            # for this transaction even when it finds nothing: look without a lock first.
+            if await self._apply.on_citus(conn) and not await inbox.parked_due(conn):
+                return 0
             rows = await inbox.parked_claim(conn, limit=self._s.consumer_batch)
             done: list[int] = []
             for i, row in enumerate(rows):
@@ -77,7 +81,8 @@ class Retries:
                     done.append(row.id)
                     if forwards and self._on_deliveries is not None:
                         self._on_deliveries()
-            await inbox.parked_done(conn, ids=done)
+            if done:  # (on Citus inbox_parked is a reference table: a write locks it on every node)
+                await inbox.parked_done(conn, ids=done)
         self._apply.claimed = []
         if rows:
             self._health.succeeded([r.id for r in rows])
@@ -86,6 +91,8 @@ class Retries:
     async def _retry_dead_events(self) -> int:
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(self._idle_bound)
+            if await self._apply.on_citus(conn) and not await dead_events.due(conn):
+                return 0
             claimed = await dead_events.claim(conn, limit=self._s.consumer_batch)
             if not claimed:
                 return 0

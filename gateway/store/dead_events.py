@@ -93,6 +93,11 @@ async def record(conn: Conn, items: Sequence[NewItem]) -> None:
     )
 
 
+async def due(conn: Conn) -> bool:
+    """Whether an item is due (no lock taken)."""
+    return bool(await conn.fetchval(q("dead_events_due")))
+
+
 async def claim(conn: Conn, *, limit: int) -> list[Claimed]:
     """Due items, locked for the caller's transaction (SKIP LOCKED)."""
     rows = await conn.fetch(q("dead_events_claim"), limit)

@@ -165,6 +165,11 @@ async def parked_state(conn: Conn, *, inbox_id: int) -> str | None:
     return state
 
 
+async def parked_due(conn: Conn) -> bool:
+    """Whether a whole webhook moved aside is due again (no lock taken)."""
+    return bool(await conn.fetchval(q("inbox_parked_due")))
+
+
 async def parked_claim(conn: Conn, *, limit: int) -> list[StagedRow]:
     """Whole webhooks moved aside and due again, locked for the caller's transaction."""
     return [

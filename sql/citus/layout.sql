@@ -137,3 +137,28 @@ FROM (SELECT g.i::smallint AS lane,
              dense_rank() OVER (ORDER BY get_shard_id_for_distribution_column('webhook_inbox', g.i::smallint))::int - 1 AS n
       FROM generate_series(0, 31) AS g(i)) s
 WHERE l.lane = s.lane AND l.shard IS DISTINCT FROM s.n;
+
+-- Citus cannot plan a LANGUAGE sql function over distributed or reference tables when it is
+-- called ("parameterized queries for SQL functions referencing distributed tables are not
+-- supported"), while PL/pgSQL's RETURN QUERY is planned as a plain statement. On one
+-- PostgreSQL these stay LANGUAGE sql (inlined: a caller's LIMIT or EXISTS stops the scan);
+-- on a coordinator the same bodies (sql/functions/) run as PL/pgSQL. Their meaning holds on a
+-- cluster: each row is judged by its own lane's cursor, on the lane's worker (webhook_inbox
+-- and inbox_lanes are colocated by lane); the least xmax over every lane is only a lower
+-- bound of the scan, and a bound lower than a worker's own only scans more.
+DO $$
+DECLARE
+    f record;
+BEGIN
+    FOR f IN SELECT p.oid, p.proname, p.prosrc FROM pg_proc p
+             WHERE p.pronamespace = 'public'::regnamespace
+               AND p.proname IN ('inbox_unread', 'inbox_row_states', 'inbox_unprocessed')
+               AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'sql')
+    LOOP
+        EXECUTE format(
+            'CREATE OR REPLACE FUNCTION %s(%s) RETURNS %s LANGUAGE plpgsql STABLE AS %L',
+            f.proname, pg_get_function_arguments(f.oid), pg_get_function_result(f.oid),
+            E'#variable_conflict use_column\nBEGIN\nRETURN QUERY ' || rtrim(f.prosrc, E' \n;') || E';\nEND');
+    END LOOP;
+END;
+$$;

@@ -29,6 +29,12 @@ ORDER BY next_attempt_at, id
 LIMIT $1
 FOR UPDATE SKIP LOCKED;
 
+-- name: dead_events_due
+-- Whether any item is due, without a lock (on Citus dead_events is a reference table: a FOR
+-- UPDATE there locks it on every node for the transaction, even when it finds nothing, so
+-- consumers look first).
+SELECT EXISTS (SELECT 1 FROM dead_events WHERE state = 'retry' AND next_attempt_at <= clock_timestamp());
+
 -- name: dead_events_failed
 -- A retry failed: $2 new state (retry/dead), $3/$4 attempts/deferrals to add, $5 delay, $6 error.
 -- (The clock is read in a sub-select, here and below: Citus refuses volatile functions in an

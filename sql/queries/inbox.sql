@@ -206,6 +206,10 @@ ORDER BY p.next_attempt_at, p.inbox_id
 LIMIT $1
 FOR UPDATE SKIP LOCKED;
 
+-- name: inbox_parked_due
+-- Whether any whole webhook is due again, without a lock (as dead_events_due, for Citus).
+SELECT EXISTS (SELECT 1 FROM inbox_parked WHERE state = 'retry' AND next_attempt_at <= clock_timestamp());
+
 -- name: inbox_parked_attempt
 -- A whole webhook failed again where nothing else could be recorded (or could not be stored
 -- as events): one attempt; due again after $3 seconds, dead at $2 attempts. Its state.

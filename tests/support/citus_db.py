@@ -89,3 +89,8 @@ async def fresh_database(dsn: str, name: str) -> str:
     """An empty Citus database ``name`` on every node; its coordinator DSN."""
     await plain_database(dsn, name)
     return await join_cluster(dsn, name)
+
+
+def on_cluster() -> bool:
+    """Whether this test session runs on a Citus cluster (make test-citus: GATEWAY_TEST_CITUS)."""
+    return bool(os.environ.get("GATEWAY_TEST_CITUS"))

@@ -11,6 +11,7 @@ from gateway.core.lanes import LaneSet
 from gateway.core.settings import Settings
 from gateway.inbound.consumer import Consumer
 from gateway.inbound.lanes import LaneLease
+from gateway.store.sqlfiles import q
 
 STAGE_ONE = "INSERT INTO webhook_inbox (source, body, delivery_id) VALUES ($1, $2, $3) RETURNING id"
 
@@ -54,11 +55,18 @@ async def dead_row(conn: asyncpg.Pool | asyncpg.Connection, body: bytes, **cols:
 
 
 async def read_all(conn: asyncpg.Pool | asyncpg.Connection) -> None:
-    """Every lane's cursor past every row committed so far, as if consumers had read them."""
-    await conn.execute(
-        "UPDATE inbox_lanes SET done_snap = pg_current_snapshot(), win_snap = NULL, pos_txid = NULL,"
+    """Every lane's cursor past every row committed so far, as if consumers had read them (on
+    Citus at the snapshot of the worker that holds the lane: run there, on every shard)."""
+    set_cursor = (
+        "UPDATE {} SET done_snap = pg_current_snapshot(), win_snap = NULL, pos_txid = NULL,"
         " pos_id = NULL, version = version + 1"
     )
+    if await conn.fetchval(q("citus_installed")):
+        assert await conn.fetchval(
+            "SELECT bool_and(success) FROM run_command_on_shards('inbox_lanes', $1)", set_cursor.format("%s")
+        )
+        return
+    await conn.execute(set_cursor.format("inbox_lanes"))
 
 
 async def leased(pool: asyncpg.Pool, settings: Settings, **kw: Any) -> Consumer:
