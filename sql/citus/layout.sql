@@ -137,3 +137,14 @@ FROM (SELECT g.i::smallint AS lane,
              dense_rank() OVER (ORDER BY get_shard_id_for_distribution_column('webhook_inbox', g.i::smallint))::int - 1 AS n
       FROM generate_series(0, 31) AS g(i)) s
 WHERE l.lane = s.lane AND l.shard IS DISTINCT FROM s.n;
+
+-- The forwarder's round (a round of one shard's lanes): its statements are planned with the
+-- round's values (Citus needs them to find the shard of the round's lanes; a generic plan's
+-- parameters are refused there), and it writes the reference table destinations after reading
+-- the queue's shards, which Citus allows over one connection per node only.
+ALTER FUNCTION forward_round(text, delivery_outcome[], delivery_ref[], breaker_tally[], bigint[], integer,
+                             smallint[], float8, integer, boolean, float8)
+    SET plan_cache_mode = force_custom_plan;
+ALTER FUNCTION forward_round(text, delivery_outcome[], delivery_ref[], breaker_tally[], bigint[], integer,
+                             smallint[], float8, integer, boolean, float8)
+    SET citus.multi_shard_modify_mode = sequential;
