@@ -49,9 +49,18 @@
 -- can fall below the bound, and the next recomputation sees it), and open breakers whose
 -- cool-down (p_cooldown_s) has passed turn half-open.
 --
+-- With p_lanes, a round writes only the outcomes of deliveries in those lanes (the forwarder
+-- passes each outcome in a round of its lane, and names the others in p_held): on a Citus
+-- coordinator a round names the lanes of one shard of the lanes group, so its queue and event
+-- statements are each planned on that shard alone (delivery_leases and destinations are
+-- reference tables: writing them is a transaction on every node). The lower bound due_from is
+-- recomputed over every lane either way. sql/citus/layout.sql plans the round's statements with
+-- their values there (Citus needs them to prune; this file's generic plans are for one node).
+--
 -- Rows, told apart by kind:
 --   'claimed'   a claimed delivery: destination_id .. meta (gateway.store.deliveries.Claimed;
---               times as Unix seconds; body NULL if its event's body is gone);
+--               times as Unix seconds; body NULL if its event's body is gone; lane: its
+--               delivery's, for a forwarder that writes its outcome in a round of that lane);
 --   'breaker'   a breaker transition of destination, old_state -> new_state;
 --   'disabled'  destination answered 410 Gone and was disabled;
 --   'half_open' destination's breaker turned half-open (housekeeping).
@@ -79,7 +88,7 @@ CREATE FUNCTION forward_round(
 ) RETURNS TABLE (
     kind text, destination_id bigint, event_id bigint, event_key text, body bytea, attempts integer,
     received_at float8, window_start float8, destination text, url text, secret text,
-    previous_secret text, ordered boolean, meta boolean, old_state text, new_state text
+    previous_secret text, ordered boolean, meta boolean, old_state text, new_state text, lane smallint
 ) LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
 AS $fn$
@@ -157,7 +166,7 @@ BEGIN
         )
         SELECT 'breaker'::text, NULL::bigint, NULL::bigint, NULL::text, NULL::bytea, NULL::int, NULL::float8,
                NULL::float8, brk.name, NULL::text, NULL::text, NULL::text, NULL::boolean, NULL::boolean,
-               brk.old, brk.new
+               brk.old, brk.new, NULL::smallint
         FROM brk WHERE brk.old <> brk.new;
     END IF;
     -- Destinations that answered 410 Gone: disabled (no breaker count); nothing more is claimed
@@ -168,7 +177,7 @@ BEGIN
         WHERE id = ANY (p_gone) AND enabled
         RETURNING 'disabled'::text, NULL::bigint, NULL::bigint, NULL::text, NULL::bytea, NULL::int,
                   NULL::float8, NULL::float8, name, NULL::text, NULL::text, NULL::text, NULL::boolean,
-                  NULL::boolean, NULL::text, NULL::text;
+                  NULL::boolean, NULL::text, NULL::text, NULL::smallint;
     END IF;
 
     -- The claim: with the breakers as this round left them; the leases as they were before it
@@ -260,7 +269,7 @@ BEGIN
            -- Meta-format receiver verifies one signature: its secret switches at once)
            CASE WHEN d.format = 'standard' AND d.previous_secret_until > v_now
                 THEN d.previous_secret END,
-           d.ordered, d.format = 'meta', NULL::text, NULL::text
+           d.ordered, d.format = 'meta', NULL::text, NULL::text, c.lane
     FROM unnest(c_rows) WITH ORDINALITY AS c
     JOIN destinations d ON d.id = c.destination_id
     LEFT JOIN delivery_events e
@@ -305,7 +314,7 @@ BEGIN
           AND breaker_changed_at <= v_now - make_interval(secs => p_cooldown_s)
         RETURNING 'half_open'::text, NULL::bigint, NULL::bigint, NULL::text, NULL::bytea, NULL::int,
                   NULL::float8, NULL::float8, name, NULL::text, NULL::text, NULL::text, NULL::boolean,
-                  NULL::boolean, 'open'::text, 'half_open'::text;
+                  NULL::boolean, 'open'::text, 'half_open'::text, NULL::smallint;
     END IF;
 END
 $fn$;
