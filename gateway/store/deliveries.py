@@ -176,6 +176,11 @@ async def set_enabled(conn: Conn, *, name: str, enabled: bool) -> bool:
     return found
 
 
+async def wake_forwarders(conn: Conn) -> None:
+    """NOTIFY deliveries (the forwarders LISTEN), from a statement of its own."""
+    await conn.execute(q("deliveries_notify"))
+
+
 async def rotate_secret(conn: Conn, *, name: str, secret: str, grace_s: float) -> datetime | None:
     """Make ``secret`` the destination's secret, the current one valid for ``grace_s`` more
     seconds; until when (None: no such destination)."""

@@ -57,6 +57,20 @@ SELECT pg_notify('outbox', '');
 -- NOTIFY) for no flush, and a wake lost in a crash costs the senders one poll.
 SELECT set_config('synchronous_commit', 'off', true), pg_notify('outbox', '');
 
+-- name: outbox_outcome_announce
+-- What the trigger outbox_outcome_notify says on one PostgreSQL, said by the session that
+-- recorded the outcomes ($1: their rows) where no trigger can (a Citus coordinator: a worker's
+-- NOTIFY reaches no listener, sql/citus/layout.sql). The rows are read in a materialised CTE
+-- (on Citus a router query on the outbox's shard) and announced by the SELECT over it, which
+-- runs where the session is.
+WITH r AS MATERIALIZED (
+    SELECT o.id, o.state, o.wamid FROM outbox o
+    WHERE o.id = ANY ($1::bigint[]) AND o.notify_outcome
+      AND o.state IN ('accepted', 'failed', 'unknown', 'review', 'cancelled')
+)
+SELECT count(*) FROM (SELECT pg_notify('outbox_outcome', r.id::text || ' ' || r.state || ' ' || coalesce(r.wamid, ''))::text
+                      FROM r) n;
+
 -- name: outbox_get
 SELECT id, tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload, state,
        unknown_policy, resent, attempts, next_attempt_at, last_error, last_error_code, wamid,
