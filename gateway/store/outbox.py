@@ -180,7 +180,10 @@ async def announce_outcomes(conn: Conn, ids: Sequence[int]) -> int:
     and whose state ends its wait, as the trigger does on one PostgreSQL (on a Citus
     coordinator the trigger is dropped); how many were announced. Outside the transaction that
     recorded them, after its commit."""
-    n: int = await conn.fetchval(q("outbox_outcome_announce"), list(ids))
+    payloads = [r["payload"] for r in await conn.fetch(q("outbox_outcome_final"), list(ids))]
+    if not payloads:
+        return 0
+    n: int = await conn.fetchval(q("outbox_outcome_announce"), payloads)
     return n
 
 
