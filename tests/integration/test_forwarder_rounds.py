@@ -32,9 +32,6 @@ from tests.support.forward import (
     until,
 )
 
-# Also on a Citus cluster (make test-citus), where a test says why it does not.
-pytestmark = pytest.mark.citus
-
 # Far longer than any wait below: only NOTIFY and the forwarder's own re-rounds can wake it.
 NO_POLL = {"forward_poll_ms": 600_000}
 

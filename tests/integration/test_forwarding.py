@@ -46,9 +46,6 @@ from tests.support.forward import (
     until,
 )
 
-# Also on a Citus cluster (make test-citus), where a test says why it does not.
-pytestmark = pytest.mark.citus
-
 
 async def test_fresh_events_get_one_delivery_per_matching_enabled_destination(
     pool: asyncpg.Pool, settings: Settings

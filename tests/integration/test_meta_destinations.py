@@ -24,9 +24,6 @@ from tests.support.config import DESTINATION_SECRET
 from tests.support.consume import add_outbox, drain, stage
 from tests.support.forward import all_delivered, fast, forwarding, states, until
 
-# Also on a Citus cluster (make test-citus), where a test says why it does not.
-pytestmark = pytest.mark.citus
-
 PAYLOADS: dict[str, Any] = json.loads((Path(__file__).parents[1] / "data" / "meta_webhooks.json").read_text())
 APP_SECRET = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
 ACTOR = actions.Actor("test", "cli")

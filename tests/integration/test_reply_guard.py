@@ -19,9 +19,6 @@ from gateway.inbound.consumer import Consumer
 from gateway.testing.payloads import message_payload, meta_bytes
 from tests.support.http import GLOBEX, post_message_json
 
-# Also on a Citus cluster (make test-citus), where a test says why it does not.
-pytestmark = pytest.mark.citus
-
 CONSUMER = Settings()
 
 

@@ -26,9 +26,6 @@ from tests.support.consume import dead_row, drain, read_all, stage
 from tests.support.deliveries import made_up
 from tests.support.forward import until
 
-# Also on a Citus cluster (make test-citus), where a test says why it does not.
-pytestmark = pytest.mark.citus
-
 TODAY = datetime.now(UTC).date()
 
 

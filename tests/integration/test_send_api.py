@@ -23,9 +23,6 @@ from tests.support.config import replace
 from tests.support.http import ACME, GLOBEX, post_message, url
 from tests.support.send import FakeClock, send_everything, send_settings
 
-# Also on a Citus cluster (make test-citus), where a test says why it does not.
-pytestmark = pytest.mark.citus
-
 
 def msg(to: str = "4915112345678", text: str = "hi", **extra: Any) -> dict[str, Any]:
     return {"to": to, "phone_number_id": "1111", "type": "text", "text": {"body": text}, **extra}

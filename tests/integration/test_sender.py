@@ -30,9 +30,6 @@ from tests.support.send import (
     send_settings,
 )
 
-# Also on a Citus cluster (make test-citus), where a test says why it does not.
-pytestmark = pytest.mark.citus
-
 # (fault, first state, received after the first attempt, how it resolves, final state, final received)
 MATRIX: list[tuple[str, dict[str, Any] | None, str, int, str, str, int]] = [
     ("success", None, "accepted", 1, "none", "accepted", 1),

@@ -14,9 +14,6 @@ from gateway.core.settings import Settings
 from tests.support.config import replace
 from tests.support.http import ACME, GLOBEX, post_message
 
-# Also on a Citus cluster (make test-citus), where a test says why it does not.
-pytestmark = pytest.mark.citus
-
 
 def body(number: str) -> bytes:
     return orjson.dumps(
