@@ -46,8 +46,8 @@ from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
 from gateway.core.spacing import Spacing
 from gateway.outbound.egress import GuardedResolver, RefusedAddress, warn_refused
-from gateway.store import deliveries
-from gateway.store.db import connect
+from gateway.store import deliveries, lanes
+from gateway.store.db import citus_state, connect
 from gateway.store.deliveries import Tx
 from gateway.store.listen import listen, own_connection
 
@@ -131,6 +131,13 @@ class Forwarder:
         # round has disabled it: a later round's claim for it means it was enabled again.
         self._skip: dict[int, bool] = {}
         self._unwritten: tuple[list[deliveries.Result], list[tuple[int, bool, int]]] = ([], [])
+        # On a Citus coordinator, the lanes of each shard of the lanes group: a round names one
+        # shard's lanes (its statements are planned there, sql/functions/forward_round.sql).
+        # Empty: one PostgreSQL, a round of every lane. Asked once, by the first round.
+        self._shards: list[list[int]] | None = None
+        self._shard_of: dict[int, int] = {}  # lane -> index in _shards
+        self._lanes: dict[deliveries.Ref, int] = {}  # on Citus: the lane of each delivery held
+        self._next_shard = 0  # the shard a step's rounds start with (each in turn)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -202,13 +209,11 @@ class Forwarder:
         held = self._held.difference(r.ref for r in results)
         try:
             async with asyncio.timeout(ROUND_TIMEOUT_S), self._db() as conn:
-                claimed, changes, half_open = await deliveries.cycle(
+                claimed, changes, half_open = await self._cycle(
                     conn,
-                    forwarder=self.id,
                     held=held,
                     results=results,
                     breakers=breakers,
-                    threshold=s.forward_breaker_failures,
                     limit=limit,
                     lease_s=s.forward_lease_s,
                     cooldown_s=s.forward_breaker_cooldown_s,
@@ -241,6 +246,80 @@ class Forwarder:
         # is claimed by the next round.
         self.again = bool(half_open)
         return len(claimed)
+
+    async def _cycle(
+        self,
+        conn: Tx,
+        *,
+        held: set[deliveries.Ref],
+        results: list[deliveries.Result],
+        breakers: list[tuple[int, bool, int]],
+        limit: int,
+        lease_s: float,
+        cooldown_s: float,
+        housekeeping: bool,
+        gone: set[int],
+    ) -> tuple[list[deliveries.Claimed], list[tuple[str, str, str]], list[str]]:
+        """One round on one PostgreSQL; on a Citus coordinator one round per shard of the lanes
+        group that has outcomes to write or while the claim wants more, each shard in turn
+        first (breaker counts, 410s and housekeeping go with the first round). A later round's
+        leases must still name what an earlier one claimed, and the outcomes not written yet."""
+        if self._shards is None:
+            self._shards = await self._lane_shards(conn)
+        cycle = functools.partial(
+            deliveries.cycle, conn, forwarder=self.id, threshold=self.settings.forward_breaker_failures,
+            lease_s=lease_s, cooldown_s=cooldown_s,
+        )  # fmt: skip
+        if not self._shards:
+            return await cycle(
+                held=held, results=results, breakers=breakers, limit=limit,
+                housekeeping=housekeeping, gone=gone,
+            )  # fmt: skip
+        n = len(self._shards)
+        by_shard: dict[int, list[deliveries.Result]] = {}
+        for r in results:
+            by_shard.setdefault(self._shard_of.get(self._lanes.get(r.ref, 0), 0), []).append(r)
+        unwritten = {r.ref for r in results}
+        claimed: list[deliveries.Claimed] = []
+        changes: list[tuple[str, str, str]] = []
+        half_open: list[str] = []
+        start, self._next_shard = self._next_shard, (self._next_shard + 1) % n
+        first = True
+        for i in (start + k for k in range(n)):
+            mine = by_shard.get(i % n, [])
+            if not first and not mine and len(claimed) >= limit:
+                continue
+            unwritten.difference_update(r.ref for r in mine)
+            got, ch, half = await cycle(
+                held=held | unwritten | {c.ref for c in claimed},
+                results=mine,
+                breakers=breakers if first else [],
+                limit=max(0, limit - len(claimed)),
+                housekeeping=housekeeping and first,
+                gone=gone if first else set(),
+                lanes=self._shards[i % n],
+            )
+            first = False
+            claimed += got
+            changes += ch
+            half_open += half
+        for r in results:
+            self._lanes.pop(r.ref, None)
+        for c in claimed:
+            self._lanes[c.ref] = c.lane
+        return claimed, changes, half_open
+
+    async def _lane_shards(self, conn: Tx) -> list[list[int]]:
+        """On a Citus coordinator with the gateway's tables distributed, the lanes of each shard
+        of the lanes group; otherwise none."""
+        if not (await citus_state(conn))[1]:
+            return []
+        by_shard: dict[int, list[int]] = {}
+        for lane, shard in sorted((await lanes.shards(conn)).items()):
+            by_shard.setdefault(shard, []).append(lane)
+        shards = [by_shard[k] for k in sorted(by_shard)]
+        self._shard_of = {lane: i for i, ls in enumerate(shards) for lane in ls}
+        return shards
 
     def _host_refused(self, url: str) -> str | None:
         """An IP literal or localhost name the resolver would never see (cached per URL)."""
@@ -480,10 +559,9 @@ class Forwarder:
             n = len(results)
             try:
                 async with asyncio.timeout(ROUND_TIMEOUT_S), self._db() as conn:
-                    await deliveries.cycle(
-                        conn, forwarder=self.id, held=self._held.difference(r.ref for r in results),
+                    await self._cycle(
+                        conn, held=self._held.difference(r.ref for r in results),
                         results=results, breakers=breakers,
-                        threshold=self.settings.forward_breaker_failures,
                         limit=0, lease_s=0, cooldown_s=0, housekeeping=False, gone=self._gone,
                     )  # fmt: skip
             except Exception as exc:  # their leases run out and another forwarder retries them

@@ -52,6 +52,7 @@ from gateway.core.pacing import (
 from gateway.core.settings import Settings
 from gateway.outbound import providers
 from gateway.store import outbox, pacing
+from gateway.store.db import citus_state
 from gateway.store.listen import listen, own_connection
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,9 @@ class Sender:
         self.settings = settings
         self.clock = clock or SystemClock()
         self.rand = rand
+        # The database is a Citus coordinator: this sender announces the outcomes it records
+        # (asked once, by the first record).
+        self._citus: bool | None = None
         self.limits = limits_for(settings)
         # Rows this process sent as a breaker's probe: row id -> the breakers waiting on it.
         self._probes: dict[int, list[BreakerId]] = {}
@@ -279,6 +283,10 @@ class Sender:
             if c.outcome is not SendOutcome.ACCEPTED:
                 log.info("send %s attempt %d: %s (%s)", r["callback_data"][:80], attempt, c.state, c.error)
         await outbox.record_results(self.pool, out, now=now, key_window_s=s.tenashi_key_window_s)
+        if self._citus is None:
+            self._citus = (await citus_state(self.pool))[0]
+        if self._citus:  # no trigger announces the outcomes there (sql/citus/layout.sql)
+            await outbox.announce_outcomes(self.pool, [r.id for r in out])
         await self._wake_behind(out, now)
 
     async def _wake_behind(self, results: list[outbox.Result], now: float) -> None:

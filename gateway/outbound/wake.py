@@ -1,4 +1,5 @@
-"""Waking the senders once a send request's row is committed.
+"""Waking the senders once a send request's row is committed (and the forwarders of other
+processes once a consumer's batch queued deliveries, on a Citus coordinator: ForwarderWake).
 
 The wake is not part of the request's transaction: PostgreSQL serialises the commits of all
 transactions that NOTIFY (one database-wide lock, held through the commit's WAL flush), so a
@@ -27,8 +28,8 @@ import asyncpg
 
 from gateway.core.errors import describe
 from gateway.core.limits import LogThrottle
-from gateway.store import outbox
-from gateway.store.db import DB_ERRORS
+from gateway.store import deliveries, outbox
+from gateway.store.db import DB_ERRORS, citus_state
 
 log = logging.getLogger(__name__)
 _WARN = LogThrottle(10.0)
@@ -96,3 +97,53 @@ class SenderWake:
             with contextlib.suppress(Exception):
                 await self._conn.close(timeout=2)
             self._conn = None
+
+
+class ForwarderWake:
+    """Call it after a consumer's commit that queued deliveries: wakes this process's forwarder
+    (``local``) at once, and on a Citus coordinator the forwarders of other processes too, one
+    ``NOTIFY deliveries`` at a time from ``pool`` (calls while one is under way share the next).
+    On one PostgreSQL the trigger ``deliveries_notify`` has said it in the consumer's own
+    transaction; on Citus no trigger can (a worker's NOTIFY reaches no listener,
+    sql/citus/layout.sql), so the consumer's process says it after the commit. Which one the
+    database is, is asked once. A lost wake costs the forwarders one poll."""
+
+    def __init__(self, pool: asyncpg.Pool, local: Callable[[], None] | None = None) -> None:
+        self._pool = pool
+        self._local = local
+        self._citus: bool | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+
+    def __call__(self) -> None:
+        if self._local is not None:
+            self._local()
+        if self._citus is False:
+            return
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        again = True
+        while again:
+            self._again = False
+            try:
+                async with asyncio.timeout(TIMEOUT_S):
+                    if self._citus is None:
+                        self._citus = (await citus_state(self._pool))[0]
+                    if not self._citus:
+                        return
+                    await deliveries.wake_forwarders(self._pool)
+            except DB_ERRORS as exc:
+                held = _WARN.allow("forwarders", time.monotonic())
+                if held is not None:
+                    log.warning("forwarders not woken (they poll): %s%s", describe(exc), _WARN.suffix(held))
+                return
+            again = self._again
+
+    async def close(self) -> None:
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._task, TIMEOUT_S)

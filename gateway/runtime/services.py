@@ -28,6 +28,7 @@ from gateway.inbound.consumer_group import ConsumerGroup
 from gateway.maintenance.jobs import Maintenance
 from gateway.outbound.forwarder import Forwarder
 from gateway.outbound.sender import Sender
+from gateway.outbound.wake import ForwarderWake
 from gateway.web.app import POOL, SENDER_WAKE, SETTINGS, build_app
 
 log = logging.getLogger("gateway")
@@ -77,13 +78,14 @@ class Services:
 
 def build(pool: asyncpg.Pool, settings: Settings, roles: Roles) -> Services:
     """The services ``roles`` asks for, on ``pool``. In-process consumers wake an in-process
-    forwarder right after their commits (other processes' forwarders wake on NOTIFY)."""
+    forwarder right after their commits (other processes' forwarders wake on NOTIFY: the
+    trigger's, or on a Citus coordinator ForwarderWake's)."""
     out = Services()
     if roles.forwarder:
         out.forwarder = Forwarder(pool, settings)
     if roles.consumers:
-        wake = out.forwarder.wake.set if out.forwarder is not None else None
-        out.consumers = ConsumerGroup(pool, settings, on_deliveries=wake)
+        local = out.forwarder.wake.set if out.forwarder is not None else None
+        out.consumers = ConsumerGroup(pool, settings, on_deliveries=ForwarderWake(pool, local))
     if roles.sender:
         out.sender = Sender(pool, settings)
     if roles:

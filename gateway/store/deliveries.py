@@ -69,6 +69,7 @@ class Claimed(NamedTuple):
     ordered: bool  # the destination's per-conversation ordering
     previous_secret: str | None  # during a rotation's grace period: signed with it too
     meta: bool = False  # a Meta-format destination: body is Meta's, signed X-Hub-Signature-256
+    lane: int = 0  # its delivery's lane (a round of some lanes writes only their outcomes)
 
     @property
     def ref(self) -> Ref:
@@ -175,6 +176,11 @@ async def set_enabled(conn: Conn, *, name: str, enabled: bool) -> bool:
     return found
 
 
+async def wake_forwarders(conn: Conn) -> None:
+    """NOTIFY deliveries (the forwarders LISTEN), from a statement of its own."""
+    await conn.execute(q("deliveries_notify"))
+
+
 async def rotate_secret(conn: Conn, *, name: str, secret: str, grace_s: float) -> datetime | None:
     """Make ``secret`` the destination's secret, the current one valid for ``grace_s`` more
     seconds; until when (None: no such destination)."""
@@ -209,7 +215,8 @@ async def cycle(
     """One round of ``forwarder``, one statement and round trip, serialised across forwarders:
     write finished attempts and breaker counts (``breakers``: destination, any success,
     failures after the last success), claim up to ``limit`` due deliveries (of ``lanes`` only,
-    when given) and renew the forwarder's leases on what it holds; with ``housekeeping``, then
+    when given; then only the ``results`` of deliveries in those lanes are written: name the
+    others in ``held``) and renew the forwarder's leases on what it holds; with ``housekeeping``, then
     delete dead forwarders' expired leases and move breakers whose cool-down passed to
     half-open (their deliveries are claimed in the next round). ``gone``: destinations that
     answered 410 Gone, disabled in the same statement. ``held``: the deliveries (``Ref``) the
@@ -262,6 +269,7 @@ async def cycle(
                     ordered=r["ordered"],
                     previous_secret=r["previous_secret"],
                     meta=r["meta"],
+                    lane=r["lane"],
                 )
             )
         elif kind == "breaker":

@@ -175,6 +175,18 @@ async def record_results(conn: Conn, results: Sequence[Result], *, now: float, k
     )
 
 
+async def announce_outcomes(conn: Conn, ids: Sequence[int]) -> int:
+    """NOTIFY outbox_outcome for those of rows ``ids`` a Graph-compatible request waits for
+    and whose state ends its wait, as the trigger does on one PostgreSQL (on a Citus
+    coordinator the trigger is dropped); how many were announced. Outside the transaction that
+    recorded them, after its commit."""
+    payloads = [r["payload"] for r in await conn.fetch(q("outbox_outcome_final"), list(ids))]
+    if not payloads:
+        return 0
+    n: int = await conn.fetchval(q("outbox_outcome_announce"), payloads)
+    return n
+
+
 async def expire_sending(
     conn: Conn, *, now: float, lease_s: float, limit: int, key_window_s: float
 ) -> list[int]:

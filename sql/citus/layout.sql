@@ -162,3 +162,27 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- The forwarder's round (a round of one shard's lanes): its statements are planned with the
+-- round's values (Citus needs them to find the shard of the round's lanes; a generic plan's
+-- parameters are refused there), and it writes the reference table destinations after reading
+-- the queue's shards, which Citus allows over one connection per node only.
+ALTER FUNCTION forward_round(text, delivery_outcome[], delivery_ref[], breaker_tally[], bigint[], integer,
+                             smallint[], float8, integer, boolean, float8)
+    SET plan_cache_mode = force_custom_plan;
+ALTER FUNCTION forward_round(text, delivery_outcome[], delivery_ref[], breaker_tally[], bigint[], integer,
+                             smallint[], float8, integer, boolean, float8)
+    SET citus.multi_shard_modify_mode = sequential;
+
+-- The gateway's sessions see the coordinator's catalog without Citus's shard hiding: with it,
+-- every scan of pg_class pays a per-row check of whether the relation is a shard, and asyncpg's
+-- type introspection on each new connection (one pg_class scan per type) took 1.2-2.3 s instead
+-- of ~0.1 s, long enough for the group commit's batches to miss their deadline under load. The
+-- gateway reads the catalog only for its own tables and partitions; no shard of a distributed
+-- table lives on the coordinator, and reference tables' coordinator placements are not
+-- partitions, so nothing it lists changes.
+DO $$
+BEGIN
+    EXECUTE format('ALTER DATABASE %I SET citus.override_table_visibility = off', current_database());
+END;
+$$;

@@ -49,9 +49,18 @@
 -- can fall below the bound, and the next recomputation sees it), and open breakers whose
 -- cool-down (p_cooldown_s) has passed turn half-open.
 --
+-- With p_lanes, a round writes only the outcomes of deliveries in those lanes (the forwarder
+-- passes each outcome in a round of its lane, and names the others in p_held): on a Citus
+-- coordinator a round names the lanes of one shard of the lanes group, so its queue and event
+-- statements are each planned on that shard alone (delivery_leases and destinations are
+-- reference tables: writing them is a transaction on every node). The lower bound due_from is
+-- recomputed over every lane either way. sql/citus/layout.sql plans the round's statements with
+-- their values there (Citus needs them to prune; this file's generic plans are for one node).
+--
 -- Rows, told apart by kind:
 --   'claimed'   a claimed delivery: destination_id .. meta (gateway.store.deliveries.Claimed;
---               times as Unix seconds; body NULL if its event's body is gone);
+--               times as Unix seconds; body NULL if its event's body is gone; lane: its
+--               delivery's, for a forwarder that writes its outcome in a round of that lane);
 --   'breaker'   a breaker transition of destination, old_state -> new_state;
 --   'disabled'  destination answered 410 Gone and was disabled;
 --   'half_open' destination's breaker turned half-open (housekeeping).
@@ -79,7 +88,7 @@ CREATE FUNCTION forward_round(
 ) RETURNS TABLE (
     kind text, destination_id bigint, event_id bigint, event_key text, body bytea, attempts integer,
     received_at float8, window_start float8, destination text, url text, secret text,
-    previous_secret text, ordered boolean, meta boolean, old_state text, new_state text
+    previous_secret text, ordered boolean, meta boolean, old_state text, new_state text, lane smallint
 ) LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
 AS $fn$
@@ -88,13 +97,17 @@ DECLARE
     -- what this round claims (its queue rows, in claim order), and their events' days
     c_rows delivery_queue[] := '{}';
     c_days date[] := '{}';
+    -- the round's clock, read once after the lock: a Citus coordinator refuses volatile
+    -- functions in its UPDATEs and DELETEs, and plans the variable as a constant
+    v_now timestamptz;
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock(28832985044316772);
+    v_now := clock_timestamp();
 
     -- Outcomes: a delivered one leaves the queue, any other is updated; each is logged.
     IF cardinality(p_outcomes) > 0 THEN
         WITH mine AS (
-            SELECT o.* FROM unnest(p_outcomes) AS o
+            SELECT o.*, v_now + make_interval(secs => o.delay_s) AS next_due FROM unnest(p_outcomes) AS o
             WHERE (o.destination_id, o.event_id) IN (
                 SELECT l.destination_id, h.id
                 FROM delivery_leases l CROSS JOIN LATERAL unnest(l.ids) AS h(id)
@@ -102,18 +115,19 @@ BEGIN
         ), sent AS (
             DELETE FROM delivery_queue q USING mine m
             WHERE m.state = 'delivered' AND q.destination_id = m.destination_id AND q.event_id = m.event_id
+              AND (p_lanes IS NULL OR q.lane = ANY (p_lanes))
             RETURNING q.destination_id, q.event_id, q.received_at, q.event_day, q.lane,
                       q.attempts + 1 AS attempt, m.state, m.status, m.error
         ), kept AS (
             UPDATE delivery_queue q SET
                 attempts = q.attempts + 1,
-                due = CASE WHEN m.state = 'pending' THEN clock_timestamp() + make_interval(secs => m.delay_s)
-                           ELSE q.due END,
+                due = CASE WHEN m.state = 'pending' THEN m.next_due ELSE q.due END,
                 failed = m.state = 'failed',
                 last_status = m.status,
                 last_error = m.error
             FROM mine m
             WHERE m.state <> 'delivered' AND q.destination_id = m.destination_id AND q.event_id = m.event_id
+              AND (p_lanes IS NULL OR q.lane = ANY (p_lanes))
             RETURNING q.destination_id, q.event_id, q.received_at, q.event_day, q.lane, q.attempts AS attempt,
                       m.state, m.status, m.error
         )
@@ -145,14 +159,14 @@ BEGIN
             UPDATE destinations d SET
                 consecutive_failures = s.fails,
                 breaker_state = s.state,
-                breaker_changed_at = CASE WHEN s.state <> s.old THEN now() ELSE d.breaker_changed_at END
+                breaker_changed_at = CASE WHEN s.state <> s.old THEN v_now ELSE d.breaker_changed_at END
             FROM s
             WHERE d.id = s.id AND (s.state <> s.old OR s.fails <> s.old_fails)
             RETURNING d.name, s.old, s.state AS new
         )
         SELECT 'breaker'::text, NULL::bigint, NULL::bigint, NULL::text, NULL::bytea, NULL::int, NULL::float8,
                NULL::float8, brk.name, NULL::text, NULL::text, NULL::text, NULL::boolean, NULL::boolean,
-               brk.old, brk.new
+               brk.old, brk.new, NULL::smallint
         FROM brk WHERE brk.old <> brk.new;
     END IF;
     -- Destinations that answered 410 Gone: disabled (no breaker count); nothing more is claimed
@@ -163,7 +177,7 @@ BEGIN
         WHERE id = ANY (p_gone) AND enabled
         RETURNING 'disabled'::text, NULL::bigint, NULL::bigint, NULL::text, NULL::bytea, NULL::int,
                   NULL::float8, NULL::float8, name, NULL::text, NULL::text, NULL::text, NULL::boolean,
-                  NULL::boolean, NULL::text, NULL::text;
+                  NULL::boolean, NULL::text, NULL::text, NULL::smallint;
     END IF;
 
     -- The claim: with the breakers as this round left them; the leases as they were before it
@@ -192,13 +206,15 @@ BEGIN
                 WHERE q.destination_id = dest.id
                   AND NOT q.failed
                   AND q.due >= dest.due_from  -- past the dead index entries (see above)
-                  AND q.due <= clock_timestamp()
+                  AND q.due <= v_now
                   AND (p_lanes IS NULL OR q.lane = ANY (p_lanes))
                   -- held ones: in flight, or finished in this round
                   AND (q.destination_id, q.event_id) NOT IN (SELECT x.destination_id, x.id FROM leased x)
                   AND (q.conv IS NULL OR NOT EXISTS (
                         SELECT 1 FROM delivery_queue e
                         WHERE e.destination_id = q.destination_id
+                          -- a conversation's deliveries share a lane (named for Citus's pruning)
+                          AND e.lane = q.lane AND (p_lanes IS NULL OR e.lane = ANY (p_lanes))
                           AND e.conv = q.conv
                           AND e.event_id < q.event_id
                           AND NOT e.failed))
@@ -229,7 +245,7 @@ BEGIN
     WITH lease AS (
         INSERT INTO delivery_leases AS l (forwarder, destination_id, ids, lease_until)
         SELECT p_forwarder, k.destination_id, coalesce(array_agg(k.id) FILTER (WHERE k.id IS NOT NULL), '{}'),
-               clock_timestamp() + make_interval(secs => p_lease_s)
+               v_now + make_interval(secs => p_lease_s)
         FROM (
             SELECT l0.destination_id, h.id
             FROM delivery_leases l0 CROSS JOIN LATERAL unnest(l0.ids) AS h(id)
@@ -251,35 +267,54 @@ BEGIN
            d.name, d.url, d.secret,
            -- during a rotation's grace period, signed with the previous secret too (a
            -- Meta-format receiver verifies one signature: its secret switches at once)
-           CASE WHEN d.format = 'standard' AND d.previous_secret_until > clock_timestamp()
+           CASE WHEN d.format = 'standard' AND d.previous_secret_until > v_now
                 THEN d.previous_secret END,
-           d.ordered, d.format = 'meta', NULL::text, NULL::text
+           d.ordered, d.format = 'meta', NULL::text, NULL::text, c.lane
     FROM unnest(c_rows) WITH ORDINALITY AS c
     JOIN destinations d ON d.id = c.destination_id
     LEFT JOIN delivery_events e
         ON e.id = c.event_id AND e.day = c.event_day AND e.lane = c.lane AND e.day = ANY (c_days)
+       AND (p_lanes IS NULL OR e.lane = ANY (p_lanes))
     ORDER BY c.ordinality;
 
     IF p_housekeeping THEN
-        DELETE FROM delivery_leases WHERE lease_until < clock_timestamp();
+        DELETE FROM delivery_leases WHERE lease_until < v_now;
         -- Lowered whenever it must be; raised only by more than a second (not a write of
         -- every destination row twice a second for nothing).
-        UPDATE destinations d SET due_from = b.due_from
-        FROM (
-            SELECT x.id, least(
-                       (SELECT min(q.due) FROM delivery_queue q WHERE q.destination_id = x.id AND NOT q.failed),
-                       clock_timestamp() - interval '10 seconds') AS due_from
-            FROM destinations x WHERE x.enabled
-        ) b
-        WHERE d.id = b.id
-          AND (b.due_from < d.due_from OR b.due_from > d.due_from + interval '1 second');
+        IF p_lanes IS NULL THEN
+            UPDATE destinations d SET due_from = b.due_from
+            FROM (
+                SELECT x.id, least(
+                           (SELECT min(q.due) FROM delivery_queue q WHERE q.destination_id = x.id AND NOT q.failed),
+                           v_now - interval '10 seconds') AS due_from
+                FROM destinations x WHERE x.enabled
+            ) b
+            WHERE d.id = b.id
+              AND (b.due_from < d.due_from OR b.due_from > d.due_from + interval '1 second');
+        ELSE
+            -- A round of some lanes (a Citus coordinator's, one shard's lanes): the bound is
+            -- still every lane's, and a query correlated per destination over a distributed
+            -- table is refused there: one aggregate over the queue (each shard's minima).
+            -- (Nor may it add an interval to a column, a STABLE function there: the difference
+            -- of two timestamps is immutable.)
+            UPDATE destinations d SET due_from = b.due_from
+            FROM (
+                SELECT x.id, least(m.due, v_now - interval '10 seconds') AS due_from
+                FROM destinations x
+                LEFT JOIN (SELECT q.destination_id, min(q.due) AS due FROM delivery_queue q
+                           WHERE NOT q.failed GROUP BY q.destination_id) m ON m.destination_id = x.id
+                WHERE x.enabled
+            ) b
+            WHERE d.id = b.id
+              AND (b.due_from < d.due_from OR b.due_from - d.due_from > interval '1 second');
+        END IF;
         RETURN QUERY
         UPDATE destinations SET breaker_state = 'half_open', breaker_changed_at = now()
         WHERE breaker_state = 'open'
-          AND breaker_changed_at <= clock_timestamp() - make_interval(secs => p_cooldown_s)
+          AND breaker_changed_at <= v_now - make_interval(secs => p_cooldown_s)
         RETURNING 'half_open'::text, NULL::bigint, NULL::bigint, NULL::text, NULL::bytea, NULL::int,
                   NULL::float8, NULL::float8, name, NULL::text, NULL::text, NULL::text, NULL::boolean,
-                  NULL::boolean, 'open'::text, 'half_open'::text;
+                  NULL::boolean, 'open'::text, 'half_open'::text, NULL::smallint;
     END IF;
 END
 $fn$;

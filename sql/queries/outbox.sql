@@ -57,6 +57,21 @@ SELECT pg_notify('outbox', '');
 -- NOTIFY) for no flush, and a wake lost in a crash costs the senders one poll.
 SELECT set_config('synchronous_commit', 'off', true), pg_notify('outbox', '');
 
+-- name: outbox_outcome_final
+-- Of rows $1, those a Graph-compatible request waits for (notify_outcome) in a state that ends
+-- its wait, as the trigger outbox_outcome_notify announces them on one PostgreSQL; the payload
+-- of its NOTIFY. For a session that announces them itself (outbox_outcome_announce).
+SELECT o.id::text || ' ' || o.state || ' ' || coalesce(o.wamid, '') AS payload
+FROM outbox o
+WHERE o.id = ANY ($1::bigint[]) AND o.notify_outcome
+  AND o.state IN ('accepted', 'failed', 'unknown', 'review', 'cancelled');
+
+-- name: outbox_outcome_announce
+-- NOTIFY outbox_outcome with each payload $1, where this session is: on a Citus coordinator
+-- (no trigger there: a worker's NOTIFY reaches no listener, sql/citus/layout.sql) a statement
+-- that reads outbox runs whole on the outbox's worker, NOTIFY included, hence two statements.
+SELECT count(*) FROM (SELECT pg_notify('outbox_outcome', p)::text FROM unnest($1::text[]) AS p) n;
+
 -- name: outbox_get
 SELECT id, tenant, idem_key, callback_data, provider, phone_number_id, recipient, payload, state,
        unknown_policy, resent, attempts, next_attempt_at, last_error, last_error_code, wamid,
@@ -134,29 +149,31 @@ ORDER BY w.next_attempt_at, w.id;
 -- The rows that go become 'sending'. A row past its retry_until (a Tenashi send whose first
 -- attempt that may have reached Tenashi is older than the key window: a retry could send it
 -- twice) goes to 'review' instead, with the reason (parked = true in the answer).
-WITH picked AS (
-    SELECT id, coalesce(retry_until <= to_timestamp($2::float8), false) AS expired
+-- (The reason and the due time are computed in picked, a SELECT: see outbox_record_results.)
+WITH picked AS MATERIALIZED (
+    SELECT id, coalesce(retry_until <= to_timestamp($2::float8), false) AS expired,
+           extract(epoch FROM next_attempt_at)::float8 AS due,
+           'not sent again: its first attempt that may have reached ' || provider || ' was at '
+           || to_char(ambiguous_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC, and '
+           || provider || ' honours its Idempotency-Key only until '
+           || to_char(retry_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')
+           || ' UTC: a retry now could send it twice' AS reason
     FROM outbox
     WHERE id = ANY($1::bigint[]) AND state = 'pending'
 ), parked AS (
     UPDATE outbox o
-    SET state = 'review', updated_at = clock_timestamp(),
-        last_error = 'not sent again: its first attempt that may have reached ' || o.provider || ' was at '
-                     || to_char(o.ambiguous_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC, and '
-                     || o.provider || ' honours its Idempotency-Key only until '
-                     || to_char(o.retry_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')
-                     || ' UTC: a retry now could send it twice'
-    FROM picked p
+    SET state = 'review', updated_at = c.now, last_error = p.reason
+    FROM picked p, (SELECT clock_timestamp() AS now) c
     WHERE o.id = p.id AND p.expired
     RETURNING o.id, o.tenant, o.idem_key, o.callback_data, o.provider, o.phone_number_id, o.recipient,
-              o.payload, o.attempts, extract(epoch FROM o.next_attempt_at)::float8 AS due, true AS parked
+              o.payload, o.attempts, p.due, true AS parked
 ), sent AS (
     UPDATE outbox o
-    SET state = 'sending', sending_at = to_timestamp($2::float8), updated_at = clock_timestamp()
-    FROM picked p
+    SET state = 'sending', sending_at = to_timestamp($2::float8), updated_at = c.now
+    FROM picked p, (SELECT clock_timestamp() AS now) c
     WHERE o.id = p.id AND NOT p.expired
     RETURNING o.id, o.tenant, o.idem_key, o.callback_data, o.provider, o.phone_number_id, o.recipient,
-              o.payload, o.attempts, extract(epoch FROM o.next_attempt_at)::float8 AS due, false AS parked
+              o.payload, o.attempts, p.due, false AS parked
 )
 SELECT * FROM sent
 UNION ALL
@@ -165,16 +182,16 @@ SELECT * FROM parked;
 -- name: outbox_defer
 -- Pacing or a breaker holds these back: they stay pending, due later; not an attempt.
 UPDATE outbox o
-SET next_attempt_at = to_timestamp(t.at), updated_at = clock_timestamp()
-FROM unnest($1::bigint[], $2::float8[]) AS t(id, at)
+SET next_attempt_at = to_timestamp(t.at), updated_at = c.now
+FROM unnest($1::bigint[], $2::float8[]) AS t(id, at), (SELECT clock_timestamp() AS now) c
 WHERE o.id = t.id AND o.state = 'pending';
 
 -- name: outbox_bring_forward
 -- Rows put off until a recheck behind a send of their customer that is now done: due at the
 -- earliest their pair allows, if that is sooner.
 UPDATE outbox o
-SET next_attempt_at = to_timestamp(t.at), updated_at = clock_timestamp()
-FROM unnest($1::bigint[], $2::float8[]) AS t(id, at)
+SET next_attempt_at = to_timestamp(t.at), updated_at = c.now
+FROM unnest($1::bigint[], $2::float8[]) AS t(id, at), (SELECT clock_timestamp() AS now) c
 WHERE o.id = t.id AND o.state = 'pending' AND o.next_attempt_at > to_timestamp(t.at);
 
 -- name: outbox_record_results
@@ -183,12 +200,15 @@ WHERE o.id = t.id AND o.state = 'pending' AND o.next_attempt_at > to_timestamp(t
 -- have acted on ($10, or an unknown outcome) sets ambiguous_at once, and for Tenashi the last
 -- moment a retry may go ($11 seconds later: its Idempotency-Key window). $12: the provider's
 -- refusal as it answered (provider_error, the last one kept).
+-- (Here and in the sender's other UPDATEs the clock is read once in a sub-select and times are
+-- computed with immutable functions: a Citus coordinator refuses volatile functions in an
+-- UPDATE, and STABLE ones such as timestamptz + interval over a column.)
 UPDATE outbox o
 SET state = t.state,
     ambiguous_at = CASE WHEN t.maybe_sent OR t.state = 'unknown'
                         THEN coalesce(o.ambiguous_at, to_timestamp(t.sent_at)) ELSE o.ambiguous_at END,
     retry_until = CASE WHEN (t.maybe_sent OR t.state = 'unknown') AND o.provider = 'tenashi'
-                       THEN coalesce(o.retry_until, to_timestamp(t.sent_at) + make_interval(secs => $11::float8))
+                       THEN coalesce(o.retry_until, to_timestamp(t.sent_at + $11::float8))
                        ELSE o.retry_until END,
     attempts = o.attempts + CASE WHEN t.counted THEN 1 ELSE 0 END,
     wamid = coalesce(t.wamid, o.wamid),
@@ -199,10 +219,11 @@ SET state = t.state,
     unknown_at = CASE WHEN t.state = 'unknown' THEN to_timestamp($8::float8) ELSE o.unknown_at END,
     accepted_at = CASE WHEN t.state = 'accepted' THEN to_timestamp($8::float8) ELSE o.accepted_at END,
     provider_error = coalesce(t.refusal, o.provider_error),
-    updated_at = clock_timestamp()
+    updated_at = c.now
 FROM unnest($1::bigint[], $2::text[], $3::text[], $4::float8[], $5::text[], $6::int[], $7::float8[],
             $9::bool[], $10::bool[], $12::jsonb[])
-     AS t(id, state, wamid, next_at, error, code, sent_at, counted, maybe_sent, refusal)
+     AS t(id, state, wamid, next_at, error, code, sent_at, counted, maybe_sent, refusal),
+     (SELECT clock_timestamp() AS now) c
 WHERE o.id = t.id AND o.state = 'sending';
 
 -- name: outbox_expire_sending
@@ -212,9 +233,11 @@ UPDATE outbox
 SET state = 'unknown', unknown_at = to_timestamp($1::float8),
     ambiguous_at = coalesce(ambiguous_at, sending_at),
     retry_until = CASE WHEN provider = 'tenashi'
-                       THEN coalesce(retry_until, sending_at + make_interval(secs => $4::float8))
+                       THEN coalesce(retry_until, (sending_at AT TIME ZONE 'UTC' + make_interval(secs => $4::float8))
+                                                  AT TIME ZONE 'UTC')
                        ELSE retry_until END,
-    last_error = 'sender stopped while sending', updated_at = clock_timestamp()
+    last_error = 'sender stopped while sending', updated_at = c.now
+FROM (SELECT clock_timestamp() AS now) c
 WHERE id IN (
     SELECT id FROM outbox
     WHERE state = 'sending' AND sending_at <= to_timestamp($1::float8) - make_interval(secs => $2::float8)

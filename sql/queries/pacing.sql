@@ -15,9 +15,11 @@ SELECT count(pg_advisory_xact_lock(hashtextextended(k, 6006))) FROM unnest($1::t
 SELECT key, at FROM send_pacing WHERE key = ANY($1::text[]);
 
 -- name: pacing_put
-INSERT INTO send_pacing (key, at)
-SELECT * FROM unnest($1::text[], $2::float8[])
-ON CONFLICT (key) DO UPDATE SET at = excluded.at, updated_at = clock_timestamp();
+-- (The clock is read in the SELECT: Citus refuses a volatile function in DO UPDATE SET, as
+-- send_pacing is a reference table there.)
+INSERT INTO send_pacing (key, at, updated_at)
+SELECT t.key, t.at, clock_timestamp() FROM unnest($1::text[], $2::float8[]) AS t(key, at)
+ON CONFLICT (key) DO UPDATE SET at = excluded.at, updated_at = excluded.updated_at;
 
 -- name: pacing_purge
 -- Keys whose time passed long ago pace nothing (absent means "now"). Rows a claim holds are
@@ -36,18 +38,23 @@ JOIN unnest($1::text[], $2::text[], $3::text[]) AS t(scope, provider, key)
 WHERE b.state <> 'closed';
 
 -- name: breakers_put
-INSERT INTO send_breakers (scope, provider, key, state, failures, retry_at, code, error, probe_id, opened_at)
+-- (The clock is read once in a sub-select and only assigned: Citus refuses volatile functions
+-- in DO UPDATE SET and in CASE, as send_breakers is a reference table there; an opening's
+-- excluded.opened_at is that reading.)
+INSERT INTO send_breakers (scope, provider, key, state, failures, retry_at, code, error, probe_id, opened_at,
+                           updated_at)
 SELECT t.scope, t.provider, t.key, t.state, t.failures, t.retry_at, t.code, t.error, t.probe_id,
-       CASE WHEN t.state = 'open' THEN clock_timestamp() END
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::float8[], $7::int[],
+       CASE WHEN t.state = 'open' THEN c.now END, c.now
+FROM (SELECT clock_timestamp() AS now) c,
+     unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::float8[], $7::int[],
             $8::text[], $9::bigint[]) AS t(scope, provider, key, state, failures, retry_at, code, error, probe_id)
 ON CONFLICT (scope, provider, key) DO UPDATE SET
     state = excluded.state, failures = excluded.failures, retry_at = excluded.retry_at,
     code = coalesce(excluded.code, send_breakers.code), error = coalesce(excluded.error, send_breakers.error),
     probe_id = excluded.probe_id,
     opened_at = CASE WHEN excluded.state = 'open' AND send_breakers.state <> 'open'
-                     THEN clock_timestamp() ELSE send_breakers.opened_at END,
-    updated_at = clock_timestamp();
+                     THEN excluded.opened_at ELSE send_breakers.opened_at END,
+    updated_at = excluded.updated_at;
 
 -- name: breakers_list
 SELECT scope, provider, key, state, failures, code, error, opened_at, retry_at, probe_id, updated_at

@@ -24,7 +24,7 @@ import pytest_asyncio
 from gateway.core.lanes import read_params
 from gateway.core.planning import Plan
 from gateway.inbound.groupcommit import GroupCommitter
-from gateway.store import db, idempotency, inbox, lanes, outbox, replies, retention
+from gateway.store import db, deliveries, idempotency, inbox, lanes, outbox, replies, retention
 from gateway.store.sqlfiles import q
 from tests.support.citus_db import citus_dsn, drop_database, fresh_database
 
@@ -239,14 +239,71 @@ async def test_the_consumers_batch_is_one_distributed_transaction(conn: asyncpg.
     assert again.fresh_keys == []
 
 
-@pytest.mark.xfail(strict=True, raises=asyncpg.FeatureNotSupportedError)
 async def test_the_forwarder_round_runs_on_the_shard_of_its_lanes(conn: asyncpg.Connection) -> None:
-    # forward_round would be single-shard with p_lanes = one shard's lanes (deliveries are
-    # distributed by lane), but Citus cannot plan the function's statements today ("could not
-    # create distributed plan": its parameters inside statements over distributed tables).
-    # This test fails (strict xfail) once it runs.
+    # A round names the lanes of one shard (the forwarder runs one per shard, gateway.outbound.
+    # forwarder): every queue and event statement in it is planned on that shard (with the
+    # round's values, sql/citus/layout.sql). Not one node in one phase: the forwarder's leases
+    # and the destinations are reference tables (on every node), written by each round, so a
+    # round is one distributed transaction (two-phase commit over every node) per round.
     mine = await lanes_of_one_shard(conn)
-    await conn.fetch(q("forward_round"), "fw", [], [], [], [], 10, mine, 30.0, 5, True, 30.0)
+    shard_of = await lanes.shards(conn)
+    other = next(lane for lane, s in shard_of.items() if s != shard_of[mine[0]])
+    today = dt.date.today()
+    for table in ("delivery_events", "delivery_log"):
+        await retention.ensure_day(conn, table=table, day=today)
+    dest = await deliveries.add_destination(
+        conn, name="route", url="https://example.com/x", events=["message"],
+        secret="whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", max_in_flight=10, ordered=True,
+    )  # fmt: skip
+    ids = {}
+    for lane, key in ((mine[0], "a"), (mine[0], "b"), (other, "c")):
+        ids[key] = await conn.fetchval(
+            "INSERT INTO delivery_events (lane, received_at, event_key, kind, body)"
+            " VALUES ($1, now(), $2, 'message', '{}') RETURNING id",
+            lane,
+            key,
+        )
+        # a and b are one customer's (conv 1): with ordering, b waits for a
+        await conn.execute(
+            "INSERT INTO delivery_queue (destination_id, event_id, received_at, event_day, lane, conv)"
+            " VALUES ($1, $2, now(), current_date, $3, 1)",
+            dest,
+            ids[key],
+            lane,
+        )
+    round_ = partial(
+        deliveries.cycle,
+        conn,
+        forwarder="fw-route",
+        threshold=5,
+        lease_s=30,
+        cooldown_s=30,
+        housekeeping=True,
+    )
+    before = await two_phase_commits(conn)
+    claimed, _, _ = await round_(results=[], breakers=[], limit=10, lanes=mine)
+    assert [(c.id, c.lane, c.body) for c in claimed] == [(ids["a"], mine[0], b"{}")]
+    # one prepared transaction per node (pg_dist_transaction has a row for each): the leases'
+    # write reaches every node
+    nodes = await conn.fetchval("SELECT count(DISTINCT groupid) FROM pg_dist_node")
+    assert await two_phase_commits(conn) == before + nodes
+    # its outcome, written in a round of its lane: a retry later, its attempt logged
+    failed = deliveries.Result(dest, ids["a"], "pending", 60.0, 503, "busy")
+    claimed, changes, _ = await round_(results=[failed], breakers=[(dest, False, 1)], limit=10, lanes=mine)
+    assert claimed == [] and changes == []
+    row = await conn.fetchrow("SELECT attempts, due > now() + interval '50 s' AS later FROM delivery_queue"
+                              " WHERE event_id = $1", ids["a"])  # fmt: skip
+    assert (row["attempts"], row["later"]) == (1, True)
+    assert await conn.fetchval("SELECT count(*) FROM delivery_log WHERE event_id = $1", ids["a"]) == 1
+    assert await conn.fetchval("SELECT consecutive_failures FROM destinations WHERE id = $1", dest) == 1
+    # the other shard's delivery is claimed by a round of its own shard's lanes
+    theirs = [lane for lane, s in shard_of.items() if s == shard_of[other]]
+    claimed, _, _ = await round_(results=[], breakers=[], limit=10, lanes=theirs)
+    assert [c.id for c in claimed] == [ids["c"]]
+    # (deliveries.remove_destination's statement is refused on Citus: a correlated subquery)
+    await conn.execute("DELETE FROM delivery_queue WHERE destination_id = $1", dest)
+    await conn.execute("DELETE FROM delivery_leases WHERE destination_id = $1", dest)
+    await conn.execute("DELETE FROM destinations WHERE id = $1", dest)
 
 
 async def shards_on_workers(conn: asyncpg.Connection, partition: str) -> int:

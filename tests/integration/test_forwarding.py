@@ -17,6 +17,7 @@ from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
 from gateway.inbound.consumer import Consumer
 from gateway.outbound.backfill import backfill
+from gateway.outbound.wake import ForwarderWake
 from gateway.runtime.services import SERVICES
 from gateway.store import deliveries
 from gateway.testing.fake_receiver import FakeReceiver, Scripted
@@ -292,7 +293,9 @@ async def test_gateway_serve_forwards_a_meta_webhook_end_to_end(
     assert app is not None
     running = app[SERVICES]
     assert running.forwarder is not None and running.consumers is not None
-    assert all(c._on_deliveries == running.forwarder.wake.set for c in running.consumers.consumers)
+    # (and on a Citus coordinator NOTIFY from their process: gateway.outbound.wake.ForwarderWake)
+    wakes = [c._on_deliveries for c in running.consumers.consumers]
+    assert all(isinstance(w, ForwarderWake) and w._local == running.forwarder.wake.set for w in wakes)
     body = to_bytes(messages_payload(message_obj("wamid.E2E", "hello")))
     headers = {"Content-Type": "application/json", "X-Hub-Signature-256": sign_meta(body, META_SECRET)}
     for _ in range(2):  # Meta redelivers: still one delivery

@@ -14,6 +14,9 @@ from gateway.core.settings import Settings
 from tests.support.config import replace
 from tests.support.http import ACME, GLOBEX, post_message
 
+# Also on a Citus cluster (make test-citus).
+pytestmark = pytest.mark.citus
+
 
 def body(number: str) -> bytes:
     return orjson.dumps(
