@@ -646,7 +646,10 @@ class ReusableDatabase:
                 self.cluster.restart(node)
         await asyncio.gather(*(self._end_sessions(n) for n in self.cluster.nodes))
         await self._resolve_prepared()
-        results = await asyncio.gather(*(self._reset(n) for n in self.cluster.nodes))
+        # One node at a time, the coordinator last: a TRUNCATE on the coordinator reaches the
+        # workers' shards too, and resets running side by side deadlocked on them.
+        nodes = sorted(self.cluster.nodes, key=lambda n: n is self.cluster.coordinator)
+        results = [await self._reset(n) for n in nodes]
         return all(results)
 
     async def _end_sessions(self, node: Node) -> None:

@@ -31,9 +31,6 @@ from tests.support.consume import counts, drain, inbox_states, leased, stage
 from tests.support.forward import until
 from tests.support.procs import gateway_ok
 
-# Also run on a Citus cluster (make test-citus): the consumers' dead items and replay there.
-pytestmark = pytest.mark.citus
-
 # Faults that hit every message alike, injected for a while and then removed.
 FAULTS = {
     # A trigger that raises (SQLSTATE P0001): a rule of the data, each event's own failure.
