@@ -85,11 +85,10 @@ async def insert_batch(
         await conn.execute(q("inbox_insert_batch"), sources, bodies, delivery_ids, lane)
 
 
-async def read(conn: Conn, cursors: Sequence[Cursor], *, limit: int, max_bytes: int) -> Read:
-    """The next rows of these lanes (``gateway.core.lanes``); nothing is locked or written."""
+def read_args(cursors: Sequence[Cursor], *, limit: int, max_bytes: int) -> tuple[Any, ...]:
+    """The parameters of ``inbox_read`` for these lanes, in its order."""
     p = read_params(cursors)
-    recs = await conn.fetch(
-        q("inbox_read"),
+    return (
         p.lanes,
         p.dones,
         p.windows,
@@ -101,6 +100,11 @@ async def read(conn: Conn, cursors: Sequence[Cursor], *, limit: int, max_bytes: 
         limit,
         max_bytes,
     )
+
+
+async def read(conn: Conn, cursors: Sequence[Cursor], *, limit: int, max_bytes: int) -> Read:
+    """The next rows of these lanes (``gateway.core.lanes``); nothing is locked or written."""
+    recs = await conn.fetch(q("inbox_read"), *read_args(cursors, limit=limit, max_bytes=max_bytes))
     if not recs:
         return Read([], None, True)
     taken = recs[0]["taken"]

@@ -21,7 +21,6 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from gateway.core.lanes import read_params
 from gateway.core.planning import Plan
 from gateway.inbound.groupcommit import GroupCommitter
 from gateway.store import db, deliveries, idempotency, inbox, lanes, outbox, replies, retention
@@ -142,19 +141,7 @@ async def test_a_consumers_read_runs_whole_on_the_shard_of_its_lanes(conn: async
     await inbox.insert_batch(conn, sources=["meta"], bodies=[b"{}"], delivery_ids=[None], lane=mine[0])
     cursors = await lanes.lease(conn, member="routing", lanes=mine, live=["routing"], ttl_s=30)
     assert sorted(c.lane for c in cursors) == sorted(mine)
-    p = read_params(cursors)
-    args = (
-        p.lanes,
-        p.dones,
-        p.windows,
-        p.pos_txids,
-        p.pos_ids,
-        p.start[0],
-        p.start[1],
-        p.in_progress,
-        100,
-        1 << 20,
-    )
+    args = inbox.read_args(cursors, limit=100, max_bytes=1 << 20)
     lines = await plan(conn, q("inbox_read"), *args)
     node = routed(lines)
     # pg_current_snapshot() (CTE a) is planned inside the worker's task: the read's snapshot

@@ -5,14 +5,14 @@ planned, which is what Citus cares about (tests/citus/test_routing.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
-import orjson
 
-from gateway.core.planning import StagedRow, plan_batch
-from gateway.store.sqlfiles import q
+from gateway.core.planning import Plan, StagedRow, plan_batch
+from gateway.store import inbox
 from gateway.testing.payloads import (
     message_obj,
     messages_payload,
@@ -57,34 +57,21 @@ TABLES = {
 }
 
 
-async def applied(pool: asyncpg.Pool, query: str, plan: Any) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+async def applied(
+    pool: asyncpg.Pool, plan: Plan, *, steps: bool
+) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """The batch applied by the store as the consumers apply it (``steps``: the Citus form), and
+    what it wrote, rolled back."""
     async with pool.acquire() as conn:
         tx = conn.transaction()
         await tx.start()
         try:
-            r = await conn.fetchrow(
-                query,
-                plan.keys,
-                plan.key_inbox,
-                plan.messages,
-                plan.statuses,
-                plan.account_errors,
-                plan.account_updates,
-                plan.parked,
-                plan.parked_why,
-                orjson.dumps(plan.forwards).decode(),
-                plan.key_days,
-                plan.key_subjects,
-                plan.links,
-                None,
-                None,
-            )
-            assert r is not None
+            r = await inbox.apply_plan(conn, plan, citus=steps)
             rows = {
                 t: [tuple(x) for x in await conn.fetch(f"SELECT {c} FROM {t} ORDER BY {c}")]
                 for t, c in TABLES.items()
             }
-            return dict(r), rows
+            return dataclasses.asdict(r), rows
         finally:
             await tx.rollback()
 
@@ -103,8 +90,8 @@ async def test_the_steps_write_what_the_statement_writes(pool: asyncpg.Pool) -> 
         )
         rows.append(StagedRow(inbox_id, source, body, None))
     plan = plan_batch(rows)
-    one, one_rows = await applied(pool, q("inbox_apply_batch"), plan)
-    steps, steps_rows = await applied(pool, q("inbox_apply_batch_steps"), plan)
+    one, one_rows = await applied(pool, plan, steps=False)
+    steps, steps_rows = await applied(pool, plan, steps=True)
     assert one["fresh"] > 5 and one["deliveries"] > 0 and one["outbox_updated"] == 1 and one["parked"] == 1
     assert {k: v for k, v in steps.items() if k != "fresh_keys"} == {
         k: v for k, v in one.items() if k != "fresh_keys"

@@ -88,21 +88,9 @@ async def test_a_long_write_transaction_elsewhere_does_not_stall_the_cursors(
 
 
 async def _explain(pool: asyncpg.Pool, cursors: list) -> dict[str, int]:  # type: ignore[type-arg]
-    from gateway.core.lanes import read_params
-
-    p = read_params(cursors)
     doc = await pool.fetchval(
         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + q("inbox_read"),
-        p.lanes,
-        p.dones,
-        p.windows,
-        p.pos_txids,
-        p.pos_ids,
-        p.start[0],
-        p.start[1],
-        p.in_progress,
-        100,
-        1 << 20,
+        *inbox.read_args(cursors, limit=100, max_bytes=1 << 20),
     )
     plan = (json.loads(doc) if isinstance(doc, str) else doc)[0]["Plan"]
     return {"rows": int(plan["Actual Rows"]), "heap": int(plan.get("Shared Hit Blocks", 0))}
