@@ -1416,6 +1416,18 @@ ALTER TABLE public.inbound_messages ALTER COLUMN id ADD GENERATED ALWAYS AS IDEN
 
 
 --
+-- TABLE: inbox_heads
+--
+
+CREATE TABLE public.inbox_heads (
+    lane smallint NOT NULL,
+    seq bigint NOT NULL,
+    CONSTRAINT inbox_heads_lane_check CHECK (((lane >= 0) AND (lane <= 31))),
+    CONSTRAINT inbox_heads_seq_check CHECK ((seq >= 3))
+);
+
+
+--
 -- TABLE: inbox_lanes
 --
 
@@ -1893,6 +1905,14 @@ ALTER TABLE ONLY public.idempotency_keys
 
 ALTER TABLE ONLY public.inbound_messages
     ADD CONSTRAINT inbound_messages_pkey PRIMARY KEY (id, received_at, subject);
+
+
+--
+-- CONSTRAINT: inbox_heads inbox_heads_pkey
+--
+
+ALTER TABLE ONLY public.inbox_heads
+    ADD CONSTRAINT inbox_heads_pkey PRIMARY KEY (lane);
 
 
 --

@@ -8,6 +8,10 @@ written by a transaction visible in it has been read; a read takes the rows of t
 visible in a later snapshot and not in ``done``, so a row that commits late with a smaller id
 is read in a later window, never skipped. A window too large for one batch is read in
 ``(txid, id)`` order and remembered with its position (``window``, ``pos``).
+
+On Citus a row's ``txid`` is its lane's own number instead (``inbox_heads``, given in commit
+order within the lane), and a lane's snapshot now is "every number up to its head": the same
+cursor, in numbers that stay with the lane when its shard moves to another worker.
 """
 
 from __future__ import annotations
@@ -114,13 +118,16 @@ def read_params(cursors: Sequence[Cursor]) -> ReadParams:
     )
 
 
-def advance(cursors: Sequence[Cursor], now: Snapshot, last: tuple[int, int], exhausted: bool) -> list[Cursor]:
+def advance(
+    cursors: Sequence[Cursor], now: Mapping[int, Snapshot], last: tuple[int, int], exhausted: bool
+) -> list[Cursor]:
     """The lanes' cursors after a batch that read, in ``(txid, id)`` order, every unread row up
-    to ``last`` of each lane's window (a lane without one: ``now``, the read's snapshot).
-    ``exhausted``: the read returned everything it found, so each window is read to its end."""
+    to ``last`` of each lane's window (a lane without one: ``now[lane]``, the lane's snapshot
+    when it was read). ``exhausted``: the read returned everything it found, so each window is
+    read to its end."""
     out: list[Cursor] = []
     for c in cursors:
-        window = c.window or now
+        window = c.window or now[c.lane]
         if exhausted:
             out.append(Cursor(c.lane, c.version + 1, window))
         else:

@@ -292,7 +292,7 @@ class Consumer:
                     batch = await inbox.read(
                         conn, taken, limit=self._s.consumer_batch, max_bytes=self._s.consumer_batch_bytes
                     )
-                    if not batch.rows or batch.snapshot is None:
+                    if not batch.rows:
                         # A window the last batch read up to its last row is read to its end:
                         # closed now, or the lane would keep reading it for ever, and never
                         # what committed after it.
@@ -307,7 +307,7 @@ class Consumer:
                     else:
                         last = batch.rows[-1]
                         advance = advance_cursors(
-                            taken, batch.snapshot, (last.txid, last.id), batch.exhausted
+                            taken, batch.snapshots, (last.txid, last.id), batch.exhausted
                         )
                         more = not batch.exhausted
                         forwards = await self._apply.handle(conn, batch.rows, taken, advance)
@@ -366,13 +366,13 @@ class Consumer:
                 async with conn.transaction():
                     await inbox.read_mode(conn, idle_ms=self._idle_ms)
                     batch = await inbox.read(conn, taken, limit=1, max_bytes=1)
-                if not batch.rows or batch.rows[0].id != inbox_id or batch.snapshot is None:
+                if not batch.rows or batch.rows[0].id != inbox_id:
                     # read by now, or not at the head of its lane any more: not stalled
                     self._health.succeeded([inbox_id])
                     moved = taken
                     return 0
                 head = batch.rows[0]
-                advance = advance_cursors(taken, batch.snapshot, (head.txid, head.id), exhausted=False)
+                advance = advance_cursors(taken, batch.snapshots, (head.txid, head.id), exhausted=False)
                 try:
                     async with conn.transaction():
                         forwards = await self._apply.handle(conn, [head], taken, advance)

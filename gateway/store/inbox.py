@@ -61,11 +61,11 @@ def _staged(r: asyncpg.Record) -> StagedRow:
 
 @dataclass(frozen=True, slots=True)
 class Read:
-    """What ``inbox_read`` found: rows in (txid, id) order, the snapshot it read them in, and
-    whether it returned everything it found (else more is due at once)."""
+    """What ``inbox_read`` found: rows in (txid, id) order, the snapshot each lane read was
+    read in, and whether it returned everything it found (else more is due at once)."""
 
     rows: list[StagedRow]
-    snapshot: Snapshot | None
+    snapshots: dict[int, Snapshot]
     exhausted: bool
 
 
@@ -106,10 +106,12 @@ async def read(conn: Conn, cursors: Sequence[Cursor], *, limit: int, max_bytes: 
     """The next rows of these lanes (``gateway.core.lanes``); nothing is locked or written."""
     recs = await conn.fetch(q("inbox_read"), *read_args(cursors, limit=limit, max_bytes=max_bytes))
     if not recs:
-        return Read([], None, True)
+        return Read([], {}, True)
     taken = recs[0]["taken"]
     exhausted = taken < limit and taken == len(recs)
-    return Read([_staged(r) for r in recs], Snapshot.parse(recs[0]["snapshot"]), exhausted)
+    per_lane: list[str] = recs[0]["snapshots"]
+    snapshots = {c.lane: Snapshot.parse(per_lane[c.lane]) for c in cursors}
+    return Read([_staged(r) for r in recs], snapshots, exhausted)
 
 
 async def read_mode(conn: Conn, *, idle_ms: int) -> None:

@@ -55,6 +55,7 @@ FILES: tuple[str, ...] = (
     "migrations/0022_outbox_wake_after_commit.sql",
     "migrations/0023_deliveries_queue_and_log.sql",
     "migrations/0024_inbox_lane_written.sql",
+    "migrations/0025_inbox_heads.sql",
     "queries/audit.sql",
     "queries/console.sql",
     "queries/dead_events.sql",

@@ -25,23 +25,29 @@ DROP TRIGGER IF EXISTS inbound_messages_notify ON inbound_messages;
 DROP TRIGGER IF EXISTS deliveries_notify ON delivery_queue;
 DROP TRIGGER IF EXISTS outbox_outcome_notify ON outbox;
 
--- webhook_inbox.txid must be the id of the transaction on the worker that stores the row: a
--- lane's cursor compares it with that worker's snapshots. The column's default is computed on
--- the coordinator for an INSERT into a distributed table (the coordinator's transaction id),
--- so a trigger on the shards sets it where the row lands.
-CREATE OR REPLACE FUNCTION webhook_inbox_txid() RETURNS trigger LANGUAGE plpgsql AS $$
+-- On the cluster a lane numbers its own rows (inbox_heads): webhook_inbox.txid is the lane's
+-- next number, taken from the lane's head row on the same shard, which stays locked until the
+-- staging transaction ends. So numbers are given in commit order within a lane, a reader that
+-- sees a head sees every row numbered up to it, and the numbers go on where they were when a
+-- shard moves to another worker with its head. (Transaction ids, the single node's numbers, are
+-- counted by each worker on its own: a lane moved to a worker that had counted fewer would have
+-- its new rows numbered below its cursor, and skipped.) The trigger runs on the shards, where
+-- the row lands; it finds the head's shard from Citus's metadata, which every worker holds.
+DROP TRIGGER IF EXISTS webhook_inbox_txid ON webhook_inbox;
+DROP FUNCTION IF EXISTS webhook_inbox_txid();
+CREATE OR REPLACE FUNCTION webhook_inbox_number() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    n xid8;
 BEGIN
-    NEW.txid := pg_current_xact_id();
-    RETURN NEW;
-END;
-$$;
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger
-                   WHERE tgrelid = 'webhook_inbox'::regclass AND tgname = 'webhook_inbox_txid') THEN
-        CREATE TRIGGER webhook_inbox_txid BEFORE INSERT ON webhook_inbox
-            FOR EACH ROW EXECUTE FUNCTION webhook_inbox_txid();
+    EXECUTE format('UPDATE %s SET seq = seq + 1 WHERE lane = $1 RETURNING seq::text::xid8',
+                   shard_name('inbox_heads'::regclass,
+                              get_shard_id_for_distribution_column('inbox_heads', NEW.lane)))
+        INTO n USING NEW.lane;
+    IF n IS NULL THEN
+        RAISE EXCEPTION 'lane % has no head (inbox_heads)', NEW.lane;
     END IF;
+    NEW.txid := n;
+    RETURN NEW;
 END;
 $$;
 
@@ -92,6 +98,24 @@ BEGIN
         END IF;
         UPDATE webhook_inbox SET txid = NULL WHERE txid IS NOT NULL;
     END IF;
+    -- Each lane's head starts above every number its rows and cursor hold: on a cluster
+    -- distributed before inbox_heads existed, the worker's transaction ids. Staging waits
+    -- meanwhile (the lock, until this transaction ends), so no row is numbered the old way
+    -- after the heads are read from the rows.
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'inbox_heads'::regclass) THEN
+        IF NOT inbox_moved THEN
+            LOCK TABLE webhook_inbox IN SHARE MODE;
+        END IF;
+        INSERT INTO inbox_heads (lane, seq)
+        SELECT l.lane,
+               greatest(3, pg_snapshot_xmax(l.done_snap)::text::bigint,
+                        coalesce(pg_snapshot_xmax(l.win_snap)::text::bigint, 0),
+                        coalesce(m.top, 0))
+        FROM inbox_lanes l
+        LEFT JOIN (SELECT w.lane, max(w.txid::text::bigint) AS top FROM webhook_inbox w
+                   GROUP BY w.lane) m ON m.lane = l.lane
+        ON CONFLICT (lane) DO UPDATE SET seq = greatest(inbox_heads.seq, excluded.seq);
+    END IF;
     -- Reference tables first: delivery_leases has a foreign key to destinations.
     FOR t IN SELECT * FROM unnest(ARRAY[
             'destinations', 'delivery_leases', 'inbox_parked',
@@ -112,6 +136,7 @@ BEGIN
             ('reply_claims', 'inbound_wamid', 'processed_webhook_events'),
             ('webhook_inbox', 'lane', 'none'),
             ('inbox_lanes', 'lane', 'webhook_inbox'),
+            ('inbox_heads', 'lane', 'webhook_inbox'),
             ('delivery_events', 'lane', 'webhook_inbox'),
             ('delivery_queue', 'lane', 'webhook_inbox'),
             ('delivery_log', 'lane', 'webhook_inbox'),
@@ -127,6 +152,16 @@ BEGIN
             END IF;
         END IF;
     END LOOP;
+END;
+$$;
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgrelid = 'webhook_inbox'::regclass AND tgname = 'webhook_inbox_number') THEN
+        CREATE TRIGGER webhook_inbox_number BEFORE INSERT ON webhook_inbox
+            FOR EACH ROW EXECUTE FUNCTION webhook_inbox_number();
+    END IF;
 END;
 $$;
 

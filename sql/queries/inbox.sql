@@ -26,32 +26,39 @@ ORDER BY n;
 -- name: inbox_read
 -- The next rows of a set of lanes (gateway/core/lanes.py), in (txid, id) order: each lane's
 -- rows of transactions not visible in its done snapshot, visible in its window's snapshot
--- (a lane without a window: this statement's), and past its position in that window. Bodies
+-- (a lane without a window: its snapshot now), and past its position in that window. A lane's
+-- snapshot now is this statement's, or on Citus its head's (inbox_heads: every number up to
+-- the head is visible, none after; the rows' txids are the lane's own numbers there). Bodies
 -- are read only up to a byte budget ($11; the first row always), so a backlog of 3 MB payloads
 -- cannot make one batch huge.
 -- $1 the lanes; per lane, at its number + 1: $2 done snapshots, $3 windows (NULL: none),
 -- $4/$5 positions (txid, id; NULL without a window); ($6, $7) a key every unread row is past,
 -- but for the rows of transactions $8 (running when a done snapshot was taken); $9 most rows.
--- Each row carries this statement's snapshot and how many rows the limit let through (more
--- than returned: the budget cut the batch).
+-- Each row carries the lanes' snapshots now (at lane + 1) and how many rows the limit let
+-- through (more than returned: the budget cut the batch).
 -- The two scans walk webhook_inbox_log from where unread rows start, never the rows read
 -- before, and stop at the limit: a merge of the day partitions' index scans in order (the
 -- caller turns enable_sort off for this statement: a sort would read the whole backlog to
 -- find its first rows, which a generic plan's guess at the filters' selectivity invites).
 -- The lanes' equality (on every scan of webhook_inbox) keeps the read on their shard on Citus
 -- (a consumer reads the lanes of one shard at a time: inbox_lanes.shard): the statement runs
--- whole on that worker, pg_current_snapshot() included, so its snapshot and the rows' txids
--- are the same server's.
-WITH a AS MATERIALIZED (
+-- whole on that worker, the heads read in the same snapshot as the rows.
+WITH heads AS MATERIALIZED (
+    SELECT h.lane, ((h.seq + 1)::text || ':' || (h.seq + 1)::text || ':')::pg_snapshot AS snap
+    FROM inbox_heads h WHERE h.lane = ANY ($1::smallint[])
+), a AS MATERIALIZED (
     SELECT $2::text[]::pg_snapshot[] AS dones, $3::text[]::pg_snapshot[] AS wins,
-           $4::bigint[]::text[]::xid8[] AS ptx, $5::bigint[] AS pid, pg_current_snapshot() AS now
+           $4::bigint[]::text[]::xid8[] AS ptx, $5::bigint[] AS pid,
+           ARRAY(SELECT coalesce(h.snap, pg_current_snapshot())
+                 FROM generate_series(0, 31) AS g(lane) LEFT JOIN heads h ON h.lane = g.lane
+                 ORDER BY g.lane) AS now
 ), r AS (
     (SELECT w.id, w.received_at, w.txid, w.lane, octet_length(w.body) AS size
      FROM webhook_inbox w
      WHERE w.txid >= $6::bigint::text::xid8 AND (w.txid, w.id) > ($6::bigint::text::xid8, $7::bigint)
        AND w.lane = ANY ($1::smallint[])
        AND NOT pg_visible_in_snapshot(w.txid, ((SELECT dones FROM a))[w.lane + 1])
-       AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[w.lane + 1], (SELECT now FROM a)))
+       AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[w.lane + 1], ((SELECT now FROM a))[w.lane + 1]))
        AND (((SELECT wins FROM a))[w.lane + 1] IS NULL
             OR (w.txid, w.id) > (((SELECT ptx FROM a))[w.lane + 1], ((SELECT pid FROM a))[w.lane + 1]))
      ORDER BY w.txid, w.id
@@ -63,7 +70,7 @@ WITH a AS MATERIALIZED (
        AND (w.txid, w.id) <= ($6::bigint::text::xid8, $7::bigint)
        AND w.lane = ANY ($1::smallint[])
        AND NOT pg_visible_in_snapshot(w.txid, ((SELECT dones FROM a))[w.lane + 1])
-       AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[w.lane + 1], (SELECT now FROM a)))
+       AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[w.lane + 1], ((SELECT now FROM a))[w.lane + 1]))
        AND ((SELECT wins FROM a))[w.lane + 1] IS NULL
      ORDER BY w.txid, w.id
      LIMIT $9)
@@ -73,7 +80,7 @@ WITH a AS MATERIALIZED (
     SELECT p.*, sum(p.size) OVER (ORDER BY p.txid, p.id) - p.size AS before FROM picked p
 )
 SELECT w.id, w.txid::text::bigint AS txid, w.lane, w.source, w.body, w.delivery_id,
-       (SELECT now::text FROM a) AS snapshot, (SELECT count(*) FROM picked) AS taken
+       (SELECT now::text[] FROM a) AS snapshots, (SELECT count(*) FROM picked) AS taken
 FROM budget b
 -- Each body by its primary key, a lookup per row picked (LIMIT keeps the planner from
 -- flattening it into a join, which the lanes' filter, there for Citus's routing, would make

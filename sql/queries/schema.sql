@@ -20,10 +20,12 @@ SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus');
 SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass('webhook_inbox'));
 
 -- name: citus_lanes_restart
--- Each lane's cursor at the snapshot of the worker that holds it (run on every shard of
--- inbox_lanes, there), nobody owning it: after sql/citus/layout.sql first distributed the
--- inbox log. Whether every shard took it.
-SELECT bool_and(success) FROM run_command_on_shards('inbox_lanes', $cmd$
-    UPDATE %s SET done_snap = pg_current_snapshot(), win_snap = NULL, pos_txid = NULL,
-                  pos_id = NULL, version = version + 1, owner = NULL, lease_until = NULL
+-- Each lane's cursor at its head (inbox_heads, on the same shard: every row numbered so far
+-- is read), nobody owning it: after sql/citus/layout.sql first distributed the inbox log.
+-- Whether every shard took it.
+SELECT bool_and(success) FROM run_command_on_colocated_placements('inbox_lanes', 'inbox_heads', $cmd$
+    UPDATE %s l SET done_snap = ((h.seq + 1)::text || ':' || (h.seq + 1)::text || ':')::pg_snapshot,
+                    win_snap = NULL, pos_txid = NULL, pos_id = NULL, version = l.version + 1,
+                    owner = NULL, lease_until = NULL
+    FROM %s h WHERE h.lane = l.lane
 $cmd$);

@@ -119,21 +119,22 @@ async def test_a_plain_migrate_of_an_undistributed_coordinator_is_refused(cluste
         await drop_database(citus_dsn(), NAME + "_plain")
 
 
-async def test_staging_a_batch_writes_one_shard_in_one_phase_with_the_workers_txid(
+async def test_staging_a_batch_writes_one_shard_in_one_phase_numbered_by_its_lane(
     conn: asyncpg.Connection,
 ) -> None:
+    head = await conn.fetchval("SELECT seq FROM inbox_heads WHERE lane = 7")
     before = await two_phase_commits(conn)
     bodies = [f'{{"n": {i}}}'.encode() for i in range(5)]
     await inbox.insert_batch(conn, sources=["meta"] * 5, bodies=bodies, delivery_ids=[None] * 5, lane=7)
     assert await two_phase_commits(conn) == before
     rows = await conn.fetch(
-        "SELECT id, lane, txid::text AS txid, xmin::text AS xmin FROM webhook_inbox"
-        " WHERE lane = 7 ORDER BY id"
+        "SELECT id, lane, txid::text::bigint AS txid FROM webhook_inbox WHERE lane = 7 ORDER BY id"
     )
     assert [r["lane"] for r in rows] == [7] * 5
-    # txid is the transaction id on the worker that holds the row (its xmin there), not the
-    # coordinator's: the lane's snapshots are that worker's too
-    assert {r["txid"] for r in rows} == {rows[0]["xmin"]}
+    # txid is the lane's own number, from its head on the same shard (the head's update is
+    # the worker's own statement: still one shard, one phase), in the batch's order
+    assert [r["txid"] for r in rows] == list(range(head + 1, head + 6))
+    assert await conn.fetchval("SELECT seq FROM inbox_heads WHERE lane = 7") == head + 5
 
 
 async def test_a_consumers_read_runs_whole_on_the_shard_of_its_lanes(conn: asyncpg.Connection) -> None:
@@ -144,15 +145,15 @@ async def test_a_consumers_read_runs_whole_on_the_shard_of_its_lanes(conn: async
     args = inbox.read_args(cursors, limit=100, max_bytes=1 << 20)
     lines = await plan(conn, q("inbox_read"), *args)
     node = routed(lines)
-    # pg_current_snapshot() (CTE a) is planned inside the worker's task: the read's snapshot
-    # is the worker's, as the rows' txids are
+    # the lanes' heads (CTE heads) are read inside the worker's task, in the rows' snapshot
     task = "\n".join(lines[next(i for i, ln in enumerate(lines) if "Node: " in ln) :])
-    assert "CTE a" in task, "\n".join(lines)
+    assert "CTE heads" in task and "CTE a" in task, "\n".join(lines)
     async with conn.transaction():
         await inbox.read_mode(conn, idle_ms=5000)
         got = await inbox.read(conn, cursors, limit=100, max_bytes=1 << 20)
     assert [r.lane for r in got.rows] and {r.lane for r in got.rows} <= set(mine), node
-    assert got.snapshot is not None and all(got.snapshot.xmax > r.txid for r in got.rows)
+    assert set(got.snapshots) == set(mine)
+    assert all(got.snapshots[r.lane].xmax > r.txid for r in got.rows)
     await lanes.leave(conn, member="routing")
 
 

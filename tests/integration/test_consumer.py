@@ -431,9 +431,9 @@ async def test_crash_mid_batch_rolls_back_keys_and_effects(
         batch = await inbox.read(conn, taken, limit=10, max_bytes=1 << 20)
         if batch.rows:
             break
-    assert batch.snapshot is not None
+    assert batch.snapshots
     last = batch.rows[-1]
-    moved = advance(taken, batch.snapshot, (last.txid, last.id), batch.exhausted)
+    moved = advance(taken, batch.snapshots, (last.txid, last.id), batch.exhausted)
     tr = conn.transaction()
     await tr.start()
     await inbox.apply_plan(

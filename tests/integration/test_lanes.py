@@ -165,9 +165,9 @@ async def test_a_hung_member_loses_its_lanes_and_its_late_batch_commits_nothing(
         # It reads a batch, then hangs (SIGSTOP) past its lease: its connection stays open.
         taken = stuck.take()
         batch = await inbox.read(stuck_conn, taken, limit=10, max_bytes=1 << 20)
-        assert batch.snapshot is not None and len(batch.rows) == 1
+        assert batch.snapshots and len(batch.rows) == 1
         last = batch.rows[-1]
-        moved = advance(taken, batch.snapshot, (last.txid, last.id), batch.exhausted)
+        moved = advance(taken, batch.snapshots, (last.txid, last.id), batch.exhausted)
         await asyncio.sleep(1.2)
         other, other_lease = await lease(other_conn, s)
         assert sorted(other.cursors) == list(range(LANES))  # taken over
@@ -197,9 +197,9 @@ async def test_a_cursor_moved_by_someone_else_fences_a_batch(pool: asyncpg.Pool,
     lanes, held = await lease(pool, settings)
     taken = lanes.take()
     batch = await inbox.read(pool, taken, limit=10, max_bytes=1 << 20)
-    assert batch.snapshot is not None
+    assert batch.snapshots
     last = batch.rows[-1]
-    moved = advance(taken, batch.snapshot, (last.txid, last.id), batch.exhausted)
+    moved = advance(taken, batch.snapshots, (last.txid, last.id), batch.exhausted)
     await pool.execute("UPDATE inbox_lanes SET version = version + 1 WHERE lane = $1", last.lane)
     with pytest.raises(asyncpg.PostgresError) as caught:
         async with pool.acquire() as conn, conn.transaction():

@@ -66,9 +66,9 @@ async def redeliver(pool: asyncpg.Pool, body: bytes) -> inbox.Applied:
         await lease.refresh(conn)
         taken = lanes.take()
         batch = await inbox.read(conn, taken, limit=100, max_bytes=1 << 20)
-        assert batch.snapshot is not None
+        assert batch.snapshots
         last = batch.rows[-1]
-        moved = advance(taken, batch.snapshot, (last.txid, last.id), batch.exhausted)
+        moved = advance(taken, batch.snapshots, (last.txid, last.id), batch.exhausted)
         async with conn.transaction():
             applied = await inbox.apply_plan(
                 conn, plan_batch(batch.rows), member=lease.member, advance=inbox.advance_arg(taken, moved)

@@ -56,17 +56,20 @@ async def dead_row(conn: asyncpg.Pool | asyncpg.Connection, body: bytes, **cols:
 
 async def read_all(conn: asyncpg.Pool | asyncpg.Connection) -> None:
     """Every lane's cursor past every row committed so far, as if consumers had read them (on
-    Citus at the snapshot of the worker that holds the lane: run there, on every shard)."""
-    set_cursor = (
-        "UPDATE {} SET done_snap = pg_current_snapshot(), win_snap = NULL, pos_txid = NULL,"
-        " pos_id = NULL, version = version + 1"
-    )
+    Citus at the lane's head, on the shard that holds both)."""
     if await conn.fetchval(q("citus_installed")):
         assert await conn.fetchval(
-            "SELECT bool_and(success) FROM run_command_on_shards('inbox_lanes', $1)", set_cursor.format("%s")
+            "SELECT bool_and(success)"
+            " FROM run_command_on_colocated_placements('inbox_lanes', 'inbox_heads', $1)",
+            "UPDATE %s l SET done_snap = ((h.seq + 1)::text || ':' || (h.seq + 1)::text || ':')::pg_snapshot,"
+            " win_snap = NULL, pos_txid = NULL, pos_id = NULL, version = l.version + 1"
+            " FROM %s h WHERE h.lane = l.lane",
         )
         return
-    await conn.execute(set_cursor.format("inbox_lanes"))
+    await conn.execute(
+        "UPDATE inbox_lanes SET done_snap = pg_current_snapshot(), win_snap = NULL, pos_txid = NULL,"
+        " pos_id = NULL, version = version + 1"
+    )
 
 
 async def leased(pool: asyncpg.Pool, settings: Settings, **kw: Any) -> Consumer:
