@@ -15,6 +15,18 @@
 -- and consumer_members too: its rows name the coordinator's sessions (pg_stat_activity).
 -- The caller sets citus.enable_unsafe_triggers (Citus refuses a table with triggers without it).
 
+-- A cluster distributed before inbox_heads existed changes its inbox trigger and function in
+-- the same transaction as it distributes the heads: Citus then needs one connection per node
+-- for the whole transaction.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'webhook_inbox'::regclass)
+       AND NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'inbox_heads'::regclass) THEN
+        PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    END IF;
+END;
+$$;
+
 -- Triggers that NOTIFY would run on a worker, inside the shard's transaction: no listener
 -- (they are on the coordinator) hears a worker's NOTIFY, and a transaction that also wrote
 -- another node is prepared (two-phase commit), which PostgreSQL refuses after a NOTIFY. The
@@ -33,8 +45,17 @@ DROP TRIGGER IF EXISTS outbox_outcome_notify ON outbox;
 -- counted by each worker on its own: a lane moved to a worker that had counted fewer would have
 -- its new rows numbered below its cursor, and skipped.) The trigger runs on the shards, where
 -- the row lands; it finds the head's shard from Citus's metadata, which every worker holds.
-DROP TRIGGER IF EXISTS webhook_inbox_txid ON webhook_inbox;
-DROP FUNCTION IF EXISTS webhook_inbox_txid();
+-- (Statements that Citus passes on to the shards run from EXECUTE: Citus sends the text of the
+-- command it was given, which would otherwise be this whole file.)
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_trigger
+               WHERE tgrelid = 'webhook_inbox'::regclass AND tgname = 'webhook_inbox_txid') THEN
+        EXECUTE 'DROP TRIGGER webhook_inbox_txid ON webhook_inbox';
+    END IF;
+    EXECUTE 'DROP FUNCTION IF EXISTS webhook_inbox_txid()';
+END;
+$$;
 CREATE OR REPLACE FUNCTION webhook_inbox_number() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     n xid8;

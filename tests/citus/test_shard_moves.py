@@ -204,3 +204,70 @@ async def test_webhooks_staged_while_shards_move_are_each_processed_once(
     missing = sorted(k for k in staged if k not in got)
     assert not missing, f"{len(missing)} of {len(staged)} never processed, e.g. {missing[:3]}"
     assert got == dict.fromkeys(staged, 1)
+
+
+OLD_TRIGGER = (
+    """CREATE FUNCTION webhook_inbox_txid() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        NEW.txid := pg_current_xact_id();
+        RETURN NEW;
+    END;
+    $$""",
+    "CREATE TRIGGER webhook_inbox_txid BEFORE INSERT ON webhook_inbox"
+    " FOR EACH ROW EXECUTE FUNCTION webhook_inbox_txid()",
+)
+
+
+async def test_a_cluster_laid_out_with_transaction_ids_moves_to_lane_numbers_without_losing_a_row() -> None:
+    """A database distributed before inbox_heads (rows numbered by the worker's transaction id,
+    cursors in the worker's snapshots) takes `gateway migrate --citus`: the heads start above
+    every number there, the rows staged and not read yet are read, and new rows after them."""
+    name = "gw_citus_heads_upgrade"
+    dsn = await fresh_database(citus_dsn(), name)
+    conn = await db.connect(dsn)
+    try:
+        await db.migrate(conn, citus=True)
+        # The layout as it was: no heads, rows numbered by the worker's transaction id, each
+        # lane's cursor at its worker's snapshot.
+        await conn.execute("SELECT undistribute_table('inbox_heads')")
+        await conn.execute("DROP TABLE inbox_heads")
+        await conn.execute("DELETE FROM schema_migrations WHERE version = 25")
+        await conn.execute("DROP TRIGGER webhook_inbox_number ON webhook_inbox")
+        await conn.execute("DROP FUNCTION webhook_inbox_number()")
+        await conn.execute("SET citus.enable_unsafe_triggers = on")
+        for statement in OLD_TRIGGER:
+            await conn.execute(statement)
+        at_worker_snapshot = (
+            "UPDATE %s SET done_snap = pg_current_snapshot(), win_snap = NULL, pos_txid = NULL,"
+            " pos_id = NULL, version = version + 1"
+        )
+        assert await conn.fetchval(
+            "SELECT bool_and(success) FROM run_command_on_shards('inbox_lanes', $1)", at_worker_snapshot
+        )
+        pool = await db.create_pool(dsn, 1, 4)
+        try:
+            read = await stage(pool, "read")  # read by the old cursors (moved past them)
+            assert await conn.fetchval(
+                "SELECT bool_and(success) FROM run_command_on_shards('inbox_lanes', $1)", at_worker_snapshot
+            )
+            unread = await stage(pool, "unread")  # staged, not read when the upgrade comes
+            numbers = await conn.fetch(
+                "SELECT lane, max(txid::text::bigint) AS top FROM webhook_inbox GROUP BY lane"
+            )
+            old = "SELECT count(*) FROM pg_trigger WHERE tgname = 'webhook_inbox_txid'"
+            assert await conn.fetchval(old) > 0
+
+            await db.migrate(conn, citus=True)
+            assert await conn.fetchval(old) == 0
+            heads = {r["lane"]: r["seq"] for r in await conn.fetch("SELECT lane, seq FROM inbox_heads")}
+            assert all(heads[r["lane"]] >= r["top"] for r in numbers)
+            after = await stage(pool, "after")
+            got = await drain_until(pool, dsn, unread | after)
+            missing = sorted(k for k in unread | after if k not in got)
+            assert not missing, f"{len(missing)} never processed, e.g. {missing[:3]}"
+            assert await processed(pool, read) == {}  # the old cursors had read them
+        finally:
+            await pool.close()
+    finally:
+        await conn.close()
+        await drop_database(citus_dsn(), name)
