@@ -124,6 +124,7 @@ class Consumer:
         # waits for a wake-up: a NOTIFY that came during the step sets it, and reading again at
         # once would find nothing.
         self._more = False
+        self._unread_shards = False  # the last batch read one shard of several
         self._again = False
         # True while the loop waits for a wake-up (a group wakes one idle consumer per NOTIFY).
         self._idle = False
@@ -170,6 +171,7 @@ class Consumer:
     async def step(self) -> int:
         """One batch of the lanes' rows, then due dead items when idle or once a second; work done."""
         self._more = False
+        self._unread_shards = False
         try:
             n = await self.process_batch()
         except Deferred as d:
@@ -182,7 +184,7 @@ class Consumer:
             self._items_at = now
             items = await self.process_items()
             n += items
-        self._again = self._more or items > 0
+        self._again = self._more or self._unread_shards or items > 0
         return n
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -274,6 +276,10 @@ class Consumer:
             tried.add(self._lanes.shards.get(taken[0].lane, 0))
             n = await self._read(taken)
             if n:
+                # Shards this step did not read may hold rows: the next step comes at once
+                # (not after a poll interval) and reads them, and only a step that finds every
+                # shard empty lets the loop wait.
+                self._unread_shards = bool(set(self._lanes.shards.values()) - tried)
                 return n
 
     async def _read(self, taken: list[Cursor]) -> int:

@@ -42,6 +42,11 @@ BODIES = [
     ("meta", to_bytes(meta_payload(("account_update", {"phone_number": "1", "event": "VERIFIED"})))),
     ("tenashi", to_bytes(tenashi_event("evt_bs", "message.received", {"message_id": "t.BS", "from": "49"}))),
     ("meta", b"not json at all"),
+    # keys are written into the steps' VALUES list: quotes, backslashes and SQL in a wamid stay data
+    (
+        "meta",
+        to_bytes(messages_payload(message_obj("wamid.BS'3\\'); DROP TABLE media; --", timestamp=TS))),
+    ),
 ]
 TABLES = {
     "processed_webhook_events": "event_key, event_day, subject, inbox_id",
@@ -98,3 +103,21 @@ async def test_the_steps_write_what_the_statement_writes(pool: asyncpg.Pool) -> 
     }
     assert sorted(steps["fresh_keys"]) == sorted(one["fresh_keys"])
     assert steps_rows == one_rows
+    assert any("DROP TABLE media" in k for k in steps["fresh_keys"])
+
+
+async def test_the_steps_meet_their_keys_on_a_redelivery(pool: asyncpg.Pool) -> None:
+    rows = []
+    for source, body in BODIES:
+        inbox_id = await pool.fetchval(
+            "INSERT INTO webhook_inbox (source, body) VALUES ($1, $2) RETURNING id", source, body
+        )
+        rows.append(StagedRow(inbox_id, source, body, None))
+    plan = plan_batch(rows)
+    async with pool.acquire() as conn, conn.transaction():
+        first = await inbox.apply_plan(conn, plan, citus=True)
+        again = await inbox.apply_plan(conn, plan, citus=True)
+    assert first.fresh > 5 and again.fresh == 0 and again.fresh_keys == []
+    empty = plan_batch([])
+    async with pool.acquire() as conn, conn.transaction():
+        assert (await inbox.apply_plan(conn, empty, citus=True)).fresh == 0
