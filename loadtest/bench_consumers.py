@@ -32,70 +32,13 @@ import asyncpg
 from gateway.core.events import InboundMessage, Status, event_day, subject_of
 from gateway.core.parsing import parse
 from gateway.core.settings import Settings
-from gateway.store import inbox
 from gateway.store.db import connect, create_pool, migrate
-from gateway.testing import payloads
 from gateway.testing.scratch import scratch_database
 from loadtest.harness import consumers, contract, database, peer, pgstat, report
+from loadtest.harness.consumers import stage, workload
 from loadtest.harness.sql import queries
 
 BASELINE = queries("baseline.sql")
-
-
-def _meta(value: dict[str, Any]) -> bytes:
-    return payloads.meta_bytes(payloads.meta_envelope([("waba-1", [("messages", value)])]))
-
-
-def workload(
-    events: int, redeliveries: float, rng: random.Random, now: float | None = None
-) -> tuple[list[bytes], int]:
-    """Staged bodies (one event each) and the number of outbox rows they update, stamped as
-    Meta stamps them: the events' own times, seconds before they are staged (a key lives in
-    the partition of its event's day)."""
-    ts = int(time.time() if now is None else now) - 60
-    outbox_rows = max(1, int(events * 0.75 / (1 + redeliveries)) // 3)
-    n_messages = max(0, int(events / (1 + redeliveries)) - 3 * outbox_rows)
-    bodies: list[bytes] = []
-    for i in range(outbox_rows):
-        for j, status in enumerate(("sent", "delivered", "read")):
-            st = {
-                "id": f"wamid.out{i}",
-                "status": status,
-                "timestamp": str(ts + j),
-                "recipient_id": "4915112345678",
-                "biz_opaque_callback_data": f"cb-{i}",
-                "conversation": {"id": f"conv{i}", "origin": {"type": "utility"}},
-                "pricing": {"billable": True, "pricing_model": "PMP", "category": "utility"},
-            }
-            bodies.append(_meta(payloads.meta_value(statuses=[st])))
-    for i in range(n_messages):
-        sender = f"49151{i % 997:07d}"
-        msg = payloads.message_obj(f"wamid.in{i}", f"Hallo, Bestellung {i} bitte", sender, timestamp=str(ts))
-        contacts = [{"profile": {"name": "Kunde"}, "wa_id": sender}]
-        bodies.append(_meta(payloads.meta_value(messages=[msg], contacts=contacts)))
-    rng.shuffle(bodies)
-    bodies += rng.sample(bodies, int(len(bodies) * redeliveries))
-    # Redeliveries arrive later, interleaved with the tail of the stream.
-    tail = bodies[len(bodies) // 2 :]
-    rng.shuffle(tail)
-    bodies[len(bodies) // 2 :] = tail
-    return bodies, outbox_rows
-
-
-async def stage(pool: asyncpg.Pool, bodies: list[bytes], outbox_rows: int) -> None:
-    async with pool.acquire() as conn:
-        await conn.execute(BASELINE["naive_setup"])
-        await conn.execute(BASELINE["bench_reset"])
-        await conn.execute(BASELINE["bench_reset_outbox"])
-        if not await conn.fetchval(BASELINE["bench_outbox_rows"]):
-            await conn.execute(BASELINE["bench_seed_outbox"], outbox_rows)
-        for i in range(0, len(bodies), 1000):
-            chunk = bodies[i : i + 1000]
-            await inbox.insert_batch(
-                conn, sources=["meta"] * len(chunk), bodies=chunk, delivery_ids=[None] * len(chunk)
-            )
-        await conn.execute("VACUUM ANALYZE webhook_inbox")
-        await conn.execute("VACUUM ANALYZE outbox")
 
 
 async def run_set_based(pool: asyncpg.Pool, settings: Settings) -> None:
@@ -180,9 +123,7 @@ async def measure(
     await runner(pool, settings)
     elapsed = time.perf_counter() - started
     top = await pgstat.top(dsn) if counting else None
-    row = await pool.fetchrow(BASELINE["bench_check"])
-    assert row is not None
-    check = dict(row)
+    check = await consumers.check(pool)
     run.check(f"{name}: every event exactly once", check == expect, f"got {check}, want {expect}")
     rate = len(bodies) / elapsed
     sys.stderr.write(f"{name:28} {len(bodies):>7} events in {elapsed:7.2f} s = {rate:>9,.0f} events/s\n")
@@ -201,18 +142,11 @@ async def bench(dsn: str, ns: argparse.Namespace, run: contract.Run) -> tuple[di
     await peer.install(dsn)
     rng = random.Random(ns.seed)
     bodies, outbox_rows = workload(ns.events, ns.redeliveries, rng)
-    unique = {ev.key: ev for b in bodies for ev in parse("meta", b)}
-    expect = {
-        "keys": len(unique),
-        "messages": sum(isinstance(e, InboundMessage) for e in unique.values()),
-        "statuses": sum(isinstance(e, Status) for e in unique.values()),
-        "outbox_read": outbox_rows,
-        "not_done": 0,
-    }
+    expect = consumers.expected(bodies, outbox_rows)
     lines = [
         f"workload: {len(bodies)} staged events ({expect['statuses']} statuses "
         f"for {outbox_rows} outbox rows, {expect['messages']} inbound messages, "
-        f"{len(bodies) - len(unique)} redeliveries); concurrency {ns.concurrency}, batch {ns.batch}; "
+        f"{len(bodies) - expect['keys']} redeliveries); concurrency {ns.concurrency}, batch {ns.batch}; "
         f"PGQueuer: {len(bodies)} no-op jobs, {ns.peer_dequeuers} dequeuers, batch {ns.peer_batches}"
     ]
     batches = [int(x) for x in ns.peer_batches.split(",") if x.strip()]

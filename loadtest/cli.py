@@ -24,6 +24,7 @@ COMMANDS = (
     "chaos",
     "bench-ingest",
     "bench-consumers",
+    "bench-citus",
     "bench-send",
     "bench-forward",
     "bench-graph",
