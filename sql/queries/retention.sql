@@ -75,10 +75,14 @@ SELECT pg_advisory_unlock($1);
 -- move to today's partition: received_at is the partition key, the id and txid stay, so the
 -- cursors still read them. Found from the cursors (inbox_unread), never by scanning a whole day
 -- of read rows. Whole webhooks moved aside keep their bytes in inbox_parked.
-UPDATE webhook_inbox SET received_at = clock_timestamp()
-WHERE received_at < $1
-  AND id IN (SELECT u.id FROM inbox_unread() u
-             WHERE u.received_at < $1 AND NOT EXISTS (SELECT 1 FROM inbox_parked p WHERE p.inbox_id = u.id));
+-- (The clock is read once, in a sub-select: Citus refuses a volatile function in an UPDATE of a
+-- distributed table. There a moved row is numbered again by its lane, inbox_heads: a row moved
+-- to another partition is inserted there, and it is still unread at its new number.)
+UPDATE webhook_inbox w SET received_at = c.now
+FROM (SELECT clock_timestamp() AS now) c
+WHERE w.received_at < $1
+  AND w.id IN (SELECT u.id FROM inbox_unread() u
+               WHERE u.received_at < $1 AND NOT EXISTS (SELECT 1 FROM inbox_parked p WHERE p.inbox_id = u.id));
 
 -- name: processed_webhook_events_purge_untimed
 -- Keys with no event day (the untimed partition) and keys whose day has no partition (the
@@ -95,12 +99,13 @@ USING old
 WHERE p.event_key = old.event_key AND p.event_day = old.event_day AND p.subject = old.subject;
 
 -- name: reply_claims_purge
+-- (No row lock in the sub-select: nothing claims a reply this old, one maintenance pass runs at
+-- a time, and Citus refuses FOR UPDATE over the shards of a table it cannot route to one.)
 DELETE FROM reply_claims
 WHERE (inbound_wamid, claimed_by) IN (
     SELECT inbound_wamid, claimed_by FROM reply_claims
     WHERE claimed_at < now() - make_interval(days => $1)
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
 );
 
 -- name: outbox_purge_terminal
@@ -118,8 +123,8 @@ WHERE id IN (
 -- Queued deliveries of a destination that was removed (a consumer's batch that read it before
 -- the removal committed may queue some after it; nothing claims them), received before $1 days.
 DELETE FROM delivery_queue
-WHERE ctid IN (
-    SELECT q.ctid FROM delivery_queue q
+WHERE (destination_id, event_id, lane) IN (
+    SELECT q.destination_id, q.event_id, q.lane FROM delivery_queue q
     WHERE q.received_at < now() - make_interval(days => $1)
       AND NOT EXISTS (SELECT 1 FROM destinations d WHERE d.id = q.destination_id)
     LIMIT $2
@@ -140,9 +145,9 @@ SELECT pg_advisory_unlock(431198006902);
 -- lives as long as a delivery needs it. Driven by the queue (small; no index on its days).
 WITH moved AS (
     UPDATE delivery_events e SET day = (now() AT TIME ZONE 'UTC')::date
-    WHERE e.day < $1
-      AND (e.id, e.day, e.lane) IN (SELECT q.event_id, q.event_day, q.lane FROM delivery_queue q
-                                   WHERE q.event_day < $1)
+    FROM delivery_queue q
+    WHERE e.day < $1 AND q.event_day < $1
+      AND q.event_id = e.id AND q.event_day = e.day AND q.lane = e.lane
     RETURNING 1
 ), refs AS (
     UPDATE delivery_queue SET event_day = (now() AT TIME ZONE 'UTC')::date
@@ -154,8 +159,8 @@ SELECT (SELECT count(*) FROM moved) AS events, (SELECT count(*) FROM refs) AS de
 -- name: dead_events_purge_done
 -- Dead items a retry or a replay finished (kept for the record, like processed inbox rows).
 DELETE FROM dead_events
-WHERE ctid IN (
-    SELECT ctid FROM dead_events
+WHERE id IN (
+    SELECT id FROM dead_events
     WHERE state = 'done' AND updated_at < now() - make_interval(days => $1)
     LIMIT $2
 );
@@ -164,8 +169,8 @@ WHERE ctid IN (
 -- Whole webhooks moved aside that a retry or a replay finished (kept for the record, like the
 -- log's rows).
 DELETE FROM inbox_parked
-WHERE ctid IN (
-    SELECT ctid FROM inbox_parked
+WHERE inbox_id IN (
+    SELECT inbox_id FROM inbox_parked
     WHERE state = 'done' AND updated_at < now() - make_interval(days => $1)
     LIMIT $2
 );
@@ -174,8 +179,8 @@ WHERE ctid IN (
 -- Exact bytes of events stored escaped, recorded before the horizon (the raw bodies' own,
 -- GATEWAY_INBOX_RETENTION_DAYS), on the recorded_at index of migration 0009.
 DELETE FROM event_fragments
-WHERE ctid IN (
-    SELECT ctid FROM event_fragments
+WHERE (event_key, subject) IN (
+    SELECT event_key, subject FROM event_fragments
     WHERE recorded_at < now() - make_interval(days => $1)
     LIMIT $2
 );
