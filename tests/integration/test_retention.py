@@ -21,8 +21,8 @@ from gateway.store import inbox
 from gateway.store import retention as store
 from gateway.store.db import create_pool
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
-from tests.support.config import replace
 from tests.support.citus_db import on_cluster
+from tests.support.config import replace
 from tests.support.consume import dead_row, drain, read_all, stage
 from tests.support.deliveries import made_up
 from tests.support.forward import until
