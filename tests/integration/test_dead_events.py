@@ -251,6 +251,7 @@ def body_with(fragment: bytes) -> bytes:
     )
 
 
+@pytest.mark.citus
 async def test_message_without_id_is_its_own_dead_item_with_its_exact_bytes(
     pool: asyncpg.Pool, settings: Settings, db_dsn: str
 ) -> None:
@@ -277,6 +278,7 @@ async def test_message_without_id_is_its_own_dead_item_with_its_exact_bytes(
     assert await pool.fetchval("SELECT count(*) FROM dead_events WHERE state = 'dead'") == 2
 
 
+@pytest.mark.citus
 @pytest.mark.parametrize(
     ("fragment", "stored"),
     [
