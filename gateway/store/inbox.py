@@ -109,8 +109,12 @@ async def read(conn: Conn, cursors: Sequence[Cursor], *, limit: int, max_bytes: 
         return Read([], {}, True)
     taken = recs[0]["taken"]
     exhausted = taken < limit and taken == len(recs)
-    per_lane: list[str] = recs[0]["snapshots"]
-    snapshots = {c.lane: Snapshot.parse(per_lane[c.lane]) for c in cursors}
+    given: list[str] = recs[0]["snapshots"]
+    if len(given) == 1:  # the statement's own, for every lane
+        one = Snapshot.parse(given[0])
+        snapshots = dict.fromkeys((c.lane for c in cursors), one)
+    else:  # per lane, at its number
+        snapshots = {c.lane: Snapshot.parse(given[c.lane]) for c in cursors}
     return Read([_staged(r) for r in recs], snapshots, exhausted)
 
 

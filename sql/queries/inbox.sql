@@ -34,8 +34,9 @@ ORDER BY n;
 -- $1 the lanes; per lane, at its number + 1: $2 done snapshots, $3 windows (NULL: none),
 -- $4/$5 positions (txid, id; NULL without a window); ($6, $7) a key every unread row is past,
 -- but for the rows of transactions $8 (running when a done snapshot was taken); $9 most rows.
--- Each row carries the lanes' snapshots now (at lane + 1) and how many rows the limit let
--- through (more than returned: the budget cut the batch).
+-- Each row carries the lanes' snapshots now (per lane at lane + 1 on Citus; one PostgreSQL:
+-- the statement's, once) and how many rows the limit let through (more than returned: the
+-- budget cut the batch).
 -- The two scans walk webhook_inbox_log from where unread rows start, never the rows read
 -- before, and stop at the limit: a merge of the day partitions' index scans in order (the
 -- caller turns enable_sort off for this statement: a sort would read the whole backlog to
@@ -49,16 +50,18 @@ WITH heads AS MATERIALIZED (
 ), a AS MATERIALIZED (
     SELECT $2::text[]::pg_snapshot[] AS dones, $3::text[]::pg_snapshot[] AS wins,
            $4::bigint[]::text[]::xid8[] AS ptx, $5::bigint[] AS pid,
-           ARRAY(SELECT coalesce(h.snap, pg_current_snapshot())
-                 FROM generate_series(0, 31) AS g(lane) LEFT JOIN heads h ON h.lane = g.lane
-                 ORDER BY g.lane) AS now
+           -- per lane at lane + 1 (NULL without heads: one PostgreSQL), else this statement's
+           CASE WHEN EXISTS (SELECT 1 FROM heads)
+                THEN ARRAY(SELECT h.snap FROM generate_series(0, 31) AS g(lane)
+                           LEFT JOIN heads h ON h.lane = g.lane ORDER BY g.lane) END AS heads,
+           pg_current_snapshot() AS now
 ), r AS (
     (SELECT w.id, w.received_at, w.txid, w.lane, octet_length(w.body) AS size
      FROM webhook_inbox w
      WHERE w.txid >= $6::bigint::text::xid8 AND (w.txid, w.id) > ($6::bigint::text::xid8, $7::bigint)
        AND w.lane = ANY ($1::smallint[])
        AND NOT pg_visible_in_snapshot(w.txid, ((SELECT dones FROM a))[w.lane + 1])
-       AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[w.lane + 1], ((SELECT now FROM a))[w.lane + 1]))
+       AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[w.lane + 1], ((SELECT heads FROM a))[w.lane + 1], (SELECT now FROM a)))
        AND (((SELECT wins FROM a))[w.lane + 1] IS NULL
             OR (w.txid, w.id) > (((SELECT ptx FROM a))[w.lane + 1], ((SELECT pid FROM a))[w.lane + 1]))
      ORDER BY w.txid, w.id
@@ -70,7 +73,7 @@ WITH heads AS MATERIALIZED (
        AND (w.txid, w.id) <= ($6::bigint::text::xid8, $7::bigint)
        AND w.lane = ANY ($1::smallint[])
        AND NOT pg_visible_in_snapshot(w.txid, ((SELECT dones FROM a))[w.lane + 1])
-       AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[w.lane + 1], ((SELECT now FROM a))[w.lane + 1]))
+       AND pg_visible_in_snapshot(w.txid, coalesce(((SELECT wins FROM a))[w.lane + 1], ((SELECT heads FROM a))[w.lane + 1], (SELECT now FROM a)))
        AND ((SELECT wins FROM a))[w.lane + 1] IS NULL
      ORDER BY w.txid, w.id
      LIMIT $9)
@@ -80,7 +83,8 @@ WITH heads AS MATERIALIZED (
     SELECT p.*, sum(p.size) OVER (ORDER BY p.txid, p.id) - p.size AS before FROM picked p
 )
 SELECT w.id, w.txid::text::bigint AS txid, w.lane, w.source, w.body, w.delivery_id,
-       (SELECT now::text[] FROM a) AS snapshots, (SELECT count(*) FROM picked) AS taken
+       (SELECT coalesce(heads::text[], ARRAY[now::text]) FROM a) AS snapshots,
+       (SELECT count(*) FROM picked) AS taken
 FROM budget b
 -- Each body by its primary key, a lookup per row picked (LIMIT keeps the planner from
 -- flattening it into a join, which the lanes' filter, there for Citus's routing, would make
