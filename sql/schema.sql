@@ -433,6 +433,7 @@ CREATE FUNCTION public.inbox_apply_batch_steps(p_keys text[], p_inbox bigint[], 
 #variable_conflict use_column
 DECLARE
     f_keys text[];
+    keys_sql text;
     f_subjects text[];
     v_now timestamptz := now();
     v_clock timestamptz := clock_timestamp();
@@ -447,17 +448,24 @@ DECLARE
     ev_convs text[];
     recv jsonb;
 BEGIN
-    -- keys: only those newly inserted get side effects
-    WITH ins AS (
-        INSERT INTO processed_webhook_events (event_key, inbox_id, event_day, subject)
-        SELECT e.key, e.inbox_id, e.day, e.subject
-        FROM unnest(p_keys, p_inbox, p_days, p_subjects) AS e(key, inbox_id, day, subject)
-        ORDER BY e.key, e.day
-        ON CONFLICT (event_key, event_day, subject) DO NOTHING
-        RETURNING event_key, subject
-    )
-    SELECT coalesce(array_agg(event_key), '{}'), coalesce(array_agg(subject), '{}')
-    INTO f_keys, f_subjects FROM ins;
+    -- keys: only those newly inserted get side effects. Written as one multi-row VALUES list
+    -- (every value quoted by format's %L): Citus sends each shard its rows directly, where an
+    -- INSERT ... SELECT from the arrays goes through intermediate results on every worker
+    -- (~10 ms against ~140 ms for 100 keys on two workers).
+    SELECT string_agg(format('(%L, %s, %L, %L)', e.key, e.inbox_id, e.day, e.subject), ', '
+                      ORDER BY e.key, e.day)
+    INTO keys_sql
+    FROM unnest(p_keys, p_inbox, p_days, p_subjects) AS e(key, inbox_id, day, subject);
+    IF keys_sql IS NULL THEN
+        f_keys := '{}';
+        f_subjects := '{}';
+    ELSE
+        EXECUTE 'WITH ins AS (INSERT INTO processed_webhook_events (event_key, inbox_id, event_day, subject)'
+                || ' VALUES ' || keys_sql
+                || ' ON CONFLICT (event_key, event_day, subject) DO NOTHING RETURNING event_key, subject)'
+                || ' SELECT coalesce(array_agg(event_key), ''{}''), coalesce(array_agg(subject), ''{}'') FROM ins'
+        INTO f_keys, f_subjects;
+    END IF;
 
     -- messages (a wamid recorded in the last 8 days is skipped)
     SELECT coalesce(array_agg(DISTINCT i.wamid), '{}') INTO seen
