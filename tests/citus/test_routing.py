@@ -25,7 +25,7 @@ from gateway.core.planning import Plan
 from gateway.inbound.groupcommit import GroupCommitter
 from gateway.store import db, deliveries, idempotency, inbox, lanes, outbox, replies, retention
 from gateway.store.sqlfiles import q
-from tests.support.citus_db import citus_dsn, drop_database, fresh_database
+from tests.support.citus_db import citus_dsn, distributed_database, drop_database, fresh_database
 
 NAME = "gw_citus_routing"
 # One distributed database for the module (distributing the schema takes seconds).
@@ -34,14 +34,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cluster_db() -> AsyncIterator[str]:
-    dsn = await fresh_database(citus_dsn(), NAME)
-    conn = await db.connect(dsn)
-    try:
-        await db.migrate(conn, citus=True)
-    finally:
-        await conn.close()
-    yield dsn
-    await drop_database(citus_dsn(), NAME)
+    async with distributed_database(NAME) as dsn:
+        yield dsn
 
 
 @pytest_asyncio.fixture(loop_scope="module")

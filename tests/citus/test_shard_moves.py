@@ -16,7 +16,14 @@ import pytest_asyncio
 from gateway.core.settings import Settings
 from gateway.store import db, inbox
 from gateway.testing.payloads import message_obj, messages_payload, to_bytes
-from tests.support.citus_db import citus_dsn, drop_database, fresh_database, node_dsn, nodes
+from tests.support.citus_db import (
+    citus_dsn,
+    distributed_database,
+    drop_database,
+    fresh_database,
+    node_dsn,
+    nodes,
+)
 from tests.support.consume import drain
 
 NAME = "gw_citus_moves"
@@ -25,14 +32,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cluster_db() -> AsyncIterator[str]:
-    dsn = await fresh_database(citus_dsn(), NAME)
-    conn = await db.connect(dsn)
-    try:
-        await db.migrate(conn, citus=True)
-    finally:
-        await conn.close()
-    yield dsn
-    await drop_database(citus_dsn(), NAME)
+    async with distributed_database(NAME) as dsn:
+        yield dsn
 
 
 @pytest_asyncio.fixture(loop_scope="module")

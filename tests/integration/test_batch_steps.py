@@ -81,6 +81,17 @@ async def applied(
             await tx.rollback()
 
 
+async def staged_plan(pool: asyncpg.Pool) -> Plan:
+    """BODIES staged, planned as one batch."""
+    rows = []
+    for source, body in BODIES:
+        inbox_id = await pool.fetchval(
+            "INSERT INTO webhook_inbox (source, body) VALUES ($1, $2) RETURNING id", source, body
+        )
+        rows.append(StagedRow(inbox_id, source, body, None))
+    return plan_batch(rows)
+
+
 async def test_the_steps_write_what_the_statement_writes(pool: asyncpg.Pool) -> None:
     await add_outbox(pool, "cb-bs", biz_opaque_callback_data="caller-value")
     await pool.execute(
@@ -88,13 +99,7 @@ async def test_the_steps_write_what_the_statement_writes(pool: asyncpg.Pool) -> 
         " ('std', 'http://127.0.0.1:9/a', '{message,status,account}', 'whsec_abc', true, 'standard'),"
         " ('meta', 'http://127.0.0.1:9/b', '{message,status}', 'meta-secret', false, 'meta')"
     )
-    rows = []
-    for source, body in BODIES:
-        inbox_id = await pool.fetchval(
-            "INSERT INTO webhook_inbox (source, body) VALUES ($1, $2) RETURNING id", source, body
-        )
-        rows.append(StagedRow(inbox_id, source, body, None))
-    plan = plan_batch(rows)
+    plan = await staged_plan(pool)
     one, one_rows = await applied(pool, plan, steps=False)
     steps, steps_rows = await applied(pool, plan, steps=True)
     assert one["fresh"] > 5 and one["deliveries"] > 0 and one["outbox_updated"] == 1 and one["parked"] == 1
@@ -107,13 +112,7 @@ async def test_the_steps_write_what_the_statement_writes(pool: asyncpg.Pool) -> 
 
 
 async def test_the_steps_meet_their_keys_on_a_redelivery(pool: asyncpg.Pool) -> None:
-    rows = []
-    for source, body in BODIES:
-        inbox_id = await pool.fetchval(
-            "INSERT INTO webhook_inbox (source, body) VALUES ($1, $2) RETURNING id", source, body
-        )
-        rows.append(StagedRow(inbox_id, source, body, None))
-    plan = plan_batch(rows)
+    plan = await staged_plan(pool)
     async with pool.acquire() as conn, conn.transaction():
         first = await inbox.apply_plan(conn, plan, citus=True)
         again = await inbox.apply_plan(conn, plan, citus=True)

@@ -5,12 +5,14 @@ it lists (the workers are reached as the coordinator knows them, with the same u
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 
-from gateway.store.db import with_database
+from gateway.store import db
 
 ENV = "GATEWAY_TEST_CITUS_DSN"
 
@@ -64,7 +66,7 @@ async def plain_database(dsn: str, name: str) -> str:
     await drop_database(dsn, name)
     coordinator, _ = await nodes(dsn)
     await _run(node_dsn(dsn, *coordinator, "postgres"), f'CREATE DATABASE "{name}"')
-    return with_database(dsn, name)
+    return db.with_database(dsn, name)
 
 
 async def join_cluster(dsn: str, name: str, *, create: bool = True) -> str:
@@ -89,6 +91,22 @@ async def fresh_database(dsn: str, name: str) -> str:
     """An empty Citus database ``name`` on every node; its coordinator DSN."""
     await plain_database(dsn, name)
     return await join_cluster(dsn, name)
+
+
+@contextlib.asynccontextmanager
+async def distributed_database(name: str) -> AsyncIterator[str]:
+    """A fresh Citus database ``name`` as `gateway migrate --citus` leaves it, dropped after;
+    its coordinator DSN."""
+    dsn = await fresh_database(citus_dsn(), name)
+    conn = await db.connect(dsn)
+    try:
+        await db.migrate(conn, citus=True)
+    finally:
+        await conn.close()
+    try:
+        yield dsn
+    finally:
+        await drop_database(citus_dsn(), name)
 
 
 def on_cluster() -> bool:
