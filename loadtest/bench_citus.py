@@ -40,7 +40,7 @@ import asyncpg
 from gateway.core.settings import Settings
 from gateway.store.db import connect, create_pool, migrate
 from gateway.testing import citus
-from loadtest.harness import consumers, contract, pgstat, report
+from loadtest.harness import consumers, contract, database, pgstat, report
 
 DATABASE = "bench_citus"
 SINGLE = "one PostgreSQL"
@@ -67,22 +67,6 @@ async def single_database(node: citus.Cluster) -> str:
     conn = await connect(dsn, timeout=30)
     try:
         await migrate(conn)
-    finally:
-        await conn.close()
-    return dsn
-
-
-async def cluster_database(cluster: citus.Cluster) -> str:
-    """A database on every node, migrated and distributed as ``gateway migrate --citus``
-    leaves it; its DSN on the coordinator."""
-    dsn = await cluster.create_database(DATABASE)
-    conn = await connect(dsn, timeout=30)
-    try:
-        # asyncpg asks for a statement's parameter types on a connection's first use of it;
-        # Citus hides the shards by filtering every pg_class scan, which makes that question
-        # take over a second on the coordinator.
-        await conn.execute(f"ALTER DATABASE {DATABASE} SET citus.override_table_visibility = off")
-        await migrate(conn, citus=True)
     finally:
         await conn.close()
     return dsn
@@ -134,7 +118,7 @@ async def drain(
 async def bench(
     single: citus.Cluster, cluster: citus.Cluster, ns: argparse.Namespace, run: contract.Run
 ) -> tuple[dict[str, Any], str]:
-    dsns = await asyncio.gather(single_database(single), cluster_database(cluster))
+    dsns = await asyncio.gather(single_database(single), database.citus_database(cluster, DATABASE))
     settings = dataclasses.replace(Settings(), consumer_concurrency=ns.concurrency, consumer_batch=ns.batch)
     bodies, outbox_rows = consumers.workload(ns.events, ns.redeliveries, random.Random(ns.seed))
     expect = consumers.expected(bodies, outbox_rows)

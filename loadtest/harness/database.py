@@ -15,6 +15,9 @@ from typing import Any
 
 import asyncpg
 
+from gateway.store.db import connect, migrate
+from gateway.testing import citus
+
 # Checkpoints far enough apart for a fill of tens of GB (the default max_wal_size, 1 GB,
 # checkpoints every few seconds of it, and each checkpoint makes the next write of every page
 # log the whole page).
@@ -102,3 +105,19 @@ def load_statements(server: Any) -> None:
     loadtest.harness.pgstat creates the extension in a database and reads it."""
     server.psql("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements';")
     restart(server)
+
+
+async def citus_database(cluster: citus.Cluster, name: str) -> str:
+    """Database ``name`` on every node of ``cluster``, migrated
+    and distributed as `gateway migrate --citus` leaves it; its DSN on the coordinator."""
+    dsn = await cluster.create_database(name)
+    conn = await connect(dsn, timeout=30)
+    try:
+        # asyncpg asks for a statement's parameter types on a connection's first use of it;
+        # Citus hides the shards by filtering every pg_class scan, which makes that question
+        # take over a second on the coordinator (docs/scaling.md).
+        await conn.execute(f'ALTER DATABASE "{name}" SET citus.override_table_visibility = off')
+        await migrate(conn, citus=True)
+    finally:
+        await conn.close()
+    return dsn

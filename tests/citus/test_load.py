@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 
 from gateway.testing import citus
+from loadtest.harness.database import citus_database
 from tests.support.citusload import (
     CLUSTER_SETTINGS,
     errors,
     failed_checks,
     flowing,
-    gateway_database,
     placements,
     rebalance,
     start_load,
@@ -58,7 +58,7 @@ def load_cluster(citus_cluster: citus.Cluster) -> Iterator[citus.Cluster]:
 
 @pytest.fixture(scope="module")
 def load_dsn(load_cluster: citus.Cluster) -> str:
-    return asyncio.run(gateway_database(load_cluster, "gw_load"))
+    return asyncio.run(citus_database(load_cluster, "gw_load"))
 
 
 def _judge(result: dict[str, Any], what: str) -> None:

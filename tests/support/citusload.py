@@ -17,25 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.store.db import connect, migrate
-from gateway.testing import citus
-
 REPO = Path(__file__).resolve().parents[2]
-
-
-async def gateway_database(cluster: citus.Cluster, name: str) -> str:
-    """``name`` on every node of ``cluster``, migrated and distributed; its coordinator DSN."""
-    dsn = await cluster.create_database(name)
-    conn = await connect(dsn, timeout=30)
-    try:
-        # asyncpg introspects a statement's parameter types on a connection's first use of
-        # it; Citus hides shards by filtering every pg_class scan, which makes that query take
-        # over a second on the coordinator (docs/scaling.md).
-        await conn.execute(f'ALTER DATABASE "{name}" SET citus.override_table_visibility = off')
-        await migrate(conn, citus=True)
-    finally:
-        await conn.close()
-    return dsn
 
 
 @dataclass
