@@ -1245,38 +1245,10 @@ CREATE TABLE public.destinations (
 
 
 --
--- VIEW: deliveries
+-- VIEW: deliveries_done
 --
 
-CREATE VIEW public.deliveries AS
- SELECT q.event_id AS id,
-    q.destination_id,
-    e.event_key,
-    ('wh_'::text || "left"(encode(sha256(convert_to(((d.name || '/'::text) || e.event_key), 'UTF8'::name)), 'hex'::text), 32)) AS webhook_id,
-    e.kind,
-    e.conversation,
-    (convert_from(
-        CASE
-            WHEN (d.format = 'meta'::text) THEN e.meta_body
-            ELSE e.body
-        END, 'UTF8'::name))::jsonb AS envelope,
-        CASE
-            WHEN q.failed THEN 'failed'::text
-            ELSE 'pending'::text
-        END AS state,
-    q.attempts,
-    q.due AS next_attempt_at,
-    q.received_at,
-    q.window_start,
-    (q.last_status)::integer AS last_status,
-    q.last_error,
-    NULL::timestamp with time zone AS delivered_at,
-    q.lane,
-    public.event_subject(e.event_key) AS subject
-   FROM ((public.delivery_queue q
-     JOIN public.destinations d ON ((d.id = q.destination_id)))
-     JOIN public.delivery_events e ON (((e.id = q.event_id) AND (e.day = q.event_day) AND (e.lane = q.lane))))
-UNION ALL
+CREATE VIEW public.deliveries_done AS
  SELECT l.event_id AS id,
     l.destination_id,
     e.event_key,
@@ -1303,9 +1275,87 @@ UNION ALL
      JOIN public.delivery_events e ON (((e.id = l.event_id) AND (e.day = l.event_day) AND (e.lane = l.lane) AND (e.received_at = l.received_at))))
   WHERE ((l.outcome = 'delivered'::text) AND (NOT (EXISTS ( SELECT 1
            FROM public.delivery_queue q
-          WHERE ((q.destination_id = l.destination_id) AND (q.event_id = l.event_id))))) AND (NOT (EXISTS ( SELECT 1
+          WHERE ((q.destination_id = l.destination_id) AND (q.event_id = l.event_id) AND (q.lane = l.lane))))) AND (NOT (EXISTS ( SELECT 1
            FROM public.delivery_log n
-          WHERE ((n.destination_id = l.destination_id) AND (n.outcome = 'delivered'::text) AND (n.received_at = l.received_at) AND (n.event_id = l.event_id) AND (ROW(n.at, n.day) > ROW(l.at, l.day)))))));
+          WHERE ((n.destination_id = l.destination_id) AND (n.lane = l.lane) AND (n.outcome = 'delivered'::text) AND (n.received_at = l.received_at) AND (n.event_id = l.event_id) AND (ROW(n.at, n.day) > ROW(l.at, l.day)))))));
+
+
+--
+-- VIEW: deliveries_open
+--
+
+CREATE VIEW public.deliveries_open AS
+ SELECT q.event_id AS id,
+    q.destination_id,
+    e.event_key,
+    ('wh_'::text || "left"(encode(sha256(convert_to(((d.name || '/'::text) || e.event_key), 'UTF8'::name)), 'hex'::text), 32)) AS webhook_id,
+    e.kind,
+    e.conversation,
+    (convert_from(
+        CASE
+            WHEN (d.format = 'meta'::text) THEN e.meta_body
+            ELSE e.body
+        END, 'UTF8'::name))::jsonb AS envelope,
+        CASE
+            WHEN q.failed THEN 'failed'::text
+            ELSE 'pending'::text
+        END AS state,
+    q.attempts,
+    q.due AS next_attempt_at,
+    q.received_at,
+    q.window_start,
+    (q.last_status)::integer AS last_status,
+    q.last_error,
+    NULL::timestamp with time zone AS delivered_at,
+    q.lane,
+    public.event_subject(e.event_key) AS subject
+   FROM ((public.delivery_queue q
+     JOIN public.destinations d ON ((d.id = q.destination_id)))
+     JOIN public.delivery_events e ON (((e.id = q.event_id) AND (e.day = q.event_day) AND (e.lane = q.lane))));
+
+
+--
+-- VIEW: deliveries
+--
+
+CREATE VIEW public.deliveries AS
+ SELECT deliveries_open.id,
+    deliveries_open.destination_id,
+    deliveries_open.event_key,
+    deliveries_open.webhook_id,
+    deliveries_open.kind,
+    deliveries_open.conversation,
+    deliveries_open.envelope,
+    deliveries_open.state,
+    deliveries_open.attempts,
+    deliveries_open.next_attempt_at,
+    deliveries_open.received_at,
+    deliveries_open.window_start,
+    deliveries_open.last_status,
+    deliveries_open.last_error,
+    deliveries_open.delivered_at,
+    deliveries_open.lane,
+    deliveries_open.subject
+   FROM public.deliveries_open
+UNION ALL
+ SELECT deliveries_done.id,
+    deliveries_done.destination_id,
+    deliveries_done.event_key,
+    deliveries_done.webhook_id,
+    deliveries_done.kind,
+    deliveries_done.conversation,
+    deliveries_done.envelope,
+    deliveries_done.state,
+    deliveries_done.attempts,
+    deliveries_done.next_attempt_at,
+    deliveries_done.received_at,
+    deliveries_done.window_start,
+    deliveries_done.last_status,
+    deliveries_done.last_error,
+    deliveries_done.delivered_at,
+    deliveries_done.lane,
+    deliveries_done.subject
+   FROM public.deliveries_done;
 
 
 --

@@ -12,6 +12,8 @@ one is migrated per session and put back to its baseline after every test
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import inspect
 import os
 import shutil
@@ -121,11 +123,56 @@ async def new_citus_database(cluster: citus.Cluster) -> citus.ReusableDatabase:
     return db
 
 
+class SpareDatabases:
+    """The next migrated database, made in a thread while the tests run: a test that changes
+    the schema (a partition made, a shard moved) leaves its database unusable, and migrating and
+    distributing another takes ~7 s, mostly spent waiting on the nodes' DDL. A spare made while
+    a test killed a node fails: the database is then made when it is needed."""
+
+    def __init__(self, cluster: citus.Cluster) -> None:
+        self.cluster = cluster
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="citus-spare")
+        self._next: concurrent.futures.Future[citus.ReusableDatabase] | None = None
+
+    def prepare(self) -> None:
+        if self._next is None:
+            self._next = self._pool.submit(asyncio.run, new_citus_database(self.cluster))
+
+    async def take(self) -> citus.ReusableDatabase:
+        ready, self._next = self._next, None
+        db: citus.ReusableDatabase | None = None
+        if ready is not None:
+            with contextlib.suppress(Exception):
+                db = await asyncio.wrap_future(ready)
+        if db is None or not await db.reset():
+            if db is not None:
+                await self.cluster.drop_database(db.name)
+            db = await new_citus_database(self.cluster)
+        self.prepare()
+        return db
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 @pytest.fixture(scope="session")
-def citus_database(citus_cluster: citus.Cluster) -> list[citus.ReusableDatabase]:
+def citus_spares(citus_cluster: citus.Cluster) -> Iterator[SpareDatabases]:
+    spares = SpareDatabases(citus_cluster)
+    try:
+        yield spares
+    finally:
+        spares.close()
+
+
+@pytest.fixture(scope="session")
+def citus_database(
+    citus_cluster: citus.Cluster, citus_spares: SpareDatabases
+) -> list[citus.ReusableDatabase]:
     """The migrated database the tests share, one after the other (a list: replaced when a test
     changes its schema)."""
-    return [asyncio.run(new_citus_database(citus_cluster))]
+    first = asyncio.run(new_citus_database(citus_cluster))
+    citus_spares.prepare()
+    return [first]
 
 
 @pytest.fixture(scope="session")
@@ -197,9 +244,9 @@ async def db_dsn(request: pytest.FixtureRequest, pg_admin_dsn: str, template_db:
     if CITUS:
         shared: list[citus.ReusableDatabase] = request.getfixturevalue("citus_database")
         if not await shared[0].reset():
-            cluster = shared[0].cluster
-            await cluster.drop_database(shared[0].name)
-            shared[0] = await new_citus_database(cluster)
+            await shared[0].cluster.drop_database(shared[0].name)
+            spares: SpareDatabases = request.getfixturevalue("citus_spares")
+            shared[0] = await spares.take()
         yield shared[0].dsn
         return
     async with scratch_database(pg_admin_dsn, "gw_t", template=template_db) as dsn:

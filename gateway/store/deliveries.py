@@ -285,7 +285,12 @@ async def cycle(
 
 async def gauges(conn: Conn, *, cap: int) -> list[Gauge]:
     """Per destination: backlog (counted up to ``cap``), oldest due age, breaker, enabled."""
-    return [Gauge(**dict(r)) for r in await conn.fetch(q("deliveries_gauges"), cap)]
+    found = []
+    for d in await conn.fetch(q("deliveries_gauge_destinations")):
+        r = await conn.fetchrow(q("deliveries_gauge"), d["id"], d["due_from"], cap)
+        assert r is not None
+        found.append(Gauge(d["name"], d["breaker_state"], d["enabled"], r["backlog"], r["oldest_due_s"]))
+    return found
 
 
 # --- operators ------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ FILES: tuple[str, ...] = (
     "migrations/0023_deliveries_queue_and_log.sql",
     "migrations/0024_inbox_lane_written.sql",
     "migrations/0025_inbox_heads.sql",
+    "migrations/0026_deliveries_view_halves.sql",
     "queries/audit.sql",
     "queries/console.sql",
     "queries/dead_events.sql",

@@ -242,3 +242,23 @@ BEGIN
     EXECUTE format('ALTER DATABASE %I SET citus.override_table_visibility = off', current_database());
 END;
 $$;
+
+-- The deliveries view (for reading): Citus cannot plan a join, an ORDER BY or an IN over the
+-- union of its two halves, each a join of distributed tables, so here each half is collected on
+-- its own first (each is one query per shard, its joins on the lane). That reads every open and
+-- every delivered delivery of the log's days for each query on the view: an operator's look, not
+-- a hot path (the gateway itself never reads the view).
+DO $$
+BEGIN
+    IF pg_get_viewdef('deliveries'::regclass) NOT LIKE '%MATERIALIZED%' THEN
+        EXECUTE $v$
+            CREATE OR REPLACE VIEW deliveries AS
+            WITH open AS MATERIALIZED (SELECT * FROM deliveries_open),
+                 done AS MATERIALIZED (SELECT * FROM deliveries_done)
+            SELECT * FROM open
+            UNION ALL
+            SELECT * FROM done
+        $v$;
+    END IF;
+END;
+$$;

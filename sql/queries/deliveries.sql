@@ -62,62 +62,70 @@ SELECT * FROM forward_round(
     p_forwarder => $1, p_outcomes => $2, p_held => $3, p_tallies => $4, p_gone => $5, p_limit => $6,
     p_lanes => $7, p_lease_s => $8, p_breaker_failures => $9, p_housekeeping => $10, p_cooldown_s => $11);
 
--- name: deliveries_gauges
--- Per destination: queued deliveries, age of the oldest due one (receipt time), breaker state.
--- Bounded work every refresh, whatever the backlog (a day-long outage queues millions): the
--- queue is read on the claim's index from due_from (past the dead entries, see
--- sql/functions/forward_round.sql) and only up to $1 rows, so a backlog at the cap reads "at
--- least this many" and the age is the oldest among the first $1 due (exact below the cap).
-SELECT d.name, d.breaker_state, d.enabled,
-       (SELECT count(*) FROM (
-            SELECT FROM delivery_queue x
-            WHERE x.destination_id = d.id AND NOT x.failed AND x.due >= d.due_from
-            LIMIT $1) c) AS backlog,
+-- name: deliveries_gauge_destinations
+SELECT id, name, breaker_state, enabled, due_from FROM destinations ORDER BY name;
+
+-- name: deliveries_gauge
+-- One destination's queued deliveries ($1 its id, $2 its due_from) and the age of the oldest due
+-- one (receipt time). Bounded work every refresh, whatever the backlog (a day-long outage queues
+-- millions): the queue is read on the claim's index from due_from (past the dead entries, see
+-- sql/functions/forward_round.sql) and only up to $3 rows, so a backlog at the cap reads "at
+-- least this many" and the age is the oldest among the first $3 due (exact below the cap). One
+-- statement per destination: on a Citus cluster a subquery over the queue's shards cannot refer
+-- to a destination's row, so neither may it here.
+SELECT (SELECT count(*) FROM (
+            SELECT 1 FROM delivery_queue x
+            WHERE x.destination_id = $1 AND NOT x.failed AND x.due >= $2
+            LIMIT $3) c) AS backlog,
        coalesce((SELECT extract(epoch FROM clock_timestamp() - min(c.received_at)) FROM (
                      SELECT x.received_at FROM delivery_queue x
-                     WHERE x.destination_id = d.id AND NOT x.failed
-                       AND x.due >= d.due_from AND x.due <= clock_timestamp()
+                     WHERE x.destination_id = $1 AND NOT x.failed
+                       AND x.due >= $2 AND x.due <= clock_timestamp()
                      ORDER BY x.due, x.event_id
-                     LIMIT $1) c), 0)::float8 AS oldest_due_s
-FROM destinations d
-ORDER BY d.name;
+                     LIMIT $3) c), 0)::float8 AS oldest_due_s;
 
 -- name: deliveries_list
 -- $1 destination name, $2/$3 receipt time range [since, until), $4 state (each NULL: any), $5
 -- limit; by event id (the order the gateway processed the events). Open deliveries from the
 -- queue (one a forwarder holds is delivering), delivered ones from the log (a delivery replayed
--- and delivered again once).
+-- and delivered again once). Each half joins its own rows to their events and destinations on
+-- the lane and is limited on its own: on a Citus cluster each half is then one query per shard
+-- (Citus cannot join the union of the two to the events).
 WITH held AS (
     SELECT l.destination_id, unnest(l.ids) AS event_id FROM delivery_leases l
-), x AS (
-    SELECT q.destination_id, q.event_id, q.event_day, q.lane,
+)
+(SELECT * FROM (
+    SELECT q.event_id AS id, d.name AS destination, delivery_webhook_id(d.name, e.event_key) AS webhook_id,
+           e.event_key, e.kind,
            CASE WHEN q.failed THEN 'failed'
                 WHEN (q.destination_id, q.event_id) IN (SELECT destination_id, event_id FROM held) THEN 'delivering'
                 ELSE 'pending' END AS state,
            q.attempts, q.received_at, q.due AS next_attempt_at, q.last_status::integer AS last_status,
            q.last_error, NULL::timestamptz AS delivered_at
     FROM delivery_queue q
-    WHERE ($2::timestamptz IS NULL OR q.received_at >= $2) AND ($3::timestamptz IS NULL OR q.received_at < $3)
-    UNION ALL
-    SELECT * FROM (
-        SELECT DISTINCT ON (l.destination_id, l.event_id)
-               l.destination_id, l.event_id, l.event_day, l.lane, 'delivered', l.attempt, l.received_at, l.at,
-               l.status::integer, l.error, l.at
-        FROM delivery_log l
-        WHERE l.outcome = 'delivered'
-          AND ($2::timestamptz IS NULL OR l.received_at >= $2) AND ($3::timestamptz IS NULL OR l.received_at < $3)
-          AND NOT EXISTS (SELECT 1 FROM delivery_queue q
-                          WHERE q.destination_id = l.destination_id AND q.event_id = l.event_id)
-        ORDER BY l.destination_id, l.event_id, l.at DESC) done
-)
-SELECT x.event_id AS id, d.name AS destination, delivery_webhook_id(d.name, e.event_key) AS webhook_id,
-       e.event_key, e.kind, x.state, x.attempts, x.received_at, x.next_attempt_at, x.last_status,
-       x.last_error, x.delivered_at
-FROM x
-JOIN destinations d ON d.id = x.destination_id
-JOIN delivery_events e ON e.id = x.event_id AND e.day = x.event_day AND e.lane = x.lane
-WHERE ($1::text IS NULL OR d.name = $1) AND ($4::text IS NULL OR x.state = $4)
-ORDER BY x.event_id, d.name
+    JOIN destinations d ON d.id = q.destination_id
+    JOIN delivery_events e ON e.id = q.event_id AND e.day = q.event_day AND e.lane = q.lane
+    WHERE ($1::text IS NULL OR d.name = $1)
+      AND ($2::timestamptz IS NULL OR q.received_at >= $2) AND ($3::timestamptz IS NULL OR q.received_at < $3)
+ ) open
+ WHERE $4::text IS NULL OR open.state = $4
+ ORDER BY open.id, open.destination
+ LIMIT $5)
+UNION ALL
+(SELECT DISTINCT ON (l.event_id, d.name)
+        l.event_id, d.name, delivery_webhook_id(d.name, e.event_key), e.event_key, e.kind, 'delivered',
+        l.attempt, l.received_at, l.at, l.status::integer, l.error, l.at
+ FROM delivery_log l
+ JOIN destinations d ON d.id = l.destination_id
+ JOIN delivery_events e ON e.id = l.event_id AND e.day = l.event_day AND e.lane = l.lane
+ WHERE l.outcome = 'delivered' AND ($1::text IS NULL OR d.name = $1)
+   AND ($2::timestamptz IS NULL OR l.received_at >= $2) AND ($3::timestamptz IS NULL OR l.received_at < $3)
+   AND ($4::text IS NULL OR $4 = 'delivered')
+   AND NOT EXISTS (SELECT 1 FROM delivery_queue q
+                   WHERE q.destination_id = l.destination_id AND q.event_id = l.event_id AND q.lane = l.lane)
+ ORDER BY l.event_id, d.name, l.at DESC
+ LIMIT $5)
+ORDER BY 1, 2
 LIMIT $5;
 
 -- name: deliveries_count
@@ -127,30 +135,32 @@ WITH held AS (
 )
 SELECT x.state, count(*) AS n
 FROM (
-    SELECT q.destination_id,
-           CASE WHEN q.failed THEN 'failed'
+    SELECT CASE WHEN q.failed THEN 'failed'
                 WHEN (q.destination_id, q.event_id) IN (SELECT destination_id, event_id FROM held) THEN 'delivering'
                 ELSE 'pending' END AS state
     FROM delivery_queue q
-    WHERE ($2::timestamptz IS NULL OR q.received_at >= $2) AND ($3::timestamptz IS NULL OR q.received_at < $3)
+    JOIN destinations d ON d.id = q.destination_id
+    WHERE ($1::text IS NULL OR d.name = $1)
+      AND ($2::timestamptz IS NULL OR q.received_at >= $2) AND ($3::timestamptz IS NULL OR q.received_at < $3)
     UNION ALL
-    SELECT y.destination_id, 'delivered'
-    FROM (SELECT DISTINCT l.destination_id, l.event_id
+    SELECT 'delivered'
+    FROM (SELECT DISTINCT l.destination_id, l.event_id, l.lane
           FROM delivery_log l
-          WHERE l.outcome = 'delivered'
+          JOIN destinations d ON d.id = l.destination_id
+          WHERE l.outcome = 'delivered' AND ($1::text IS NULL OR d.name = $1)
             AND ($2::timestamptz IS NULL OR l.received_at >= $2) AND ($3::timestamptz IS NULL OR l.received_at < $3)
             AND NOT EXISTS (SELECT 1 FROM delivery_queue q
-                            WHERE q.destination_id = l.destination_id AND q.event_id = l.event_id)) y
-) x(destination_id, state)
-JOIN destinations d ON d.id = x.destination_id
-WHERE $1::text IS NULL OR d.name = $1
+                            WHERE q.destination_id = l.destination_id AND q.event_id = l.event_id
+                              AND q.lane = l.lane)) y
+) x(state)
 GROUP BY x.state;
 
 -- name: deliveries_replay_failed
 -- Failed deliveries in a receipt time range back to due now, with a fresh retry window.
+-- (The clock is read in a sub-select: Citus refuses a volatile function in an UPDATE's SET.)
 UPDATE delivery_queue q SET
-    failed = false, attempts = 0, due = clock_timestamp(), window_start = clock_timestamp()
-FROM destinations d
+    failed = false, attempts = 0, due = c.now, window_start = c.now
+FROM destinations d, (SELECT clock_timestamp() AS now) c
 WHERE d.id = q.destination_id
   AND ($1::text IS NULL OR d.name = $1)
   AND ($2::timestamptz IS NULL OR q.received_at >= $2)
@@ -218,25 +228,34 @@ WITH d AS (
     FROM jsonb_to_recordset($2::jsonb) AS f(
         key text, kind text, conversation text, envelope jsonb, received_at timestamptz, number text,
         callback text)
+), have AS (
+    -- Events of these keys the destination already has (one query per shard on Citus: the
+    -- look-ups stay on the event's lane).
+    SELECT e.event_key
+    FROM delivery_events e
+    WHERE e.event_key IN (SELECT f.key FROM f)
+      AND (EXISTS (SELECT 1 FROM delivery_queue q
+                   WHERE q.destination_id = $1 AND q.event_id = e.id AND q.lane = e.lane)
+           OR EXISTS (SELECT 1 FROM delivery_log l
+                      WHERE l.destination_id = $1 AND l.received_at = e.received_at
+                        AND l.event_id = e.id AND l.lane = e.lane AND l.outcome = 'delivered'))
 ), want AS (
     SELECT f.*, d.format, d.ordered
     FROM f JOIN d ON (d.numbers IS NULL OR f.number = ANY (d.numbers))
                  AND (d.format = 'standard' OR f.envelope->>'source' = 'meta')
-    WHERE NOT EXISTS (
-        SELECT 1 FROM delivery_events e
-        WHERE e.event_key = f.key
-          AND (EXISTS (SELECT 1 FROM delivery_queue q WHERE q.destination_id = d.id AND q.event_id = e.id)
-               OR EXISTS (SELECT 1 FROM delivery_log l
-                          WHERE l.destination_id = d.id AND l.received_at = e.received_at
-                            AND l.event_id = e.id AND l.outcome = 'delivered')))
+    WHERE NOT EXISTS (SELECT 1 FROM have h WHERE h.event_key = f.key)
+), cb AS (
+    -- The trackers of sends of ours the events name (callback_data is unique in the outbox).
+    SELECT o.callback_data, coalesce(to_jsonb(o.biz_opaque_callback_data), 'null'::jsonb) AS tracker
+    FROM outbox o
+    WHERE o.callback_data IN (SELECT w.callback FROM want w WHERE w.callback IS NOT NULL)
 ), ev AS (
     INSERT INTO delivery_events (lane, received_at, event_key, kind, conversation, body, meta_body)
     SELECT delivery_lane(w.conversation, w.subject), w.received_at, w.key, w.kind, w.conversation,
            CASE WHEN w.format = 'standard' THEN convert_to(w.envelope::text, 'UTF8') END,
            CASE WHEN w.format = 'meta' THEN convert_to(meta_webhook(w.envelope, cb.tracker)::text, 'UTF8') END
     FROM want w
-    LEFT JOIN LATERAL (SELECT coalesce(to_jsonb(o.biz_opaque_callback_data), 'null'::jsonb) AS tracker
-                       FROM outbox o WHERE w.callback IS NOT NULL AND o.callback_data = w.callback) cb ON true
+    LEFT JOIN cb ON cb.callback_data = w.callback
     ORDER BY w.received_at, w.key
     RETURNING id, day, lane, received_at, conversation
 ), ins AS (
@@ -252,7 +271,8 @@ SELECT count(*) FROM ins;
 -- name: backfill_messages
 -- Inbound messages received in [$1, $2), after id $3, $4 at most. A Tenashi message's key
 -- (evt:<id>) is found beside it in processed_webhook_events (same transaction, same inbox
--- row); NULL once retention purged it.
+-- row, same subject: the event id); NULL once retention purged it. (The subject also keeps the
+-- look-up on the message's own shard on a Citus cluster.)
 SELECT m.id, m.wamid, m.source, m.phone_number_id, m.sender, m.type, m.timestamp,
        m.contact_name, m.message, m.received_at, m.user_id, m.parent_user_id, m.username,
        m.waba_id, m.display_phone_number, m.contact,
@@ -262,7 +282,8 @@ SELECT m.id, m.wamid, m.source, m.phone_number_id, m.sender, m.type, m.timestamp
                   WHERE p.event_day = DATE '1970-01-01'
                     AND p.processed_at >= m.received_at
                     AND p.processed_at < m.received_at + interval '10 minutes'
-                    AND p.inbox_id = m.inbox_id AND p.event_key LIKE 'evt:%'
+                    AND p.subject = m.subject AND p.inbox_id = m.inbox_id
+                    AND p.event_key LIKE 'evt:%'
                   LIMIT 1) END AS event_key
 FROM inbound_messages m
 WHERE m.received_at >= $1 AND m.received_at < $2 AND m.id > $3

@@ -13,18 +13,37 @@ from gateway.store import retention
 
 async def received(pool: asyncpg.Pool, expr: str) -> None:
     """Set every delivery's (and its event's) receipt time to ``expr``, an SQL expression in
-    which ``{id}`` is the event id, e.g. ``now() - make_interval(hours => {id} % 3)``."""
+    which ``{id}`` is the event id, e.g. ``now() - make_interval(hours => {id} % 3)``. (The
+    values are computed first and written as constants: a Citus cluster refuses a stable
+    function over a column in an UPDATE of a distributed table.)"""
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("UPDATE delivery_events SET received_at = " + expr.format(id="id"))
-        await conn.execute("UPDATE delivery_queue SET received_at = " + expr.format(id="event_id"))
-        await conn.execute("UPDATE delivery_log SET received_at = " + expr.format(id="event_id"))
+        ids = [r["id"] for r in await conn.fetch("SELECT id FROM delivery_events")]
+        at = {
+            r["id"]: r["at"]
+            for r in await conn.fetch(
+                f"SELECT id, {expr.format(id='id')} AS at FROM unnest($1::bigint[]) AS t(id)", ids
+            )
+        }
+        for table, column in (
+            ("delivery_events", "id"),
+            ("delivery_queue", "event_id"),
+            ("delivery_log", "event_id"),
+        ):
+            await conn.execute(
+                f"UPDATE {table} x SET received_at = v.at"
+                " FROM (SELECT * FROM unnest($1::bigint[], $2::timestamptz[]) AS v(id, at)) v"
+                f" WHERE x.{column} = v.id",
+                list(at),
+                list(at.values()),
+            )
 
 
 async def due(pool: asyncpg.Pool, expr: str, key: str | None = None) -> list[int]:
-    """Make queued deliveries (of event ``key``, or all) due at ``expr``; their event ids."""
+    """Make queued deliveries (of event ``key``, or all) due at ``expr`` (read once)."""
     rows = await pool.fetch(
-        f"UPDATE delivery_queue q SET due = {expr} FROM delivery_events e"
-        " WHERE e.id = q.event_id AND e.day = q.event_day AND ($1::text IS NULL OR e.event_key = $1)"
+        f"UPDATE delivery_queue q SET due = c.at FROM delivery_events e, (SELECT {expr} AS at) c"
+        " WHERE e.id = q.event_id AND e.day = q.event_day AND e.lane = q.lane"
+        " AND ($1::text IS NULL OR e.event_key = $1)"
         " RETURNING q.event_id",
         key,
     )
