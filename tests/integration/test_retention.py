@@ -27,7 +27,9 @@ from tests.support.consume import dead_row, drain, read_all, stage
 from tests.support.deliveries import made_up
 from tests.support.forward import until
 
-pytestmark = pytest.mark.citus
+# The tests marked citus also run on a Citus cluster (make test-citus), where every partition is
+# made and dropped on each shard; the others check the same SQL's rules (horizons per table,
+# one replica at a time) at many times the cost there.
 
 TODAY = datetime.now(UTC).date()
 
@@ -84,6 +86,7 @@ async def redeliver(pool: asyncpg.Pool, body: bytes) -> inbox.Applied:
     return applied
 
 
+@pytest.mark.citus
 async def test_a_redelivery_six_days_later_is_still_deduplicated(
     pool: asyncpg.Pool, settings: Settings
 ) -> None:
@@ -115,6 +118,7 @@ async def test_a_redelivery_six_days_later_is_still_deduplicated(
     assert await pool.fetchval("SELECT count(*) FROM message_statuses WHERE wamid = 'wamid.OUT6'") == 1
 
 
+@pytest.mark.citus
 async def test_dropping_partitions_keeps_every_key_younger_than_the_window(
     pool: asyncpg.Pool, settings: Settings
 ) -> None:
@@ -172,6 +176,7 @@ async def test_dropping_partitions_keeps_every_key_younger_than_the_window(
     assert REGISTRY.get_sample_value("gateway_partitions_ahead_days") == 3
 
 
+@pytest.mark.citus
 async def test_inbox_partitions_drop_done_rows_and_carry_the_rest(
     pool: asyncpg.Pool, settings: Settings
 ) -> None:
@@ -197,11 +202,9 @@ async def test_inbox_partitions_drop_done_rows_and_carry_the_rest(
     assert dead is not None and (dead["state"], bytes(dead["body"])) == ("dead", b"dead")
 
 
-@pytest.mark.skipif(
-    on_cluster(),
-    reason="Citus refuses DETACH PARTITION ... CONCURRENTLY: on a cluster a day's detach is a plain "
-    "one, which writers queue behind for up to its lock_timeout (docs/scaling.md, Retention on the cluster)",
-)
+# Not on a cluster: Citus refuses DETACH PARTITION ... CONCURRENTLY, so there a day's detach is a
+# plain one, which writers queue behind for up to its lock_timeout (docs/scaling.md, Retention on
+# the cluster).
 async def test_creating_and_dropping_partitions_never_blocks_writers(
     pool: asyncpg.Pool, settings: Settings, db_dsn: str
 ) -> None:
@@ -261,6 +264,7 @@ async def test_side_effect_tables_drop_by_their_own_horizon(pool: asyncpg.Pool, 
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 0
 
 
+@pytest.mark.citus
 async def test_outbox_terminal_rows_and_reply_claims_are_bounded(
     pool: asyncpg.Pool, settings: Settings
 ) -> None:
@@ -309,6 +313,7 @@ async def test_outbox_terminal_rows_and_reply_claims_are_bounded(
     assert [r[0] for r in await pool.fetch("SELECT inbound_wamid FROM reply_claims")] == ["w.new"]
 
 
+@pytest.mark.citus
 async def test_event_fragments_go_with_the_raw_bodies(pool: asyncpg.Pool, settings: Settings) -> None:
     # Exact bytes of escaped events: 5 older than the inbox horizon, 2 younger.
     await pool.execute(
@@ -351,6 +356,7 @@ async def test_two_replicas_at_once_do_the_work_once(
             await p.close()
 
 
+@pytest.mark.citus
 async def test_metrics_count_processed_and_duplicates(pool: asyncpg.Pool, settings: Settings) -> None:
     def sample(name: str, **labels: str) -> float:
         return REGISTRY.get_sample_value(name, labels) or 0.0
