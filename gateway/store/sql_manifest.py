@@ -30,6 +30,7 @@ FILES: tuple[str, ...] = (
     "functions/partition_has_default.sql",
     "functions/partition_oldest_before.sql",
     "functions/reply_claim.sql",
+    "functions/values_list.sql",
     "functions/webhook_inbox_notify.sql",
     "migrations/0001_webhook_inbox_and_outbox.sql",
     "migrations/0002_processed_events_and_side_effects.sql",
