@@ -17,12 +17,19 @@ SELECT d.id, d.name, d.url, d.events, d.secret, d.enabled, d.max_in_flight, d.or
        CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret_until END
            AS previous_secret_until,
        d.breaker_state, d.consecutive_failures, d.breaker_changed_at, d.created_at,
-       (SELECT count(*) FROM delivery_queue x WHERE x.destination_id = d.id AND NOT x.failed) AS backlog,
-       (SELECT count(*) FROM delivery_queue x WHERE x.destination_id = d.id AND x.failed) AS failed,
+       coalesce(x.backlog, 0) AS backlog, coalesce(x.failed, 0) AS failed,
        -- disabled by a 410 Gone answer: its waiting delivery says so (until it is re-enabled)
-       NOT d.enabled AND EXISTS (SELECT 1 FROM delivery_queue x
-                                 WHERE x.destination_id = d.id AND NOT x.failed AND x.last_status = 410) AS gone
+       NOT d.enabled AND coalesce(x.gone, false) AS gone
 FROM destinations d
+-- (One pass over the queue grouped by destination, not a subquery per destination: a Citus
+-- coordinator refuses a correlated subquery over its distributed tables.)
+LEFT JOIN (
+    SELECT q.destination_id, count(*) FILTER (WHERE NOT q.failed) AS backlog,
+           count(*) FILTER (WHERE q.failed) AS failed,
+           bool_or(NOT q.failed AND q.last_status = 410) AS gone
+    FROM delivery_queue q
+    GROUP BY q.destination_id
+) x ON x.destination_id = d.id
 ORDER BY d.name;
 
 -- name: destination_rotate_secret
