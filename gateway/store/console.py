@@ -219,4 +219,4 @@ async def replies(conn: Conn, *, wamid: str) -> list[Row]:
 async def overview(conn: Conn) -> dict[str, Any]:
     r = await conn.fetchrow(q("console_overview"), LIST_CAP, INGEST_WINDOW)
     assert r is not None
-    return dict(r)
+    return dict(r) | {"partitions_ahead_days": await conn.fetchval(q("console_partitions_ahead"))}

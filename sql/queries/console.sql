@@ -339,42 +339,50 @@ ORDER BY c.claimed_at;
 
 -- name: console_overview
 -- The overview's numbers, every count bounded by $1 on a partial index; the ingest rate
--- counts the rows received in the last minute among the newest $2 ids.
+-- counts the rows received in the last minute among the newest $2 ids. (Each bounded count
+-- selects a column: Citus fails to plan a subquery with none over a distributed table's shards,
+-- "a column definition list is required". The partitions' horizon is console_partitions_ahead.)
 SELECT
-    (SELECT count(*) FROM (SELECT FROM webhook_inbox
+    (SELECT count(*) FROM (SELECT 1 FROM webhook_inbox
                            WHERE received_at >= now() - interval '60 seconds'
                              AND id > (SELECT max(id) FROM webhook_inbox) - $2
                            LIMIT $2) x) AS ingest_last_minute,
-    (SELECT count(*) FROM (SELECT FROM inbox_unprocessed() WHERE state = 'pending' LIMIT $1) x) AS inbox_pending,
+    (SELECT count(*) FROM (SELECT 1 FROM inbox_unprocessed() WHERE state = 'pending' LIMIT $1) x) AS inbox_pending,
     (SELECT coalesce(extract(epoch FROM clock_timestamp() - least(
                 inbox_oldest_unread(),
                 (SELECT min(next_attempt_at) FROM inbox_parked
                  WHERE state = 'retry' AND next_attempt_at <= clock_timestamp()))), 0)::float8)
         AS inbox_oldest_due_s,
-    (SELECT count(*) FROM (SELECT FROM inbox_parked WHERE state = 'dead' LIMIT $1) x) AS dead_rows,
-    (SELECT count(*) FROM (SELECT FROM dead_events WHERE state = 'dead' AND state <> 'done' LIMIT $1) x)
+    (SELECT count(*) FROM (SELECT 1 FROM inbox_parked WHERE state = 'dead' LIMIT $1) x) AS dead_rows,
+    (SELECT count(*) FROM (SELECT 1 FROM dead_events WHERE state = 'dead' AND state <> 'done' LIMIT $1) x)
         AS dead_events,
-    (SELECT count(*) FROM (SELECT FROM dead_events WHERE state = 'retry' AND state <> 'done' LIMIT $1) x)
+    (SELECT count(*) FROM (SELECT 1 FROM dead_events WHERE state = 'retry' AND state <> 'done' LIMIT $1) x)
         AS retry_events,
     (SELECT min(received_at) FROM (SELECT received_at FROM dead_events
                                    WHERE state = 'dead' AND state <> 'done'
                                    ORDER BY received_at LIMIT 1) x) AS dead_oldest,
-    (SELECT count(*) FROM (SELECT FROM outbox WHERE state = 'pending' LIMIT $1) x) AS outbox_pending,
+    (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE state = 'pending' LIMIT $1) x) AS outbox_pending,
     (SELECT min(next_attempt_at) FROM (SELECT next_attempt_at FROM outbox WHERE state = 'pending'
                                        ORDER BY next_attempt_at LIMIT 1) x) AS outbox_next_due,
-    (SELECT count(*) FROM (SELECT FROM outbox WHERE state = 'sending' LIMIT $1) x) AS outbox_sending,
-    (SELECT count(*) FROM (SELECT FROM outbox
+    (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE state = 'sending' LIMIT $1) x) AS outbox_sending,
+    (SELECT count(*) FROM (SELECT 1 FROM outbox
                            WHERE state = 'unknown' AND state IN ('unknown', 'review', 'failed', 'cancelled')
                            LIMIT $1) x) AS outbox_unknown,
     (SELECT min(unknown_at) FROM outbox WHERE state = 'unknown') AS outbox_oldest_unknown,
-    (SELECT count(*) FROM (SELECT FROM outbox
+    (SELECT count(*) FROM (SELECT 1 FROM outbox
                            WHERE state = 'review' AND state IN ('unknown', 'review', 'failed', 'cancelled')
                            LIMIT $1) x) AS outbox_review,
-    (SELECT count(*) FROM (SELECT FROM outbox
+    (SELECT count(*) FROM (SELECT 1 FROM outbox
                            WHERE state = 'failed' AND state IN ('unknown', 'review', 'failed', 'cancelled')
                            LIMIT $1) x) AS outbox_failed,
-    (SELECT count(*) FROM send_breakers WHERE state <> 'closed') AS open_sender_breakers,
-    (SELECT min(coalesce((SELECT max(pd) FROM partition_days(t) AS pd) - current_date, -1))
-     FROM unnest(ARRAY['processed_webhook_events', 'webhook_inbox', 'inbound_messages',
-                       'message_statuses', 'account_errors', 'account_updates']) AS t
-     WHERE to_regclass(t) IS NOT NULL) AS partitions_ahead_days;
+    (SELECT count(*) FROM send_breakers WHERE state <> 'closed') AS open_sender_breakers;
+
+-- name: console_partitions_ahead
+-- How many days ahead the day partitions are made, for the overview. Its own statement: on a
+-- Citus coordinator a prepared statement that reads distributed tables and calls the SQL
+-- function partition_days is refused ("parameterized queries for SQL functions referencing
+-- distributed tables are not supported").
+SELECT min(coalesce((SELECT max(pd) FROM partition_days(t) AS pd) - current_date, -1)) AS partitions_ahead_days
+FROM unnest(ARRAY['processed_webhook_events', 'webhook_inbox', 'inbound_messages',
+                  'message_statuses', 'account_errors', 'account_updates']) AS t
+WHERE to_regclass(t) IS NOT NULL;
