@@ -87,6 +87,28 @@ async def test_bulk_release_counts_done_and_refused(pool: asyncpg.Pool) -> None:
     assert "1 row(s) not released" in e.outcome
 
 
+async def test_cancel_one_and_in_bulk(pool: asyncpg.Pool) -> None:
+    for key in ("c0", "c1", "c2", "c3"):
+        await enqueue(pool, key)
+    await pool.execute("UPDATE outbox SET state = 'review' WHERE idem_key <> 'c3'")
+    await pool.execute("UPDATE outbox SET state = 'accepted' WHERE idem_key = 'c3'")
+    async with pool.acquire() as conn:
+        assert "now cancelled" in await actions.cancel(conn, ALICE, "c0")
+        with pytest.raises(ValueError, match="is accepted: not cancelled"):
+            await actions.cancel(conn, ALICE, "c3")
+        done = await actions.outbox_bulk(
+            conn, ALICE, "cancel", state="review", since=None, until=None, tenant="acme", window_s=600
+        )
+    assert done.done == 2
+    states = dict(await pool.fetch("SELECT idem_key, state FROM outbox"))
+    assert states == {"c0": "cancelled", "c1": "cancelled", "c2": "cancelled", "c3": "accepted"}
+    assert [(e.action, e.rows) for e in await entries(pool)] == [
+        ("outbox.cancel_bulk", 2),
+        ("outbox.cancel", 0),
+        ("outbox.cancel", 1),
+    ]
+
+
 async def test_dead_replay_by_range_and_by_id(pool: asyncpg.Pool) -> None:
     rid = await dead_row(pool, b"not json")
     async with pool.acquire() as conn:
