@@ -172,20 +172,25 @@ ORDER BY 2
 LIMIT 200;
 
 -- name: console_destinations
--- Every destination with its breaker, backlog and failures, each counted up to $1 on its
--- index (delivery_queue_due from due_from, delivery_queue_failed).
-SELECT d.name, d.url, d.events, d.secret, d.enabled, d.ordered, d.max_in_flight, d.breaker_state,
-       d.consecutive_failures, d.breaker_changed_at,
+-- Every destination with its breaker (its backlog and failures: console_destination_counts).
+SELECT d.id, d.due_from, d.name, d.url, d.events, d.secret, d.enabled, d.ordered, d.max_in_flight,
+       d.breaker_state, d.consecutive_failures, d.breaker_changed_at,
        CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret END AS previous_secret,
        CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret_until END
-           AS previous_secret_until,
-       (SELECT count(*) FROM (SELECT FROM delivery_queue x
-                              WHERE x.destination_id = d.id AND NOT x.failed
-                                AND x.due >= d.due_from LIMIT $1) c) AS backlog,
-       (SELECT count(*) FROM (SELECT FROM delivery_queue x
-                              WHERE x.destination_id = d.id AND x.failed LIMIT $1) c) AS failed
+           AS previous_secret_until
 FROM destinations d
 ORDER BY d.name;
+
+-- name: console_destination_counts
+-- One destination's ($1 its id, $2 its due_from) backlog and failures, each counted up to $3 on
+-- its index (delivery_queue_due from due_from, delivery_queue_failed). One statement per
+-- destination, as deliveries_gauge: on a Citus cluster a subquery over the queue's shards
+-- cannot refer to a destination's row.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM delivery_queue x
+                              WHERE x.destination_id = $1 AND NOT x.failed AND x.due >= $2
+                              LIMIT $3) c) AS backlog,
+       (SELECT count(*) FROM (SELECT 1 FROM delivery_queue x
+                              WHERE x.destination_id = $1 AND x.failed LIMIT $3) c) AS failed;
 
 -- name: console_deliveries_failed
 -- One destination ($1 id: its name is $6) failed deliveries, newest first, on

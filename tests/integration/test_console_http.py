@@ -72,6 +72,7 @@ async def seed(pool: asyncpg.Pool) -> int:
     )
 
 
+@pytest.mark.citus
 async def test_every_page_renders_and_escapes_what_came_from_a_webhook(
     pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
 ) -> None:

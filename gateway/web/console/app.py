@@ -76,7 +76,7 @@ async def database_down(request: web.Request, handler: auth.Handler) -> web.Stre
             "title": "Not available on this database",
             "why": "the database does not support this page's statement: on a Citus cluster some "
             "console pages do not run (docs/scaling.md, Past one machine: Citus); the command line "
-            "(gateway destinations list, gateway deliveries list) does",
+            "(gateway deliveries list) does",
         }
         status, retry = 501, None
     except DB_ERRORS as exc:
