@@ -145,8 +145,14 @@ async def statuses(conn: Conn, *, wamid: str) -> list[Row]:
     return list(await conn.fetch(q("console_statuses"), wamid))
 
 
-async def destinations(conn: Conn) -> list[Row]:
-    return list(await conn.fetch(q("console_destinations"), LIST_CAP))
+async def destinations(conn: Conn) -> list[dict[str, Any]]:
+    """Every destination, with its backlog and failures counted up to LIST_CAP."""
+    out = []
+    for d in await conn.fetch(q("console_destinations")):
+        n = await conn.fetchrow(q("console_destination_counts"), d["id"], d["due_from"], LIST_CAP)
+        assert n is not None
+        out.append(dict(d) | dict(n))
+    return out
 
 
 async def deliveries_page(
@@ -219,4 +225,4 @@ async def replies(conn: Conn, *, wamid: str) -> list[Row]:
 async def overview(conn: Conn) -> dict[str, Any]:
     r = await conn.fetchrow(q("console_overview"), LIST_CAP, INGEST_WINDOW)
     assert r is not None
-    return dict(r)
+    return dict(r) | {"partitions_ahead_days": await conn.fetchval(q("console_partitions_ahead"))}

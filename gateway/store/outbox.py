@@ -295,6 +295,13 @@ async def cancel(conn: Conn, key: str, tenant: str | None = None) -> str:
     return await _transition(conn, "outbox_cancel", key, tenant, "cancelled")
 
 
+async def unprocessed_latest(conn: Conn) -> datetime | None:
+    """When the newest webhook not processed yet was received (None: none): a release waits
+    for it if the row is older (read in the release's transaction, before its statement)."""
+    at: datetime | None = await conn.fetchval(q("outbox_unprocessed_latest"))
+    return at
+
+
 async def _row_of(conn: Conn, key: str, tenant: str | None) -> OutboxRow | None:
     found = await _resolve_tenant(conn, key, tenant)
     return None if found is None else await get(conn, tenant=found, key=key)
@@ -313,7 +320,7 @@ async def _transition(
     found = await _resolve_tenant(conn, key, tenant)
     if found is None:
         raise LookupError(f"no outbox row with key {key!r}" + (f" for tenant {tenant!r}" if tenant else ""))
-    extra = (window_s, may_duplicate) if verb == "released" else ()
+    extra = (window_s, may_duplicate, await unprocessed_latest(conn)) if verb == "released" else ()
     state = await conn.fetchval(q(query), found, key, *extra)
     if state is None:
         row = await get(conn, tenant=found, key=key)
@@ -334,7 +341,7 @@ async def _transition(
                 at,
             )
         if verb == "released" and row["state"] in RELEASABLE:
-            u = await conn.fetchrow(q("outbox_unprocessed_since"), found, key)
+            u = await conn.fetchrow(q("outbox_unprocessed_since"), row["created_at"])
             assert u is not None
             raise ValueError(
                 f"{found}/{key} is {row['state']} but {u['pending']} pending and {u['dead']} dead "
@@ -405,8 +412,9 @@ async def release_bulk(
     if OutboxState(state) not in RELEASABLE:
         raise ValueError(f"only review, unknown or failed rows can be released, not {state}")
     r = await conn.fetchrow(
-        q("outbox_release_bulk"), str(OutboxState(state)), since, until, tenant, window_s, may_duplicate
-    )
+        q("outbox_release_bulk"), str(OutboxState(state)), since, until, tenant, window_s, may_duplicate,
+        await unprocessed_latest(conn),
+    )  # fmt: skip
     assert r is not None
     return Bulk(
         int(r["done"]), int(r["refused"]), int(r["waiting"]), int(r["early"]), r["early_first"],

@@ -172,20 +172,25 @@ ORDER BY 2
 LIMIT 200;
 
 -- name: console_destinations
--- Every destination with its breaker, backlog and failures, each counted up to $1 on its
--- index (delivery_queue_due from due_from, delivery_queue_failed).
-SELECT d.name, d.url, d.events, d.secret, d.enabled, d.ordered, d.max_in_flight, d.breaker_state,
-       d.consecutive_failures, d.breaker_changed_at,
+-- Every destination with its breaker (its backlog and failures: console_destination_counts).
+SELECT d.id, d.due_from, d.name, d.url, d.events, d.secret, d.enabled, d.ordered, d.max_in_flight,
+       d.breaker_state, d.consecutive_failures, d.breaker_changed_at,
        CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret END AS previous_secret,
        CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret_until END
-           AS previous_secret_until,
-       (SELECT count(*) FROM (SELECT FROM delivery_queue x
-                              WHERE x.destination_id = d.id AND NOT x.failed
-                                AND x.due >= d.due_from LIMIT $1) c) AS backlog,
-       (SELECT count(*) FROM (SELECT FROM delivery_queue x
-                              WHERE x.destination_id = d.id AND x.failed LIMIT $1) c) AS failed
+           AS previous_secret_until
 FROM destinations d
 ORDER BY d.name;
+
+-- name: console_destination_counts
+-- One destination's ($1 its id, $2 its due_from) backlog and failures, each counted up to $3 on
+-- its index (delivery_queue_due from due_from, delivery_queue_failed). One statement per
+-- destination, as deliveries_gauge: on a Citus cluster a subquery over the queue's shards
+-- cannot refer to a destination's row.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM delivery_queue x
+                              WHERE x.destination_id = $1 AND NOT x.failed AND x.due >= $2
+                              LIMIT $3) c) AS backlog,
+       (SELECT count(*) FROM (SELECT 1 FROM delivery_queue x
+                              WHERE x.destination_id = $1 AND x.failed LIMIT $3) c) AS failed;
 
 -- name: console_deliveries_failed
 -- One destination ($1 id: its name is $6) failed deliveries, newest first, on
@@ -339,42 +344,50 @@ ORDER BY c.claimed_at;
 
 -- name: console_overview
 -- The overview's numbers, every count bounded by $1 on a partial index; the ingest rate
--- counts the rows received in the last minute among the newest $2 ids.
+-- counts the rows received in the last minute among the newest $2 ids. (Each bounded count
+-- selects a column: Citus fails to plan a subquery with none over a distributed table's shards,
+-- "a column definition list is required". The partitions' horizon is console_partitions_ahead.)
 SELECT
-    (SELECT count(*) FROM (SELECT FROM webhook_inbox
+    (SELECT count(*) FROM (SELECT 1 FROM webhook_inbox
                            WHERE received_at >= now() - interval '60 seconds'
                              AND id > (SELECT max(id) FROM webhook_inbox) - $2
                            LIMIT $2) x) AS ingest_last_minute,
-    (SELECT count(*) FROM (SELECT FROM inbox_unprocessed() WHERE state = 'pending' LIMIT $1) x) AS inbox_pending,
+    (SELECT count(*) FROM (SELECT 1 FROM inbox_unprocessed() WHERE state = 'pending' LIMIT $1) x) AS inbox_pending,
     (SELECT coalesce(extract(epoch FROM clock_timestamp() - least(
                 inbox_oldest_unread(),
                 (SELECT min(next_attempt_at) FROM inbox_parked
                  WHERE state = 'retry' AND next_attempt_at <= clock_timestamp()))), 0)::float8)
         AS inbox_oldest_due_s,
-    (SELECT count(*) FROM (SELECT FROM inbox_parked WHERE state = 'dead' LIMIT $1) x) AS dead_rows,
-    (SELECT count(*) FROM (SELECT FROM dead_events WHERE state = 'dead' AND state <> 'done' LIMIT $1) x)
+    (SELECT count(*) FROM (SELECT 1 FROM inbox_parked WHERE state = 'dead' LIMIT $1) x) AS dead_rows,
+    (SELECT count(*) FROM (SELECT 1 FROM dead_events WHERE state = 'dead' AND state <> 'done' LIMIT $1) x)
         AS dead_events,
-    (SELECT count(*) FROM (SELECT FROM dead_events WHERE state = 'retry' AND state <> 'done' LIMIT $1) x)
+    (SELECT count(*) FROM (SELECT 1 FROM dead_events WHERE state = 'retry' AND state <> 'done' LIMIT $1) x)
         AS retry_events,
     (SELECT min(received_at) FROM (SELECT received_at FROM dead_events
                                    WHERE state = 'dead' AND state <> 'done'
                                    ORDER BY received_at LIMIT 1) x) AS dead_oldest,
-    (SELECT count(*) FROM (SELECT FROM outbox WHERE state = 'pending' LIMIT $1) x) AS outbox_pending,
+    (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE state = 'pending' LIMIT $1) x) AS outbox_pending,
     (SELECT min(next_attempt_at) FROM (SELECT next_attempt_at FROM outbox WHERE state = 'pending'
                                        ORDER BY next_attempt_at LIMIT 1) x) AS outbox_next_due,
-    (SELECT count(*) FROM (SELECT FROM outbox WHERE state = 'sending' LIMIT $1) x) AS outbox_sending,
-    (SELECT count(*) FROM (SELECT FROM outbox
+    (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE state = 'sending' LIMIT $1) x) AS outbox_sending,
+    (SELECT count(*) FROM (SELECT 1 FROM outbox
                            WHERE state = 'unknown' AND state IN ('unknown', 'review', 'failed', 'cancelled')
                            LIMIT $1) x) AS outbox_unknown,
     (SELECT min(unknown_at) FROM outbox WHERE state = 'unknown') AS outbox_oldest_unknown,
-    (SELECT count(*) FROM (SELECT FROM outbox
+    (SELECT count(*) FROM (SELECT 1 FROM outbox
                            WHERE state = 'review' AND state IN ('unknown', 'review', 'failed', 'cancelled')
                            LIMIT $1) x) AS outbox_review,
-    (SELECT count(*) FROM (SELECT FROM outbox
+    (SELECT count(*) FROM (SELECT 1 FROM outbox
                            WHERE state = 'failed' AND state IN ('unknown', 'review', 'failed', 'cancelled')
                            LIMIT $1) x) AS outbox_failed,
-    (SELECT count(*) FROM send_breakers WHERE state <> 'closed') AS open_sender_breakers,
-    (SELECT min(coalesce((SELECT max(pd) FROM partition_days(t) AS pd) - current_date, -1))
-     FROM unnest(ARRAY['processed_webhook_events', 'webhook_inbox', 'inbound_messages',
-                       'message_statuses', 'account_errors', 'account_updates']) AS t
-     WHERE to_regclass(t) IS NOT NULL) AS partitions_ahead_days;
+    (SELECT count(*) FROM send_breakers WHERE state <> 'closed') AS open_sender_breakers;
+
+-- name: console_partitions_ahead
+-- How many days ahead the day partitions are made, for the overview. Its own statement: on a
+-- Citus coordinator a prepared statement that reads distributed tables and calls the SQL
+-- function partition_days is refused ("parameterized queries for SQL functions referencing
+-- distributed tables are not supported").
+SELECT min(coalesce((SELECT max(pd) FROM partition_days(t) AS pd) - current_date, -1)) AS partitions_ahead_days
+FROM unnest(ARRAY['processed_webhook_events', 'webhook_inbox', 'inbound_messages',
+                  'message_statuses', 'account_errors', 'account_updates']) AS t
+WHERE to_regclass(t) IS NOT NULL;

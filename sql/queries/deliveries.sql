@@ -17,22 +17,32 @@ SELECT d.id, d.name, d.url, d.events, d.secret, d.enabled, d.max_in_flight, d.or
        CASE WHEN d.previous_secret_until > clock_timestamp() THEN d.previous_secret_until END
            AS previous_secret_until,
        d.breaker_state, d.consecutive_failures, d.breaker_changed_at, d.created_at,
-       (SELECT count(*) FROM delivery_queue x WHERE x.destination_id = d.id AND NOT x.failed) AS backlog,
-       (SELECT count(*) FROM delivery_queue x WHERE x.destination_id = d.id AND x.failed) AS failed,
+       coalesce(x.backlog, 0) AS backlog, coalesce(x.failed, 0) AS failed,
        -- disabled by a 410 Gone answer: its waiting delivery says so (until it is re-enabled)
-       NOT d.enabled AND EXISTS (SELECT 1 FROM delivery_queue x
-                                 WHERE x.destination_id = d.id AND NOT x.failed AND x.last_status = 410) AS gone
+       NOT d.enabled AND coalesce(x.gone, false) AS gone
 FROM destinations d
+-- (One pass over the queue grouped by destination, not a subquery per destination: a Citus
+-- coordinator refuses a correlated subquery over its distributed tables.)
+LEFT JOIN (
+    SELECT q.destination_id, count(*) FILTER (WHERE NOT q.failed) AS backlog,
+           count(*) FILTER (WHERE q.failed) AS failed,
+           bool_or(NOT q.failed AND q.last_status = 410) AS gone
+    FROM delivery_queue q
+    GROUP BY q.destination_id
+) x ON x.destination_id = d.id
 ORDER BY d.name;
 
 -- name: destination_rotate_secret
 -- $2 becomes the secret; the current one stays valid (signed with too) for $3 seconds.
 -- A rotation during a grace period drops the oldest: two secrets at most.
+-- (The end of the grace is computed in a sub-select: a Citus coordinator refuses a volatile
+-- function in an UPDATE of its tables, reference tables included.)
 UPDATE destinations SET
     previous_secret = secret,
-    previous_secret_until = clock_timestamp() + make_interval(secs => $3),
+    previous_secret_until = g.until,
     secret = $2,
     updated_at = now()
+FROM (SELECT clock_timestamp() + make_interval(secs => $3) AS until) g
 WHERE name = $1
 RETURNING previous_secret_until;
 
@@ -47,13 +57,17 @@ UPDATE destinations SET enabled = $2, updated_at = now() WHERE name = $1 RETURNI
 -- The destination, its open deliveries and its leases go; how many deliveries it had (open, and
 -- delivered ones the log still holds). Its log rows stay until their day partitions are dropped
 -- (nothing reads them: every list joins destinations, and ids are never reused).
+-- (The delivered ones are found by a join, not a subquery per destination: a Citus coordinator
+-- refuses a correlated subquery over its distributed tables.)
 WITH gone AS (DELETE FROM destinations WHERE name = $1 RETURNING id),
-open AS (DELETE FROM delivery_queue q USING gone g WHERE q.destination_id = g.id RETURNING q.event_id)
+open AS (DELETE FROM delivery_queue q USING gone g WHERE q.destination_id = g.id RETURNING q.event_id),
+done AS (
+    SELECT DISTINCT l.event_id FROM delivery_log l JOIN gone g ON l.destination_id = g.id
+    WHERE l.outcome = 'delivered'
+)
 SELECT g.id,
        (SELECT count(*) FROM open)
-       + (SELECT count(DISTINCT l.event_id) FROM delivery_log l
-          WHERE l.destination_id = g.id AND l.outcome = 'delivered'
-            AND l.event_id NOT IN (SELECT event_id FROM open)) AS deliveries
+       + (SELECT count(*) FROM done WHERE done.event_id NOT IN (SELECT event_id FROM open)) AS deliveries
 FROM gone g;
 
 -- name: forward_round

@@ -35,15 +35,16 @@ RETURNING id, tenant, idem_key, callback_data, provider, phone_number_id, recipi
 -- A failed row (the provider refused it for good: nothing was sent) made into a new send for
 -- the same key: a new body, a new generation with its own callback data, a fresh history.
 -- $11 notify_outcome; $12 is the generation it replaces (a concurrent renewal of the same row
--- makes this a no-op).
+-- makes this a no-op). (The clock is read once in a sub-select: see outbox_record_results.)
 UPDATE outbox
 SET callback_data = $3, provider = $4, phone_number_id = $5, recipient = $6, payload = $7,
     unknown_policy = $8, fingerprint = $9, biz_opaque_callback_data = $10, generation = generation + 1,
     notify_outcome = $11, provider_error = NULL,
-    state = 'pending', resent = false, attempts = 0, next_attempt_at = clock_timestamp(),
+    state = 'pending', resent = false, attempts = 0, next_attempt_at = c.now,
     last_error = NULL, last_error_code = NULL, wamid = NULL, delivery_status = NULL,
     delivery_errors = NULL, sending_at = NULL, unknown_at = NULL, accepted_at = NULL,
-    ambiguous_at = NULL, retry_until = NULL, created_at = clock_timestamp(), updated_at = clock_timestamp()
+    ambiguous_at = NULL, retry_until = NULL, created_at = c.now, updated_at = c.now
+FROM (SELECT clock_timestamp() AS now) c
 WHERE tenant = $1 AND idem_key = $2 AND state = 'failed' AND generation = $12
 RETURNING id, state;
 
@@ -86,9 +87,10 @@ WHERE tenant = $1 AND idem_key = $2;
 -- such key. A row a sender has claimed is locked: this waits for the claim, then finds it
 -- no longer pending.
 WITH c AS (
-    UPDATE outbox SET state = 'cancelled', updated_at = clock_timestamp()
-    WHERE tenant = $1 AND idem_key = $2 AND state = 'pending'
-    RETURNING state
+    UPDATE outbox o SET state = 'cancelled', updated_at = t.now
+    FROM (SELECT clock_timestamp() AS now) t
+    WHERE o.tenant = $1 AND o.idem_key = $2 AND o.state = 'pending'
+    RETURNING o.state
 )
 SELECT coalesce((SELECT state FROM c), o.state) AS state, EXISTS (SELECT 1 FROM c) AS cancelled
 FROM outbox o
@@ -332,39 +334,52 @@ SELECT tenant, state FROM outbox WHERE idem_key = $1 AND ($2::text IS NULL OR te
 -- come), unless the operator accepts that it may be sent twice ($4). Nor a review or unknown
 -- row while a webhook received since its creation is unprocessed (pending or dead): its
 -- status may be among them.
+-- $5: the newest unprocessed webhook's receipt (outbox_unprocessed_latest, read first in the
+-- same transaction; NULL: none): a row created after it waits for none. (The clock is read once
+-- in a sub-select and compared with immutable arithmetic: see outbox_record_results.)
 UPDATE outbox o
-SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
+SET state = 'pending', attempts = 0, next_attempt_at = c.now, updated_at = c.now
+FROM (SELECT clock_timestamp() AS now) c
 WHERE o.tenant = $1 AND o.idem_key = $2 AND o.state IN ('review', 'unknown', 'failed')
   AND o.wamid IS NULL AND o.delivery_status IS NULL
-  AND (o.retry_until IS NULL OR o.retry_until > clock_timestamp())
+  AND (o.retry_until IS NULL OR o.retry_until > c.now)
   AND (o.state <> 'unknown' OR $4::bool
-       OR coalesce(o.unknown_at, o.updated_at) <= clock_timestamp() - make_interval(secs => $3::float8))
-  AND (o.state = 'failed' OR (NOT EXISTS (
-      SELECT 1 FROM inbox_unprocessed() w WHERE w.received_at >= o.created_at)
+       OR c.now - coalesce(o.unknown_at, o.updated_at) >= make_interval(secs => $3::float8))
+  AND (o.state = 'failed' OR (($5::timestamptz IS NULL OR $5::timestamptz < o.created_at)
     AND NOT EXISTS (
       SELECT 1 FROM dead_events d
       WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad') AND d.received_at >= o.created_at)))
 RETURNING o.state;
 
+-- name: outbox_unprocessed_latest
+-- When the newest webhook not processed yet was received (NULL: none): what an operator's
+-- release of a row created before it waits for (outbox_release, outbox_release_bulk). Its own
+-- statement: on a Citus coordinator a statement that also reads the outbox runs whole on the
+-- outbox's worker, and inbox_unprocessed's reads of the inbox's shards from there are refused
+-- ("cannot execute a distributed query from a query on a shard").
+SELECT max(w.received_at) FROM inbox_unprocessed() w;
+
 -- name: outbox_unprocessed_since
--- Webhooks received since a row's creation that are not processed: (pending, dead), whole
+-- Webhooks received since a row's creation ($1) that are not processed: (pending, dead), whole
 -- rows and status events that failed on their own (dead_events: retrying counts as pending).
+-- (The row's creation comes from the caller, as outbox_unprocessed_latest says why.)
 SELECT count(*) FILTER (WHERE u.state IN ('pending', 'retry')) AS pending,
        count(*) FILTER (WHERE u.state = 'dead') AS dead
 FROM (
     SELECT w.state FROM inbox_unprocessed() w
-    WHERE w.received_at >= (SELECT created_at FROM outbox WHERE tenant = $1 AND idem_key = $2)
+    WHERE w.received_at >= $1::timestamptz
     UNION ALL
     SELECT d.state FROM dead_events d
     WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad')
-      AND d.received_at >= (SELECT created_at FROM outbox WHERE tenant = $1 AND idem_key = $2)
+      AND d.received_at >= $1::timestamptz
 ) u;
 
 -- name: outbox_cancel
-UPDATE outbox
-SET state = 'cancelled', updated_at = clock_timestamp()
-WHERE tenant = $1 AND idem_key = $2 AND state IN ('pending', 'review', 'unknown', 'failed')
-RETURNING state;
+UPDATE outbox o
+SET state = 'cancelled', updated_at = c.now
+FROM (SELECT clock_timestamp() AS now) c
+WHERE o.tenant = $1 AND o.idem_key = $2 AND o.state IN ('pending', 'review', 'unknown', 'failed')
+RETURNING o.state;
 
 -- name: outbox_release_bulk
 -- Every row in state $1 (review, unknown or failed), last changed in [$2, $3), of tenant $4
@@ -374,22 +389,22 @@ RETURNING state;
 -- unless $6 (counted as early, with the first and last moment one of them may be released;
 -- released_early: how many were released inside it because of $6).
 -- Review and unknown rows wait while a webhook received since their creation is unprocessed
--- (counted as waiting), as for one row.
-WITH picked AS (
+-- (counted as waiting), as for one row: $7 as outbox_release's $5. (The clock is read once, in c.)
+WITH c AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+), picked AS (
     SELECT o.id, (o.wamid IS NULL AND o.delivery_status IS NULL
-                  AND (o.retry_until IS NULL OR o.retry_until > clock_timestamp())) AS safe,
+                  AND (o.retry_until IS NULL OR o.retry_until > c.now)) AS safe,
            coalesce(o.unknown_at, o.updated_at) + make_interval(secs => $5::float8) AS releasable_at,
            (o.state = 'unknown'
-            AND coalesce(o.unknown_at, o.updated_at) + make_interval(secs => $5::float8) > clock_timestamp())
+            AND coalesce(o.unknown_at, o.updated_at) + make_interval(secs => $5::float8) > c.now)
              AS inside,
-           (o.state <> 'failed' AND (EXISTS (
-               SELECT 1 FROM inbox_unprocessed() w
-               WHERE w.received_at >= o.created_at)
+           (o.state <> 'failed' AND (coalesce($7::timestamptz >= o.created_at, false)
              OR EXISTS (
                SELECT 1 FROM dead_events d
                WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad')
                  AND d.received_at >= o.created_at))) AS waits
-    FROM outbox o
+    FROM outbox o, c
     WHERE o.state = $1 AND o.state IN ('review', 'unknown', 'failed')
       AND ($2::float8 IS NULL OR o.updated_at >= to_timestamp($2::float8))
       AND ($3::float8 IS NULL OR o.updated_at < to_timestamp($3::float8))
@@ -397,8 +412,8 @@ WITH picked AS (
     FOR UPDATE OF o SKIP LOCKED
 ), upd AS (
     UPDATE outbox o
-    SET state = 'pending', attempts = 0, next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
-    FROM picked p
+    SET state = 'pending', attempts = 0, next_attempt_at = c.now, updated_at = c.now
+    FROM picked p, c
     WHERE o.id = p.id AND p.safe AND (NOT p.inside OR $6::bool) AND NOT p.waits
     RETURNING o.id
 )
@@ -412,7 +427,8 @@ SELECT (SELECT count(*) FROM upd) AS done, (SELECT count(*) FROM picked WHERE NO
 -- name: outbox_cancel_bulk
 WITH upd AS (
     UPDATE outbox
-    SET state = 'cancelled', updated_at = clock_timestamp()
+    SET state = 'cancelled', updated_at = c.now
+    FROM (SELECT clock_timestamp() AS now) c
     WHERE id IN (
         SELECT id FROM outbox
         WHERE state = $1 AND state IN ('pending', 'review', 'unknown', 'failed')

@@ -65,7 +65,10 @@ ORDER BY scope, provider, key;
 -- A breaker closed: its rows that were put off until the probe time are due now. A number's
 -- breaker holds that number's rows; a token's, rows of every number that uses the token: all
 -- put-off rows of the provider are due (the next claim puts off again what is still held).
+-- (The clock is read in a sub-select: a Citus coordinator refuses a volatile function in an
+-- UPDATE of a distributed table.)
 UPDATE outbox
-SET next_attempt_at = to_timestamp($4::float8), updated_at = clock_timestamp()
+SET next_attempt_at = to_timestamp($4::float8), updated_at = c.now
+FROM (SELECT clock_timestamp() AS now) c
 WHERE state = 'pending' AND next_attempt_at > to_timestamp($4::float8) AND provider = $2
   AND ($1::text <> 'number' OR phone_number_id = $3);

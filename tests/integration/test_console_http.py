@@ -72,6 +72,7 @@ async def seed(pool: asyncpg.Pool) -> int:
     )
 
 
+@pytest.mark.citus
 async def test_every_page_renders_and_escapes_what_came_from_a_webhook(
     pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
 ) -> None:
@@ -130,6 +131,7 @@ async def test_nobody_gets_past_the_login_page(pool: asyncpg.Pool, console: str)
     assert await pool.fetchval("SELECT state FROM outbox") == "review"
 
 
+@pytest.mark.citus
 async def test_csrf_origin_and_read_only_are_refused_and_change_nothing(
     pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
 ) -> None:
@@ -160,6 +162,7 @@ async def test_csrf_origin_and_read_only_are_refused_and_change_nothing(
     assert await pool.fetchval("SELECT actor FROM operator_actions") == "ops"
 
 
+@pytest.mark.citus
 async def test_an_unknown_send_inside_its_window_needs_the_box_ticked(
     pool: asyncpg.Pool, console: str, ops: aiohttp.ClientSession
 ) -> None:

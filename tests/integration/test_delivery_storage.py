@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import pytest
 
 from gateway.core.settings import Settings
 from gateway.maintenance import retention
@@ -110,6 +111,7 @@ async def test_retention_carries_a_failed_deliverys_body_and_a_replay_still_send
     assert len(receiver.state.processed) == 2 and not receiver.state.bad_signatures
 
 
+@pytest.mark.citus
 async def test_a_replay_of_delivered_ones_skips_and_counts_those_whose_bodies_are_gone(
     pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
 ) -> None:
@@ -144,6 +146,7 @@ async def _states(pool: asyncpg.Pool) -> bool:
     return await states(pool) == {"delivered": 1, "failed": 1}
 
 
+@pytest.mark.citus
 async def test_removing_a_destination_counts_and_drops_its_deliveries_and_orphans_are_purged(
     pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
 ) -> None:

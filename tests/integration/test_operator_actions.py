@@ -14,6 +14,8 @@ from gateway.store import audit, deliveries
 from tests.support.consume import dead_row
 from tests.support.send import enqueue
 
+pytestmark = pytest.mark.citus
+
 ALICE = Actor("alice", "console")
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -60,8 +62,11 @@ async def test_an_action_that_fails_midway_leaves_no_entry_and_no_change(pool: a
         await conn.execute(
             "ALTER TABLE operator_actions ADD CONSTRAINT no_release CHECK (action <> 'outbox.release')"
         )
-        with pytest.raises(asyncpg.CheckViolationError):
-            await actions.release(conn, ALICE, "order-44", window_s=600)
+        try:
+            with pytest.raises(asyncpg.CheckViolationError):
+                await actions.release(conn, ALICE, "order-44", window_s=600)
+        finally:  # a Citus run's database is reused by the next test (rows reset, not the schema)
+            await conn.execute("ALTER TABLE operator_actions DROP CONSTRAINT no_release")
     assert await pool.fetchval("SELECT state FROM outbox") == "review"
     assert await entries(pool) == []
 
@@ -80,6 +85,28 @@ async def test_bulk_release_counts_done_and_refused(pool: asyncpg.Pool) -> None:
     [e] = await entries(pool)
     assert (e.actor, e.via, e.action, e.rows) == ("bob", "cli", "outbox.release_bulk", 2)
     assert "1 row(s) not released" in e.outcome
+
+
+async def test_cancel_one_and_in_bulk(pool: asyncpg.Pool) -> None:
+    for key in ("c0", "c1", "c2", "c3"):
+        await enqueue(pool, key)
+    await pool.execute("UPDATE outbox SET state = 'review' WHERE idem_key <> 'c3'")
+    await pool.execute("UPDATE outbox SET state = 'accepted' WHERE idem_key = 'c3'")
+    async with pool.acquire() as conn:
+        assert "now cancelled" in await actions.cancel(conn, ALICE, "c0")
+        with pytest.raises(ValueError, match="is accepted: not cancelled"):
+            await actions.cancel(conn, ALICE, "c3")
+        done = await actions.outbox_bulk(
+            conn, ALICE, "cancel", state="review", since=None, until=None, tenant="acme", window_s=600
+        )
+    assert done.done == 2
+    states = dict(await pool.fetch("SELECT idem_key, state FROM outbox"))
+    assert states == {"c0": "cancelled", "c1": "cancelled", "c2": "cancelled", "c3": "accepted"}
+    assert [(e.action, e.rows) for e in await entries(pool)] == [
+        ("outbox.cancel_bulk", 2),
+        ("outbox.cancel", 0),
+        ("outbox.cancel", 1),
+    ]
 
 
 async def test_dead_replay_by_range_and_by_id(pool: asyncpg.Pool) -> None:

@@ -18,6 +18,8 @@ from gateway.store import audit, outbox
 from gateway.testing.fake_provider import FakeProvider
 from tests.support.send import TO, WINDOW, FakeClock, enqueue, row, send_settings
 
+pytestmark = pytest.mark.citus
+
 BOB = Actor("bob", "cli")
 
 

@@ -209,6 +209,7 @@ async def test_a_reply_to_a_username_user_goes_to_their_bsuid(
     assert got.message["context"] == {"message_id": "wamid.U1"}
 
 
+@pytest.mark.citus
 async def test_cancel_a_pending_message_but_not_a_sent_one(
     http: ClientSession, start_gateway: Any, settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
 ) -> None:

@@ -9,6 +9,7 @@ import sys
 from datetime import timedelta
 
 import asyncpg
+import pytest
 
 from gateway.core import stdwebhooks
 from gateway.core.settings import Settings
@@ -24,6 +25,7 @@ async def gateway_cli(dsn: str, *args: str, allow_private: bool = True) -> tuple
     return await procs.gateway_cli(dsn, *args, env=env)
 
 
+@pytest.mark.citus
 async def test_meta_format_destinations_from_the_command_line(db_dsn: str, pool: asyncpg.Pool) -> None:
     app_secret = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
     rc, out, err = await gateway_cli(
@@ -51,6 +53,7 @@ async def test_meta_format_destinations_from_the_command_line(db_dsn: str, pool:
     assert rc == 2 and "hunter2" not in err
 
 
+@pytest.mark.citus
 async def test_destinations_cli_validates_generates_and_masks_secrets(
     db_dsn: str, pool: asyncpg.Pool
 ) -> None:

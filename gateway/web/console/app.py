@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp_jinja2
+import asyncpg
 import jinja2
 from aiohttp import web
 
@@ -64,19 +65,32 @@ async def security_headers(request: web.Request, handler: auth.Handler) -> web.S
 
 @web.middleware
 async def database_down(request: web.Request, handler: auth.Handler) -> web.StreamResponse:
-    """The database failing or a page over its statement timeout: a 503 page that says so."""
+    """The database failing or a page over its statement timeout: a 503 page that says so. A
+    statement the database refuses as not supported (SQLSTATE 0A000: on a Citus coordinator, the
+    pages docs/scaling.md lists as not running there) is no outage: a 501 page that says so."""
     try:
         return await handler(request)
+    except asyncpg.FeatureNotSupportedError:
+        log.warning("console: %s %s: not supported by this database", request.method, request.path)
+        context: dict[str, Any] = {
+            "title": "Not available on this database",
+            "why": "the database does not support this page's statement: on a Citus cluster some "
+            "console pages do not run (docs/scaling.md, Past one machine: Citus); the command line "
+            "(gateway deliveries list) does",
+        }
+        status, retry = 501, None
     except DB_ERRORS as exc:
         log.warning(
             "console: %s %s: database unavailable: %s", request.method, request.path, type(exc).__name__
         )
-        context: dict[str, Any] = {"title": "Database unavailable", "why": "the database did not answer"}
-        context |= {"login": request.get(auth.LOGIN), "csrf": request.get(auth.CSRF), "path": request.path}
-        response = aiohttp_jinja2.render_template("error.html", request, context)
-        response.set_status(503)
-        response.headers["Retry-After"] = "5"
-        return response
+        context = {"title": "Database unavailable", "why": "the database did not answer"}
+        status, retry = 503, "5"
+    context |= {"login": request.get(auth.LOGIN), "csrf": request.get(auth.CSRF), "path": request.path}
+    response = aiohttp_jinja2.render_template("error.html", request, context)
+    response.set_status(status)
+    if retry is not None:
+        response.headers["Retry-After"] = retry
+    return response
 
 
 def _apply(request: web.Request, response: web.StreamResponse) -> None:
