@@ -1,7 +1,7 @@
 """Forwarding to downstream destinations against a real PostgreSQL and a really started fake
 receiver that verifies each request with the ``standardwebhooks`` package. The tests marked
 ``citus`` also run on a Citus cluster (make test-citus): both formats, retries and replay, the
-breaker, ordering, backfill, a dead forwarder's claim; the others are the same code paths at
+breaker, ordering, backfill, a dead forwarder's claim, the gauges; the others are the same code paths at
 more cost there."""
 
 from __future__ import annotations
@@ -438,6 +438,7 @@ async def test_retention_purges_old_delivered_deliveries_and_keeps_failed_ones(
     assert await pool.fetchval("SELECT count(*) FROM deliveries WHERE state = 'failed'") == 4
 
 
+@pytest.mark.citus
 async def test_gauges_per_destination(pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver) -> None:
     from prometheus_client import REGISTRY
 
