@@ -197,9 +197,32 @@ async def expire_sending(
 
 
 async def reconcile_unknown(conn: Conn, *, now: float, window_s: float, limit: int) -> list[Reconciled]:
-    """Unknown past the window: policy resend → pending once; otherwise review."""
-    rows = await conn.fetch(q("outbox_reconcile_unknown"), now, window_s, limit)
+    """Unknown past the window and waiting for no webhook: policy resend → pending once;
+    otherwise review."""
+    due = await conn.fetch(q("outbox_unknown_due"), now, window_s, limit)
+    waiting = {r["id"] for r in await _blockers(conn, due)}
+    free = [r["id"] for r in due if r["id"] not in waiting]
+    if not free:
+        return []
+    rows = await conn.fetch(q("outbox_reconcile_unknown"), free, now)
     return [Reconciled(r["id"], r["tenant"], r["idem_key"], OutboxState(r["state"])) for r in rows]
+
+
+async def _blockers(conn: Conn, due: Sequence[asyncpg.Record]) -> list[asyncpg.Record]:
+    """Of the unknown rows ``due`` (outbox_unknown_due's), those that wait for a webhook: id,
+    the oldest webhook waited for, how many of them are dead."""
+    if not due:
+        return []
+    return list(
+        await conn.fetch(
+            q("outbox_unknown_blockers"),
+            [r["id"] for r in due],
+            [r["since"] for r in due],
+            [r["until"] for r in due],
+            min(r["since"] for r in due),
+            max(r["until"] for r in due),
+        )
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,9 +235,11 @@ class Waiting:
 
 
 async def reconcile_waiting(conn: Conn, *, now: float, window_s: float) -> Waiting:
-    r = await conn.fetchrow(q("outbox_reconcile_waiting"), now, window_s)
-    assert r is not None
-    return Waiting(int(r["n"]), r["oldest"], bool(r["dead"]))
+    blocked = await _blockers(conn, await conn.fetch(q("outbox_unknown_due"), now, window_s, None))
+    if not blocked:
+        return Waiting(0, None, False)
+    oldest = min(r["oldest"] for r in blocked)
+    return Waiting(len(blocked), oldest.timestamp(), any(r["dead"] > 0 for r in blocked))
 
 
 async def count_open(conn: Conn, *, cap: int) -> dict[OutboxState, int]:

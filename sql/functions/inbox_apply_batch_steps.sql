@@ -131,24 +131,34 @@ BEGIN
         GET DIAGNOSTICS n_st_ins = ROW_COUNT;
     END IF;
 
-    -- customer identities (reference table): the latest pair of the batch per (number, BSUID)
-    INSERT INTO customer_ids AS c (phone_number_id, user_id, wa_id, parent_user_id, username)
-    SELECT DISTINCT ON (l.phone_number_id, l.user_id)
-           l.phone_number_id, l.user_id, l.wa_id, l.parent_user_id, l.username
-    FROM ROWS FROM (jsonb_to_recordset(p_links) AS (
-            phone_number_id text, user_id text, wa_id text, parent_user_id text, username text))
-        WITH ORDINALITY AS l(phone_number_id, user_id, wa_id, parent_user_id, username, n)
-    ORDER BY l.phone_number_id, l.user_id, l.n DESC
-    ON CONFLICT (phone_number_id, user_id) DO UPDATE SET
-        wa_id = coalesce(excluded.wa_id, c.wa_id),
-        parent_user_id = coalesce(excluded.parent_user_id, c.parent_user_id),
-        username = coalesce(excluded.username, c.username),
-        seen_at = v_now
-    WHERE c.wa_id IS DISTINCT FROM coalesce(excluded.wa_id, c.wa_id)
-       OR c.parent_user_id IS DISTINCT FROM coalesce(excluded.parent_user_id, c.parent_user_id)
-       OR c.username IS DISTINCT FROM coalesce(excluded.username, c.username)
-       OR c.seen_at < v_hour_ago;
-    GET DIAGNOSTICS n_ids = ROW_COUNT;
+    -- customer identities (reference table): the latest pair of the batch per (number, BSUID).
+    -- A VALUES list too, its times spelled as literals: Citus sends this statement to every
+    -- node, and one with the function's variables as parameters failed there ("could not
+    -- determine data type of parameter $1").
+    SELECT values_list(json_agg(x ORDER BY x.phone_number_id, x.user_id)) INTO rows_sql
+    FROM (SELECT DISTINCT ON (l.phone_number_id, l.user_id)
+                 l.phone_number_id, l.user_id, l.wa_id, l.parent_user_id, l.username
+          FROM ROWS FROM (jsonb_to_recordset(p_links) AS (
+                  phone_number_id text, user_id text, wa_id text, parent_user_id text, username text))
+              WITH ORDINALITY AS l(phone_number_id, user_id, wa_id, parent_user_id, username, n)
+          ORDER BY l.phone_number_id, l.user_id, l.n DESC) x;
+    n_ids := 0;
+    IF rows_sql IS NOT NULL THEN
+        EXECUTE format(
+            'INSERT INTO customer_ids AS c (phone_number_id, user_id, wa_id, parent_user_id, username)'
+            ' VALUES %s'
+            ' ON CONFLICT (phone_number_id, user_id) DO UPDATE SET'
+            '     wa_id = coalesce(excluded.wa_id, c.wa_id),'
+            '     parent_user_id = coalesce(excluded.parent_user_id, c.parent_user_id),'
+            '     username = coalesce(excluded.username, c.username),'
+            '     seen_at = %L'
+            ' WHERE c.wa_id IS DISTINCT FROM coalesce(excluded.wa_id, c.wa_id)'
+            '    OR c.parent_user_id IS DISTINCT FROM coalesce(excluded.parent_user_id, c.parent_user_id)'
+            '    OR c.username IS DISTINCT FROM coalesce(excluded.username, c.username)'
+            '    OR c.seen_at < %L',
+            rows_sql, v_now, v_hour_ago);
+        GET DIAGNOSTICS n_ids = ROW_COUNT;
+    END IF;
 
     -- outbox rows the statuses prove accepted (outbox is on one shard: one router statement)
     WITH st AS (

@@ -247,57 +247,57 @@ WHERE id IN (
     FOR UPDATE SKIP LOCKED)
 RETURNING id;
 
+-- name: outbox_unknown_due
+-- Unknown rows past the window ($1 now, epoch seconds; $2 the window, seconds), oldest first,
+-- $3 at most (NULL: all), each with the span of webhooks it waits for: every webhook received
+-- from the row's creation to the end of its window (created_at .. unknown_at + $2) must be
+-- processed before the row follows its policy (a status that proves delivery may sit
+-- unprocessed, and resending then sends twice).
+SELECT o.id, o.created_at AS since, o.unknown_at + make_interval(secs => $2::float8) AS until
+FROM outbox o
+WHERE o.state = 'unknown' AND o.unknown_at <= to_timestamp($1::float8) - make_interval(secs => $2::float8)
+ORDER BY o.unknown_at
+LIMIT $3;
+
+-- name: outbox_unknown_blockers
+-- For unknown rows ($1 ids, $2 .. $3 the spans of outbox_unknown_due; $4 .. $5 the spans'
+-- union), what each waits for: the oldest webhook in its span not processed yet (consumers
+-- behind, or moved aside: inbox_unprocessed) or processed but for a status that failed on its
+-- own or a fragment we could not parse (dead_events), and whether any of it is dead (an
+-- operator must replay or drop it). Rows that wait for nothing are not returned. Its own
+-- statement, apart from the outbox's: on a Citus coordinator a statement that reads the outbox
+-- runs whole on the outbox's worker, and inbox_unprocessed's reads of the inbox's shards from
+-- there are refused.
+SELECT c.id, min(u.received_at) AS oldest, count(*) FILTER (WHERE u.state = 'dead') AS dead
+FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[]) AS c(id, since, until)
+JOIN (
+    SELECT w.received_at, w.state FROM inbox_unprocessed() w
+    WHERE w.received_at >= $4 AND w.received_at <= $5
+    UNION ALL
+    SELECT d.received_at, d.state FROM dead_events d
+    WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad')
+      AND d.received_at >= $4 AND d.received_at <= $5
+) u ON u.received_at >= c.since AND u.received_at <= c.until
+GROUP BY c.id;
+
 -- name: outbox_reconcile_unknown
--- Unknown past the window follows its policy ('resend' goes back to pending once, everything
--- else to review), but only once every webhook received from the row's creation to the end of
--- its window ($1 - $2 .. unknown_at + $2) has been processed: a status that proves delivery may
--- sit unprocessed (consumers behind) or dead in the inbox (inbox_unprocessed), and resending then sends twice.
--- A row that has a wamid or any delivery status reached the provider: never back to pending.
+-- The rows $1 (outbox_unknown_due's that wait for nothing) follow their policy if still
+-- unknown: 'resend' goes back to pending once, everything else to review; $2 now (epoch
+-- seconds). A row that has a wamid or any delivery status reached the provider: never back to
+-- pending. (The clock is read in a sub-select: Citus refuses a volatile function in an UPDATE.)
 UPDATE outbox
 SET state = CASE WHEN unknown_policy = 'resend' AND NOT resent AND wamid IS NULL
                       AND delivery_status IS NULL THEN 'pending' ELSE 'review' END,
     resent = resent OR (unknown_policy = 'resend' AND wamid IS NULL AND delivery_status IS NULL),
-    next_attempt_at = to_timestamp($1::float8),
-    updated_at = clock_timestamp()
-WHERE id IN (
+    next_attempt_at = to_timestamp($2::float8),
+    updated_at = c.now
+FROM (SELECT clock_timestamp() AS now) c
+WHERE outbox.id IN (
     SELECT o.id FROM outbox o
-    WHERE o.state = 'unknown' AND o.unknown_at <= to_timestamp($1::float8) - make_interval(secs => $2::float8)
-      AND NOT EXISTS (
-          SELECT 1 FROM inbox_unprocessed() w
-          WHERE w.received_at >= o.created_at
-            AND w.received_at <= o.unknown_at + make_interval(secs => $2::float8))
-      -- A status that failed on its own (dead_events) while the rest of its POST was
-      -- processed is just as unprocessed, and so is a fragment we could not parse.
-      AND NOT EXISTS (
-          SELECT 1 FROM dead_events d
-          WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad')
-            AND d.received_at >= o.created_at
-            AND d.received_at <= o.unknown_at + make_interval(secs => $2::float8))
+    WHERE o.id = ANY ($1::bigint[]) AND o.state = 'unknown'
     ORDER BY o.unknown_at
-    LIMIT $3
     FOR UPDATE SKIP LOCKED)
-RETURNING id, tenant, idem_key, state;
-
--- name: outbox_reconcile_waiting
--- Unknown rows past the window that wait for the inbox to catch up, and the oldest unprocessed
--- webhook any of them waits for (epoch seconds; NULL: none wait).
-SELECT count(*) AS n, extract(epoch FROM min(b.oldest))::float8 AS oldest,
-       coalesce(bool_or(b.dead > 0), false) AS dead
-FROM outbox o
-CROSS JOIN LATERAL (
-    SELECT min(u.received_at) AS oldest, count(*) FILTER (WHERE u.state = 'dead') AS dead
-    FROM (
-        SELECT w.received_at, w.state FROM inbox_unprocessed() w
-        WHERE w.received_at >= o.created_at
-          AND w.received_at <= o.unknown_at + make_interval(secs => $2::float8)
-        UNION ALL
-        SELECT d.received_at, d.state FROM dead_events d
-        WHERE d.state IN ('retry', 'dead') AND d.kind IN ('status', 'bad')
-          AND d.received_at >= o.created_at
-          AND d.received_at <= o.unknown_at + make_interval(secs => $2::float8)
-    ) u) b
-WHERE o.state = 'unknown' AND o.unknown_at <= to_timestamp($1::float8) - make_interval(secs => $2::float8)
-  AND b.oldest IS NOT NULL;
+RETURNING outbox.id, outbox.tenant, outbox.idem_key, outbox.state;
 
 -- name: outbox_count_open
 -- The states that drain, each counted on its own partial index up to a cap ($1): a gauge of

@@ -68,7 +68,7 @@ def _judge(result: dict[str, Any], what: str) -> None:
 
 
 async def test_load_with_redeliveries_every_event_once(load_dsn: str, tmp_path: Path) -> None:
-    with start_load(load_dsn, tmp_path, rate=100, duration=10) as run:
+    with start_load(load_dsn, tmp_path, rate=100, duration=6) as run:
         result = await run.finish()
     _judge(result, "load")
     summary = result["summary"]

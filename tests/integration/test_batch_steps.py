@@ -42,6 +42,11 @@ BODIES = [
     ("meta", to_bytes(meta_payload(("account_update", {"phone_number": "1", "event": "VERIFIED"})))),
     ("tenashi", to_bytes(tenashi_event("evt_bs", "message.received", {"message_id": "t.BS", "from": "49"}))),
     ("meta", b"not json at all"),
+    # a customer known by phone number and BSUID: the identities' upsert (customer_ids)
+    (
+        "meta",
+        to_bytes(messages_payload(message_obj("wamid.BSU", sender="4915", user_id="US.BS1", timestamp=TS))),
+    ),
     # keys are written into the steps' VALUES list: quotes, backslashes and SQL in a wamid stay data
     (
         "meta",
@@ -108,6 +113,7 @@ async def test_the_steps_write_what_the_statement_writes(pool: asyncpg.Pool) -> 
     }
     assert sorted(steps["fresh_keys"]) == sorted(one["fresh_keys"])
     assert steps_rows == one_rows
+    assert steps_rows["customer_ids"] and one["identities"] == 1
     assert any("DROP TABLE media" in k for k in steps["fresh_keys"])
 
 

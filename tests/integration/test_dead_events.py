@@ -40,7 +40,7 @@ FAULTS = {
                BEGIN RAISE EXCEPTION 'injected fault'; END $$""",
             "CREATE TRIGGER fault BEFORE INSERT ON inbound_messages FOR EACH ROW EXECUTE FUNCTION fault()",
         ),
-        ("DROP TRIGGER fault ON inbound_messages",),
+        ("DROP TRIGGER fault ON inbound_messages", "DROP FUNCTION fault()"),
     ),
     # A constraint from a newer replica that this code's rows do not satisfy (23514).
     "check": (
@@ -55,13 +55,14 @@ FAULTS = {
                BEGIN RAISE EXCEPTION 'could not extend file' USING ERRCODE = 'disk_full'; END $$""",
             "CREATE TRIGGER fault BEFORE INSERT ON inbound_messages FOR EACH ROW EXECUTE FUNCTION fault()",
         ),
-        ("DROP TRIGGER fault ON inbound_messages",),
+        ("DROP TRIGGER fault ON inbound_messages", "DROP FUNCTION fault()"),
     ),
 }
 
 
 async def ddl(pool: asyncpg.Pool, *statements: str) -> None:
-    """Inject or remove a fault: one statement at a time (Citus passes a statement on to the
+    """Inject or remove a fault (removed with its function: a Citus run then reuses the
+    database, its schema unchanged): one statement at a time (Citus passes a statement on to the
     shards with the whole text it was given), triggers allowed on a cluster's distributed
     tables (citus.enable_unsafe_triggers: Citus refuses them otherwise)."""
     async with pool.acquire() as conn:
@@ -265,6 +266,7 @@ async def test_poison_event_attempts_honour_the_backoff(pool: asyncpg.Pool, sett
     assert all(g >= base_ms / 2000 - 0.001 for g in gaps), gaps  # less the microseconds of one UPDATE
     await drain_with(pool, s, health)  # the last messages staged
     assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state <> 'done'") == 0
+    await ddl(pool, "DROP TRIGGER poison ON inbound_messages", "DROP FUNCTION poison()")
 
 
 # A POST whose second message has no id, spelled the way a sender might (spaces, escapes).
@@ -368,7 +370,7 @@ async def test_dead_list_and_replay_by_time_range(
     assert "2 dead event(s)" in out
     out = await gateway_ok(db_dsn, "dead", "list", "--since", "36h")
     assert "key=msg:wamid.P2" in out and "1 dead event(s)" in out and "1 dead row(s)" in out
-    await ddl(pool, "DROP TRIGGER poison ON inbound_messages")
+    await ddl(pool, "DROP TRIGGER poison ON inbound_messages", "DROP FUNCTION poison()")
     out = await gateway_ok(db_dsn, "dead", "replay", "--since", since, "--until", until)
     assert "replayed 2 event(s)" in out and "no row to replay" in out
     await drain_with(pool, s, health)

@@ -146,7 +146,6 @@ async def _states(pool: asyncpg.Pool) -> bool:
     return await states(pool) == {"delivered": 1, "failed": 1}
 
 
-@pytest.mark.citus
 async def test_removing_a_destination_counts_and_drops_its_deliveries_and_orphans_are_purged(
     pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
 ) -> None:

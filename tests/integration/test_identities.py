@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
+import pytest
 
 from gateway.core.events import InboundMessage
 from gateway.core.settings import Settings
@@ -27,6 +28,10 @@ BSUID = "US.13491208655302741918"
 def inbound(wamid: str, *, sender: str | None, user_id: str | None, contact: dict[str, Any]) -> bytes:
     msg = message_obj(wamid, "hi", sender=sender, user_id=user_id)
     return to_bytes(meta_payload(("messages", meta_value(messages=[msg], contacts=[contact]))))
+
+
+# Also run on a Citus cluster (make test-citus): the identities' upsert there.
+pytestmark = pytest.mark.citus
 
 
 async def test_a_username_user_is_seen_by_handlers_and_destinations_and_answered_by_bsuid(

@@ -1,6 +1,7 @@
 """Sends whose fate is unknown, and what operators decide: the reconciler's policies, the
 processed-webhook watermark it waits for, and release/cancel, which never send a row that
-reached the provider again (the sender against the fake provider, on a controllable clock)."""
+reached the provider again (the sender against the fake provider, on a controllable clock).
+Also run on a Citus cluster (make test-citus)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from tests.support.send import (
     row,
     send_settings,
 )
+
+pytestmark = pytest.mark.citus
 
 
 async def test_policy_resend_resends_once_then_review(

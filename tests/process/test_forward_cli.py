@@ -25,7 +25,6 @@ async def gateway_cli(dsn: str, *args: str, allow_private: bool = True) -> tuple
     return await procs.gateway_cli(dsn, *args, env=env)
 
 
-@pytest.mark.citus
 async def test_meta_format_destinations_from_the_command_line(db_dsn: str, pool: asyncpg.Pool) -> None:
     app_secret = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
     rc, out, err = await gateway_cli(
