@@ -447,7 +447,6 @@ DECLARE
     ev_ids bigint[]; ev_days date[]; ev_lanes smallint[]; ev_received timestamptz[]; ev_keys text[];
     ev_convs text[];
     recv jsonb;
-    rows_sql text;
 BEGIN
     -- keys: only those newly inserted get side effects. Written as one multi-row VALUES list
     -- (every value quoted by format's %L): Citus sends each shard its rows directly, where an
@@ -475,10 +474,15 @@ BEGIN
       AND i.received_at > v_8_days_ago;
     SELECT count(*) INTO n_msg
     FROM jsonb_to_recordset(p_messages) AS m(key text) WHERE m.key = ANY (f_keys);
-    -- The event tables are written as VALUES lists (values_list: a worker's error keeps its
-    -- SQLSTATE, and each shard gets its rows directly); jsonb values go as their text, which the
-    -- column parses back (a JSON string value would otherwise lose its quotes).
-    SELECT values_list(json_agg(x ORDER BY x.wamid)) INTO rows_sql
+    -- The event tables are written as VALUES lists (insert_values, values_list: a worker's error
+    -- keeps its SQLSTATE, and each shard gets its rows directly); jsonb values go as their text,
+    -- which the column parses back (a JSON string value would otherwise lose its quotes).
+    SELECT insert_values(
+               'inbound_messages (wamid, source, phone_number_id, sender, type, timestamp, contact_name,'
+               ' message, inbox_id, subject, user_id, parent_user_id, username, waba_id, display_phone_number,'
+               ' contact)',
+               json_agg(x ORDER BY x.wamid))
+    INTO n_msg_ins
     FROM (SELECT DISTINCT ON (m.wamid)
                  m.wamid, m.source, m.phone_number_id, m.sender, m.type, to_timestamp(m.ts) AS ts, m.contact_name,
                  m.message::text, m.inbox_id, f.subject, m.user_id, m.parent_user_id, m.username, m.waba_id,
@@ -490,14 +494,6 @@ BEGIN
           JOIN unnest(f_keys, f_subjects) AS f(key, subject) ON f.key = m.key
           WHERE NOT (m.wamid = ANY (seen))
           ORDER BY m.wamid) x;
-    n_msg_ins := 0;
-    IF rows_sql IS NOT NULL THEN
-        EXECUTE 'INSERT INTO inbound_messages'
-                || ' (wamid, source, phone_number_id, sender, type, timestamp, contact_name, message, inbox_id,'
-                || ' subject, user_id, parent_user_id, username, waba_id, display_phone_number, contact)'
-                || ' VALUES ' || rows_sql;
-        GET DIAGNOSTICS n_msg_ins = ROW_COUNT;
-    END IF;
     INSERT INTO media (media_id, phone_number_id, origin, mime_type, wamid)
     SELECT DISTINCT ON (m.media_id) m.media_id, m.phone_number_id, 'inbound', m.mime_type, m.wamid
     FROM jsonb_to_recordset(p_messages) AS m(key text, wamid text, phone_number_id text,
@@ -519,7 +515,13 @@ BEGIN
         WHERE f.key = ANY (f_keys) AND f.callback IS NOT NULL));
     SELECT count(*) INTO n_st
     FROM jsonb_to_recordset(p_statuses) AS s(key text) WHERE s.key = ANY (f_keys);
-    SELECT values_list(json_agg(x)) INTO rows_sql
+    SELECT insert_values(
+               'message_statuses (event_key, source, wamid, status, participant, recipient, timestamp,'
+               ' callback_data, errors, raw, inbox_id, subject, recipient_user_id, recipient_parent_user_id,'
+               ' recipient_username, phone_number_id, waba_id, display_phone_number, contact,'
+               ' biz_opaque_callback_data)',
+               json_agg(x))
+    INTO n_st_ins
     FROM (SELECT s.key, s.source, s.wamid, s.status, s.participant, s.recipient, to_timestamp(s.ts) AS ts,
                  s.callback_data, s.errors::text, s.raw::text, s.inbox_id, f.subject, s.recipient_user_id,
                  s.recipient_parent_user_id, s.recipient_username, s.phone_number_id, s.waba_id,
@@ -530,44 +532,31 @@ BEGIN
               recipient_user_id text, recipient_parent_user_id text, recipient_username text,
               phone_number_id text, waba_id text, display_phone_number text, contact jsonb)
           JOIN unnest(f_keys, f_subjects) AS f(key, subject) ON f.key = s.key) x;
-    n_st_ins := 0;
-    IF rows_sql IS NOT NULL THEN
-        EXECUTE 'INSERT INTO message_statuses'
-                || ' (event_key, source, wamid, status, participant, recipient, timestamp, callback_data,'
-                || ' errors, raw, inbox_id, subject, recipient_user_id, recipient_parent_user_id,'
-                || ' recipient_username, phone_number_id, waba_id, display_phone_number, contact,'
-                || ' biz_opaque_callback_data) VALUES ' || rows_sql;
-        GET DIAGNOSTICS n_st_ins = ROW_COUNT;
-    END IF;
 
     -- customer identities (reference table): the latest pair of the batch per (number, BSUID).
     -- A VALUES list too, its times spelled as literals: Citus sends this statement to every
     -- node, and one with the function's variables as parameters failed there ("could not
     -- determine data type of parameter $1").
-    SELECT values_list(json_agg(x ORDER BY x.phone_number_id, x.user_id)) INTO rows_sql
+    SELECT insert_values(
+               'customer_ids AS c (phone_number_id, user_id, wa_id, parent_user_id, username)',
+               json_agg(x ORDER BY x.phone_number_id, x.user_id),
+               format('ON CONFLICT (phone_number_id, user_id) DO UPDATE SET'
+                      '     wa_id = coalesce(excluded.wa_id, c.wa_id),'
+                      '     parent_user_id = coalesce(excluded.parent_user_id, c.parent_user_id),'
+                      '     username = coalesce(excluded.username, c.username),'
+                      '     seen_at = %L'
+                      ' WHERE c.wa_id IS DISTINCT FROM coalesce(excluded.wa_id, c.wa_id)'
+                      '    OR c.parent_user_id IS DISTINCT FROM coalesce(excluded.parent_user_id, c.parent_user_id)'
+                      '    OR c.username IS DISTINCT FROM coalesce(excluded.username, c.username)'
+                      '    OR c.seen_at < %L',
+                      v_now, v_hour_ago))
+    INTO n_ids
     FROM (SELECT DISTINCT ON (l.phone_number_id, l.user_id)
                  l.phone_number_id, l.user_id, l.wa_id, l.parent_user_id, l.username
           FROM ROWS FROM (jsonb_to_recordset(p_links) AS (
                   phone_number_id text, user_id text, wa_id text, parent_user_id text, username text))
               WITH ORDINALITY AS l(phone_number_id, user_id, wa_id, parent_user_id, username, n)
           ORDER BY l.phone_number_id, l.user_id, l.n DESC) x;
-    n_ids := 0;
-    IF rows_sql IS NOT NULL THEN
-        EXECUTE format(
-            'INSERT INTO customer_ids AS c (phone_number_id, user_id, wa_id, parent_user_id, username)'
-            ' VALUES %s'
-            ' ON CONFLICT (phone_number_id, user_id) DO UPDATE SET'
-            '     wa_id = coalesce(excluded.wa_id, c.wa_id),'
-            '     parent_user_id = coalesce(excluded.parent_user_id, c.parent_user_id),'
-            '     username = coalesce(excluded.username, c.username),'
-            '     seen_at = %L'
-            ' WHERE c.wa_id IS DISTINCT FROM coalesce(excluded.wa_id, c.wa_id)'
-            '    OR c.parent_user_id IS DISTINCT FROM coalesce(excluded.parent_user_id, c.parent_user_id)'
-            '    OR c.username IS DISTINCT FROM coalesce(excluded.username, c.username)'
-            '    OR c.seen_at < %L',
-            rows_sql, v_now, v_hour_ago);
-        GET DIAGNOSTICS n_ids = ROW_COUNT;
-    END IF;
 
     -- outbox rows the statuses prove accepted (outbox is on one shard: one router statement)
     WITH st AS (
@@ -599,27 +588,19 @@ BEGIN
     WHERE o.id = b.outbox_id;
     GET DIAGNOSTICS n_out = ROW_COUNT;
 
-    SELECT values_list(json_agg(x)) INTO rows_sql
+    SELECT insert_values(
+               'account_errors (event_key, waba_id, phone_number_id, field, errors, raw, inbox_id, subject)',
+               json_agg(x))
+    INTO n_err
     FROM (SELECT a.key, a.waba_id, a.phone_number_id, a.field, a.errors::text, a.raw::text, a.inbox_id, f.subject
           FROM jsonb_to_recordset(p_errors) AS a(
               key text, waba_id text, phone_number_id text, field text, errors jsonb, raw jsonb, inbox_id bigint)
           JOIN unnest(f_keys, f_subjects) AS f(key, subject) ON f.key = a.key) x;
-    n_err := 0;
-    IF rows_sql IS NOT NULL THEN
-        EXECUTE 'INSERT INTO account_errors (event_key, waba_id, phone_number_id, field, errors, raw, inbox_id, subject)'
-                || ' VALUES ' || rows_sql;
-        GET DIAGNOSTICS n_err = ROW_COUNT;
-    END IF;
-    SELECT values_list(json_agg(x)) INTO rows_sql
+    SELECT insert_values('account_updates (event_key, waba_id, field, value, inbox_id, subject)', json_agg(x))
+    INTO n_upd
     FROM (SELECT u.key, u.waba_id, u.field, u.value::text, u.inbox_id, f.subject
           FROM jsonb_to_recordset(p_updates) AS u(key text, waba_id text, field text, value jsonb, inbox_id bigint)
           JOIN unnest(f_keys, f_subjects) AS f(key, subject) ON f.key = u.key) x;
-    n_upd := 0;
-    IF rows_sql IS NOT NULL THEN
-        EXECUTE 'INSERT INTO account_updates (event_key, waba_id, field, value, inbox_id, subject)'
-                || ' VALUES ' || rows_sql;
-        GET DIAGNOSTICS n_upd = ROW_COUNT;
-    END IF;
 
     -- whole webhooks that are no payload: moved aside dead
     INSERT INTO inbox_parked (inbox_id, received_at, source, delivery_id, body, state, attempts, last_error)
@@ -800,6 +781,26 @@ CREATE FUNCTION public.inbox_unread() RETURNS TABLE(id bigint, received_at times
           AND (pg_visible_in_snapshot(w.txid, c.done_snap)
                OR (c.win_snap IS NOT NULL AND pg_visible_in_snapshot(w.txid, c.win_snap)
                    AND (w.txid, w.id) <= (c.pos_txid, c.pos_id))));
+$$;
+
+
+--
+-- FUNCTION: insert_values(text, json, text)
+--
+
+CREATE FUNCTION public.insert_values(p_into text, p_rows json, p_tail text DEFAULT ''::text) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_values text := values_list(p_rows);
+    n bigint := 0;
+BEGIN
+    IF v_values IS NOT NULL THEN
+        EXECUTE 'INSERT INTO ' || p_into || ' VALUES ' || v_values || ' ' || p_tail;
+        GET DIAGNOSTICS n = ROW_COUNT;
+    END IF;
+    RETURN n;
+END;
 $$;
 
 

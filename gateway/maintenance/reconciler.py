@@ -46,12 +46,11 @@ class Reconciler:
         expired = await outbox.expire_sending(
             self.pool, now=now, lease_s=s.send_lease_s, limit=BATCH, key_window_s=s.tenashi_key_window_s
         )
-        reconciled = await outbox.reconcile_unknown(
+        reconciled, waiting = await outbox.reconcile_unknown(
             self.pool, now=now, window_s=float(s.reconcile_window_s), limit=BATCH
         )
         for r in reconciled:
             log.info("reconciled %s/%s: unknown -> %s", r.tenant, r.idem_key[:80], r.state)
-        waiting = await outbox.reconcile_waiting(self.pool, now=now, window_s=float(s.reconcile_window_s))
         lag = max(0.0, now - waiting.oldest_unprocessed) if waiting.oldest_unprocessed is not None else 0.0
         metrics.RECONCILE_WAITING.set(waiting.rows)
         metrics.RECONCILE_WATERMARK_LAG.set(lag)

@@ -196,16 +196,33 @@ async def expire_sending(
     return [r["id"] for r in rows]
 
 
-async def reconcile_unknown(conn: Conn, *, now: float, window_s: float, limit: int) -> list[Reconciled]:
-    """Unknown past the window and waiting for no webhook: policy resend → pending once;
-    otherwise review."""
-    due = await conn.fetch(q("outbox_unknown_due"), now, window_s, limit)
-    waiting = {r["id"] for r in await _blockers(conn, due)}
-    free = [r["id"] for r in due if r["id"] not in waiting]
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Unknown rows past their window that wait for the inbox to catch up."""
+
+    rows: int
+    oldest_unprocessed: float | None  # epoch seconds of the oldest webhook they wait for
+    dead: bool  # some of what they wait for is dead (an operator must replay or drop it)
+
+
+async def reconcile_unknown(
+    conn: Conn, *, now: float, window_s: float, limit: int
+) -> tuple[list[Reconciled], Waiting]:
+    """Unknown past the window: those waiting for no webhook follow their policy (resend →
+    pending once; otherwise review), ``limit`` at most, oldest first; and what the others wait
+    for. One look at the inbox for both."""
+    due = await conn.fetch(q("outbox_unknown_due"), now, window_s)
+    blocked = await _blockers(conn, due)
+    waiting = Waiting(0, None, False)
+    if blocked:
+        oldest = min(r["oldest"] for r in blocked)
+        waiting = Waiting(len(blocked), oldest.timestamp(), any(r["dead"] > 0 for r in blocked))
+    held = {r["id"] for r in blocked}
+    free = [r["id"] for r in due if r["id"] not in held][:limit]
     if not free:
-        return []
+        return [], waiting
     rows = await conn.fetch(q("outbox_reconcile_unknown"), free, now)
-    return [Reconciled(r["id"], r["tenant"], r["idem_key"], OutboxState(r["state"])) for r in rows]
+    return [Reconciled(r["id"], r["tenant"], r["idem_key"], OutboxState(r["state"])) for r in rows], waiting
 
 
 async def _blockers(conn: Conn, due: Sequence[asyncpg.Record]) -> list[asyncpg.Record]:
@@ -223,23 +240,6 @@ async def _blockers(conn: Conn, due: Sequence[asyncpg.Record]) -> list[asyncpg.R
             max(r["until"] for r in due),
         )
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Waiting:
-    """Unknown rows past their window that wait for the inbox to catch up."""
-
-    rows: int
-    oldest_unprocessed: float | None  # epoch seconds of the oldest webhook they wait for
-    dead: bool  # some of what they wait for is dead (an operator must replay or drop it)
-
-
-async def reconcile_waiting(conn: Conn, *, now: float, window_s: float) -> Waiting:
-    blocked = await _blockers(conn, await conn.fetch(q("outbox_unknown_due"), now, window_s, None))
-    if not blocked:
-        return Waiting(0, None, False)
-    oldest = min(r["oldest"] for r in blocked)
-    return Waiting(len(blocked), oldest.timestamp(), any(r["dead"] > 0 for r in blocked))
 
 
 async def count_open(conn: Conn, *, cap: int) -> dict[OutboxState, int]:

@@ -21,6 +21,7 @@ FILES: tuple[str, ...] = (
     "functions/inbox_row_states.sql",
     "functions/inbox_unprocessed.sql",
     "functions/inbox_unread.sql",
+    "functions/insert_values.sql",
     "functions/meta_webhook.sql",
     "functions/outbox_attempts_record.sql",
     "functions/outbox_outcome_notify.sql",

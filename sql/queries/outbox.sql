@@ -249,15 +249,14 @@ RETURNING id;
 
 -- name: outbox_unknown_due
 -- Unknown rows past the window ($1 now, epoch seconds; $2 the window, seconds), oldest first,
--- $3 at most (NULL: all), each with the span of webhooks it waits for: every webhook received
+-- each with the span of webhooks it waits for: every webhook received
 -- from the row's creation to the end of its window (created_at .. unknown_at + $2) must be
 -- processed before the row follows its policy (a status that proves delivery may sit
 -- unprocessed, and resending then sends twice).
 SELECT o.id, o.created_at AS since, o.unknown_at + make_interval(secs => $2::float8) AS until
 FROM outbox o
 WHERE o.state = 'unknown' AND o.unknown_at <= to_timestamp($1::float8) - make_interval(secs => $2::float8)
-ORDER BY o.unknown_at
-LIMIT $3;
+ORDER BY o.unknown_at;
 
 -- name: outbox_unknown_blockers
 -- For unknown rows ($1 ids, $2 .. $3 the spans of outbox_unknown_due; $4 .. $5 the spans'
