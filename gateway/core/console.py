@@ -8,9 +8,10 @@ import hashlib
 import hmac
 import ipaddress
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -275,3 +276,45 @@ def needs(n: Numbers, cap: int | None = None) -> list[Need]:
     if n.partitions_ahead_days is not None and n.partitions_ahead_days == 1:
         out.append(Need("warning", "only one day partition ahead of today", "/"))
     return out
+
+
+def with_events(
+    rows: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """A page of deliveries with their events' keys, kinds and webhook ids, matched on (id,
+    day, lane); a delivery whose event row is gone (dropped with its day) keeps None there."""
+    found = {(e["id"], e["day"], e["lane"]): e for e in events}
+    out = []
+    for r in rows:
+        e = found.get((r["id"], r["event_day"], r["lane"]))
+        out.append(
+            dict(r)
+            | {
+                "event_key": e and e["event_key"],
+                "kind": e and e["kind"],
+                "webhook_id": e and e["webhook_id"],
+            }
+        )
+    return out
+
+
+QUEUED = frozenset({"pending", "failed"})
+
+
+def story_deliveries(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One line per event row and destination of a message's story: its queued delivery, else
+    its last delivered attempt; by event, then destination."""
+    best: dict[tuple[int, str], Mapping[str, Any]] = {}
+    for r in rows:
+        at = (r["event_id"], r["name"])
+        seen = best.get(at)
+        if seen is None or _rank(r) > _rank(seen):
+            best[at] = r
+    return [
+        {"what": "delivery", "name": r["name"], "state": r["state"], "at": r["at"], "detail": r["detail"]}
+        for _, r in sorted(best.items(), key=lambda kv: kv[0])
+    ]
+
+
+def _rank(r: Mapping[str, Any]) -> tuple[bool, datetime]:
+    return (r["state"] in QUEUED, r["at"] or datetime.min.replace(tzinfo=UTC))

@@ -8,6 +8,7 @@ from typing import Any
 
 import asyncpg
 
+from gateway.core import console as pure
 from gateway.store.db import Conn
 from gateway.store.sqlfiles import q
 
@@ -21,6 +22,7 @@ FAR_PAST = datetime(1, 1, 2, tzinfo=UTC)
 FAR_FUTURE = datetime(9999, 12, 30, tzinfo=UTC)
 
 Row = asyncpg.Record
+Delivery = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +167,7 @@ async def deliveries_page(
     since: datetime | None,
     until: datetime | None,
     limit: int,
-) -> tuple[list[Row], tuple[datetime, int] | None, int | None]:
+) -> tuple[list[Delivery], tuple[datetime, int] | None, int | None]:
     """One destination's deliveries, newest first: (rows, the next page's cursor, rows
     scanned when pending ones were told from failed ones)."""
     lo, hi = _range(since, until)
@@ -174,25 +176,37 @@ async def deliveries_page(
     at, ident = min(after or (FAR_FUTURE, FIRST_ID), (hi, 0))
     if state == "failed":
         rows = list(
-            await conn.fetch(
-                q("console_deliveries_failed"), destination_id, lo, at, ident, limit + 1, destination
-            )
+            await conn.fetch(q("console_deliveries_failed"), destination_id, lo, at, ident, limit + 1)
         )
         nxt = (rows[limit - 1]["received_at"], rows[limit - 1]["id"]) if len(rows) > limit else None
-        return rows[:limit], nxt, None
+        return await _with_events(conn, rows[:limit], destination), nxt, None
     # Delivered ones are all the log holds: no filter to scan past (pending ones share the queue
     # with failed ones).
     scan = SCAN if state == "pending" else limit + 1
-    got = await conn.fetch(
-        q("console_deliveries"), destination_id, lo, at, ident, limit + 1, scan, state, destination
-    )
+    got = await conn.fetch(q("console_deliveries"), destination_id, lo, at, ident, limit + 1, scan, state)
     hits = [r for r in got if r["id"] is not None]
     scanned = int(got[0]["scanned"]) if got else 0
+    told = scanned if state == "pending" else None
     if len(hits) > limit:
-        return hits[:limit], (hits[limit - 1]["received_at"], hits[limit - 1]["id"]), None
+        nxt = (hits[limit - 1]["received_at"], hits[limit - 1]["id"])
+        return await _with_events(conn, hits[:limit], destination), nxt, None
     if scanned >= scan and got and got[0]["scanned_at"] is not None:
-        return hits, (got[0]["scanned_at"], got[0]["scanned_id"]), scanned if state == "pending" else None
-    return hits, None, scanned if state == "pending" else None
+        return await _with_events(conn, hits, destination), (got[0]["scanned_at"], got[0]["scanned_id"]), told
+    return await _with_events(conn, hits, destination), None, told
+
+
+async def _with_events(conn: Conn, rows: list[Row], destination: str) -> list[Delivery]:
+    """The page's events, read by their keys in a statement of their own."""
+    if not rows:
+        return []
+    events = await conn.fetch(
+        q("console_delivery_events"),
+        [r["id"] for r in rows],
+        [r["event_day"] for r in rows],
+        [r["lane"] for r in rows],
+        destination,
+    )
+    return pure.with_events([dict(r) for r in rows], [dict(e) for e in events])
 
 
 async def deliveries_count(
@@ -214,8 +228,16 @@ async def inbound_page(conn: Conn, *, before: int | None, customer: str | None, 
     return _scanned_page(list(rows), limit, scan, customer is not None)
 
 
-async def event_story(conn: Conn, *, key: str, inbox_id: int | None) -> list[Row]:
-    return list(await conn.fetch(q("console_event_story"), key, inbox_id))
+async def event_story(conn: Conn, *, key: str, inbox_id: int | None) -> list[dict[str, Any]]:
+    """What the gateway did with an event key: its dedup key, its deliveries, its dead items."""
+    rows = await conn.fetch(q("console_event_story"), key, inbox_id)
+    queued_or_sent = await conn.fetch(q("console_event_deliveries"), key)
+    deliveries = pure.story_deliveries([dict(r) for r in queued_or_sent])
+    return (
+        [dict(r) for r in rows if r["what"] == "key"]
+        + deliveries
+        + [dict(r) for r in rows if r["what"] == "dead"]
+    )
 
 
 async def replies(conn: Conn, *, wamid: str) -> list[Row]:

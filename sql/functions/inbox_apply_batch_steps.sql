@@ -58,13 +58,19 @@ BEGIN
         INTO f_keys, f_subjects;
     END IF;
 
-    -- messages (a wamid recorded in the last 8 days is skipped)
-    SELECT coalesce(array_agg(DISTINCT i.wamid), '{}') INTO seen
-    FROM inbound_messages i
-    WHERE i.wamid = ANY (ARRAY(SELECT m.wamid FROM jsonb_to_recordset(p_messages) AS m(wamid text)))
-      AND i.received_at > v_8_days_ago;
+    -- messages (a wamid recorded in the last 8 days is skipped). A step with nothing to do is
+    -- not run: on Citus each of these reads or writes every shard (or, for a reference table,
+    -- every node) even for no rows.
     SELECT count(*) INTO n_msg
     FROM jsonb_to_recordset(p_messages) AS m(key text) WHERE m.key = ANY (f_keys);
+    seen := '{}';
+    IF n_msg > 0 THEN
+        SELECT coalesce(array_agg(DISTINCT i.wamid), '{}') INTO seen
+        FROM inbound_messages i
+        WHERE i.wamid = ANY (ARRAY(SELECT m.wamid FROM jsonb_to_recordset(p_messages) AS m(key text, wamid text)
+                                   WHERE m.key = ANY (f_keys)))
+          AND i.received_at > v_8_days_ago;
+    END IF;
     -- The event tables are written as VALUES lists (insert_values, values_list: a worker's error
     -- keeps its SQLSTATE, and each shard gets its rows directly); jsonb values go as their text,
     -- which the column parses back (a JSON string value would otherwise lose its quotes).
@@ -85,27 +91,31 @@ BEGIN
           JOIN unnest(f_keys, f_subjects) AS f(key, subject) ON f.key = m.key
           WHERE NOT (m.wamid = ANY (seen))
           ORDER BY m.wamid) x;
-    INSERT INTO media (media_id, phone_number_id, origin, mime_type, wamid)
-    SELECT DISTINCT ON (m.media_id) m.media_id, m.phone_number_id, 'inbound', m.mime_type, m.wamid
-    FROM jsonb_to_recordset(p_messages) AS m(key text, wamid text, phone_number_id text,
-                                             media_id text, mime_type text)
-    WHERE m.key = ANY (f_keys) AND m.media_id IS NOT NULL AND m.phone_number_id IS NOT NULL
-    ORDER BY m.media_id
-    ON CONFLICT (media_id) DO NOTHING;
+    PERFORM insert_values(
+                'media (media_id, phone_number_id, origin, mime_type, wamid)',
+                json_agg(x ORDER BY x.media_id), 'ON CONFLICT (media_id) DO NOTHING')
+    FROM (SELECT DISTINCT ON (m.media_id) m.media_id, m.phone_number_id, 'inbound' AS origin, m.mime_type, m.wamid
+          FROM jsonb_to_recordset(p_messages) AS m(key text, wamid text, phone_number_id text,
+                                                   media_id text, mime_type text)
+          WHERE m.key = ANY (f_keys) AND m.media_id IS NOT NULL AND m.phone_number_id IS NOT NULL
+          ORDER BY m.media_id) x;
 
     -- the send API callers' biz_opaque_callback_data of the outbox rows statuses name
     -- callback_data -> the caller's value (JSON null: none given); absent: not a send of ours
-    SELECT coalesce(jsonb_object_agg(o.callback_data, coalesce(to_jsonb(o.biz_opaque_callback_data), 'null'::jsonb)), '{}')
-    INTO cb
-    FROM outbox o
-    WHERE o.callback_data = ANY (ARRAY(
-        SELECT s.callback_data FROM jsonb_to_recordset(p_statuses) AS s(key text, callback_data text)
-        WHERE s.key = ANY (f_keys) AND s.callback_data IS NOT NULL
-        UNION
-        SELECT f.callback FROM jsonb_to_recordset(coalesce(p_forwards, '[]')::jsonb) AS f(key text, callback text)
-        WHERE f.key = ANY (f_keys) AND f.callback IS NOT NULL));
     SELECT count(*) INTO n_st
     FROM jsonb_to_recordset(p_statuses) AS s(key text) WHERE s.key = ANY (f_keys);
+    cb := '{}';
+    IF n_st > 0 OR p_forwards IS NOT NULL THEN
+        SELECT coalesce(jsonb_object_agg(o.callback_data, coalesce(to_jsonb(o.biz_opaque_callback_data), 'null'::jsonb)), '{}')
+        INTO cb
+        FROM outbox o
+        WHERE o.callback_data = ANY (ARRAY(
+            SELECT s.callback_data FROM jsonb_to_recordset(p_statuses) AS s(key text, callback_data text)
+            WHERE s.key = ANY (f_keys) AND s.callback_data IS NOT NULL
+            UNION
+            SELECT f.callback FROM jsonb_to_recordset(coalesce(p_forwards, '[]')::jsonb) AS f(key text, callback text)
+            WHERE f.key = ANY (f_keys) AND f.callback IS NOT NULL));
+    END IF;
     SELECT insert_values(
                'message_statuses (event_key, source, wamid, status, participant, recipient, timestamp,'
                ' callback_data, errors, raw, inbox_id, subject, recipient_user_id, recipient_parent_user_id,'
@@ -150,6 +160,8 @@ BEGIN
           ORDER BY l.phone_number_id, l.user_id, l.n DESC) x;
 
     -- outbox rows the statuses prove accepted (outbox is on one shard: one router statement)
+    n_out := 0;
+    IF n_st > 0 THEN
     WITH st AS (
         SELECT s.*, coalesce(array_position(ARRAY['sent', 'delivered', 'read', 'played', 'failed'], s.status), 0) AS rank
         FROM jsonb_to_recordset(p_statuses::jsonb) AS s(key text, wamid text, status text, callback_data text, errors jsonb)
@@ -178,6 +190,7 @@ BEGIN
     FROM best b JOIN locked l ON l.id = b.outbox_id
     WHERE o.id = b.outbox_id;
     GET DIAGNOSTICS n_out = ROW_COUNT;
+    END IF;
 
     SELECT insert_values(
                'account_errors (event_key, waba_id, phone_number_id, field, errors, raw, inbox_id, subject)',
@@ -193,14 +206,22 @@ BEGIN
           FROM jsonb_to_recordset(p_updates) AS u(key text, waba_id text, field text, value jsonb, inbox_id bigint)
           JOIN unnest(f_keys, f_subjects) AS f(key, subject) ON f.key = u.key) x;
 
-    -- whole webhooks that are no payload: moved aside dead
-    INSERT INTO inbox_parked (inbox_id, received_at, source, delivery_id, body, state, attempts, last_error)
-    SELECT w.id, w.received_at, w.source, w.delivery_id, w.body, 'dead', 1, d.why
-    FROM webhook_inbox w JOIN unnest(p_parked, p_parked_why) AS d(id, why) ON d.id = w.id
-    WHERE w.id = ANY (p_parked)
-    ON CONFLICT (inbox_id) DO UPDATE SET state = 'dead', attempts = inbox_parked.attempts + 1,
-        last_error = excluded.last_error, updated_at = excluded.updated_at;
-    GET DIAGNOSTICS n_parked = ROW_COUNT;
+    -- whole webhooks that are no payload: moved aside dead (the bodies read first: inbox_parked
+    -- is a reference table, written on every node from a VALUES list)
+    n_parked := 0;
+    IF cardinality(p_parked) > 0 THEN
+        -- (objects built on the workers: Citus cannot ship a whole row of a distributed table)
+        SELECT insert_values(
+                   'inbox_parked (inbox_id, received_at, source, delivery_id, body, state, attempts, last_error)',
+                   json_agg(json_build_object('id', w.id, 'received_at', w.received_at, 'source', w.source,
+                                              'delivery_id', w.delivery_id, 'body', w.body, 'state', 'dead',
+                                              'attempts', 1, 'why', d.why) ORDER BY w.id),
+                   'ON CONFLICT (inbox_id) DO UPDATE SET state = ''dead'', attempts = inbox_parked.attempts + 1,'
+                   ' last_error = excluded.last_error, updated_at = excluded.updated_at')
+        INTO n_parked
+        FROM webhook_inbox w JOIN unnest(p_parked, p_parked_why) AS d(id, why) ON d.id = w.id
+        WHERE w.id = ANY (p_parked);
+    END IF;
 
     -- deliveries: the events an enabled destination wants, their bodies once per format
     IF EXISTS (SELECT 1 FROM destinations WHERE enabled) AND p_forwards IS NOT NULL THEN

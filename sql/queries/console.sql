@@ -193,32 +193,29 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM delivery_queue x
                               WHERE x.destination_id = $1 AND x.failed LIMIT $3) c) AS failed;
 
 -- name: console_deliveries_failed
--- One destination ($1 id: its name is $6) failed deliveries, newest first, on
--- delivery_queue_failed; received from $2, before the cursor ($3, $4) (the range's end is one
--- too: gateway/store/console.py), $5 limit. One upper bound: with two (a time and a row), the
--- index scan of a day partition started at the wrong one and read all of it.
--- (The page first, then its events, one probe each: a join would let the planner hash every
--- event of the table.)
-SELECT q.event_id AS id, delivery_webhook_id($6, e.event_key) AS webhook_id, e.event_key, e.kind,
-       'failed' AS state, q.attempts, q.received_at, q.due AS next_attempt_at,
-       q.last_status::integer AS last_status, q.last_error, NULL::timestamptz AS delivered_at
-FROM (SELECT * FROM delivery_queue q
-      WHERE q.destination_id = $1 AND q.failed AND q.received_at >= $2
-        AND (q.received_at, q.event_id) < ($3, $4)
-      ORDER BY q.received_at DESC, q.event_id DESC
-      LIMIT $5) q
-LEFT JOIN LATERAL (SELECT e.event_key, e.kind FROM delivery_events e
-                   WHERE e.id = q.event_id AND e.day = q.event_day AND e.lane = q.lane LIMIT 1) e ON true
-ORDER BY q.received_at DESC, q.event_id DESC;
+-- One destination ($1 id) failed deliveries, newest first, on delivery_queue_failed; received
+-- from $2, before the cursor ($3, $4) (the range's end is one too: gateway/store/console.py), $5
+-- limit. One upper bound: with two (a time and a row), the index scan of a day partition started
+-- at the wrong one and read all of it. Their events are read next (console_delivery_events): a
+-- join would let the planner hash every event of the table, and Citus refuses a lateral probe.
+SELECT q.event_id AS id, q.event_day, q.lane, 'failed' AS state, q.attempts, q.received_at,
+       q.due AS next_attempt_at, q.last_status::integer AS last_status, q.last_error,
+       NULL::timestamptz AS delivered_at
+FROM delivery_queue q
+WHERE q.destination_id = $1 AND q.failed AND q.received_at >= $2
+  AND (q.received_at, q.event_id) < ($3, $4)
+ORDER BY q.received_at DESC, q.event_id DESC
+LIMIT $5;
 
 -- name: console_deliveries
--- One destination's deliveries ($1 id: its name is $8), newest first: the open ones on
--- delivery_queue_received, the delivered ones on delivery_log_delivered (each delivered attempt
--- of a delivery that is not open again: one replayed and delivered again shows twice), merged;
--- at most $6 scanned from $2 up to the cursor ($3, $4) (as console_deliveries_failed), those
--- in state $7 (NULL: any) kept, $5 at most. A state names one of the two only: the other is not read. Whether a delivered
--- one is open again is asked of the rows the scan took (a probe each), never as a join: the
--- planner would hash the queue against every delivered row of the destination.
+-- One destination's deliveries ($1 id), newest first: the open ones on delivery_queue_received,
+-- the delivered ones on delivery_log_delivered (each delivered attempt of a delivery that is not
+-- open again: one replayed and delivered again shows twice), merged; at most $6 scanned from $2
+-- up to the cursor ($3, $4) (as console_deliveries_failed), those in state $7 (NULL: any) kept,
+-- $5 at most. A state names one of the two only: the other is not read. Whether a delivered one
+-- is open again is asked of the rows the scan took (a probe each, on the lane: one shard on
+-- Citus), never as a join: the planner would hash the queue against every delivered row of the
+-- destination. Their events are read next (console_delivery_events).
 WITH scan AS (
     SELECT * FROM (
         (SELECT q.event_id AS id, q.event_day, q.lane,
@@ -234,7 +231,8 @@ WITH scan AS (
         (SELECT l.event_id, l.event_day, l.lane,
                 -- (a probe, never hashed: LIMIT keeps it a probe of the rows the scan takes)
                 CASE WHEN (SELECT true FROM delivery_queue q
-                           WHERE q.destination_id = $1 AND q.event_id = l.event_id LIMIT 1)
+                           WHERE q.destination_id = $1 AND q.event_id = l.event_id AND q.lane = l.lane
+                           LIMIT 1)
                      THEN 'reopened' ELSE 'delivered' END,
                 l.attempt, l.received_at, l.at, l.status::integer, l.error, l.at
          FROM delivery_log l
@@ -247,18 +245,22 @@ WITH scan AS (
     ORDER BY received_at DESC, id DESC
     LIMIT $6
 ), hit AS (
-    SELECT s.id, delivery_webhook_id($8, e.event_key) AS webhook_id, e.event_key, e.kind, s.state,
-           s.attempts, s.received_at, s.next_attempt_at, s.last_status, s.last_error, s.delivered_at
-    FROM (SELECT * FROM scan WHERE state <> 'reopened' AND ($7::text IS NULL OR state = $7)
-          ORDER BY received_at DESC, id DESC LIMIT $5) s
-    LEFT JOIN LATERAL (SELECT e.event_key, e.kind FROM delivery_events e
-                       WHERE e.id = s.id AND e.day = s.event_day AND e.lane = s.lane LIMIT 1) e ON true
+    SELECT * FROM scan WHERE state <> 'reopened' AND ($7::text IS NULL OR state = $7)
+    ORDER BY received_at DESC, id DESC LIMIT $5
 ), last AS (
     SELECT received_at, id FROM scan ORDER BY received_at, id LIMIT 1
 )
 SELECT h.*, (SELECT count(*) FROM scan) AS scanned, l.received_at AS scanned_at, l.id AS scanned_id
 FROM (SELECT 1) one LEFT JOIN last l ON true LEFT JOIN hit h ON true
 ORDER BY h.received_at DESC, h.id DESC;
+
+-- name: console_delivery_events
+-- The events of a page of deliveries: $1 ids, $2 days, $3 lanes (in step), with their webhook
+-- ids at destination $4 (its name). Matched on all three by the caller: each array prunes on
+-- its own (day partitions; shards by lane on Citus).
+SELECT e.id, e.day, e.lane, e.event_key, e.kind, delivery_webhook_id($4, e.event_key) AS webhook_id
+FROM delivery_events e
+WHERE e.id = ANY($1::bigint[]) AND e.day = ANY($2::date[]) AND e.lane = ANY($3::integer[]);
 
 -- name: console_deliveries_count
 -- What a replay of destination $1's deliveries in state $2 (failed or delivered) received in
@@ -308,38 +310,41 @@ ORDER BY h.id DESC;
 
 -- name: console_event_story
 -- What the gateway did with one event key ($1) of an inbound message received in inbox row
--- $2: its dedup key, its deliveries (per event row and destination: the queued one, else the
--- last delivered attempt), the events of it that failed on their own.
+-- $2, its deliveries aside (console_event_deliveries): its dedup key, the events of it that
+-- failed on their own.
 SELECT 'key' AS what, p.event_key AS name, NULL::text AS state, p.processed_at AS at, NULL::text AS detail
 FROM processed_webhook_events p WHERE p.event_key = $1
-UNION ALL
-SELECT 'delivery', d.name, x.state, x.at, x.detail
-FROM delivery_events e
-CROSS JOIN destinations d
-CROSS JOIN LATERAL (
-    SELECT * FROM (
-        SELECT CASE WHEN q.failed THEN 'failed' ELSE 'pending' END AS state, q.due AS at,
-               coalesce(q.last_status::text || ' ', '') || coalesce(q.last_error, '') AS detail
-        FROM delivery_queue q WHERE q.destination_id = d.id AND q.event_id = e.id
-        UNION ALL
-        (SELECT 'delivered', l.at, coalesce(l.status::text || ' ', '') || coalesce(l.error, '')
-         FROM delivery_log l
-         WHERE l.destination_id = d.id AND l.outcome = 'delivered'
-           AND l.received_at = e.received_at AND l.event_id = e.id
-         ORDER BY l.at DESC LIMIT 1)
-    ) y LIMIT 1
-) x
-WHERE e.event_key = $1
 UNION ALL
 SELECT 'dead', 'E' || e.id, e.state, e.updated_at, e.last_error
 FROM dead_events e WHERE e.inbox_id = $2 AND coalesce(e.event_key, '') IN ($1, '');
 
+-- name: console_event_deliveries
+-- The deliveries of event key $1: per event row and destination, the queued one and each
+-- delivered attempt (the caller keeps the queued one, else the last delivered). Joined on the
+-- lane: one shard's query per lane on Citus.
+SELECT e.id AS event_id, d.name, CASE WHEN q.failed THEN 'failed' ELSE 'pending' END AS state,
+       q.due AS at, coalesce(q.last_status::text || ' ', '') || coalesce(q.last_error, '') AS detail
+FROM delivery_events e
+CROSS JOIN destinations d
+JOIN delivery_queue q ON q.destination_id = d.id AND q.event_id = e.id AND q.lane = e.lane
+WHERE e.event_key = $1
+UNION ALL
+SELECT e.id, d.name, 'delivered', l.at, coalesce(l.status::text || ' ', '') || coalesce(l.error, '')
+FROM delivery_events e
+CROSS JOIN destinations d
+JOIN delivery_log l ON l.destination_id = d.id AND l.outcome = 'delivered'
+                   AND l.received_at = e.received_at AND l.event_id = e.id AND l.lane = e.lane
+WHERE e.event_key = $1;
+
 -- name: console_replies
--- The replies claimed for an inbound message, with their outbox rows.
+-- The replies claimed for an inbound message, with their outbox rows. The claims are read
+-- first (on Citus they live on the wamid's shard, the outbox on one of its own).
+WITH c AS MATERIALIZED (
+    SELECT claimed_by, claimed_at, tenant, idem_key FROM reply_claims WHERE inbound_wamid = $1
+)
 SELECT c.claimed_by, c.claimed_at, c.tenant, c.idem_key, o.state, o.wamid, o.delivery_status
-FROM reply_claims c
+FROM c
 LEFT JOIN outbox o ON o.tenant = c.tenant AND o.idem_key = c.idem_key
-WHERE c.inbound_wamid = $1
 ORDER BY c.claimed_at;
 
 -- name: console_overview

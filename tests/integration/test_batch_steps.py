@@ -47,6 +47,16 @@ BODIES = [
         "meta",
         to_bytes(messages_payload(message_obj("wamid.BSU", sender="4915", user_id="US.BS1", timestamp=TS))),
     ),
+    # an image: its media row (a VALUES list on Citus too)
+    (
+        "meta",
+        to_bytes(
+            messages_payload(
+                message_obj("wamid.BSM", timestamp=TS)
+                | {"type": "image", "image": {"id": "media.BS1", "mime_type": "image/jpeg", "sha256": "x"}}
+            )
+        ),
+    ),
     # keys are written into the steps' VALUES list: quotes, backslashes and SQL in a wamid stay data
     (
         "meta",
@@ -60,7 +70,8 @@ TABLES = {
     "account_errors": "event_key, subject, errors",
     "account_updates": "event_key, subject, value",
     "customer_ids": "phone_number_id, user_id, wa_id",
-    "inbox_parked": "inbox_id, state, last_error",
+    "inbox_parked": "inbox_id, state, last_error, body, attempts",
+    "media": "media_id, phone_number_id, origin, mime_type, wamid",
     "outbox": "idem_key, state, wamid, delivery_status",
     "delivery_events": "lane, event_key, kind, conversation, body, meta_body",
     "delivery_queue": "destination_id, lane, conv",
@@ -114,6 +125,8 @@ async def test_the_steps_write_what_the_statement_writes(pool: asyncpg.Pool) -> 
     assert sorted(steps["fresh_keys"]) == sorted(one["fresh_keys"])
     assert steps_rows == one_rows
     assert steps_rows["customer_ids"] and one["identities"] == 1
+    assert [r[0] for r in steps_rows["media"]] == ["media.BS1"]
+    assert steps_rows["inbox_parked"][0][3] == b"not json at all"
     assert any("DROP TABLE media" in k for k in steps["fresh_keys"])
 
 

@@ -396,6 +396,7 @@ async def test_a_customer_is_found_by_phone_or_bsuid(
         assert "wamid.U1" in await r.text()
 
 
+@pytest.mark.citus
 async def test_deliveries_pages_and_a_messages_story_read_the_queue_and_the_log(
     pool: asyncpg.Pool, settings: Settings, console: str, ops: aiohttp.ClientSession
 ) -> None:
@@ -417,10 +418,8 @@ async def test_deliveries_pages_and_a_messages_story_read_the_queue_and_the_log(
 
         async with forwarding(pool, slow):
             await until(attempted, what="crm delivered, down attempted")
-        await pool.execute(
-            "UPDATE delivery_queue SET failed = true"
-            " WHERE event_id = (SELECT min(event_id) FROM delivery_queue)"
-        )
+        first = await pool.fetchval("SELECT min(event_id) FROM delivery_queue")
+        await pool.execute("UPDATE delivery_queue SET failed = true WHERE event_id = $1", first)
     finally:
         await receiver.close()
 
@@ -429,7 +428,13 @@ async def test_deliveries_pages_and_a_messages_story_read_the_queue_and_the_log(
             assert r.status == 200, path
             page = await r.text()
         table = page.split('id="deliveries"', 1)[1].split("</table>", 1)[0]
-        return re.findall(r"<td>(pending|delivered|failed)</td>", table)
+        # Each row names its event and webhook id, read beside the page's rows.
+        keyed = re.findall(
+            r'"mono">wh_[0-9a-f]{32}</td><td class="mono">msg:wamid\.C\d</td><td>message</td>', table
+        )
+        states = re.findall(r"<td>(pending|delivered|failed)</td>", table)
+        assert len(keyed) == len(states), table
+        return states
 
     assert await rows("/destinations/crm") == ["delivered"] * 3
     assert await rows("/destinations/crm?state=delivered") == ["delivered"] * 3
@@ -437,7 +442,21 @@ async def test_deliveries_pages_and_a_messages_story_read_the_queue_and_the_log(
     assert sorted(await rows("/destinations/down")) == ["failed", "pending", "pending"]
     assert await rows("/destinations/down?state=failed") == ["failed"]
     assert await rows("/destinations/down?state=pending") == ["pending", "pending"]
+    # A reply claimed for the message, sent through the outbox: on Citus the two are on
+    # different shards.
+    await pool.execute(
+        "INSERT INTO outbox (tenant, idem_key, callback_data, recipient, payload, state, wamid)"
+        " VALUES ('acme', 'reply-c1', 'cb-c1', '4915100000001', '{}', 'accepted', 'wamid.OUT1')"
+    )
+    await pool.execute(
+        "INSERT INTO reply_claims (inbound_wamid, claimed_by, tenant, idem_key)"
+        " VALUES ('wamid.C1', 'bot', 'acme', 'reply-c1')"
+    )
     async with ops.get(f"{console}/inbound/message?wamid=wamid.C1") as r:
-        story = (await r.text()).split('id="story"', 1)[1].split("</table>", 1)[0]
+        assert r.status == 200
+        page = await r.text()
+    story = page.split('id="story"', 1)[1].split("</table>", 1)[0]
+    replies = page.split('id="replies"', 1)[1].split("</table>", 1)[0]
+    assert "acme/reply-c1" in replies and "<td>accepted</td>" in replies, replies
     assert re.search(r"<td>delivery</td><td class=\"mono\">crm</td><td>delivered</td>", story), story
     assert re.search(r"<td>delivery</td><td class=\"mono\">down</td><td>(pending|failed)</td>", story), story

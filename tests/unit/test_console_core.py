@@ -190,3 +190,60 @@ def test_console_tokens_parse_and_stay_secret() -> None:
 def test_counts_at_the_cap_read_as_at_least() -> None:
     got = console.needs(replace(QUIET, outbox_review=10_000, dead_events=3), cap=10_000)
     assert [n.what for n in got] == ["10000+ send(s) wait for review", "3 dead item(s)"]
+
+
+T0 = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+DAY = T0.date()
+
+
+def _d(event: int, name: str, state: str, minute: int | None) -> dict[str, object]:
+    at = None if minute is None else T0 + timedelta(minutes=minute)
+    return {"event_id": event, "name": name, "state": state, "at": at, "detail": f"{state}@{minute}"}
+
+
+@pytest.mark.parametrize(
+    ("rows", "shown"),
+    [
+        ([], []),
+        # A queued delivery (pending or failed) wins over the attempts delivered before a replay.
+        ([_d(1, "crm", "delivered", 5), _d(1, "crm", "pending", 1)], [("crm", "pending@1")]),
+        ([_d(1, "crm", "failed", 1), _d(1, "crm", "delivered", 9)], [("crm", "failed@1")]),
+        # Else the last delivered attempt; a queued one with no due time still wins.
+        ([_d(1, "crm", "delivered", 2), _d(1, "crm", "delivered", 7), _d(1, "crm", "delivered", 3)],
+         [("crm", "delivered@7")]),
+        ([_d(1, "crm", "delivered", 2), _d(1, "crm", "pending", None)], [("crm", "pending@None")]),
+        # One line per event row and destination, by event then destination.
+        ([_d(2, "bot", "delivered", 1), _d(1, "crm", "delivered", 1), _d(1, "bot", "pending", 1)],
+         [("bot", "pending@1"), ("crm", "delivered@1"), ("bot", "delivered@1")]),
+    ],
+)  # fmt: skip
+def test_a_storys_deliveries(rows: list[dict[str, object]], shown: list[tuple[str, str]]) -> None:
+    got = console.story_deliveries(rows)
+    assert [(r["name"], r["detail"]) for r in got] == shown
+    assert all(r["what"] == "delivery" for r in got)
+
+
+def test_a_page_of_deliveries_gets_its_events_on_all_three_keys() -> None:
+    rows = [
+        {"id": 7, "event_day": DAY, "lane": 3, "state": "pending"},
+        {"id": 7, "event_day": DAY, "lane": 4, "state": "failed"},  # same id, another lane
+        {"id": 8, "event_day": DAY, "lane": 3, "state": "delivered"},  # its day dropped
+    ]
+    events = [
+        {"id": 7, "day": DAY, "lane": 3, "event_key": "msg:a", "kind": "message", "webhook_id": "wh_a"},
+        {"id": 7, "day": DAY, "lane": 4, "event_key": "msg:b", "kind": "message", "webhook_id": "wh_b"},
+        {
+            "id": 8,
+            "day": DAY - timedelta(days=1),
+            "lane": 3,
+            "event_key": "c",
+            "kind": "x",
+            "webhook_id": "c",
+        },
+    ]
+    got = console.with_events(rows, events)
+    assert [(r["state"], r["event_key"], r["webhook_id"]) for r in got] == [
+        ("pending", "msg:a", "wh_a"),
+        ("failed", "msg:b", "wh_b"),
+        ("delivered", None, None),
+    ]
