@@ -24,6 +24,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+import pytest_asyncio
 from aiohttp import ClientSession
 
 from gateway.core.settings import Settings
@@ -162,6 +163,17 @@ def citus_spares(citus_cluster: citus.Cluster) -> Iterator[SpareDatabases]:
         yield spares
     finally:
         spares.close()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def citus_module_database(citus_spares: SpareDatabases) -> AsyncIterator[citus.ReusableDatabase]:
+    """A migrated, distributed database of its own for a module that changes it (moves shards,
+    reads plans after writes), the spare made beside the tests before; dropped after."""
+    spare = await citus_spares.take()
+    try:
+        yield spare
+    finally:
+        await spare.cluster.drop_database(spare.name)
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ from tests.support.citusload import (
     errors,
     failed_checks,
     flowing,
+    misplaced,
     placements,
     rebalance,
     start_load,
@@ -52,7 +53,7 @@ def load_cluster(citus_cluster: citus.Cluster) -> Iterator[citus.Cluster]:
         # Thrown away: killed rather than stopped (a clean stop checkpoints thousands of
         # shard files, 40 s here).
         for node in cluster.nodes:
-            cluster.kill(node)
+            cluster.kill(node, wait=False)
         # Removed in the background: thousands of shard files, ~10 s the other tests need not wait.
         subprocess.Popen(["rm", "-rf", str(base)], start_new_session=True)
 
@@ -88,7 +89,8 @@ async def test_worker_added_and_shards_moved_under_load(
     # the floor is loose for a busy machine: what it catches is ingest not working on Citus.
     assert summary["answered"] >= 0.5 * summary["sent"], errors(result)
     assert after.get(node.port, 0) > 0, after
-    assert sum(after.values()) == sum(before.values())
+    # (Not a count compared with before: the gateway makes day partitions ahead as it starts.)
+    assert await misplaced(load_dsn) == 0
 
 
 async def test_worker_killed_mid_load_nothing_lost(

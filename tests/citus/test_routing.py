@@ -25,17 +25,17 @@ from gateway.core.planning import Plan
 from gateway.inbound.groupcommit import GroupCommitter
 from gateway.store import db, deliveries, idempotency, inbox, lanes, outbox, replies, retention
 from gateway.store.sqlfiles import q
-from tests.support.citus_db import citus_dsn, distributed_database, drop_database, fresh_database
+from gateway.testing import citus
+from tests.support.citus_db import citus_dsn, drop_database, fresh_database
 
 NAME = "gw_citus_routing"
 # One distributed database for the module (distributing the schema takes seconds).
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def cluster_db() -> AsyncIterator[str]:
-    async with distributed_database(NAME) as dsn:
-        yield dsn
+@pytest.fixture(scope="module")
+def cluster_db(citus_module_database: citus.ReusableDatabase) -> str:
+    return citus_module_database.dsn
 
 
 @pytest_asyncio.fixture(loop_scope="module")

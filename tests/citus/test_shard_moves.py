@@ -15,10 +15,10 @@ import pytest_asyncio
 
 from gateway.core.settings import Settings
 from gateway.store import db, inbox
+from gateway.testing import citus
 from gateway.testing.payloads import message_obj, messages_payload, to_bytes
 from tests.support.citus_db import (
     citus_dsn,
-    distributed_database,
     drop_database,
     fresh_database,
     node_dsn,
@@ -26,14 +26,12 @@ from tests.support.citus_db import (
 )
 from tests.support.consume import drain
 
-NAME = "gw_citus_moves"
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def cluster_db() -> AsyncIterator[str]:
-    async with distributed_database(NAME) as dsn:
-        yield dsn
+@pytest.fixture(scope="module")
+def cluster_db(citus_module_database: citus.ReusableDatabase) -> str:
+    return citus_module_database.dsn
 
 
 @pytest_asyncio.fixture(loop_scope="module")
@@ -43,6 +41,11 @@ async def pool(cluster_db: str) -> AsyncIterator[asyncpg.Pool]:
         yield p
     finally:
         await p.close()
+
+
+def name(dsn: str) -> str:
+    """The database's name (the same on every node)."""
+    return dsn.rsplit("/", 1)[1]
 
 
 def settings(dsn: str) -> Settings:
@@ -138,7 +141,7 @@ async def test_lanes_moved_to_a_worker_that_counted_fewer_transactions_read_ever
     first = await stage(pool, "first")
     assert await drain_until(pool, cluster_db, first) == dict.fromkeys(first, 1)
     # the worker the shards leave has counted far more transactions than the one they go to
-    d1, d2 = node_dsn(cluster_db, *w1, NAME), node_dsn(cluster_db, *w2, NAME)
+    d1, d2 = node_dsn(cluster_db, *w1, name(cluster_db)), node_dsn(cluster_db, *w2, name(cluster_db))
     await burn(d1, max(0, await xid_next(d2) - await xid_next(d1)) + 3000)
     second = await stage(pool, "second")  # read on the first worker, by cursors in its numbers
     assert await drain_until(pool, cluster_db, second) == dict.fromkeys(second, 1)
@@ -176,7 +179,10 @@ async def test_webhooks_staged_while_shards_move_are_each_processed_once(
 ) -> None:
     _, (w1, w2) = await nodes(citus_dsn())
     source, target = (w1, w2) if await lanes_on(pool, w1) else (w2, w1)
-    d_source, d_target = node_dsn(cluster_db, *source, NAME), node_dsn(cluster_db, *target, NAME)
+    d_source, d_target = (
+        node_dsn(cluster_db, *source, name(cluster_db)),
+        node_dsn(cluster_db, *target, name(cluster_db)),
+    )
     await burn(d_source, max(0, await xid_next(d_target) - await xid_next(d_source)) + 2000)
     staged: set[str] = set()
     stop = asyncio.Event()

@@ -137,6 +137,21 @@ async def placements(dsn: str) -> dict[int, int]:
     return {int(r["nodeport"]): int(r["n"]) for r in rows}
 
 
+async def misplaced(dsn: str) -> int:
+    """Shards of the distributed tables that do not have exactly one placement (a move that lost
+    or doubled one)."""
+    conn = await asyncpg.connect(dsn, timeout=30)
+    try:
+        n: int = await conn.fetchval(
+            "SELECT count(*) FROM pg_dist_shard s JOIN pg_dist_partition p USING (logicalrelid)"
+            " WHERE p.partmethod IN ('h', 'n')"
+            " AND (SELECT count(*) FROM pg_dist_placement x WHERE x.shardid = s.shardid) <> 1"
+        )
+    finally:
+        await conn.close()
+    return n
+
+
 # Moves that run side by side: the shards of one colocation group together, and several
 # groups at once up to citus.max_background_task_executors_per_node (CLUSTER_SETTINGS). A
 # quarter faster than one move at a time here (25 s against 33 s on an idle cluster).
