@@ -177,13 +177,18 @@ async def start_rebalance(
 ) -> None:
     """``citus_rebalance_start``, again while Citus says another shard operation holds the
     colocation groups' lock (seen right after ``citus_add_node``: it fails at once rather
-    than waiting)."""
+    than waiting), or when it was a deadlock's victim (seen while a gateway that had just
+    started made its day partitions ahead: a rebalance that did not start changed nothing)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             options = PARALLEL if parallel else ""
             await conn.execute(f"SELECT citus_rebalance_start(shard_transfer_mode => '{mode}'{options})")
             return
+        except asyncpg.DeadlockDetectedError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1.0)
         except asyncpg.InternalServerError as exc:
             if "could not acquire the lock" not in str(exc) or time.monotonic() > deadline:
                 raise
