@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import signal
 import sys
 from types import ModuleType
 
@@ -70,5 +71,19 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(args)
     ns.argv = list(args)
     install_uvloop()
-    code: int = asyncio.run(ns.main(ns))
+    code: int = asyncio.run(_until_terminated(ns))
+    return code
+
+
+async def _until_terminated(ns: argparse.Namespace) -> int:
+    """The command, cancelled by SIGTERM: its ``finally`` blocks then stop what it started (a
+    gateway in a session of its own would otherwise outlive a run that is terminated)."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        code: int = await ns.main(ns)
+    except asyncio.CancelledError:
+        print("loadtest: terminated (SIGTERM); what it started is stopped", file=sys.stderr)
+        return 128 + signal.SIGTERM
     return code

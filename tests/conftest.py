@@ -12,9 +12,6 @@ one is migrated per session and put back to its baseline after every test
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
-import inspect
 import os
 import shutil
 import tempfile
@@ -35,6 +32,7 @@ from gateway.testing.fake_provider import FakeConfig, FakeProvider
 from gateway.testing.fake_receiver import FakeReceiver
 from gateway.testing.scratch import scratch_database
 from gateway.web.server import Listening, listen
+from tests.support.citus_db import SpareDatabases, new_citus_database
 from tests.support.config import (
     API_KEYS,
     DESTINATION_SECRET,
@@ -102,58 +100,6 @@ def citus_dsn_env(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
     finally:
         del os.environ["GATEWAY_TEST_CITUS_DSN"]
-
-
-async def migrate_citus(conn: asyncpg.Connection) -> None:
-    """The schema as `gateway migrate --citus` leaves it: distributed where it says so."""
-    if "citus" in inspect.signature(migrate).parameters:
-        await migrate(conn, citus=True)  # type: ignore[call-arg]
-    else:  # a schema without the distribution: every table stays on the coordinator
-        await migrate(conn)
-
-
-async def new_citus_database(cluster: citus.Cluster) -> citus.ReusableDatabase:
-    db = citus.ReusableDatabase(cluster, f"gw_citus_{uuid.uuid4().hex[:8]}")
-    await cluster.create_database(db.name)
-    conn = await connect(db.dsn, timeout=30)
-    try:
-        await migrate_citus(conn)
-    finally:
-        await conn.close()
-    await db.snapshot()
-    return db
-
-
-class SpareDatabases:
-    """The next migrated database, made in a thread while the tests run: a test that changes
-    the schema (a partition made, a shard moved) leaves its database unusable, and migrating and
-    distributing another takes ~7 s, mostly spent waiting on the nodes' DDL. A spare made while
-    a test killed a node fails: the database is then made when it is needed."""
-
-    def __init__(self, cluster: citus.Cluster) -> None:
-        self.cluster = cluster
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="citus-spare")
-        self._next: concurrent.futures.Future[citus.ReusableDatabase] | None = None
-
-    def prepare(self) -> None:
-        if self._next is None:
-            self._next = self._pool.submit(asyncio.run, new_citus_database(self.cluster))
-
-    async def take(self) -> citus.ReusableDatabase:
-        ready, self._next = self._next, None
-        db: citus.ReusableDatabase | None = None
-        if ready is not None:
-            with contextlib.suppress(Exception):
-                db = await asyncio.wrap_future(ready)
-        if db is None or not await db.reset():
-            if db is not None:
-                await self.cluster.drop_database(db.name)
-            db = await new_citus_database(self.cluster)
-        self.prepare()
-        return db
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.fixture(scope="session")

@@ -107,12 +107,9 @@ async def test_a_redelivery_six_days_later_is_still_deduplicated(
         == TODAY
     )
 
-    # Six days on: maintenance has run every day, then Meta redelivers both. (On the cluster it
-    # runs on the sixth day only: a run drops what is older than the window from its day, so
-    # that run drops all the five before it would, and each run is seconds of DDL on every
-    # shard there.)
+    # Six days on: maintenance has run every day, then Meta redelivers both.
     s = replace(settings, dedup_retention_days=7, inbox_retention_days=30)
-    for offset in (6,) if on_cluster() else range(1, 7):
+    for offset in range(1, 7):
         await retention.run_once(pool, s, today=TODAY + timedelta(days=offset))
     for again in (body, status):
         later = await redeliver(pool, again)

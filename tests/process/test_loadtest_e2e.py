@@ -3,11 +3,15 @@ provider when it exists), drives it, verifies the database and writes its report
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 from aiohttp.test_utils import TestServer
 
 from tests.support.config import META_SECRET, TENASHI_SECRET
@@ -115,3 +119,36 @@ async def test_url_mode_without_a_database_and_without_tenashi(
             assert META_SECRET not in path.read_text(), path
     assert "--database-url 'postgresql://postgres@/gateway?host=" in errs["nodb"]  # says how to verify
     assert "--database-url" not in errs["noverify"]
+
+
+def test_a_terminated_run_stops_the_gateway_it_started(db_dsn: str, tmp_path: Path) -> None:
+    """SIGTERM to ``loadtest run`` (a test that fails mid-run sends it) stops the gateway and the
+    fake provider it started, which run in sessions of their own and would outlive it."""
+    argv = [
+        sys.executable, "-m", "loadtest", "run", "--database-url", db_dsn,
+        "--rate", "20", "--duration", "120", "--results", str(tmp_path), "--name", "term", "--quiet",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        started: list[psutil.Process] = []
+        while time.monotonic() < deadline and not any(
+            "gateway" in " ".join(p.cmdline()) and "serve" in p.cmdline() for p in started
+        ):
+            time.sleep(0.3)
+            with contextlib.suppress(psutil.Error):
+                started = psutil.Process(proc.pid).children(recursive=True)
+        assert any("serve" in p.cmdline() for p in started), [p.cmdline() for p in started]
+        time.sleep(2)  # webhooks flowing
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    _, alive = psutil.wait_procs(started, timeout=10)
+    for p in alive:  # not left behind when this fails
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "terminated" in err
+    assert not alive, [p.cmdline() for p in alive]

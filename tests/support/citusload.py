@@ -138,13 +138,14 @@ async def placements(dsn: str) -> dict[int, int]:
 
 
 async def misplaced(dsn: str) -> int:
-    """Shards of the distributed tables that do not have exactly one placement (a move that lost
-    or doubled one)."""
+    """Shards of the distributed tables (hash-distributed or single-shard; not the reference
+    tables, ``repmodel`` 't', which have a placement on every node) that do not have exactly
+    one placement (a move that lost or doubled one)."""
     conn = await asyncpg.connect(dsn, timeout=30)
     try:
         n: int = await conn.fetchval(
             "SELECT count(*) FROM pg_dist_shard s JOIN pg_dist_partition p USING (logicalrelid)"
-            " WHERE p.partmethod IN ('h', 'n')"
+            " WHERE p.partmethod IN ('h', 'n') AND p.repmodel <> 't'"
             " AND (SELECT count(*) FROM pg_dist_placement x WHERE x.shardid = s.shardid) <> 1"
         )
     finally:
