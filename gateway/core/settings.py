@@ -678,7 +678,7 @@ class Settings:
         "GATEWAY_FORWARD_LEASE_S",
         0.0,
         _float(0, 86400),
-        "seconds a dead forwarder's claims stay held (a live one renews every round); "
+        "seconds a dead forwarder's claims stay held (a live one's rounds renew them); "
         "0: twice GATEWAY_FORWARD_TIMEOUT_MS + 60",
     )
     forward_breaker_failures: int = _env(
@@ -778,9 +778,10 @@ class Settings:
     def forward_lease_s(self) -> float:
         """A forwarder lease not renewed for this long belongs to a forwarder that died.
 
-        Every round renews it (a round runs at least once a poll interval, or a round's
-        timeout when the database is slow): unless GATEWAY_FORWARD_LEASE_S sets it, twice the
-        request timeout, plus a minute of slack.
+        A round renews it when it changes what it holds or a tenth of the lease has passed (a
+        round runs at least once a poll interval, or a round's timeout when the database is
+        slow): unless GATEWAY_FORWARD_LEASE_S sets it, twice the request timeout, plus a minute
+        of slack.
         """
         if self.forward_lease_set_s > 0:
             return self.forward_lease_set_s

@@ -181,8 +181,9 @@ BEGIN
     END IF;
 
     -- The claim: with the breakers as this round left them; the leases as they were before it
-    -- (what this round finished is still held there: its room is given back).
-    IF p_limit > 0 THEN
+    -- (what this round finished is still held there: its room is given back). None without a
+    -- destination that may be sent to (on Citus the claim is a query on a worker).
+    IF p_limit > 0 AND EXISTS (SELECT 1 FROM destinations WHERE enabled AND breaker_state <> 'open') THEN
         WITH leased AS (
             SELECT l.forwarder, l.destination_id, h.id
             FROM delivery_leases l CROSS JOIN LATERAL unnest(l.ids) AS h(id)
@@ -237,12 +238,18 @@ BEGIN
     -- claimed; every lease of this forwarder renewed, an empty one too. Only what its lease
     -- still held is kept: a lease that ran out was deleted, and its deliveries may be another
     -- forwarder's now. Semi-joins, which are hashed (a generic plan's array is a parameter,
-    -- and PostgreSQL hashes "= ANY" only of constant arrays). Then the claimed deliveries with
-    -- their bodies: delivery_events is read in the partitions of the claim's days only (c_days,
-    -- a parameter: pruned when the statement starts, instead of an index probe into every day
-    -- per delivery).
-    RETURN QUERY
-    WITH lease AS (
+    -- and PostgreSQL hashes "= ANY" only of constant arrays). Written only when the round
+    -- changes what the forwarder holds or a lease has used a tenth of its time: an idle round
+    -- reads and writes nothing (delivery_leases is a reference table on Citus, where a write,
+    -- even of no rows, is a two-phase commit on every node).
+    IF cardinality(p_outcomes) > 0 OR cardinality(c_rows) > 0 OR EXISTS (
+        SELECT 1 FROM delivery_leases l0
+        WHERE l0.forwarder = p_forwarder
+          AND (l0.lease_until < v_now + make_interval(secs => 0.9 * p_lease_s)
+               OR EXISTS (SELECT 1 FROM unnest(l0.ids) AS h(id)
+                          WHERE (l0.destination_id, h.id) NOT IN (SELECT x.destination_id, x.event_id
+                                                                  FROM unnest(p_held) x)))
+    ) THEN
         INSERT INTO delivery_leases AS l (forwarder, destination_id, ids, lease_until)
         SELECT p_forwarder, k.destination_id, coalesce(array_agg(k.id) FILTER (WHERE k.id IS NOT NULL), '{}'),
                v_now + make_interval(secs => p_lease_s)
@@ -259,8 +266,13 @@ BEGIN
         ) k(destination_id, id)
         GROUP BY k.destination_id
         ON CONFLICT (forwarder, destination_id)
-            DO UPDATE SET ids = excluded.ids, lease_until = excluded.lease_until
-    )
+            DO UPDATE SET ids = excluded.ids, lease_until = excluded.lease_until;
+    END IF;
+    -- Then the claimed deliveries with their bodies (none claimed: no statement): delivery_events
+    -- is read in the partitions of the claim's days only (c_days, a parameter: pruned when the
+    -- statement starts, instead of an index probe into every day per delivery).
+    IF cardinality(c_rows) > 0 THEN
+    RETURN QUERY
     SELECT 'claimed'::text, c.destination_id, c.event_id, e.event_key,
            CASE WHEN d.format = 'meta' THEN e.meta_body ELSE e.body END, c.attempts + 1,
            extract(epoch FROM c.received_at)::float8, extract(epoch FROM c.window_start)::float8,
@@ -276,12 +288,18 @@ BEGIN
         ON e.id = c.event_id AND e.day = c.event_day AND e.lane = c.lane AND e.day = ANY (c_days)
        AND (p_lanes IS NULL OR e.lane = ANY (p_lanes))
     ORDER BY c.ordinality;
+    END IF;
 
+    -- Housekeeping writes only what changes (the same reason: reference tables on Citus).
     IF p_housekeeping THEN
-        DELETE FROM delivery_leases WHERE lease_until < v_now;
+        IF EXISTS (SELECT 1 FROM delivery_leases WHERE lease_until < v_now) THEN
+            DELETE FROM delivery_leases WHERE lease_until < v_now;
+        END IF;
         -- Lowered whenever it must be; raised only by more than a second (not a write of
-        -- every destination row twice a second for nothing).
-        IF p_lanes IS NULL THEN
+        -- every destination row twice a second for nothing). With no destination, no statement.
+        IF NOT EXISTS (SELECT 1 FROM destinations WHERE enabled) THEN
+            NULL;
+        ELSIF p_lanes IS NULL THEN
             UPDATE destinations d SET due_from = b.due_from
             FROM (
                 SELECT x.id, least(
@@ -308,6 +326,8 @@ BEGIN
             WHERE d.id = b.id
               AND (b.due_from < d.due_from OR b.due_from - d.due_from > interval '1 second');
         END IF;
+        IF EXISTS (SELECT 1 FROM destinations WHERE breaker_state = 'open'
+                   AND breaker_changed_at <= v_now - make_interval(secs => p_cooldown_s)) THEN
         RETURN QUERY
         UPDATE destinations SET breaker_state = 'half_open', breaker_changed_at = now()
         WHERE breaker_state = 'open'
@@ -315,6 +335,7 @@ BEGIN
         RETURNING 'half_open'::text, NULL::bigint, NULL::bigint, NULL::text, NULL::bytea, NULL::int,
                   NULL::float8, NULL::float8, name, NULL::text, NULL::text, NULL::text, NULL::boolean,
                   NULL::boolean, 'open'::text, 'half_open'::text, NULL::smallint;
+        END IF;
     END IF;
 END
 $fn$;

@@ -516,3 +516,42 @@ async def test_deliveries_committed_within_the_gap_after_a_round_share_the_next_
         assert time.monotonic() - started < gap_s / 2, "the five commits took too long to test this"
         await until(lambda: delivered(6), what="the five deliveries")
     assert [n for n in claims if n] == [1, 5], claims
+
+
+async def test_an_idle_round_writes_no_lease_until_a_tenth_of_it_is_used(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    """Leases are written when what a forwarder holds changes, or to renew them: an idle round
+    writes nothing (on Citus delivery_leases is a reference table: a write is a two-phase commit
+    on every node)."""
+    await add(pool, "crm", "http://127.0.0.1:9/x", max_in_flight=2)
+    await process_messages(pool, settings, 2)
+
+    async def lease() -> tuple[list[int], datetime, int]:
+        row = await pool.fetchrow(
+            "SELECT ids, lease_until, xmin::text::bigint AS version FROM delivery_leases"
+            " WHERE forwarder = 'idle'"
+        )
+        assert row is not None
+        return sorted(row["ids"]), row["lease_until"], row["version"]
+
+    claimed = await _round(pool, "idle", set())
+    held = {c.ref for c in claimed}
+    assert len(held) == 2
+    first = await lease()
+    for _ in range(3):  # holding the same, nothing to claim: the row is not written again
+        assert await _round(pool, "idle", held) == []
+    assert await lease() == first
+    # A tenth of the lease used (60 s: 6 s): renewed, holding the same.
+    await pool.execute("UPDATE delivery_leases SET lease_until = lease_until - interval '7 seconds'")
+    aged = await lease()
+    await _round(pool, "idle", held)
+    renewed = await lease()
+    assert renewed[0] == first[0] and renewed[1] > aged[1] and renewed[2] != aged[2]
+    # A forwarder that holds nothing and claims nothing (the destination is full) writes none.
+    assert await _round(pool, "other", set()) == []
+    assert await pool.fetchval("SELECT count(*) FROM delivery_leases WHERE forwarder = 'other'") == 0
+    # What it holds changes (an answer never came for one): written at once.
+    dropped = min(held)
+    await _round(pool, "idle", held - {dropped})
+    assert (await lease())[0] == [max(held).id]
