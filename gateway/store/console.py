@@ -174,25 +174,31 @@ async def deliveries_page(
     # One upper bound, the tighter of the cursor and the range's end (receipt times before
     # ``hi``: every id after (hi, 0)).
     at, ident = min(after or (FAR_FUTURE, FIRST_ID), (hi, 0))
+    page, nxt, told = await _page(conn, destination_id, state, lo, at, ident, limit)
+    return await _with_events(conn, page, destination), nxt, told
+
+
+async def _page(
+    conn: Conn, destination_id: int, state: str | None, lo: datetime, at: datetime, ident: int, limit: int
+) -> tuple[list[Row], tuple[datetime, int] | None, int | None]:
+    """deliveries_page's rows before their events are read."""
     if state == "failed":
         rows = list(
             await conn.fetch(q("console_deliveries_failed"), destination_id, lo, at, ident, limit + 1)
         )
         nxt = (rows[limit - 1]["received_at"], rows[limit - 1]["id"]) if len(rows) > limit else None
-        return await _with_events(conn, rows[:limit], destination), nxt, None
+        return rows[:limit], nxt, None
     # Delivered ones are all the log holds: no filter to scan past (pending ones share the queue
     # with failed ones).
     scan = SCAN if state == "pending" else limit + 1
     got = await conn.fetch(q("console_deliveries"), destination_id, lo, at, ident, limit + 1, scan, state)
     hits = [r for r in got if r["id"] is not None]
     scanned = int(got[0]["scanned"]) if got else 0
-    told = scanned if state == "pending" else None
     if len(hits) > limit:
-        nxt = (hits[limit - 1]["received_at"], hits[limit - 1]["id"])
-        return await _with_events(conn, hits[:limit], destination), nxt, None
+        return hits[:limit], (hits[limit - 1]["received_at"], hits[limit - 1]["id"]), None
     if scanned >= scan and got and got[0]["scanned_at"] is not None:
-        return await _with_events(conn, hits, destination), (got[0]["scanned_at"], got[0]["scanned_id"]), told
-    return await _with_events(conn, hits, destination), None, told
+        return hits, (got[0]["scanned_at"], got[0]["scanned_id"]), scanned if state == "pending" else None
+    return hits, None, scanned if state == "pending" else None
 
 
 async def _with_events(conn: Conn, rows: list[Row], destination: str) -> list[Delivery]:
