@@ -10,16 +10,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import inspect
 import os
 import uuid
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 
 from gateway.store import db
-from gateway.store.db import connect, migrate
 from gateway.testing import citus
 
 ENV = "GATEWAY_TEST_CITUS_DSN"
@@ -101,45 +98,22 @@ async def fresh_database(dsn: str, name: str) -> str:
     return await join_cluster(dsn, name)
 
 
-@contextlib.asynccontextmanager
-async def distributed_database(name: str) -> AsyncIterator[str]:
-    """A fresh Citus database ``name`` as `gateway migrate --citus` leaves it, dropped after;
-    its coordinator DSN."""
-    dsn = await fresh_database(citus_dsn(), name)
-    conn = await db.connect(dsn)
-    try:
-        await db.migrate(conn, citus=True)
-    finally:
-        await conn.close()
-    try:
-        yield dsn
-    finally:
-        await drop_database(citus_dsn(), name)
-
-
 def on_cluster() -> bool:
     """Whether this test session runs on a Citus cluster (make test-citus: GATEWAY_TEST_CITUS)."""
     return bool(os.environ.get("GATEWAY_TEST_CITUS"))
 
 
-async def migrate_citus(conn: asyncpg.Connection) -> None:
-    """The schema as `gateway migrate --citus` leaves it: distributed where it says so."""
-    if "citus" in inspect.signature(migrate).parameters:
-        await migrate(conn, citus=True)  # type: ignore[call-arg]
-    else:  # a schema without the distribution: every table stays on the coordinator
-        await migrate(conn)
-
-
 async def new_citus_database(cluster: citus.Cluster) -> citus.ReusableDatabase:
-    db = citus.ReusableDatabase(cluster, f"gw_citus_{uuid.uuid4().hex[:8]}")
-    await cluster.create_database(db.name)
-    conn = await connect(db.dsn, timeout=30)
+    """A database of ``cluster`` as `gateway migrate --citus` leaves it, its baseline kept."""
+    made = citus.ReusableDatabase(cluster, f"gw_citus_{uuid.uuid4().hex[:8]}")
+    await cluster.create_database(made.name)
+    conn = await db.connect(made.dsn, timeout=30)
     try:
-        await migrate_citus(conn)
+        await db.migrate(conn, citus=True)
     finally:
         await conn.close()
-    await db.snapshot()
-    return db
+    await made.snapshot()
+    return made
 
 
 class SpareDatabases:
@@ -159,16 +133,16 @@ class SpareDatabases:
 
     async def take(self) -> citus.ReusableDatabase:
         ready, self._next = self._next, None
-        db: citus.ReusableDatabase | None = None
+        spare: citus.ReusableDatabase | None = None
         if ready is not None:
             with contextlib.suppress(Exception):
-                db = await asyncio.wrap_future(ready)
-        if db is None or not await db.reset():
-            if db is not None:
-                await self.cluster.drop_database(db.name)
-            db = await new_citus_database(self.cluster)
+                spare = await asyncio.wrap_future(ready)
+        if spare is None or not await spare.reset():
+            if spare is not None:
+                await self.cluster.drop_database(spare.name)
+            spare = await new_citus_database(self.cluster)
         self.prepare()
-        return db
+        return spare
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
