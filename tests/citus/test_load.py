@@ -1,7 +1,8 @@
 """Load with redeliveries against a gateway whose DATABASE_URL is a Citus coordinator
 (``python -m loadtest run`` and its verifier) while the cluster changes under it: a third
 worker added and the shards rebalanced onto it, a worker SIGKILLed and started again, the
-coordinator SIGKILLed and started again. After each: every acknowledged
+coordinator SIGKILLed and started again in the middle of a rebalance that drains that worker
+(the rebalance resumes by itself). After each: every acknowledged
 webhook stored once, every event of an acknowledged webhook processed once, its side effects
 neither lost nor doubled, no badly signed body stored (the verifier's checks).
 
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from gateway.testing import citus
@@ -31,9 +33,12 @@ from tests.support.citusload import (
     failed_checks,
     flowing,
     misplaced,
+    moves_running,
     placements,
     rebalance,
+    rebalance_wait,
     start_load,
+    start_rebalance,
 )
 
 pytestmark = pytest.mark.citus
@@ -121,14 +126,34 @@ async def test_worker_killed_mid_load_nothing_lost(
     assert not failed, f"{what}: {failed}"
 
 
-async def test_coordinator_killed_mid_load_nothing_lost(
+async def test_coordinator_killed_mid_load_and_mid_rebalance_nothing_lost(
     load_cluster: citus.Cluster, load_dsn: str, tmp_path: Path
 ) -> None:
+    # The worker the first test added is drained by a rebalance (its shards moved back to the
+    # others) and the coordinator is SIGKILLed while that job and the load run: the job, kept in
+    # pg_dist_background_job, resumes once the coordinator is back.
+    drained = load_cluster.workers[-1]
+    assert (await placements(load_dsn)).get(drained.port, 0) > 0, "the first test's worker has no shards"
     with start_load(load_dsn, tmp_path, rate=100, duration=10) as run:
         await flowing(load_dsn)
-        await asyncio.sleep(3)
+        conn = await asyncpg.connect(load_dsn, timeout=30)
+        try:
+            await conn.execute(
+                "SELECT citus_set_node_property('127.0.0.1', $1, 'shouldhaveshards', false)", drained.port
+            )
+            await start_rebalance(conn, "block_writes", parallel=True)
+        finally:
+            await conn.close()
+        moving = await moves_running(load_dsn)
+        await asyncio.sleep(1)  # into the move
         load_cluster.kill(load_cluster.coordinator)
         await asyncio.sleep(2)
         await asyncio.to_thread(load_cluster.restart, load_cluster.coordinator)
+        seconds = await rebalance_wait(load_dsn)
         result = await run.finish()
-    _judge(result, "coordinator SIGKILLed for 2 s")
+    after = await placements(load_dsn)
+    print(f"\nrebalance interrupted ({moving} moving), done {seconds:.1f} s after the restart: {after}")
+    _judge(result, "coordinator SIGKILLed for 2 s mid-rebalance")
+    assert moving > 0, "no move of the rebalance started"
+    assert after.get(drained.port, 0) == 0, after
+    assert await misplaced(load_dsn) == 0

@@ -177,6 +177,44 @@ async def rebalance(dsn: str, mode: str = "block_writes") -> float:
     return time.monotonic() - started
 
 
+async def rebalance_wait(dsn: str, timeout_s: float = 120.0) -> float:
+    """Seconds until the cluster's rebalance job has ended (``citus_rebalance_wait``), connecting
+    again while the coordinator is still in crash recovery."""
+    started = time.monotonic()
+    deadline = started + timeout_s
+    while True:
+        try:
+            conn = await asyncpg.connect(dsn, timeout=10)
+            break
+        except (OSError, asyncpg.CannotConnectNowError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+    try:
+        await conn.execute(f"SET statement_timeout = {int(timeout_s * 1000)}")
+        await conn.execute("SELECT citus_rebalance_wait()")
+    finally:
+        await conn.close()
+    return time.monotonic() - started
+
+
+async def moves_running(dsn: str, timeout_s: float = 30.0) -> int:
+    """Once tasks of the rebalance job are moving shard groups: how many (0 if none did within
+    ``timeout_s``; the job's first tasks wait for its background task monitor)."""
+    conn = await asyncpg.connect(dsn, timeout=30)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            n: int = await conn.fetchval(
+                "SELECT count(*) FROM pg_dist_background_task WHERE status = 'running'"
+            )
+            if n or time.monotonic() > deadline:
+                return n
+            await asyncio.sleep(0.1)
+    finally:
+        await conn.close()
+
+
 async def start_rebalance(
     conn: asyncpg.Connection, mode: str = "block_writes", timeout_s: float = 60.0, *, parallel: bool = False
 ) -> None:
