@@ -91,11 +91,7 @@ def start_load(
     ]  # fmt: skip
     log = results / "loadtest.log"
     out = log.open("wb")
-    # The fewest day partitions made ahead (the setting's floor): every partition is a shard per
-    # lane on the cluster, and the rebalance copies each one (a quarter less to move than at the
-    # default of 3, ~8 s of the shard-move run here).
-    env = {**os.environ, "GATEWAY_PARTITIONS_AHEAD_DAYS": "2"}
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ})
     return LoadRun(proc, results, log, time.monotonic())
 
 
