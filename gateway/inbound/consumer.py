@@ -124,7 +124,7 @@ class Consumer:
         # waits for a wake-up: a NOTIFY that came during the step sets it, and reading again at
         # once would find nothing.
         self._more = False
-        self._unread_shards = False  # the last batch read one shard of several
+        self._unread_shards = False  # the last batch left shards unread
         self._again = False
         # True while the loop waits for a wake-up (a group wakes one idle consumer per NOTIFY).
         self._idle = False
@@ -265,68 +265,101 @@ class Consumer:
         # it wakes read the rest in parallel; otherwise every free lane, in one statement.
         share = -(-len(self._lanes.cursors) // self._loops) if self._more_before else None
         # One statement reads the lanes of one shard (on Citus a router query on the worker
-        # whose snapshot it takes; on one server every lane is in shard 0): a shard with
-        # nothing to read passes the turn to the next one, so that a batch is found wherever
-        # there is one and an empty step means every shard was empty.
+        # whose snapshot it takes; on one server every lane is in shard 0). A step reads shard
+        # after shard, taking each one's lanes as it comes to them, until its batch is full or
+        # no free shard is left, and applies what they held in one transaction: an empty step
+        # means every shard was empty.
         tried: set[int] = set()
-        while True:
-            taken = self._lanes.take(share, skip=tried)
-            if not taken:
-                return 0
-            tried.add(self._lanes.shards.get(taken[0].lane, 0))
-            n = await self._read(taken)
-            if n:
-                # Shards this step did not read may hold rows: the next step comes at once
-                # (not after a poll interval) and reads them, and only a step that finds every
-                # shard empty lets the loop wait.
-                self._unread_shards = bool(set(self._lanes.shards.values()) - tried)
-                return n
 
-    async def _read(self, taken: list[Cursor]) -> int:
-        """One batch of the lanes ``taken`` (of one shard), handled; the rows read."""
-        lanes_out = [c.lane for c in taken]
+        def take() -> list[Cursor]:
+            taken = self._lanes.take(share, skip=tried)
+            if taken:
+                tried.add(self._lanes.shards.get(taken[0].lane, 0))
+            return taken
+
+        n = await self._read(take)
+        # Shards this step did not reach (its batch was full, or a sibling loop held their
+        # lanes) may hold rows: the next step comes at once, not after a poll interval.
+        self._unread_shards = n > 0 and bool(set(self._lanes.shards.values()) - tried)
+        return n
+
+    async def _read(self, take: Callable[[], list[Cursor]]) -> int:
+        """One batch of the lanes ``take`` hands out (a shard's at a time, each read by a
+        statement of its own), handled in one transaction; the rows read."""
+        out: list[int] = []
         moved: list[Cursor] | None = None
         started = time.perf_counter()
+        rows: list[StagedRow] = []
+        forwards = False
         try:
-            async with self._pool.acquire() as conn:
-                taken = await self._current(conn, taken)
-                if not taken:
-                    moved = []
-                    return 0
-                async with conn.transaction():
-                    await inbox.read_mode(conn, idle_ms=self._idle_ms)
-                    batch = await inbox.read(
-                        conn, taken, limit=self._s.consumer_batch, max_bytes=self._s.consumer_batch_bytes
+            async with self._pool.acquire() as conn, conn.transaction():
+                await inbox.read_mode(conn, idle_ms=self._idle_ms)
+                read, more = await self._read_shards(conn, take, out)
+                rows = [r for _, batch, _ in read for r in batch]
+                if rows:
+                    handled = [(taken, adv) for taken, batch, adv in read if batch]
+                    forwards = await self._apply.handle(
+                        conn,
+                        rows,
+                        [c for taken, _ in handled for c in taken],
+                        [c for _, adv in handled for c in adv],
                     )
-                    if not batch.rows:
-                        # A window the last batch read up to its last row is read to its end:
-                        # closed now, or the lane would keep reading it for ever, and never
-                        # what committed after it.
-                        windows = [c for c in taken if c.window is not None]
-                        closed = {c.lane: c for c in close_windows(windows)}
-                        if windows:
-                            await inbox.advance(
-                                conn, member=self.member, cursors=windows, moved=list(closed.values())
-                            )
-                        advance = [closed.get(c.lane, c) for c in taken]
-                        more = False
-                    else:
-                        last = batch.rows[-1]
-                        advance = advance_cursors(
-                            taken, batch.snapshots, (last.txid, last.id), batch.exhausted
-                        )
-                        more = not batch.exhausted
-                        forwards = await self._apply.handle(conn, batch.rows, taken, advance)
-                moved = advance
-                self._more = self._more_before = more
-                if not batch.rows:
-                    return 0
+            moved = [c for _, _, adv in read for c in adv]
+            self._more = self._more_before = more
         finally:
-            self._lanes.give_back(lanes_out, moved)
+            self._lanes.give_back(out, moved)
+        if not rows:
+            return 0
         self._committed(forwards)
-        metrics.CONSUMER_BATCH_ROWS.observe(len(batch.rows))
+        metrics.CONSUMER_BATCH_ROWS.observe(len(rows))
         metrics.CONSUMER_BATCH_SECONDS.observe(time.perf_counter() - started)
-        return len(batch.rows)
+        return len(rows)
+
+    async def _read_shards(
+        self, conn: Conn, take: Callable[[], list[Cursor]], out: list[int]
+    ) -> tuple[list[tuple[list[Cursor], list[StagedRow], list[Cursor]]], bool]:
+        """The lanes ``take`` hands out, read in the caller's transaction while the batch's
+        limits (rows, bytes) last; every lane taken is added to ``out``. Per read: its cursors,
+        its rows and where its cursors go; and whether a read left rows. Windows a read found
+        empty are closed here."""
+        limit, budget = self._s.consumer_batch, self._s.consumer_batch_bytes
+        # Enough rows for one batch's fixed cost: past it no further shard is read. A backlog's
+        # batches then stay one shard's, as large as before: on a cluster, two loops' batches
+        # of several full shards each were cancelled as distributed deadlocks again and again,
+        # and a backlog drained 5 to 10 times slower.
+        enough = max(1, limit // 4)
+        read: list[tuple[list[Cursor], list[StagedRow], list[Cursor]]] = []
+        more = False
+        rows = 0
+        while limit > 0 and budget > 0 and rows < enough:
+            taken = take()
+            if not taken:
+                break
+            out.extend(c.lane for c in taken)
+            taken = await self._current(conn, taken)
+            if not taken:
+                continue
+            batch = await inbox.read(conn, taken, limit=limit, max_bytes=budget)
+            if not batch.rows:
+                # A window the last batch read up to its last row is read to its end: closed
+                # now, or the lane would keep reading it for ever, and never what committed
+                # after it.
+                windows = [c for c in taken if c.window is not None]
+                closed = {c.lane: c for c in close_windows(windows)}
+                if windows:
+                    await inbox.advance(
+                        conn, member=self.member, cursors=windows, moved=list(closed.values())
+                    )
+                read.append((taken, [], [closed.get(c.lane, c) for c in taken]))
+                continue
+            last = batch.rows[-1]
+            advance = advance_cursors(taken, batch.snapshots, (last.txid, last.id), batch.exhausted)
+            read.append((taken, batch.rows, advance))
+            more = more or not batch.exhausted
+            rows += len(batch.rows)
+            limit -= len(batch.rows)
+            budget -= sum(len(r.body) for r in batch.rows)
+        return read, more
 
     async def _current(self, conn: Conn, taken: list[Cursor]) -> list[Cursor]:
         """The cursors to read from: as cached, or read again for lanes whose last batch's fate

@@ -105,10 +105,36 @@ async def test_concurrent_consumers_on_direct_copies(pool: asyncpg.Pool, setting
     assert await inbox_states(pool) == {"done": 5}
 
 
+@pytest.mark.skipif(on_cluster(), reason="the shard numbers are made up here; a cluster's are its shards'")
+@pytest.mark.parametrize(
+    ("batch", "batch_bytes", "first"), [(100, 1 << 20, 12), (12, 1 << 20, 4), (100, 1, 1)]
+)
+async def test_a_step_reads_several_shards_within_one_batchs_limits(
+    pool: asyncpg.Pool, settings: Settings, batch: int, batch_bytes: int, first: int
+) -> None:
+    # The lanes numbered into 8 shards as on a cluster (inbox_lanes.shard), one webhook in each
+    # of 12 lanes (shards 0-3 hold two, lanes n and n + 8): a step reads shard after shard into
+    # one batch until no shard is left (12 rows), or it holds a quarter of its row limit (shards
+    # 0 and 1: 4 rows), or its byte budget is used up (the first row of a read always comes),
+    # and leaves the rest for the next.
+    await pool.execute("UPDATE inbox_lanes SET shard = lane % 8")
+    for lane in range(12):
+        body = to_bytes(messages_payload(message_obj(f"wamid.SH{lane}")))
+        await inbox.insert_batch(pool, sources=["meta"], bodies=[body], delivery_ids=[None], lane=lane)
+    consumer = Consumer(pool, replace(settings, consumer_batch=batch, consumer_batch_bytes=batch_bytes))
+    steps = [await consumer.process_batch()]
+    while steps[-1]:
+        steps.append(await consumer.process_batch())
+    assert steps[0] == first and sum(steps) == 12, steps
+    c = await counts(pool)
+    assert (c["processed_webhook_events"], c["inbound_messages"]) == (12, 12)
+
+
 @pytest.mark.skipif(
     on_cluster(),
-    reason="Citus: a batch reads the lanes of one shard (one worker's snapshot), so the staged set "
-    "is not one batch there; exactly once over many batches is test_load's and the others' here",
+    reason="Citus: a batch reads the lanes of a few shards (a statement each, on its worker), so "
+    "the staged set is not one batch there; exactly once"
+    " over many batches is test_load's and the others' here",
 )
 async def test_1000_statuses_and_100_messages_every_key_once(pool: asyncpg.Pool, settings: Settings) -> None:
     for i in range(100):

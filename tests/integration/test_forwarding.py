@@ -195,7 +195,7 @@ async def test_max_in_flight_and_per_conversation_order(pool: asyncpg.Pool, sett
         for seq in per_customer.values():
             assert [processed[n] for n in seq] == sorted(processed[n] for n in seq)
             # One consumer on one PostgreSQL processes them in the order they were staged; on a
-            # cluster a consumer reads one shard's lanes at a time, so webhooks staged in
+            # cluster a consumer reads the lanes shard by shard, so webhooks staged in
             # different shards are processed in another order.
             assert on_cluster() or seq == sorted(seq)
     finally:
