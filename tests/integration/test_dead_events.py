@@ -114,19 +114,24 @@ async def test_a_systemic_fault_for_a_while_parks_nothing_dead(
     inject, remove = FAULTS["disk_full"]
     await ddl(pool, *inject)
     n = 20
-    await stage_faulted(pool, n, with_statuses)
-    # The fault lasts for many more retries than max_attempts (2) would allow.
-    deadline = time.monotonic() + 1.5
-    while time.monotonic() < deadline:
-        await drain_with(pool, s, health, max_steps=3)
-        await no_dead(pool)
-        await asyncio.sleep(0.01)
-    assert await pool.fetchval("SELECT coalesce(max(attempts), 0) FROM dead_events") == 0
-    assert await pool.fetchval("SELECT count(*) FROM inbox_parked") == 0
-    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 1
-    # The waiting events show as lag: their rows are pending.
-    assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state = 'pending'") == n
-    assert await inbox.lag_seconds(pool) > 0
+    try:
+        await stage_faulted(pool, n, with_statuses)
+        # The fault lasts for many more retries than max_attempts (2) would allow.
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            await drain_with(pool, s, health, max_steps=3)
+            await no_dead(pool)
+            await asyncio.sleep(0.01)
+        assert await pool.fetchval("SELECT coalesce(max(attempts), 0) FROM dead_events") == 0
+        assert await pool.fetchval("SELECT count(*) FROM inbox_parked") == 0
+        assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 1
+        # The waiting events show as lag: their rows are pending.
+        pending = await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state = 'pending'")
+        assert pending == n
+        assert await inbox.lag_seconds(pool) > 0
+    except BaseException:
+        await ddl(pool, *remove)  # the fault must not outlive the test: the next ones share the database
+        raise
     await ddl(pool, *remove)
     await asyncio.sleep(0.05)
     await drain_with(pool, s, health)
