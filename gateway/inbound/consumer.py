@@ -323,15 +323,15 @@ class Consumer:
         its rows and where its cursors go; and whether a read left rows. Windows a read found
         empty are closed here."""
         limit, budget = self._s.consumer_batch, self._s.consumer_batch_bytes
-        # Enough rows for one batch's fixed cost: past it no further shard is read. A backlog's
-        # batches then stay one shard's, as large as before: on a cluster, two loops' batches
-        # of several full shards each were cancelled as distributed deadlocks again and again,
-        # and a backlog drained 5 to 10 times slower.
-        enough = max(1, limit // 4)
+        # Once a quarter of the row limit is read (enough for one batch's fixed cost), no
+        # further shard is read: ``limit`` left at ``rest`` or below. A backlog's batches then
+        # stay one shard's, as large as before: on a cluster, two loops' batches of several
+        # full shards each were cancelled as distributed deadlocks again and again, and a
+        # backlog drained 5 to 10 times slower.
+        rest = limit - max(1, limit // 4)
         read: list[tuple[list[Cursor], list[StagedRow], list[Cursor]]] = []
         more = False
-        rows = 0
-        while limit > 0 and budget > 0 and rows < enough:
+        while limit > rest and budget > 0:
             taken = take()
             if not taken:
                 break
@@ -356,7 +356,6 @@ class Consumer:
             advance = advance_cursors(taken, batch.snapshots, (last.txid, last.id), batch.exhausted)
             read.append((taken, batch.rows, advance))
             more = more or not batch.exhausted
-            rows += len(batch.rows)
             limit -= len(batch.rows)
             budget -= sum(len(r.body) for r in batch.rows)
         return read, more

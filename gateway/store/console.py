@@ -194,11 +194,12 @@ async def _page(
     got = await conn.fetch(q("console_deliveries"), destination_id, lo, at, ident, limit + 1, scan, state)
     hits = [r for r in got if r["id"] is not None]
     scanned = int(got[0]["scanned"]) if got else 0
+    told = scanned if state == "pending" else None
     if len(hits) > limit:
         return hits[:limit], (hits[limit - 1]["received_at"], hits[limit - 1]["id"]), None
     if scanned >= scan and got and got[0]["scanned_at"] is not None:
-        return hits, (got[0]["scanned_at"], got[0]["scanned_id"]), scanned if state == "pending" else None
-    return hits, None, scanned if state == "pending" else None
+        return hits, (got[0]["scanned_at"], got[0]["scanned_id"]), told
+    return hits, None, told
 
 
 async def _with_events(conn: Conn, rows: list[Row], destination: str) -> list[Delivery]:
