@@ -563,15 +563,21 @@ class _NodeBaseline:
     sequences: dict[str, tuple[int, bool]]
 
 
-# What makes a database's schema, per node: relations (the shards too) and functions. A
-# difference from the baseline means a test changed the schema (a partition made or dropped,
-# a shard moved): the database cannot be reset in place.
+# What makes a database's schema, per node: relations (the shards too), functions,
+# constraints and triggers. A difference from the baseline means a test changed the schema (a
+# partition made or dropped, a shard moved, a rule or a fault injected and left behind by a
+# test that failed): the database cannot be reset in place.
 _FINGERPRINT = """
 SELECT md5(concat_ws('|',
     (SELECT string_agg(c.oid::text || ':' || c.relname || ':' || c.relkind::text, ',' ORDER BY c.oid)
        FROM pg_class c WHERE c.relnamespace = 'public'::regnamespace),
     (SELECT string_agg(p.oid::text || ':' || md5(p.prosrc), ',' ORDER BY p.oid)
-       FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace)))
+       FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace),
+    (SELECT string_agg(k.oid::text, ',' ORDER BY k.oid)
+       FROM pg_constraint k WHERE k.connamespace = 'public'::regnamespace),
+    (SELECT string_agg(t.oid::text, ',' ORDER BY t.oid)
+       FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+      WHERE c.relnamespace = 'public'::regnamespace)))
 """
 # Tables (shards included) that ever had a row since their last TRUNCATE.
 _WRITTEN = """

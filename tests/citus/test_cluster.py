@@ -185,6 +185,19 @@ async def test_a_changed_schema_is_not_reset_in_place(probe: citus.ReusableDatab
     assert not await probe.reset()
     await run("DROP TABLE extra")
     assert await probe.reset()
+    # A rule a failed test left behind: a CHECK (on every shard too), a trigger on a built-in
+    # function (no function of its own to show it).
+    await run("ALTER TABLE items ADD CONSTRAINT newer CHECK (k > -1)")
+    assert not await probe.reset()
+    await run("ALTER TABLE items DROP CONSTRAINT newer")
+    assert await probe.reset()
+    await run(
+        "CREATE TRIGGER same BEFORE UPDATE ON notes FOR EACH ROW"
+        " EXECUTE FUNCTION suppress_redundant_updates_trigger()"
+    )
+    assert not await probe.reset()
+    await run("DROP TRIGGER same ON notes")
+    assert await probe.reset()
     await run("SELECT create_distributed_table('notes', 'id')")  # shards made on the workers
     assert not await probe.reset()
 

@@ -114,24 +114,19 @@ async def test_a_systemic_fault_for_a_while_parks_nothing_dead(
     inject, remove = FAULTS["disk_full"]
     await ddl(pool, *inject)
     n = 20
-    try:
-        await stage_faulted(pool, n, with_statuses)
-        # The fault lasts for many more retries than max_attempts (2) would allow.
-        deadline = time.monotonic() + 1.5
-        while time.monotonic() < deadline:
-            await drain_with(pool, s, health, max_steps=3)
-            await no_dead(pool)
-            await asyncio.sleep(0.01)
-        assert await pool.fetchval("SELECT coalesce(max(attempts), 0) FROM dead_events") == 0
-        assert await pool.fetchval("SELECT count(*) FROM inbox_parked") == 0
-        assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 1
-        # The waiting events show as lag: their rows are pending.
-        pending = await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state = 'pending'")
-        assert pending == n
-        assert await inbox.lag_seconds(pool) > 0
-    except BaseException:
-        await ddl(pool, *remove)  # the fault must not outlive the test: the next ones share the database
-        raise
+    await stage_faulted(pool, n, with_statuses)
+    # The fault lasts for many more retries than max_attempts (2) would allow.
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        await drain_with(pool, s, health, max_steps=3)
+        await no_dead(pool)
+        await asyncio.sleep(0.01)
+    assert await pool.fetchval("SELECT coalesce(max(attempts), 0) FROM dead_events") == 0
+    assert await pool.fetchval("SELECT count(*) FROM inbox_parked") == 0
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 1
+    # The waiting events show as lag: their rows are pending.
+    assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state = 'pending'") == n
+    assert await inbox.lag_seconds(pool) > 0
     await ddl(pool, *remove)
     await asyncio.sleep(0.05)
     await drain_with(pool, s, health)
@@ -155,27 +150,23 @@ async def test_a_data_rule_that_rejects_every_message_is_each_events_own(
     inject, remove = FAULTS[fault]
     await ddl(pool, *inject)
     n = 10
-    try:
-        await stage_faulted(pool, n, with_statuses=True)
-        deadline = time.monotonic() + 60  # a bound on the test, not a speed claim
-        while await pool.fetchval("SELECT count(*) FROM dead_events WHERE state <> 'dead'") or (
-            await pool.fetchval("SELECT count(*) FROM dead_events") < n
-        ):
-            assert time.monotonic() < deadline
-            await drain_with(pool, s, health, max_steps=5)
-            await asyncio.sleep(0.01)
-        assert await inbox_states(pool) == {"done": n}
-        assert (await counts(pool))["message_statuses"] == n  # the statuses went through at once
-        items = await pool.fetch("SELECT state, attempts, kind, fragment FROM dead_events")
-        assert {(r["state"], r["attempts"], r["kind"]) for r in items} == {("dead", 2, "message")}
-        # Each message's own bytes (in the order the batches met them: on a cluster a batch
-        # reads the lanes shard by shard, so not the order they were staged in).
-        fragments = sorted(orjson.loads(bytes(r["fragment"]))["id"] for r in items)
-        assert fragments == sorted(f"wamid.F{i}" for i in range(n))
-        assert health.fault_streak == 0
-    except BaseException:
-        await ddl(pool, *remove)  # the rule must not outlive the test: the next ones share the database
-        raise
+    await stage_faulted(pool, n, with_statuses=True)
+    deadline = time.monotonic() + 60  # a bound on the test, not a speed claim
+    while await pool.fetchval("SELECT count(*) FROM dead_events WHERE state <> 'dead'") or (
+        await pool.fetchval("SELECT count(*) FROM dead_events") < n
+    ):
+        assert time.monotonic() < deadline
+        await drain_with(pool, s, health, max_steps=5)
+        await asyncio.sleep(0.01)
+    assert await inbox_states(pool) == {"done": n}
+    assert (await counts(pool))["message_statuses"] == n  # the statuses went through at once
+    items = await pool.fetch("SELECT state, attempts, kind, fragment FROM dead_events")
+    assert {(r["state"], r["attempts"], r["kind"]) for r in items} == {("dead", 2, "message")}
+    # Each message's own bytes (in the order the batches met them: on a cluster a batch reads
+    # the lanes shard by shard, so not the order they were staged in).
+    fragments = sorted(orjson.loads(bytes(r["fragment"]))["id"] for r in items)
+    assert fragments == sorted(f"wamid.F{i}" for i in range(n))
+    assert health.fault_streak == 0
     await ddl(pool, *remove)
     assert f"replayed {n} event(s)" in await gateway_ok(db_dsn, "dead", "replay", "--all")
     await drain_with(pool, s, health)
