@@ -333,9 +333,16 @@ BEGIN
            d.ordered, d.format = 'meta', NULL::text, NULL::text, c.lane
     FROM unnest(c_rows) WITH ORDINALITY AS c
     JOIN destinations d ON d.id = c.destination_id
-    LEFT JOIN delivery_events e
-        ON e.id = c.event_id AND e.day = c.event_day AND e.lane = c.lane AND e.day = ANY (c_days)
-       AND (p_lanes IS NULL OR e.lane = ANY (p_lanes))
+    -- One primary-key probe per claimed delivery, whatever the statistics say: as a plain
+    -- join, a plan made before the first ANALYZE of a day's partition (a new database's
+    -- first minute, each new day's first minute) read the whole partition in every round.
+    LEFT JOIN LATERAL (
+        SELECT e.event_key, e.body, e.meta_body
+        FROM delivery_events e
+        WHERE e.id = c.event_id AND e.day = c.event_day AND e.lane = c.lane AND e.day = ANY (c_days)
+          AND (p_lanes IS NULL OR e.lane = ANY (p_lanes))
+        LIMIT 1
+    ) e ON true
     ORDER BY c.ordinality;
     END IF;
 
