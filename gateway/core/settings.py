@@ -475,10 +475,18 @@ class Settings:
     )
     consumer_batch_gap_ms: float = _env(
         "GATEWAY_CONSUMER_BATCH_GAP_MS",
-        10.0,
+        30.0,
         _float(0, 1000),
-        "least time between the starts of two batches a process's consumers begin on a wake-up, so "
+        "most time between the starts of two batches a process's consumers begin on a wake-up, so "
         "that webhooks staged meanwhile share one (a backlog is claimed at once); 0: none",
+    )
+    consumer_batch_gather: int = _env(
+        "GATEWAY_CONSUMER_BATCH_GATHER",
+        10,
+        _int(0, 10000),
+        "events a woken batch waits to gather: the gap between batches is the time the recent "
+        "rate of events takes to bring this many, at most GATEWAY_CONSUMER_BATCH_GAP_MS; 0: "
+        "always that gap",
     )
     consumer_lane_lease_s: float = _env(
         "GATEWAY_CONSUMER_LANE_LEASE_S",
@@ -663,10 +671,18 @@ class Settings:
     )
     forward_round_gap_ms: float = _env(
         "GATEWAY_FORWARD_ROUND_GAP_MS",
-        10.0,
+        30.0,
         _float(0, 1000),
-        "least time between the starts of two forwarder rounds begun on a wake-up, so that "
+        "most time between the starts of two forwarder rounds begun on a wake-up, so that "
         "deliveries and outcomes arriving meanwhile share one (a backlog is claimed at once); 0: none",
+    )
+    forward_round_gather: int = _env(
+        "GATEWAY_FORWARD_ROUND_GATHER",
+        20,
+        _int(0, 10000),
+        "deliveries a woken round waits to gather: the gap between rounds is the time the recent "
+        "rate of deliveries takes to bring this many, at most GATEWAY_FORWARD_ROUND_GAP_MS; 0: "
+        "always that gap",
     )
     forward_poll_ms: int = _env(
         "GATEWAY_FORWARD_POLL_MS",

@@ -1,31 +1,69 @@
 """Woken work spaced out: at moderate load a wake-up comes every few ms (each ingest commit
 NOTIFYs the consumers, each consumer commit the forwarder), and a loop that runs a step per
 wake-up pays a step's fixed cost (a transaction, a multi-CTE statement, a round trip) for one
-or two events. Starting woken steps at least ``interval`` apart lets what arrives meanwhile
-share one step: fewer, larger batches for the same work, for at most ``interval`` of added
-latency. A step that finds a backlog (its batch was full) goes on at once; a wake-up after a
-quiet spell waits for nothing.
+or two events. Starting woken steps a gap apart lets what arrives meanwhile share one step:
+fewer, larger batches for the same work, for at most the gap of added latency. A step that
+finds a backlog (its batch was full) goes on at once; a wake-up after a quiet spell waits for
+nothing.
+
+The gap follows the arrival rate: it is the time the recent rate takes to bring ``gather``
+items, at most ``most``. At a few hundred events a second that is the whole ``most`` (where a
+step's fixed cost dominates, batches grow to about ``gather``); at higher rates it shrinks
+(batches are already large there, and the latency is kept for the time the work itself takes).
+``gather`` 0 keeps the gap at ``most``.
+
+The rate is a count of the items steps reported, decayed exponentially with a time constant of
+``window`` seconds: a sum over every loop sharing this object, whatever their steps' overlap.
 
 Pure: the caller passes its clock's time.
 """
 
 from __future__ import annotations
 
+import math
+
 
 class Spacing:
     """Start times of the steps of one loop, or of loops that share this object."""
 
-    def __init__(self, interval_s: float) -> None:
-        self.interval = interval_s
+    def __init__(self, most_s: float, gather: int = 0, window_s: float = 1.0) -> None:
+        self.most = most_s
+        self.gather = gather
+        self.window = window_s
         self._next = float("-inf")  # the earliest start of the next woken step
+        self._count = 0.0  # items reported, decayed to the time ``_at``
+        self._at = float("-inf")
+
+    def counted(self, now: float, items: int) -> None:
+        """A step is done and brought ``items`` (events, deliveries)."""
+        self._count = self._decayed(now) + items
+        self._at = now
+
+    def rate(self, now: float) -> float:
+        """Items a second, recently."""
+        return self._decayed(now) / self.window
+
+    def gap(self, now: float) -> float:
+        """Seconds between the starts of two woken steps from ``now`` on."""
+        if self.gather <= 0:
+            return self.most
+        rate = self.rate(now)
+        if rate <= 0:
+            return self.most
+        return min(self.most, self.gather / rate)
 
     def reserve(self, now: float) -> float:
         """A woken step wants to start at ``now``: seconds to wait first. The slot is taken at
-        once, so two loops woken together start ``interval`` apart, not together."""
+        once, so two loops woken together start a gap apart, not together."""
         start = max(now, self._next)
-        self._next = start + self.interval
+        self._next = start + self.gap(now)
         return start - now
 
     def started(self, now: float) -> None:
         """A step started without a reservation (a backlog): the next woken one waits for it."""
-        self._next = max(self._next, now + self.interval)
+        self._next = max(self._next, now + self.gap(now))
+
+    def _decayed(self, now: float) -> float:
+        if self._count == 0.0:
+            return 0.0
+        return self._count * math.exp(-max(0.0, now - self._at) / self.window)

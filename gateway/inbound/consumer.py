@@ -78,7 +78,9 @@ class Consumer:
     ) -> None:
         self._pool = pool
         # Shared by a process's consumers (their group passes one): woken batches start apart.
-        self._spacing = spacing if spacing is not None else Spacing(settings.consumer_batch_gap_ms / 1000)
+        if spacing is None:
+            spacing = Spacing(settings.consumer_batch_gap_ms / 1000, settings.consumer_batch_gather)
+        self._spacing = spacing
         self._s = settings
         self._rand = rand
         self._health = HEALTH if health is None else health
@@ -204,7 +206,7 @@ class Consumer:
                 reserved = False
                 self._starting = False
                 try:
-                    await self.step()
+                    self._spacing.counted(clock(), await self.step())
                 except Exception as exc:
                     # Nothing could be recorded (the connection or the transaction is gone):
                     # the cursors did not move, so this consumer waits before reading again,

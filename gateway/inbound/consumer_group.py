@@ -53,7 +53,7 @@ class ConsumerGroup:
         self._s = settings
         if handlers is None and settings.handlers:
             handlers = load_handlers(settings.handlers)  # an import error stops the start-up
-        spacing = Spacing(settings.consumer_batch_gap_ms / 1000)
+        spacing = Spacing(settings.consumer_batch_gap_ms / 1000, settings.consumer_batch_gather)
         self.lanes = LaneSet()
         self.lease = LaneLease(settings, self.lanes)
         # Set by NOTIFY webhook_inbox 'lanes' (a member came or went, lanes were let go): the

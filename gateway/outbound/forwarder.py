@@ -125,7 +125,7 @@ class Forwarder:
         self._housekept = 0.0
         self._free_before = 0
         self.again = False  # the last round freed work only the next one can claim
-        self._spacing = Spacing(settings.forward_round_gap_ms / 1000)  # woken rounds start apart
+        self._spacing = Spacing(settings.forward_round_gap_ms / 1000, settings.forward_round_gather)
         self._gone: set[int] = set()  # destinations that answered 410, until a round disables them
         # Destinations that answered 410: what is claimed for them is not sent. True once a
         # round has disabled it: a later round's claim for it means it was enabled again.
@@ -514,6 +514,7 @@ class Forwarder:
                 reserved = False
                 try:
                     claimed = await self.step()
+                    self._spacing.counted(clock(), claimed)
                 except Exception as exc:
                     log.warning("forwarder step failed: %s: %s", type(exc).__name__, exc)
                     claimed = 0

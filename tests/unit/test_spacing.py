@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from gateway.core.spacing import Spacing
@@ -36,3 +38,39 @@ def test_woken_steps_start_at_least_the_interval_apart(
 def test_a_zero_interval_never_waits() -> None:
     s = Spacing(0.0)
     assert [s.reserve(1.0), s.reserve(1.0), s.reserve(1.0)] == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("reports", "now", "gap"),
+    [
+        ([], 10.0, 0.030),  # nothing counted yet: the whole gap
+        ([(10.0, 0)], 10.0, 0.030),  # steps that brought nothing
+        ([(10.0, 300)], 10.0, 0.030),  # 300/s: 10 items take 33 ms, more than the most
+        ([(10.0, 1000)], 10.0, 0.010),  # 1 000/s: 10 ms
+        ([(9.0, 500), (10.0, 500)], 10.0, 10 / (500 + 500 * math.exp(-1))),  # the older decays
+        ([(10.0, 1000)], 11.0, 10 / (1000 * math.exp(-1))),  # a window of quiet decays it
+        ([(10.0, 1000)], 20.0, 0.030),  # long quiet: back to the most
+        ([(10.0, 100_000)], 10.0, 0.0001),  # a flood: batches fill long before any gap
+    ],
+)
+def test_the_gap_is_the_time_the_recent_rate_takes_to_gather(
+    reports: list[tuple[float, int]], now: float, gap: float
+) -> None:
+    s = Spacing(0.030, gather=10, window_s=1.0)
+    for at, items in reports:
+        s.counted(at, items)
+    assert s.gap(now) == pytest.approx(gap, rel=1e-6)
+
+
+def test_gather_zero_keeps_the_gap_whatever_the_rate() -> None:
+    s = Spacing(0.030, gather=0)
+    s.counted(10.0, 100_000)
+    assert s.gap(10.0) == 0.030
+    assert [s.reserve(10.0), s.reserve(10.0)] == pytest.approx([0.0, 0.030])
+
+
+def test_at_a_high_rate_woken_steps_wait_less() -> None:
+    s = Spacing(0.030, gather=10)
+    assert [s.reserve(10.0), s.reserve(10.001)] == pytest.approx([0.0, 0.029])
+    s.counted(10.05, 2000)  # 2 000/s: a 5 ms gap (a little more 50 ms later, decayed)
+    assert [s.reserve(10.1), s.reserve(10.1)] == pytest.approx([0.0, 10 / (2000 * math.exp(-0.05))])
