@@ -13,7 +13,12 @@ step's fixed cost dominates, batches grow to about ``gather``); at higher rates 
 ``gather`` 0 keeps the gap at ``most``.
 
 The rate is a count of the items steps reported, decayed exponentially with a time constant of
-``window`` seconds: a sum over every loop sharing this object, whatever their steps' overlap.
+``window`` seconds (``Rate``): a sum over every loop sharing this object, whatever their steps'
+overlap.
+
+The same rate decides how long a lone item waits for company (``linger``): the group committer
+holds a webhook that arrives while no batch is being written for a moment, when the rate says
+others are likely to come in that moment, so that they share its COMMIT.
 
 Pure: the caller passes its clock's time.
 """
@@ -23,31 +28,58 @@ from __future__ import annotations
 import math
 
 
+class Rate:
+    """Items a second, recently: a count decayed exponentially with a time constant of
+    ``window`` seconds."""
+
+    def __init__(self, window_s: float = 1.0) -> None:
+        self.window = window_s
+        self._count = 0.0  # items counted, decayed to the time ``_at``
+        self._at = float("-inf")
+
+    def counted(self, now: float, items: int) -> None:
+        self._count = self._decayed(now) + items
+        self._at = now
+
+    def at(self, now: float) -> float:
+        return self._decayed(now) / self.window
+
+    def _decayed(self, now: float) -> float:
+        if self._count == 0.0:
+            return 0.0
+        return self._count * math.exp(-max(0.0, now - self._at) / self.window)
+
+
+def linger(rate: float, most: float, gather: float) -> float:
+    """Seconds a lone item waits for ``gather`` more at ``rate`` a second, at most ``most``;
+    none when ``most`` would likely bring less than half an item (the wait would buy nothing)."""
+    if most <= 0 or rate * most < 0.5:
+        return 0.0
+    return min(most, gather / rate)
+
+
 class Spacing:
     """Start times of the steps of one loop, or of loops that share this object."""
 
     def __init__(self, most_s: float, gather: int = 0, window_s: float = 1.0) -> None:
         self.most = most_s
         self.gather = gather
-        self.window = window_s
+        self._rate = Rate(window_s)
         self._next = float("-inf")  # the earliest start of the next woken step
-        self._count = 0.0  # items reported, decayed to the time ``_at``
-        self._at = float("-inf")
 
     def counted(self, now: float, items: int) -> None:
         """A step is done and brought ``items`` (events, deliveries)."""
-        self._count = self._decayed(now) + items
-        self._at = now
+        self._rate.counted(now, items)
 
     def rate(self, now: float) -> float:
         """Items a second, recently."""
-        return self._decayed(now) / self.window
+        return self._rate.at(now)
 
     def gap(self, now: float) -> float:
         """Seconds between the starts of two woken steps from ``now`` on."""
         if self.gather <= 0:
             return self.most
-        rate = self.rate(now)
+        rate = self._rate.at(now)
         if rate <= 0:
             return self.most
         return min(self.most, self.gather / rate)
@@ -62,8 +94,3 @@ class Spacing:
     def started(self, now: float) -> None:
         """A step started without a reservation (a backlog): the next woken one waits for it."""
         self._next = max(self._next, now + self.gap(now))
-
-    def _decayed(self, now: float) -> float:
-        if self._count == 0.0:
-            return 0.0
-        return self._count * math.exp(-max(0.0, now - self._at) / self.window)

@@ -92,6 +92,7 @@ def build_app(settings: Settings) -> web.Application:
     app[COMMITTER] = GroupCommitter(
         db.connect,
         window_s=settings.commit_window_ms / 1000,
+        linger_s=settings.commit_linger_ms / 1000,
         max_batch=settings.commit_max_batch,
         max_inflight=settings.commit_max_inflight,
         deadline_s=settings.ack_deadline_ms / 1000,

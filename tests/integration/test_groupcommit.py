@@ -41,6 +41,28 @@ async def test_idle_database_writes_at_once(pool: asyncpg.Pool, db_dsn: str) -> 
     await gc.close()
 
 
+@pytest.mark.parametrize(
+    ("rate", "batches"),
+    [
+        (10, 2),  # 10 rows/s: a 20 ms linger would likely bring nobody, so the first goes at once
+        (500, 1),  # 500 rows/s: the first waits (4 ms: two more at that rate) and the next joins it
+    ],
+)
+async def test_an_idle_committer_lingers_only_when_the_rate_brings_company(
+    pool: asyncpg.Pool, db_dsn: str, rate: int, batches: int
+) -> None:
+    """At a few hundred webhooks a second each would be its own transaction (COMMIT, WAL
+    flush, NOTIFY); the recent rate decides whether a lone row waits for others."""
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=60.0, max_batch=1000, linger_s=0.02)
+    gc._rate.counted(asyncio.get_running_loop().time(), rate)  # as a second of such traffic leaves it
+    first = gc.stage("meta", b"first")
+    await asyncio.sleep(0.001)
+    second = gc.stage("meta", b"second")
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert gc.batches_written == batches
+    await gc.close()
+
+
 async def test_rows_staged_during_a_write_wait_for_it(pool: asyncpg.Pool, db_dsn: str) -> None:
     """While a batch is being written, new rows wait for it (not for their window) and then
     go together as one batch."""

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gateway.core.spacing import Spacing
+from gateway.core.spacing import Rate, Spacing, linger
 
 
 @pytest.mark.parametrize(
@@ -74,3 +74,29 @@ def test_at_a_high_rate_woken_steps_wait_less() -> None:
     assert [s.reserve(10.0), s.reserve(10.001)] == pytest.approx([0.0, 0.029])
     s.counted(10.05, 2000)  # 2 000/s: a 5 ms gap (a little more 50 ms later, decayed)
     assert [s.reserve(10.1), s.reserve(10.1)] == pytest.approx([0.0, 10 / (2000 * math.exp(-0.05))])
+
+
+@pytest.mark.parametrize(
+    ("rate", "most", "wait"),
+    [
+        (0.0, 0.004, 0.0),  # quiet: nobody to wait for
+        (100.0, 0.004, 0.0),  # 0.4 rows expected in 4 ms: waiting buys nothing
+        (125.0, 0.004, 0.004),  # half a row expected: the whole 4 ms
+        (300.0, 0.004, 0.004),  # two more take 6.7 ms: the most
+        (1000.0, 0.004, 0.002),  # two more take 2 ms
+        (5000.0, 0.004, 0.0004),
+        (5000.0, 0.0, 0.0),  # lingering off
+    ],
+)
+def test_a_lone_item_lingers_only_when_the_rate_brings_company(rate: float, most: float, wait: float) -> None:
+    assert linger(rate, most, 2) == pytest.approx(wait)
+
+
+def test_a_rate_is_a_decayed_count() -> None:
+    r = Rate(window_s=1.0)
+    assert r.at(5.0) == 0.0
+    r.counted(5.0, 300)
+    r.counted(5.0, 100)
+    assert r.at(5.0) == pytest.approx(400.0)
+    assert r.at(6.0) == pytest.approx(400.0 * math.exp(-1))
+    assert r.at(4.0) == pytest.approx(400.0)  # a clock read before the last count: no growth
