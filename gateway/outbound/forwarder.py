@@ -527,6 +527,8 @@ class Forwarder:
                     continue
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), min(poll_s, FLUSH_S) if self._done else poll_s)
+                if self._backlog and self._queue.qsize() <= self._refill_at:
+                    continue  # a backlog's refill: what it claims is due already, nothing to gather
                 reserved = True
                 delay = self._spacing.reserve(clock())
                 if delay > 0 and not stop.is_set():

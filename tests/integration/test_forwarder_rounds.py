@@ -518,6 +518,39 @@ async def test_deliveries_committed_within_the_gap_after_a_round_share_the_next_
     assert [n for n in claims if n] == [1, 5], claims
 
 
+async def test_a_backlogs_refill_rounds_do_not_wait_for_the_gap(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    # The gap gathers what arrives meanwhile; a backlog is due already. A round called for by
+    # the posters emptying the queue while the last claim was full starts at once: waiting a
+    # gap there throttled a drain to a claim per gap.
+    gap_s = 1.5
+    await add(pool, "bot", receiver.url, ("message",), max_in_flight=100)
+    await process_messages(pool, settings, 40, prefix="wamid.REFILL")
+    claims: list[int] = []
+    started = time.monotonic()
+    tuned = fast(
+        settings, forward_round_gap_ms=gap_s * 1000, forward_batch=4, forward_concurrency=4, **NO_POLL
+    )
+    async with forwarding(pool, tuned) as [fw]:
+        step = fw.step
+
+        async def counted() -> int:
+            n = await step()
+            claims.append(n)
+            return n
+
+        fw.step = counted  # type: ignore[method-assign]
+        await until(lambda: _delivered(pool, 40), timeout_s=30, what="the backlog")
+    took = time.monotonic() - started
+    # Forty deliveries, four claimed a round: a gap before each refill took ten gaps (15 s).
+    assert took < 2 * gap_s, (took, claims)
+
+
+async def _delivered(pool: asyncpg.Pool, n: int) -> bool:
+    return (await states(pool)).get("delivered") == n
+
+
 async def test_an_idle_round_writes_no_lease_until_a_tenth_of_it_is_used(
     pool: asyncpg.Pool, settings: Settings
 ) -> None:
