@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Awaitable
 from datetime import UTC, datetime
 
 import asyncpg
@@ -495,19 +496,11 @@ async def test_deliveries_committed_within_the_gap_after_a_round_share_the_next_
     gap_s = 1.5
     await add(pool, "bot", receiver.url, ("message",))
 
-    async def delivered(n: int) -> bool:
-        return (await states(pool)).get("delivered") == n
+    def delivered(n: int) -> Awaitable[bool]:
+        return _delivered(pool, n)
 
-    claims: list[int] = []
     async with forwarding(pool, fast(settings, forward_round_gap_ms=gap_s * 1000, **NO_POLL)) as [fw]:
-        step = fw.step
-
-        async def counted() -> int:
-            n = await step()
-            claims.append(n)
-            return n
-
-        fw.step = counted  # type: ignore[method-assign]
+        claims = _counting_claims(fw)
         await process_messages(pool, settings, 1, prefix="wamid.GAP")
         await until(lambda: delivered(1), what="the first delivery")
         started = time.monotonic()
@@ -527,20 +520,12 @@ async def test_a_backlogs_refill_rounds_do_not_wait_for_the_gap(
     gap_s = 1.5
     await add(pool, "bot", receiver.url, ("message",), max_in_flight=100)
     await process_messages(pool, settings, 40, prefix="wamid.REFILL")
-    claims: list[int] = []
     started = time.monotonic()
     tuned = fast(
         settings, forward_round_gap_ms=gap_s * 1000, forward_batch=4, forward_concurrency=4, **NO_POLL
     )
     async with forwarding(pool, tuned) as [fw]:
-        step = fw.step
-
-        async def counted() -> int:
-            n = await step()
-            claims.append(n)
-            return n
-
-        fw.step = counted  # type: ignore[method-assign]
+        claims = _counting_claims(fw)
         await until(lambda: _delivered(pool, 40), timeout_s=30, what="the backlog")
     took = time.monotonic() - started
     # Forty deliveries, four claimed a round: a gap before each refill took ten gaps (15 s).
@@ -549,6 +534,20 @@ async def test_a_backlogs_refill_rounds_do_not_wait_for_the_gap(
 
 async def _delivered(pool: asyncpg.Pool, n: int) -> bool:
     return (await states(pool)).get("delivered") == n
+
+
+def _counting_claims(fw: Forwarder) -> list[int]:
+    """The claims of ``fw``'s rounds from now on, as they happen (one per round)."""
+    claims: list[int] = []
+    step = fw.step
+
+    async def counted() -> int:
+        n = await step()
+        claims.append(n)
+        return n
+
+    fw.step = counted  # type: ignore[method-assign]
+    return claims
 
 
 async def test_an_idle_round_writes_no_lease_until_a_tenth_of_it_is_used(
