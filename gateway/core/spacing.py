@@ -71,10 +71,6 @@ class Spacing:
         """A step is done and brought ``items`` (events, deliveries)."""
         self._rate.counted(now, items)
 
-    def rate(self, now: float) -> float:
-        """Items a second, recently."""
-        return self._rate.at(now)
-
     def gap(self, now: float) -> float:
         """Seconds between the starts of two woken steps from ``now`` on."""
         if self.gather <= 0:

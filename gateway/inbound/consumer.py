@@ -206,7 +206,7 @@ class Consumer:
                 reserved = False
                 self._starting = False
                 try:
-                    self._spacing.counted(clock(), await self.step())
+                    n = await self.step()
                 except Exception as exc:
                     # Nothing could be recorded (the connection or the transaction is gone):
                     # the cursors did not move, so this consumer waits before reading again,
@@ -216,6 +216,7 @@ class Consumer:
                     delay = self._apply.fault(exc)
                     await back_off(stop, self._woken, delay, min(delay, s.retry_base_ms / 1000))
                     continue
+                self._spacing.counted(clock(), n)
                 if self.deferred_s:
                     delay, self.deferred_s = self.deferred_s, 0.0
                     await back_off(stop, self._woken, delay, min(delay, s.retry_base_ms / 1000))

@@ -399,6 +399,11 @@ class Forwarder:
         a.finished = self.clock.now()
         self._finished(a)
 
+    @property
+    def _refill_due(self) -> bool:
+        """The queue needs refilling while a backlog is due (the last claim was full)."""
+        return self._backlog and self._queue.qsize() <= self._refill_at
+
     def _finished(self, a: Attempt) -> None:
         """Keep an outcome for the next round, and wake the loop when a round is worth it: the
         queue needs refilling while a backlog is due, enough outcomes wait, or a conversation's
@@ -407,8 +412,7 @@ class Forwarder:
         webhooks a second, a burst per consumer commit) would cost the database a round's
         fixed work for a handful of outcomes that nothing waits for."""
         self._done.append(a)
-        refill = self._backlog and self._queue.qsize() <= self._refill_at
-        if refill or len(self._done) >= self._flush_at or a.claimed.ordered:
+        if self._refill_due or len(self._done) >= self._flush_at or a.claimed.ordered:
             self.wake.set()
         elif self._flush is None:
             self._flush = asyncio.get_running_loop().call_later(FLUSH_S, self.wake.set)
@@ -527,8 +531,8 @@ class Forwarder:
                     continue
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), min(poll_s, FLUSH_S) if self._done else poll_s)
-                if self._backlog and self._queue.qsize() <= self._refill_at:
-                    continue  # a backlog's refill: what it claims is due already, nothing to gather
+                if self._refill_due:
+                    continue  # what it claims is due already: nothing to gather
                 reserved = True
                 delay = self._spacing.reserve(clock())
                 if delay > 0 and not stop.is_set():
