@@ -17,7 +17,7 @@ from gateway.core.signature import sign_meta
 from gateway.testing.payloads import message_payload, meta_bytes
 from tests.support.config import META_SECRET
 from tests.support.http import post_meta
-from tests.support.procs import free_port, spawn, wait_healthy
+from tests.support.procs import alive, free_port, kill_if_alive, spawn, wait_healthy
 
 pytestmark = pytest.mark.slow
 # Bounds on waits, not claims about speed (a process on a loaded machine is slow).
@@ -86,14 +86,13 @@ async def test_two_workers_share_one_port_and_stop_together(db_dsn: str, pool: a
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 30) == 0
         for c in children:
-            assert not c.is_running() or c.status() == psutil.STATUS_ZOMBIE
+            assert not alive(c)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         for c in children:
-            if c.is_running():
-                c.kill()
+            kill_if_alive(c)
 
 
 async def test_a_clean_start_logs_no_warning(db_dsn: str, tmp_path: Path) -> None:
@@ -203,14 +202,13 @@ async def test_services_apart_from_the_http_worker(db_dsn: str, pool: asyncpg.Po
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 30) == 0
         for c in kids:
-            assert not c.is_running() or c.status() == psutil.STATUS_ZOMBIE
+            assert not alive(c)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         for c in kids:
-            if c.is_running():
-                c.kill()
+            kill_if_alive(c)
 
 
 async def test_a_stopped_worker_is_replaced_and_webhooks_keep_being_taken(db_dsn: str) -> None:
@@ -242,11 +240,11 @@ async def test_a_stopped_worker_is_replaced_and_webhooks_keep_being_taken(db_dsn
         workers = psutil.Process(proc.pid).children()
         # Both answered their parent past their start-up grace and the bound: no false alarm.
         await asyncio.sleep(UNRESPONSIVE_S + DB_WAIT_S + 1)
-        assert all(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+        assert all(alive(w) for w in workers)
         stopped = workers[0]
         stopped.send_signal(signal.SIGSTOP)
         deadline = time.monotonic() + GIVE_UP_S
-        while stopped.is_running() and stopped.status() != psutil.STATUS_ZOMBIE:
+        while alive(stopped):
             assert time.monotonic() < deadline, "the stopped worker was not replaced"
             await asyncio.sleep(0.2)
         while len(psutil.Process(proc.pid).children()) < 2:
@@ -264,8 +262,8 @@ async def test_a_stopped_worker_is_replaced_and_webhooks_keep_being_taken(db_dsn
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, GIVE_UP_S) == 0
     finally:
-        if stopped is not None and stopped.is_running():
-            stopped.kill()
+        if stopped is not None:
+            kill_if_alive(stopped)
         if proc.poll() is None:
             proc.kill()
             proc.wait()

@@ -5,6 +5,7 @@ test's own)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -12,20 +13,38 @@ import time
 from collections.abc import Mapping
 
 import aiohttp
+import psutil
 
 from gateway.testing.fake_provider import FakeProvider
 from gateway.testing.ports import closed_port, free_port
 
 __all__ = [
+    "alive",
     "closed_port",
     "free_port",
     "gateway_cli",
     "gateway_ok",
+    "kill_if_alive",
     "run_cli",
     "spawn",
     "spawn_send",
     "wait_healthy",
 ]
+
+
+def alive(p: psutil.Process) -> bool:
+    """Whether ``p`` still runs: neither gone nor a zombie, even when it dies between the checks."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def kill_if_alive(p: psutil.Process) -> None:
+    """SIGKILL ``p`` unless it is already gone (a test's clean-up after a failure)."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        if p.is_running():
+            p.kill()
 
 
 def spawn(args: list[str], env: Mapping[str, str], log_path: str | None = None) -> subprocess.Popen[bytes]:
