@@ -17,12 +17,13 @@ from typing import Any
 import aiohttp
 import orjson
 
+from gateway.core.events import Status
 from gateway.core.messages import callback_data
 from gateway.core.parsing import parse
 from gateway.testing.ports import free_port
 from loadtest.harness import driver, plan, processes, verify
 from loadtest.harness.httpclient import Pool
-from loadtest.harness.payloads import Delivery, PayloadFactory, Secrets
+from loadtest.harness.payloads import Delivery, PayloadFactory, Secrets, status_row
 from loadtest.harness.scenarios import scenario
 from loadtest.harness.schedule import arrivals, constant
 from loadtest.harness.stats import Ledger
@@ -228,7 +229,14 @@ def ledger_webhooks(ledger: Ledger, posted: list[dict[str, Any]]) -> None:
     for hook in posted:
         body = str(hook["body"]).encode()
         source = "tenashi" if "tenashi" in str(hook["path"]) else "meta"
-        keys = tuple(ev.key for ev in parse(source, body))
+        events = parse(source, body)
+        keys = tuple(ev.key for ev in events)
+        # The gateway files a Tenashi event's key under the untimed day whatever its time.
+        statuses = tuple(
+            status_row(ev.key, str(ev.timestamp) if source == "meta" and ev.timestamp is not None else None)
+            for ev in events
+            if isinstance(ev, Status) and ev.key.startswith("status:")
+        )
         delivery = Delivery(
             source,
             str(hook["path"]),
@@ -236,7 +244,7 @@ def ledger_webhooks(ledger: Ledger, posted: list[dict[str, Any]]) -> None:
             (),
             keys,
             msg_wamids=tuple(k[4:] for k in keys if k.startswith("msg:")),
-            status_keys=tuple(k for k in keys if k.startswith("status:")),
+            status_keys=statuses,
         )
         digest = b""
         for _ in range(max(1, int(hook.get("attempts", 1)))):

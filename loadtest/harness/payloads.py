@@ -11,6 +11,7 @@ import base64
 import json
 import random
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from gateway.core.signature import sign_meta, sign_tenashi
@@ -43,10 +44,27 @@ class Delivery:
     headers: tuple[tuple[str, str], ...]
     keys: tuple[str, ...]  # event keys a consumer must process exactly once
     msg_wamids: tuple[str, ...] = ()  # inbound messages (side effect: inbound_messages)
-    status_keys: tuple[str, ...] = ()  # statuses (side effect: message_statuses)
+    # Statuses (side effect: message_statuses): ``status_row``s, a key and its event day.
+    status_keys: tuple[str, ...] = ()
     signed_ok: bool = True
     kind: str = ""
     wire: bytes = field(default=b"", repr=False, compare=False)
+
+
+def status_row(key: str, timestamp: object) -> str:
+    """A status's side effect as the gateway counts it: one message_statuses row per key and
+    event day, the UTC day of Meta's timestamp (ASCII digits), else the untimed day, 1970-01-01.
+    A status key repeated with a timestamp on another day is another event to the gateway."""
+    unix = (
+        int(timestamp) if isinstance(timestamp, str) and timestamp.isascii() and timestamp.isdigit() else None
+    )
+    day = datetime.fromtimestamp(unix, UTC).date().isoformat() if unix is not None else "1970-01-01"
+    return f"{key}@{day}"
+
+
+def status_key_of(row: str) -> str:
+    """The dedup key of a ``status_row``."""
+    return row.rsplit("@", 1)[0]
 
 
 def meta_json(payload: dict[str, Any]) -> bytes:
@@ -117,16 +135,16 @@ class PayloadFactory:
     def _meta_delivery(self, payload: dict[str, Any], kind: str, good: bool = True) -> Delivery:
         body = meta_json(payload)
         keys: list[str] = []
+        statuses: list[str] = []
         for entry in payload["entry"]:
             for change in entry["changes"]:
                 value = change["value"]
                 keys += [f"msg:{m['id']}" for m in value.get("messages", [])]
-                keys += [
-                    f"status:{s['id']}:{s['status']}:{s.get('recipient_participant_id', '')}"
-                    for s in value.get("statuses", [])
-                ]
+                for s in value.get("statuses", []):
+                    key = f"status:{s['id']}:{s['status']}:{s.get('recipient_participant_id', '')}"
+                    keys.append(key)
+                    statuses.append(status_row(key, s.get("timestamp")))
         msgs = [k for k in keys if k.startswith("msg:")]
-        statuses = [k for k in keys if k.startswith("status:")]
         secret = self.secrets.meta if good else self.secrets.meta + "-wrong"
         headers = (
             ("Content-Type", "application/json"),
@@ -366,13 +384,21 @@ class PayloadFactory:
         tenashi = self._tenashi_delivery(
             evt, {**payloads.tenashi_event(evt, "message.status", data), "created": "³"}
         )
+        odd_key = f"status:{odd['id']}:delivered:"
         return [
-            (self._raw_meta(first, (f"msg:{good['id']}", f"status:{odd['id']}:delivered:")), ("message",)),
+            (
+                self._raw_meta(
+                    first, (f"msg:{good['id']}", odd_key), (status_row(odd_key, odd["timestamp"]),)
+                ),
+                ("message",),
+            ),
             (self._raw_meta(second, (f"msg:{second_msg['id']}",)), ("bad",)),
             (tenashi, ()),
         ]
 
-    def _raw_meta(self, payload: dict[str, Any], keys: tuple[str, ...]) -> Delivery:
+    def _raw_meta(
+        self, payload: dict[str, Any], keys: tuple[str, ...], statuses: tuple[str, ...] = ()
+    ) -> Delivery:
         """A Meta delivery serialised by the standard library (orjson stops at 254 levels)."""
         body = json.dumps(payload, separators=(",", ":")).encode()
         headers = (
@@ -380,7 +406,6 @@ class PayloadFactory:
             ("X-Hub-Signature-256", sign_meta(body, self.secrets.meta)),
         )
         msgs = tuple(k[4:] for k in keys if k.startswith("msg:"))
-        statuses = tuple(k for k in keys if k.startswith("status:"))
         return Delivery(
             "meta",
             META_PATH,

@@ -7,8 +7,12 @@ import json
 
 import pytest
 
-from loadtest.harness.payloads import Delivery, PayloadFactory, Secrets
+from gateway.core.events import Status, event_day
+from gateway.core.parsing import parse
+from loadtest.harness.payloads import Delivery, PayloadFactory, Secrets, status_key_of, status_row
 from loadtest.harness.scenarios import SCENARIOS, Scenario, WebhookUser, task
+from loadtest.harness.stats import Ledger
+from loadtest.harness.verify import side_effect_expectations
 from tests.support.payloads import KINDS, SECRETS
 
 
@@ -39,9 +43,61 @@ def test_keys_follow_the_rules(kind: str) -> None:
         assert d.body.isascii()  # Meta escapes non-ASCII as \uXXXX
         assert b"/" not in d.body.replace(b"\\/", b"")  # and '/' as \/
         assert set(d.msg_wamids) == {k[4:] for k in d.keys if k.startswith("msg:")}
-        assert set(d.status_keys) == {k for k in d.keys if k.startswith("status:")}
+        assert {status_key_of(r) for r in d.status_keys} == {k for k in d.keys if k.startswith("status:")}
     else:
         assert dict(d.headers)["X-Tenashi-Delivery"] == d.keys[0][4:]
+
+
+@pytest.mark.parametrize(
+    ("timestamp", "day"),
+    [
+        ("1764460800", "2025-11-30"),
+        ("1764547199", "2025-11-30"),
+        ("1764547200", "2025-12-01"),
+        ("0", "1970-01-01"),  # the untimed day: the same partition
+        ("²", "1970-01-01"),  # str.isdigit() accepts it; the gateway does not
+        ("-5", "1970-01-01"),
+        ("", "1970-01-01"),
+        (None, "1970-01-01"),
+        (1764460800, "1970-01-01"),  # Meta sends a string; the factory never sends a number
+    ],
+)
+def test_a_status_row_is_its_key_and_the_day_of_its_timestamp(timestamp: object, day: str) -> None:
+    row = status_row("status:wamid.A:read:", timestamp)
+    assert row == f"status:wamid.A:read:@{day}" and status_key_of(row) == "status:wamid.A:read:"
+
+
+def test_status_rows_fall_on_the_gateways_event_days() -> None:
+    """The factory's days, computed from its own payloads, are those the gateway's parser and
+    event_day give the same bodies (the poison's untimed status included)."""
+    f = PayloadFactory(SECRETS, seed=4, run_tag="days")
+    deliveries = [f.status(), f.group_status(), f.batched(), f.poisoned()[0][0]]
+    for d in deliveries:
+        if d.source != "meta":
+            continue
+        events = [ev for ev in parse("meta", d.body) if isinstance(ev, Status)]
+        days = {event_day(ev, "meta").isoformat() for ev in events}
+        assert sorted(
+            status_row(ev.key, None if ev.timestamp is None else str(ev.timestamp)) for ev in events
+        ) == sorted(d.status_keys)
+        assert {r.rsplit("@", 1)[1] for r in d.status_keys} == days
+
+
+def test_a_status_key_on_two_days_is_expected_as_two_rows() -> None:
+    """The poison's untimed ``delivered`` and a later timed ``delivered`` of the same wamid are
+    two events to the gateway (keys live in their event's day): the verifier expects two rows."""
+    f = PayloadFactory(SECRETS, seed=6, run_tag="twice")
+    (poison, _), *_ = f.poisoned()
+    wamid = next(k for k in poison.keys if k.startswith("status:")).split(":")[1]
+    f.rng.random = lambda: 0.0  # type: ignore[method-assign]  # status() reuses a recent wamid
+    f._outbound[:] = [wamid]
+    later = f.status("delivered")
+    assert status_key_of(later.status_keys[0]) == status_key_of(poison.status_keys[0])
+    ledger = Ledger()
+    for d in (poison, later, later):  # the later one redelivered: still one event
+        ledger.acked(ledger.sent(d))
+    _, _, must, may = side_effect_expectations(ledger.entries)
+    assert must[wamid] == may[wamid] == 2
 
 
 def test_group_status_has_one_key_per_participant() -> None:
