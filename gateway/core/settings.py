@@ -488,6 +488,13 @@ class Settings:
         "most time between the starts of two batches a process's consumers begin on a wake-up, so "
         "that webhooks staged meanwhile share one (a backlog is claimed at once); 0: none",
     )
+    consumer_batch_gap_min_ms: float = _env(
+        "GATEWAY_CONSUMER_BATCH_GAP_MIN_MS",
+        10.0,
+        _float(0, 1000),
+        "least time between the starts of two woken batches however high the rate, so that "
+        "batches near saturation stay large enough to keep up; at most GATEWAY_CONSUMER_BATCH_GAP_MS",
+    )
     consumer_batch_gather: int = _env(
         "GATEWAY_CONSUMER_BATCH_GATHER",
         10,

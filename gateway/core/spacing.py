@@ -7,9 +7,11 @@ finds a backlog (its batch was full) goes on at once; a wake-up after a quiet sp
 nothing.
 
 The gap follows the arrival rate: it is the time the recent rate takes to bring ``gather``
-items, at most ``most``. At a few hundred events a second that is the whole ``most`` (where a
-step's fixed cost dominates, batches grow to about ``gather``); at higher rates it shrinks
-(batches are already large there, and the latency is kept for the time the work itself takes).
+items, at most ``most`` and at least ``least``. At a few hundred events a second that is the
+whole ``most`` (where a step's fixed cost dominates, batches grow to about ``gather``); at
+higher rates it shrinks (the latency is kept for the time the work itself takes), but not below
+``least``: near saturation, steps of a few dozen events cost enough more per event than steps
+of a hundred that the loop falls behind the work it keeps up with at a wider gap.
 ``gather`` 0 keeps the gap at ``most``.
 
 The rate is a count of the items steps reported, decayed exponentially with a time constant of
@@ -61,8 +63,9 @@ def linger(rate: float, most: float, gather: float) -> float:
 class Spacing:
     """Start times of the steps of one loop, or of loops that share this object."""
 
-    def __init__(self, most_s: float, gather: int = 0, window_s: float = 1.0) -> None:
+    def __init__(self, most_s: float, gather: int = 0, window_s: float = 1.0, least_s: float = 0.0) -> None:
         self.most = most_s
+        self.least = min(least_s, most_s)
         self.gather = gather
         self._rate = Rate(window_s)
         self._next = float("-inf")  # the earliest start of the next woken step
@@ -78,7 +81,7 @@ class Spacing:
         rate = self._rate.at(now)
         if rate <= 0:
             return self.most
-        return min(self.most, self.gather / rate)
+        return min(self.most, max(self.least, self.gather / rate))
 
     def reserve(self, now: float) -> float:
         """A woken step wants to start at ``now``: seconds to wait first. The slot is taken at

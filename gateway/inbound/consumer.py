@@ -57,6 +57,15 @@ HEALTH = ConsumerHealth(time.monotonic)
 ITEMS_EVERY_S = 1.0
 
 
+def consumer_spacing(settings: Settings) -> Spacing:
+    """The spacing of a process's woken consumer batches, from the settings."""
+    return Spacing(
+        settings.consumer_batch_gap_ms / 1000,
+        settings.consumer_batch_gather,
+        least_s=settings.consumer_batch_gap_min_ms / 1000,
+    )
+
+
 class Consumer:
     """One read-process-commit loop over its process's lanes, and over the webhooks and events
     moved aside."""
@@ -79,7 +88,7 @@ class Consumer:
         self._pool = pool
         # Shared by a process's consumers (their group passes one): woken batches start apart.
         if spacing is None:
-            spacing = Spacing(settings.consumer_batch_gap_ms / 1000, settings.consumer_batch_gather)
+            spacing = consumer_spacing(settings)
         self._spacing = spacing
         self._s = settings
         self._rand = rand

@@ -18,10 +18,9 @@ from gateway.core.errors import describe
 from gateway.core.lanes import LaneSet
 from gateway.core.limits import LogThrottle
 from gateway.core.settings import Settings
-from gateway.core.spacing import Spacing
 from gateway.handlers import Registry
 from gateway.handlers import load as load_handlers
-from gateway.inbound.consumer import Consumer
+from gateway.inbound.consumer import Consumer, consumer_spacing
 from gateway.inbound.lanes import LaneLease
 from gateway.store import inbox
 from gateway.store.db import connect
@@ -53,7 +52,7 @@ class ConsumerGroup:
         self._s = settings
         if handlers is None and settings.handlers:
             handlers = load_handlers(settings.handlers)  # an import error stops the start-up
-        spacing = Spacing(settings.consumer_batch_gap_ms / 1000, settings.consumer_batch_gather)
+        spacing = consumer_spacing(settings)
         self.lanes = LaneSet()
         self.lease = LaneLease(settings, self.lanes)
         # Set by NOTIFY webhook_inbox 'lanes' (a member came or went, lanes were let go): the

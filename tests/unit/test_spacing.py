@@ -6,7 +6,9 @@ import math
 
 import pytest
 
+from gateway.core.settings import Settings
 from gateway.core.spacing import Rate, Spacing, linger
+from gateway.inbound.consumer import consumer_spacing
 
 
 @pytest.mark.parametrize(
@@ -100,3 +102,33 @@ def test_a_rate_is_a_decayed_count() -> None:
     assert r.at(5.0) == pytest.approx(400.0)
     assert r.at(6.0) == pytest.approx(400.0 * math.exp(-1))
     assert r.at(4.0) == pytest.approx(400.0)  # a clock read before the last count: no growth
+
+
+@pytest.mark.parametrize(
+    ("rate", "least", "gap"),
+    [
+        (300, 0.010, 0.030),  # 10 events take 33 ms: the most
+        (640, 0.010, 10 / 640),  # 15.6 ms: the gather's time, between the bounds
+        (3000, 0.010, 0.010),  # 3.3 ms would make small batches near saturation: the least
+        (3000, 0.0, 10 / 3000),  # no least: the gather's time
+        (3000, 0.050, 0.030),  # a least above the most counts as the most
+    ],
+)
+def test_the_gap_never_falls_below_the_least(rate: int, least: float, gap: float) -> None:
+    s = Spacing(0.030, gather=10, least_s=least)
+    s.counted(10.0, rate)
+    assert s.gap(10.0) == pytest.approx(gap, rel=1e-6)
+
+
+def test_the_consumers_spacing_is_the_settings() -> None:
+    s = consumer_spacing(
+        Settings.from_env(
+            {
+                "GATEWAY_CONSUMER_BATCH_GAP_MS": "40",
+                "GATEWAY_CONSUMER_BATCH_GAP_MIN_MS": "12",
+                "GATEWAY_CONSUMER_BATCH_GATHER": "20",
+            }
+        )
+    )
+    assert (s.most, s.least, s.gather) == pytest.approx((0.040, 0.012, 20))
+    assert consumer_spacing(Settings()).least == pytest.approx(0.010)
