@@ -101,8 +101,10 @@ async def _not_ready(dsn: str, want: int, connect_timeout_s: float) -> str | Non
         if have < want:
             return f"schema at version {have}, this gateway needs {want}"
         # `gateway migrate` applies the SQL functions after the last migration, still under its
-        # lock: until it lets go, the functions may be older than this code.
-        if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", MIGRATION_LOCK_ID):
+        # lock: until it lets go, the functions may be older than this code. Probed in shared
+        # mode: sibling processes starting together probe at once, and an exclusive probe would
+        # take a sibling's for a running migration.
+        if not await conn.fetchval("SELECT pg_try_advisory_lock_shared($1)", MIGRATION_LOCK_ID):
             return f"schema at version {have}, a migration still running"
         return None
     finally:
