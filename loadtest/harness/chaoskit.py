@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.core.events import Status
+from gateway.core.events import Status, event_day
 from gateway.core.messages import callback_data
 from gateway.core.parsing import parse
 from gateway.testing.ports import free_port
@@ -231,9 +231,8 @@ def ledger_webhooks(ledger: Ledger, posted: list[dict[str, Any]]) -> None:
         source = "tenashi" if "tenashi" in str(hook["path"]) else "meta"
         events = parse(source, body)
         keys = tuple(ev.key for ev in events)
-        # The gateway files a Tenashi event's key under the untimed day whatever its time.
         statuses = tuple(
-            status_row(ev.key, str(ev.timestamp) if source == "meta" and ev.timestamp is not None else None)
+            status_row(ev.key, event_day(ev, source))
             for ev in events
             if isinstance(ev, Status) and ev.key.startswith("status:")
         )

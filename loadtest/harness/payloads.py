@@ -11,9 +11,10 @@ import base64
 import json
 import random
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
+from gateway.core.events import UNTIMED_DAY
 from gateway.core.signature import sign_meta, sign_tenashi
 from gateway.testing import payloads
 
@@ -51,15 +52,18 @@ class Delivery:
     wire: bytes = field(default=b"", repr=False, compare=False)
 
 
-def status_row(key: str, timestamp: object) -> str:
+def status_row(key: str, day: date) -> str:
     """A status's side effect as the gateway counts it: one message_statuses row per key and
-    event day, the UTC day of Meta's timestamp (ASCII digits), else the untimed day, 1970-01-01.
-    A status key repeated with a timestamp on another day is another event to the gateway."""
-    unix = (
-        int(timestamp) if isinstance(timestamp, str) and timestamp.isascii() and timestamp.isdigit() else None
-    )
-    day = datetime.fromtimestamp(unix, UTC).date().isoformat() if unix is not None else "1970-01-01"
-    return f"{key}@{day}"
+    event day. A status key repeated with a timestamp on another day is another event."""
+    return f"{key}@{day.isoformat()}"
+
+
+def meta_event_day(timestamp: object) -> date:
+    """The event day of a Meta status, by the rule the gateway documents: the UTC day of its
+    timestamp when that is Unix seconds in ASCII digits, else the untimed day."""
+    if isinstance(timestamp, str) and timestamp.isascii() and timestamp.isdigit():
+        return datetime.fromtimestamp(int(timestamp), UTC).date()
+    return UNTIMED_DAY
 
 
 def status_key_of(row: str) -> str:
@@ -143,7 +147,7 @@ class PayloadFactory:
                 for s in value.get("statuses", []):
                     key = f"status:{s['id']}:{s['status']}:{s.get('recipient_participant_id', '')}"
                     keys.append(key)
-                    statuses.append(status_row(key, s.get("timestamp")))
+                    statuses.append(status_row(key, meta_event_day(s.get("timestamp"))))
         msgs = [k for k in keys if k.startswith("msg:")]
         secret = self.secrets.meta if good else self.secrets.meta + "-wrong"
         headers = (
@@ -388,7 +392,9 @@ class PayloadFactory:
         return [
             (
                 self._raw_meta(
-                    first, (f"msg:{good['id']}", odd_key), (status_row(odd_key, odd["timestamp"]),)
+                    first,
+                    (f"msg:{good['id']}", odd_key),
+                    (status_row(odd_key, meta_event_day(odd["timestamp"])),),
                 ),
                 ("message",),
             ),

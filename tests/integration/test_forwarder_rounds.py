@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Awaitable
 from datetime import UTC, datetime
 
 import asyncpg
@@ -496,18 +495,15 @@ async def test_deliveries_committed_within_the_gap_after_a_round_share_the_next_
     gap_s = 1.5
     await add(pool, "bot", receiver.url, ("message",))
 
-    def delivered(n: int) -> Awaitable[bool]:
-        return _delivered(pool, n)
-
     async with forwarding(pool, fast(settings, forward_round_gap_ms=gap_s * 1000, **NO_POLL)) as [fw]:
         claims = _counting_claims(fw)
         await process_messages(pool, settings, 1, prefix="wamid.GAP")
-        await until(lambda: delivered(1), what="the first delivery")
+        await until(lambda: _delivered(pool, 1), what="the first delivery")
         started = time.monotonic()
         for i in range(5):  # five consumer commits, five NOTIFYs, well within the gap
             await process_messages(pool, settings, 1, prefix=f"wamid.GAP{i}-")
         assert time.monotonic() - started < gap_s / 2, "the five commits took too long to test this"
-        await until(lambda: delivered(6), what="the five deliveries")
+        await until(lambda: _delivered(pool, 6), what="the five deliveries")
     assert [n for n in claims if n] == [1, 5], claims
 
 
