@@ -6,10 +6,11 @@ later (``linger``) when the recent rate of rows says others are likely to come i
 at a few hundred webhooks a second each would otherwise be its own transaction, with its own
 COMMIT, WAL flush and NOTIFY (``core.spacing.linger``: none below ~125 rows/s with the default
 4 ms, and no longer than two more rows take). While a batch is being written, new rows wait
-for it: they go as one batch when it is done, or as a batch of their own (up to
-``max_inflight`` in flight) once the first of them has waited ``window`` seconds, or as soon
-as ``max_batch`` rows wait. So the batch size follows the commit latency, and batches get
-bigger exactly when the database is the bottleneck.
+for it: they go as one batch when it is done (when their linger, counted from the first one's
+arrival, is over), or as a batch of their own (up to ``max_inflight`` in flight) once the
+first of them has waited ``window`` seconds (or its linger, if longer), or as soon as
+``max_batch`` rows wait. So the batch size follows the commit latency, and batches get bigger
+exactly when the database is the bottleneck.
 
 Every row carries its acknowledgement deadline. The deadline is enforced per batch (one
 timer for the whole write) and for rows still waiting for a free slot, not per request:
@@ -102,6 +103,7 @@ class GroupCommitter:
         self._deadline = deadline_s
         self._pending: list[_Item] = []
         self._timer: asyncio.Handle | None = None  # the next flush: this pass's end, or the window
+        self._due = 0.0  # loop time the pending rows' linger ends (from the first one's arrival)
         self._overdue = False  # pending rows whose window passed while every slot was busy
         self._expiry: asyncio.TimerHandle | None = None
         self._inflight = 0
@@ -149,9 +151,11 @@ class GroupCommitter:
         if len(self._pending) >= self._max_batch:
             self._flush()
         elif self._timer is None and not self._overdue:
+            wait = linger(self._rate.at(now), self._linger, LINGER_GATHER)
+            self._due = now + wait
             if self._inflight:
-                self._timer = loop.call_later(self._window, self._flush)
-            elif wait := linger(self._rate.at(now), self._linger, LINGER_GATHER):
+                self._timer = loop.call_later(max(self._window, wait), self._flush)
+            elif wait:
                 self._timer = loop.call_later(wait, self._flush)
             else:  # nothing being written: at the end of this pass, not after a window
                 self._timer = loop.call_soon(self._flush)
@@ -173,6 +177,15 @@ class GroupCommitter:
         if self._pending and self._expiry is None:
             # Every slot is busy: make sure waiting rows still answer by their deadline.
             self._expiry = self._loop.call_at(self._pending[0].deadline, self._expire)
+
+    def _release(self) -> None:
+        """Nothing is being written: the pending rows go when their linger ends."""
+        if self._due <= self._loop.time():
+            self._flush()
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(self._due, self._flush)
 
     def _expire(self) -> None:
         self._expiry = None
@@ -240,15 +253,16 @@ class GroupCommitter:
             if conn is not None:
                 self._idle.append(conn)
             self._inflight -= 1
-            # Rows that waited for this batch go now if nothing else is being written (they
-            # waited for the database, and it is idle now), or if their window passed or a
-            # batch is full; otherwise their window's timer sends them.
-            if (
-                self._pending
-                and not self._closed
-                and (not self._inflight or self._overdue or len(self._pending) >= self._max_batch)
-            ):
-                self._flush()
+            # Rows that waited for this batch go now if their window passed or a batch is full.
+            # If nothing else is being written they go at the end of their linger, counted
+            # from the first one's arrival (now, if it is over): at a few hundred rows a second
+            # a commit ends between two arrivals, and a row sent alone at its end would make
+            # every other batch a single row. Otherwise their window's timer sends them.
+            if self._pending and not self._closed:
+                if self._overdue or len(self._pending) >= self._max_batch:
+                    self._flush()
+                elif not self._inflight:
+                    self._release()
 
     def _account(self, batch: list[_Item], started: float) -> None:
         """Metrics of a committed batch: per batch, not per request (an observation takes a

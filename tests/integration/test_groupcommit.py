@@ -79,6 +79,31 @@ async def test_rows_staged_during_a_write_wait_for_it(pool: asyncpg.Pool, db_dsn
     await gc.close()
 
 
+async def test_rows_staged_during_a_write_keep_their_linger_after_it(pool: asyncpg.Pool, db_dsn: str) -> None:
+    """A row that arrived while a batch was being written does not go alone the moment that
+    batch commits: it waits out its linger, from its own arrival, and a row arriving meanwhile
+    joins it (sent at once, every other batch at a few hundred rows a second was one row)."""
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=60.0, max_batch=1000, linger_s=0.3)
+    loop = asyncio.get_running_loop()
+    gc._rate.counted(loop.time(), 10)  # 10 rows/s: a lone row lingers 0.2 s (two more at that rate)
+    async with pool.acquire() as blocker, blocker.transaction():
+        await blocker.execute("LOCK TABLE webhook_inbox IN ACCESS EXCLUSIVE MODE")
+        first = gc.stage("meta", b"first")
+        await asyncio.sleep(0.25)  # its linger is over: it is being written, stuck on the lock
+        during = gc.stage("meta", b"during")
+        staged = loop.time()
+    await asyncio.wait_for(first, 5)
+    assert not during.done() and gc.pending == 1  # the first batch committed; "during" lingers
+    after = gc.stage("meta", b"after")
+    await asyncio.wait_for(asyncio.gather(during, after), 5)
+    assert loop.time() - staged >= 0.2
+    rows = await pool.fetch("SELECT body, xmin::text AS tx FROM webhook_inbox ORDER BY id")
+    assert [bytes(r["body"]) for r in rows] == [b"first", b"during", b"after"]
+    assert rows[1]["tx"] == rows[2]["tx"] != rows[0]["tx"]
+    assert gc.batches_written == 2
+    await gc.close()
+
+
 async def test_window_starts_a_parallel_batch(pool: asyncpg.Pool, db_dsn: str) -> None:
     """Rows that waited a window for a slow write go as a batch of their own."""
     gc = GroupCommitter(partial(connect, db_dsn), window_s=0.02, max_batch=1000, max_inflight=4)
