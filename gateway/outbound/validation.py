@@ -2,10 +2,15 @@
 
 The validator is ``openapi-schema-validator`` (the schema validator behind openapi-core, in
 the OpenAPI 3.0 dialect, with ECMA-262 regular expressions so ``$`` means end of string).
-What a valid body means is ``gateway.core.messages``. The message objects (``Text``, ``Image``,
-``Interactive``, ``Template``, ...) are the document's, one per type, so any request schema
-built from them (the send API's ``SendRequest``, a Graph-compatible body) is checked the same
-way: ``RequestValidator(document, "<its schema>")``.
+What a valid body means is ``gateway.core.messages``. A body is first checked by
+``jsonschema-rs`` (a compiled validator, ~100x faster: the same schemas in the Draft 4 dialect
+that OpenAPI 3.0's is built on), and only a body it rejects goes through
+``openapi-schema-validator``, for the verdict and the wording of every error: the fast check
+decides nothing alone, it spares valid bodies the slow one (tests hold it to never accepting
+what the slow one rejects; it is the stricter of the two, e.g. on ``nullable``). The message
+objects (``Text``, ``Image``, ``Interactive``, ``Template``, ...) are the document's, one per
+type, so any request schema built from them (the send API's ``SendRequest``, a
+Graph-compatible body) is checked the same way: ``RequestValidator(document, "<its schema>")``.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import jsonschema_rs
 from jsonschema.exceptions import ValidationError
 from openapi_schema_validator import OAS30Validator
 
@@ -42,6 +48,7 @@ class RequestValidator:
         disc = root["components"]["schemas"][schema]["discriminator"]
         self._tag: str = disc["propertyName"]
         self._variants = {tag: self._validator(root, ref) for tag, ref in disc["mapping"].items()}
+        self._fast = {tag: _fast(v.schema) for tag, v in self._variants.items()}
 
     @staticmethod
     def _validator(root: dict[str, Any], ref: str) -> OAS30Validator:
@@ -64,10 +71,17 @@ class RequestValidator:
         if variant is None:
             # Without a known tag no variant applies: say what the tag may be, and stop there.
             return [f"{self._tag}: one of {', '.join(self._variants)}"]
-        found = {_describe(e) for e in _leaves(variant.iter_errors(body))}
-        seen = {line.split(":", 1)[0] for line in found}
-        found.update(e for e in _nul_errors(body) if e.split(":", 1)[0] not in seen)
-        return sorted(found)
+        if _accepts(self._fast[tag], body):
+            return []
+        return self.explain(body)
+
+    def explain(self, body: dict[str, Any]) -> list[str]:
+        """``errors`` without the fast check: every problem as the OpenAPI validator words it."""
+        tag = body.get(self._tag)
+        variant = self._variants.get(tag) if isinstance(tag, str) else None
+        if variant is None:
+            return [f"{self._tag}: one of {', '.join(self._variants)}"]
+        return _explain(variant, body)
 
     def validate(self, body: Any) -> Message:
         """The message a request body asks for, or Invalid listing every problem."""
@@ -95,15 +109,43 @@ class BodyValidator:
         inlined = _inline({"$ref": f"#/components/schemas/{schema}"}, {"components": document["components"]})
         OAS30Validator.check_schema(inlined)
         self._validator = OAS30Validator(inlined)
+        self._fast = _fast(inlined)
 
     def errors(self, body: Any) -> list[str]:
         """Every problem with the body, sorted; empty when it is valid."""
         if not isinstance(body, dict):
             return ["body: must be a JSON object"]
-        found = {_describe(e) for e in _leaves(self._validator.iter_errors(body))}
-        seen = {line.split(":", 1)[0] for line in found}
-        found.update(e for e in _nul_errors(body) if e.split(":", 1)[0] not in seen)
-        return sorted(found)
+        if _accepts(self._fast, body):
+            return []
+        return self.explain(body)
+
+    def explain(self, body: dict[str, Any]) -> list[str]:
+        """``errors`` without the fast check: every problem as the OpenAPI validator words it."""
+        return _explain(self._validator, body)
+
+
+def _explain(validator: OAS30Validator, body: dict[str, Any]) -> list[str]:
+    found = {_describe(e) for e in _leaves(validator.iter_errors(body))}
+    seen = {line.split(":", 1)[0] for line in found}
+    found.update(e for e in _nul_errors(body) if e.split(":", 1)[0] not in seen)
+    return sorted(found)
+
+
+def _fast(schema: dict[str, Any]) -> jsonschema_rs.Draft4Validator:
+    """The compiled check of one inlined schema. Formats are not asserted, as the slow
+    validator (given no format checker) does not assert them."""
+    return jsonschema_rs.Draft4Validator(schema, validate_formats=False)
+
+
+def _accepts(fast: jsonschema_rs.Draft4Validator, body: Any) -> bool:
+    """The fast check passes the body, and it holds no U+0000 (which no schema rules out
+    everywhere). Anything it cannot take (a value that is not JSON) counts as a rejection:
+    the slow validator says what is wrong."""
+    try:
+        ok = fast.is_valid(body)
+    except Exception:  # e.g. a lone surrogate, which a Rust string cannot hold
+        return False
+    return ok and next(_nul_errors(body), None) is None
 
 
 def _inline(node: Any, root: Mapping[str, Any], depth: int = 0) -> Any:
