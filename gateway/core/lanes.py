@@ -159,13 +159,17 @@ def assign(members: Iterable[str], shards: Mapping[int, int]) -> dict[str, list[
 class LaneSet:
     """A process's lanes and their cursors as last written, handed out to its consumer loops so
     that no two loops read one lane at once. A lane whose last batch may or may not have
-    committed is *stale*: its cursor is read again before the next read."""
+    committed is *stale*: its cursor is read again before the next read. A lane out with a loop
+    when another loop looked for lanes to read is *wanted*: what woke that other loop may have
+    committed in it after the holder's read began, and nobody else may read it, so the holder
+    reads it again after its batch (else the row waits for the next wake-up or poll)."""
 
     def __init__(self) -> None:
         self.cursors: dict[int, Cursor] = {}
         self.shards: dict[int, int] = {}
         self.out: set[int] = set()
         self.stale: set[int] = set()
+        self.wanted: set[int] = set()
         self._last_shard = -1
 
     def owned(self) -> list[int]:
@@ -190,6 +194,9 @@ class LaneSet:
         equals the next after the shard taken last (so that every shard is read in turn), and
         none of the shards in ``skip``."""
         free = [lane for lane in sorted(self.cursors) if lane not in self.out]
+        # Lanes of the shards looked at that other loops hold (a loop's own lanes are in the
+        # shards it skips: it read them already).
+        self.wanted.update(lane for lane in self.out if self.shards.get(lane, 0) not in skip)
         by_shard: dict[int, list[int]] = {}
         for lane in free:
             shard = self.shards.get(lane, 0)
@@ -216,19 +223,24 @@ class LaneSet:
         for lane in lanes:
             self.cursors.pop(lane, None)
             self.stale.discard(lane)
+            self.wanted.discard(lane)
             self.shards.pop(lane, None)
 
-    def give_back(self, lanes: Iterable[int], advanced: Iterable[Cursor] | None) -> None:
+    def give_back(self, lanes: Iterable[int], advanced: Iterable[Cursor] | None) -> bool:
         """Lanes back from a loop: with their cursors as its batch committed them, or None when
-        the batch's fate is unknown (stale until read again)."""
+        the batch's fate is unknown (stale until read again). True when one of them was wanted
+        meanwhile: the loop reads again."""
         lanes = list(lanes)
         self.out.difference_update(lanes)
+        wanted = not self.wanted.isdisjoint(lanes)
+        self.wanted.difference_update(lanes)
         if advanced is None:
             self.stale.update(lane for lane in lanes if lane in self.cursors)
-            return
+            return wanted
         for c in advanced:
             if c.lane in self.cursors:
                 self.cursors[c.lane] = c
+        return wanted
 
     def refresh(self, cursors: Iterable[Cursor]) -> None:
         """Stale lanes' cursors as read again."""

@@ -319,7 +319,8 @@ class Consumer:
             moved = [c for _, _, adv in read for c in adv]
             self._more = self._more_before = more
         finally:
-            self._lanes.give_back(out, moved)
+            if self._lanes.give_back(out, moved):
+                self._woken.set()  # a sibling woken meanwhile could not read these lanes
         if not rows:
             return 0
         self._committed(forwards)
@@ -435,7 +436,8 @@ class Consumer:
                     return 1
                 moved = advance
         finally:
-            self._lanes.give_back([lane], moved)
+            if self._lanes.give_back([lane], moved):
+                self._woken.set()
         self._committed(forwards)
         return 1
 

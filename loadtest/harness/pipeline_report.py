@@ -168,9 +168,9 @@ def table(r: dict[str, Any]) -> str:
         )  # fmt: skip
         out += "\n\nwhere the time went (every event and destination; the database's and receivers' clocks)\n"
         out += report.table(
-            ("segment", "p50 ms", "p90", "p99"),
+            ("segment", "p50 ms", "p90", "p99", "max"),
             [
-                (k, *(f"{v[q]:.1f}" for q in ("p50_ms", "p90_ms", "p99_ms")))
+                (k, *(f"{v[q]:.1f}" if q in v else "-" for q in ("p50_ms", "p90_ms", "p99_ms", "max_ms")))
                 for k, v in lat.get("segments", {}).items()
             ],
         )

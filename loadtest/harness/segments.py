@@ -21,7 +21,8 @@ SEGMENTS = ("sent -> stored", "stored -> keyed", "keyed -> delivery row", "deliv
 def split(
     rows: list[Mapping[str, Any]], sent: Mapping[str, float], received: Mapping[str, Mapping[str, float]]
 ) -> dict[str, dict[str, float]]:
-    """Per segment, p50/p90/p99 in ms over every (event, destination) the receivers got."""
+    """Per segment, p50/p90/p99 and the most in ms over every (event, destination) the
+    receivers got."""
     spans: dict[str, list[float]] = {s: [] for s in SEGMENTS}
     for r in rows:
         t0 = sent.get(r["event_key"])
@@ -32,7 +33,11 @@ def split(
         for name, a, b in zip(SEGMENTS, marks, marks[1:], strict=False):
             spans[name].append((b - a) * 1000)
     return {
-        name: {"n": float(len(v)), **{f"p{q}_ms": percentile(v, q) for q in (50, 90, 99)}}
+        name: {
+            "n": float(len(v)),
+            **{f"p{q}_ms": percentile(v, q) for q in (50, 90, 99)},
+            "max_ms": max(v, default=0.0),
+        }
         for name, v in spans.items()
     }
 

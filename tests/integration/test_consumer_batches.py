@@ -277,3 +277,53 @@ async def test_rows_staged_within_the_gap_after_a_batch_share_the_next_one(
     at = sorted(r["processed_at"] for r in later)
     assert len(at) == 5 and (at[-1] - at[0]).total_seconds() < 0.5, at
     assert (at[0] - first).total_seconds() >= gap_s - 0.25
+
+
+async def test_a_row_committed_in_a_lane_a_sibling_holds_waits_for_its_batch_not_a_poll(
+    pool: asyncpg.Pool, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loop A has read every lane and is still in its batch when a row commits there. The row's
+    NOTIFY wakes the idle loop B, which finds no lane free and reads nothing. A reads its lanes
+    again once its batch is done: the row waits for that batch, not for the poll (a minute here)."""
+    group = ConsumerGroup(
+        pool, replace(settings, consumer_concurrency=2, consumer_poll_ms=60_000, consumer_batch_gap_ms=10)
+    )
+    batches = _Batches(group, monkeypatch)  # the listener's NOTIFYs counted
+    held = asyncio.Event()  # a batch read the first row and waits
+    release = asyncio.Event()
+    empty: list[Consumer] = []  # loops whose batch read nothing after the second row committed
+    second_staged = asyncio.Event()
+    for c in group.consumers:
+
+        async def read_shards(conn: Any, take: Any, out: Any, orig: Any = c._read_shards) -> Any:
+            read, more = await orig(conn, take, out)
+            if any(rows for _, rows, _ in read) and not held.is_set():
+                held.set()
+                await release.wait()  # the batch's transaction stays open, its lanes out
+            return read, more
+
+        async def process_batch(orig: Any = c.process_batch, c: Consumer = c) -> int:
+            n: int = await orig()
+            if n == 0 and second_staged.is_set():
+                empty.append(c)
+            return n
+
+        c._read_shards = read_shards  # type: ignore[method-assign]
+        c.process_batch = process_batch  # type: ignore[method-assign]
+
+    async def done(n: int) -> bool:
+        return await inbox_states(pool) == {"done": n}
+
+    async with services.running(group):
+        await batches.all_idle(group)
+        await stage(pool, to_bytes(messages_payload(message_obj("wamid.H1"))))
+        await asyncio.wait_for(held.wait(), 10)
+        await stage(pool, to_bytes(messages_payload(message_obj("wamid.H2"))))  # commits after A's read
+        second_staged.set()
+        await until(lambda: _some(empty), what="the sibling's look, which finds every lane out")
+        release.set()
+        await until(lambda: done(2), timeout_s=10, what="the second row, read again by the lanes' holder")
+
+
+async def _some(found: list[Consumer]) -> bool:
+    return bool(found)

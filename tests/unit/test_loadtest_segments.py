@@ -28,6 +28,8 @@ def test_each_segment_is_the_gap_between_two_marks() -> None:
     assert out["keyed -> delivery row"]["p99_ms"] == pytest.approx(2.0)
     assert out["keyed -> delivery row"]["p50_ms"] in (pytest.approx(1.0), pytest.approx(2.0))
     assert out["delivery row -> received"]["p99_ms"] == pytest.approx(40.0)
+    assert out["delivery row -> received"]["max_ms"] == pytest.approx(40.0)
+    assert out["keyed -> delivery row"]["max_ms"] == pytest.approx(2.0)
     assert all(v["n"] == 2 for v in out.values())
 
 
