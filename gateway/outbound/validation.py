@@ -67,11 +67,8 @@ class RequestValidator:
         if not isinstance(body, dict):
             return ["body: must be a JSON object"]
         tag = body.get(self._tag)
-        variant = self._variants.get(tag) if isinstance(tag, str) else None
-        if variant is None:
-            # Without a known tag no variant applies: say what the tag may be, and stop there.
-            return [f"{self._tag}: one of {', '.join(self._variants)}"]
-        if _accepts(self._fast[tag], body):
+        fast = self._fast.get(tag) if isinstance(tag, str) else None
+        if fast is not None and _accepts(fast, body):
             return []
         return self.explain(body)
 
@@ -80,6 +77,7 @@ class RequestValidator:
         tag = body.get(self._tag)
         variant = self._variants.get(tag) if isinstance(tag, str) else None
         if variant is None:
+            # Without a known tag no variant applies: say what the tag may be, and stop there.
             return [f"{self._tag}: one of {', '.join(self._variants)}"]
         return _explain(variant, body)
 
