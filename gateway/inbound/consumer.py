@@ -319,8 +319,7 @@ class Consumer:
             moved = [c for _, _, adv in read for c in adv]
             self._more = self._more_before = more
         finally:
-            if self._lanes.give_back(out, moved):
-                self._woken.set()  # a sibling woken meanwhile could not read these lanes
+            self._give_back(out, moved)
         if not rows:
             return 0
         self._committed(forwards)
@@ -385,6 +384,12 @@ class Consumer:
         self._lanes.drop(gone)
         return [fresh.get(c.lane, c) for c in taken if c.lane not in gone]
 
+    def _give_back(self, lanes: list[int], moved: list[Cursor] | None) -> None:
+        """Lanes back to the process; read again soon if a sibling looked for them meanwhile
+        (what woke it may have committed there after this loop's read began)."""
+        if self._lanes.give_back(lanes, moved):
+            self._woken.set()
+
     def _committed(self, forwards: bool) -> None:
         self._health.succeeded(self._apply.claimed)
         self._apply.claimed = []
@@ -436,8 +441,7 @@ class Consumer:
                     return 1
                 moved = advance
         finally:
-            if self._lanes.give_back([lane], moved):
-                self._woken.set()
+            self._give_back([lane], moved)
         self._committed(forwards)
         return 1
 
