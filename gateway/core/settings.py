@@ -273,6 +273,13 @@ class Settings:
         "GATEWAY_BODY_TIMEOUT_S", 15.0, _float(0.5, 3600), "to read a webhook body; 408 past it"
     )
     max_connections: int = _env("GATEWAY_MAX_CONNECTIONS", 1024, _int(1, 1_000_000), "open HTTP connections")
+    listen_backlog: int = _env(
+        "GATEWAY_LISTEN_BACKLOG",
+        1024,
+        _int(1, 65_535),
+        "connections the kernel completes and queues before they are accepted (capped by"
+        " net.core.somaxconn); past it a client's SYN is dropped and it retries a second later",
+    )
     log_level: str = _env("GATEWAY_LOG_LEVEL", "INFO", _log_level, "debug, info, warning or error")
     log_format: str = _env(
         "GATEWAY_LOG_FORMAT",

@@ -110,7 +110,7 @@ class FakeReceiver:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, backlog=1024)
         await site.start()
         bound_port = self._runner.addresses[0][1]
         self.url = f"http://{host}:{bound_port}/hooks"

@@ -128,9 +128,17 @@ class CappedSite(web.BaseSite):
     """A TCP site that keeps at most ``max_connections`` connections open."""
 
     def __init__(
-        self, runner: web.BaseRunner, host: str, port: int, max_connections: int, *, reuse_port: bool = False
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        max_connections: int,
+        *,
+        backlog: int = 1024,
+        reuse_port: bool = False,
     ) -> None:
         super().__init__(runner)
+        self._backlog = backlog
         self._host = host
         self._port = port
         self._reuse_port = reuse_port
@@ -166,8 +174,17 @@ class CappedSite(web.BaseSite):
         loop = asyncio.get_running_loop()
         # reuse_port: `gateway serve --workers N` binds N processes to one port (SO_REUSEPORT);
         # the kernel spreads new connections over them.
+        # backlog: asyncio's default of 100 overflows when a sender opens connections in a
+        # burst (Meta's retries after an outage, a load balancer's pool filling): the kernel
+        # then drops the SYNs past it and each of those clients waits for its retransmission,
+        # a second, before its request is even sent.
         self._listener = await loop.create_server(
-            self._protocol, self._host, self._port, reuse_address=True, reuse_port=self._reuse_port or None
+            self._protocol,
+            self._host,
+            self._port,
+            backlog=self._backlog,
+            reuse_address=True,
+            reuse_port=self._reuse_port or None,
         )
         self._server = self._listener  # BaseSite.stop() closes it
 
@@ -206,7 +223,9 @@ async def listen(
         app, handle_signals=False, shutdown_timeout=shutdown_timeout, **handler_args(settings)
     )
     await runner.setup()
-    site = CappedSite(runner, host, port, settings.max_connections, reuse_port=reuse_port)
+    site = CappedSite(
+        runner, host, port, settings.max_connections, backlog=settings.listen_backlog, reuse_port=reuse_port
+    )
     try:
         await site.start()
     except BaseException:

@@ -135,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         app = build_relay(ns.secret, ns.std_url, ns.std_secret, ns.meta_url, ns.meta_dest_secret)
     else:
         app = build(ns.kind, ns.dsn, ns.secret, ns.tenashi_secret, ns.pool_max)
-    web.run_app(app, host=ns.host, port=ns.port, access_log=None, print=None)
+    # The gateway's listen backlog (GATEWAY_LISTEN_BACKLOG's default), so that a burst of new
+    # connections meets the same accept queue on both sides of a ratio.
+    backlog = Settings().listen_backlog
+    web.run_app(app, host=ns.host, port=ns.port, access_log=None, print=None, backlog=backlog)
     return 0
 
 

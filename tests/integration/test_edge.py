@@ -7,6 +7,11 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
+import selectors
+import socket
+import time
+from pathlib import Path
+from typing import cast
 
 import asyncpg
 import pytest
@@ -23,6 +28,9 @@ from tests.support.config import META_SECRET, VERIFY_TOKEN, replace
 FORGED = "sha256=" + "ab" * 32
 # Bounds on the test itself, not claims about speed: a hang must fail, not block CI.
 GIVE_UP_S = 30
+# The kernel's cap on a listen backlog (Linux).
+_SOMAXCONN = Path("/proc/sys/net/core/somaxconn")
+SOMAXCONN = int(_SOMAXCONN.read_text()) if _SOMAXCONN.exists() else 0
 
 
 async def raw(server: Listening) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -270,6 +278,51 @@ async def test_connections_past_the_cap_are_refused_at_once(
         while gw.site.open:
             await asyncio.sleep(0.01)
     assert await signed_post(http, gw, "wamid.after-cap") == 200
+
+
+def handshakes(port: int, n: int, wait_s: float) -> int:
+    """How many of ``n`` connections opened at once complete their handshake within
+    ``wait_s``, while nothing accepts them (the caller does not yield to its event loop)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            socks.append(s)
+        done: set[socket.socket] = set()
+        with selectors.DefaultSelector() as sel:
+            for s in socks:
+                sel.register(s, selectors.EVENT_WRITE)
+            deadline = time.monotonic() + wait_s
+            while len(done) < n and (left := deadline - time.monotonic()) > 0:
+                for key, _ in sel.select(left):
+                    sock = cast(socket.socket, key.fileobj)
+                    sel.unregister(sock)
+                    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                        done.add(sock)
+        return len(done)
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.mark.skipif(SOMAXCONN < 512, reason="net.core.somaxconn caps every listen backlog below 512")
+async def test_a_burst_of_new_connections_is_queued_not_dropped(
+    http: ClientSession, start_gateway: object, settings: Settings
+) -> None:
+    # 400 clients connect in the same instant while the gateway is busy (here: its event loop
+    # does not run). Their handshakes complete in the kernel's accept queue; past the queue
+    # the kernel drops a SYN and the client sends it again after its retransmission timeout,
+    # 1 s (RFC 6298), so "within half a second" tells queued from dropped.
+    gw: Listening = await start_gateway(settings)  # type: ignore[operator]
+    assert handshakes(gw.port, 400, 0.5) == 400
+    small: Listening = await start_gateway(replace(settings, listen_backlog=16))  # type: ignore[operator]
+    assert handshakes(small.port, 400, 0.5) <= 17  # the setting is the queue's length
+    async with asyncio.timeout(GIVE_UP_S):
+        while gw.site.open or small.site.open:
+            await asyncio.sleep(0.01)
+    assert await signed_post(http, gw, "wamid.after-burst") == 200
 
 
 @pytest.mark.parametrize(
