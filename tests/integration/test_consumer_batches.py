@@ -292,8 +292,8 @@ async def test_a_row_committed_in_a_lane_a_sibling_holds_waits_for_its_batch_not
     batches = _Batches(group, monkeypatch)  # the listener's NOTIFYs counted
     held = asyncio.Event()  # a batch read the first row and waits
     release = asyncio.Event()
-    empty: list[Consumer] = []  # loops whose batch read nothing after the second row committed
-    second_staged = asyncio.Event()
+    empty: list[Consumer] = []  # loops whose batch read nothing once the second row was staged
+    second_staged = asyncio.Event()  # from just before the second row is staged
     transactions: list[object] = []  # read transactions begun while A held every lane
     read_mode = inbox.read_mode
 
@@ -328,8 +328,9 @@ async def test_a_row_committed_in_a_lane_a_sibling_holds_waits_for_its_batch_not
         await batches.all_idle(group)
         await stage(pool, to_bytes(messages_payload(message_obj("wamid.H1"))))
         await asyncio.wait_for(held.wait(), 10)
-        await stage(pool, to_bytes(messages_payload(message_obj("wamid.H2"))))  # commits after A's read
+        # Set first: the NOTIFY of the commit may wake B, and B look, before stage() returns.
         second_staged.set()
+        await stage(pool, to_bytes(messages_payload(message_obj("wamid.H2"))))  # commits after A's read
         await until(lambda: _some(empty), what="the sibling's look, which finds every lane out")
         assert transactions == []
         release.set()
