@@ -134,7 +134,7 @@ class CappedSite(web.BaseSite):
         port: int,
         max_connections: int,
         *,
-        backlog: int = 1024,
+        backlog: int,
         reuse_port: bool = False,
     ) -> None:
         super().__init__(runner)
