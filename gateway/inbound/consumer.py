@@ -303,27 +303,10 @@ class Consumer:
         started = time.perf_counter()
         rows: list[StagedRow] = []
         forwards = False
-        first: list[list[Cursor]] = []
-
-        def taking() -> list[Cursor]:
-            if first:
-                return first.pop()
-            taken = take()
-            out.extend(c.lane for c in taken)
-            return taken
-
         try:
-            # Lanes first, then a connection and a transaction: a loop woken while its
-            # siblings hold every lane (a NOTIFY wakes one, whatever it finds) costs the
-            # database nothing.
-            head = taking()
-            if not head:
-                self._more = self._more_before = False
-                return 0
-            first.append(head)
             async with self._pool.acquire() as conn, conn.transaction():
                 await inbox.read_mode(conn, idle_ms=self._idle_ms)
-                read, more = await self._read_shards(conn, taking)
+                read, more = await self._read_shards(conn, take, out)
                 rows = [r for _, batch, _ in read for r in batch]
                 if rows:
                     handled = [(taken, adv) for taken, batch, adv in read if batch]
@@ -345,11 +328,12 @@ class Consumer:
         return len(rows)
 
     async def _read_shards(
-        self, conn: Conn, take: Callable[[], list[Cursor]]
+        self, conn: Conn, take: Callable[[], list[Cursor]], out: list[int]
     ) -> tuple[list[tuple[list[Cursor], list[StagedRow], list[Cursor]]], bool]:
         """The lanes ``take`` hands out, read in the caller's transaction while the batch's
-        limits (rows, bytes) last. Per read: its cursors, its rows and where its cursors go;
-        and whether a read left rows. Windows a read found empty are closed here."""
+        limits (rows, bytes) last; every lane taken is added to ``out``. Per read: its cursors,
+        its rows and where its cursors go; and whether a read left rows. Windows a read found
+        empty are closed here."""
         limit, budget = self._s.consumer_batch, self._s.consumer_batch_bytes
         # Once a quarter of the row limit is read (enough for one batch's fixed cost), no
         # further shard is read: ``limit`` left at ``rest`` or below. A backlog's batches then
@@ -363,6 +347,7 @@ class Consumer:
             taken = take()
             if not taken:
                 break
+            out.extend(c.lane for c in taken)
             taken = await self._current(conn, taken)
             if not taken:
                 continue
