@@ -56,6 +56,12 @@ observers: list[Observer] = []
 _primary: str | None = None
 # How soon a host that refused for being a standby is asked again while another is silent.
 STANDBY_RETRY_S = 0.5
+# asyncpg keeps a query's prepared statement on a connection (and so PostgreSQL its plan) only
+# when the query's text is at most this long (its max_cacheable_statement_size, 15 KiB by
+# default); a longer one is parsed and planned again at every call: the consumers' batch
+# statement, ~15 000 characters with its comments, planned at every batch, costs PostgreSQL
+# ~2 ms a batch more. Every named query fits under this (tests/unit/test_sqlfiles.py).
+STATEMENT_CACHE_MAX_CHARS = 64 * 1024
 
 
 def observe(event: str, detail: str) -> None:
@@ -158,6 +164,7 @@ async def create_pool(
         init=init_connection,
         timeout=timeout,
         command_timeout=60,
+        max_cacheable_statement_size=STATEMENT_CACHE_MAX_CHARS,
         reset=_no_reset if stateless else None,
         server_settings=server_settings,
     )
@@ -166,7 +173,7 @@ async def create_pool(
 
 
 async def connect(dsn: str, timeout: float = 5.0) -> asyncpg.Connection:
-    conn = await connect_any(dsn, timeout=timeout)
+    conn = await connect_any(dsn, timeout=timeout, max_cacheable_statement_size=STATEMENT_CACHE_MAX_CHARS)
     await init_connection(conn)
     return conn
 

@@ -2,6 +2,7 @@ import re
 
 import pytest
 
+from gateway.store.db import STATEMENT_CACHE_MAX_CHARS
 from gateway.store.sqlfiles import functions, migrations, missing, parse_queries, present, queries
 
 # A function a migration defines (its pg_temp helpers aside), and the mark above its body.
@@ -66,3 +67,9 @@ def test_every_function_body_in_a_migration_says_what_supersedes_it() -> None:
             if not ok:
                 wrong.append(f"{m.version:04d}_{m.name}.sql line {i + 1}: {name}()")
     assert wrong == [], f"mark each with a comment line above it ({SUPERSEDED}...): {wrong}"
+
+
+def test_every_query_is_short_enough_for_the_connections_statement_cache() -> None:
+    # A longer one would be prepared and planned again at every call (gateway.store.db).
+    longest = max(queries().items(), key=lambda kv: len(kv[1]))
+    assert len(longest[1]) <= STATEMENT_CACHE_MAX_CHARS, longest[0]
