@@ -102,6 +102,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost-rate", type=float, default=300.0, help="webhooks/s of the cost phase (0: skip it)")
     p.add_argument("--cost-seconds", type=float, default=20.0, help="seconds of each side of a cost round")
     p.add_argument("--serve-env", action="append", default=[], metavar="K=V", help="extra env of serve")
+    p.add_argument(
+        "--aged",
+        action="store_true",
+        help="first give every partitioned table the day partitions its default retention keeps",
+    )
     p.add_argument("--name", default="bench-pipeline")
     add_common_args(p)
 
@@ -434,6 +439,8 @@ async def main(ns: argparse.Namespace) -> int:
         pg, dsn = processes.start_database(tmp)
         database.load_statements(pg)
         await processes.migrate(dsn)
+        if ns.aged:
+            result["partitions"] = await database.age(dsn)
         rx = receivers(log_dir, max_s=ns.seconds + ns.soak + 3600)
         await rx.ready()
         relay = start_relay(rx, log_dir)

@@ -1,6 +1,7 @@
 """The PostgreSQL a command runs on: the one DATABASE_URL names, or an embedded server in a
 temporary directory; the one way to tune the embedded one (``configure``, ``statements``);
-and how to name the database of a gateway started by ``make run``."""
+a database aged to hold every day partition its retention keeps (``age``); and how to name
+the database of a gateway started by ``make run``."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ import re
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
+from gateway.core.settings import Settings
+from gateway.maintenance.retention import partitioned
+from gateway.store import retention
 from gateway.store.db import connect, migrate
 from gateway.testing import citus
 
@@ -80,6 +85,21 @@ async def configure(admin_dsn: str, settings: dict[str, str]) -> None:
             quoted = value.replace("'", "''")
             await conn.execute(f"ALTER SYSTEM SET {name} = '{quoted}'")
         await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
+
+
+async def age(dsn: str) -> dict[str, int]:
+    """Give every partitioned table the past day partitions its default retention keeps, as a
+    database as old as its longest horizon holds them (a fresh one has a few days'): what a
+    statement pays per partition of the tables it reads shows. The day partitions per table."""
+    today = datetime.now(UTC).date()
+    conn = await connect(dsn, timeout=30)
+    try:
+        for p in partitioned(Settings()):
+            for back in range(1, p.keep_days + 1):
+                await retention.ensure_day(conn, table=p.table, day=today - timedelta(days=back))
+        return {p.table: len(await retention.days(conn, table=p.table)) for p in partitioned(Settings())}
     finally:
         await conn.close()
 
