@@ -660,7 +660,8 @@ BEGIN
         WHERE w.id = ANY (p_parked);
     END IF;
 
-    -- deliveries: the events an enabled destination wants, their bodies once per format
+    -- deliveries: the events an enabled destination wants, their bodies once per format (a
+    -- consumer of the release before renders none and sends no source: its envelope has both)
     IF EXISTS (SELECT 1 FROM destinations WHERE enabled) AND p_forwards IS NOT NULL THEN
         fw := p_forwards::jsonb;
         SELECT coalesce(jsonb_object_agg(w.id::text, w.received_at), '{}') INTO recv
@@ -668,12 +669,14 @@ BEGIN
         WHERE w.id = ANY (ARRAY(SELECT f.inbox_id FROM jsonb_to_recordset(fw) AS f(key text, inbox_id bigint)
                                 WHERE f.key = ANY (f_keys)));
         WITH fwd_in AS (
-            SELECT DISTINCT ON (f.key) f.key, f.kind, f.conversation, f.envelope, f.inbox_id, f.number, f.n,
-                   fk.subject,
+            SELECT DISTINCT ON (f.key) f.key, f.kind, f.conversation, f.source, f.body, f.meta_body,
+                   f.envelope, f.inbox_id, f.number, f.n, fk.subject,
                    CASE WHEN f.callback IS NOT NULL THEN cb->f.callback END AS tracker_known
             FROM ROWS FROM (jsonb_to_recordset(fw) AS (
-                key text, kind text, conversation text, envelope jsonb, inbox_id bigint, callback text, number text))
-                WITH ORDINALITY AS f(key, kind, conversation, envelope, inbox_id, callback, number, n)
+                key text, kind text, conversation text, source text, body text, meta_body text,
+                envelope jsonb, inbox_id bigint, callback text, number text))
+                WITH ORDINALITY AS f(key, kind, conversation, source, body, meta_body, envelope, inbox_id,
+                                     callback, number, n)
             JOIN unnest(f_keys, f_subjects) AS fk(key, subject) ON fk.key = f.key
             ORDER BY f.key, f.n
         ), want AS (
@@ -681,18 +684,21 @@ BEGIN
             FROM fwd_in f
             JOIN destinations d ON d.enabled AND f.kind = ANY (d.events)
                                AND (d.numbers IS NULL OR f.number = ANY (d.numbers))
-                               AND (d.format = 'standard' OR f.envelope->>'source' = 'meta')
+                               AND (d.format = 'standard' OR coalesce(f.source, f.envelope->>'source') = 'meta')
         ), ev AS (
             INSERT INTO delivery_events (lane, received_at, event_key, kind, conversation, body, meta_body)
             SELECT delivery_lane(f.conversation, f.subject),
                    coalesce((recv->>f.inbox_id::text)::timestamptz, v_now),
                    f.key, f.kind, f.conversation,
+                   -- the consumer's bodies, else (a status naming a callback) rendered here
                    CASE WHEN EXISTS (SELECT 1 FROM want w WHERE w.n = f.n AND w.format = 'standard')
-                        THEN convert_to(CASE WHEN f.tracker_known IS NULL THEN f.envelope
-                                             ELSE jsonb_set(f.envelope, '{data,biz_opaque_callback_data}', f.tracker_known)
-                                        END::text, 'UTF8') END,
+                        THEN coalesce(convert_to(f.body, 'UTF8'),
+                                      convert_to(CASE WHEN f.tracker_known IS NULL THEN f.envelope
+                                                      ELSE jsonb_set(f.envelope, '{data,biz_opaque_callback_data}', f.tracker_known)
+                                                 END::text, 'UTF8')) END,
                    CASE WHEN EXISTS (SELECT 1 FROM want w WHERE w.n = f.n AND w.format = 'meta')
-                        THEN convert_to(meta_webhook(f.envelope, f.tracker_known)::text, 'UTF8') END
+                        THEN coalesce(convert_to(f.meta_body, 'UTF8'),
+                                      convert_to(meta_webhook(f.envelope, f.tracker_known)::text, 'UTF8')) END
             FROM fwd_in f
             WHERE EXISTS (SELECT 1 FROM want w WHERE w.n = f.n)
             ORDER BY f.n
@@ -707,11 +713,11 @@ BEGIN
                    e.day, e.lane
             FROM unnest(ev_ids, ev_days, ev_lanes, ev_received, ev_keys, ev_convs)
                      AS e(id, day, lane, received_at, key, conv)
-            JOIN ROWS FROM (jsonb_to_recordset(fw) AS (key text, kind text, envelope jsonb, number text))
-                     AS f(key, kind, envelope, number) ON f.key = e.key
+            JOIN ROWS FROM (jsonb_to_recordset(fw) AS (key text, kind text, source text, envelope jsonb, number text))
+                     AS f(key, kind, source, envelope, number) ON f.key = e.key
             JOIN destinations d ON d.enabled AND f.kind = ANY (d.events)
                                AND (d.numbers IS NULL OR f.number = ANY (d.numbers))
-                               AND (d.format = 'standard' OR f.envelope->>'source' = 'meta')
+                               AND (d.format = 'standard' OR coalesce(f.source, f.envelope->>'source') = 'meta')
             ORDER BY d.id, e.id;
             GET DIAGNOSTICS n_fwd = ROW_COUNT;
         END IF;

@@ -10,8 +10,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+
 from gateway.core.destinations import conversation_of, kind_of, number_of
 from gateway.core.events import AccountError, AccountUpdate, Event, InboundMessage, Status
+from gateway.core.meta_body import meta_webhook
 
 ENVELOPE_VERSION = 1
 
@@ -88,15 +91,30 @@ def envelope(ev: Event, source: str) -> dict[str, Any]:
     }
 
 
-def forward_row(ev: Event, source: str, inbox_id: int) -> dict[str, Any]:
-    """What the consumer's batch statement needs to fan one event out to destinations (a
-    Meta-format destination's body is rendered from the envelope there, by meta_webhook)."""
-    return {
+def forward_row(ev: Event, source: str, inbox_id: int, *, bodies: bool = False) -> dict[str, Any]:
+    """What the consumer's batch statement needs to fan one event out to destinations. With
+    ``bodies`` (the consumer expects destinations), its bodies rendered here (``body`` the
+    envelope, ``meta_body`` the Meta webhook or None), which the database stores as they come;
+    else its envelope, which the statement renders only if some destination wants the event.
+    A status that names a callback may be of a send of ours, whose caller's
+    ``biz_opaque_callback_data`` goes into its bodies: only the statement can look that up, so
+    it always carries its envelope (the SQL function meta_webhook renders what
+    gateway.core.meta_body does)."""
+    env = envelope(ev, source)
+    callback = ev.callback_data if isinstance(ev, Status) else None
+    row: dict[str, Any] = {
         "key": ev.key,
         "kind": kind_of(ev),
         "conversation": conversation_of(ev),
-        "envelope": envelope(ev, source),
+        "source": source,
         "inbox_id": inbox_id,
-        "callback": ev.callback_data if isinstance(ev, Status) else None,
+        "callback": callback,
         "number": number_of(ev),
     }
+    if bodies and callback is None:
+        meta = meta_webhook(env)
+        row["body"] = orjson.dumps(env).decode()
+        row["meta_body"] = None if meta is None else orjson.dumps(meta).decode()
+    else:
+        row["envelope"] = env
+    return row

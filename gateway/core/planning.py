@@ -55,8 +55,10 @@ class Plan:
     key_days: list[date] = field(default_factory=list)  # each key's partition (events.event_day)
     key_subjects: list[str] = field(default_factory=list)  # each key's subject (events.subject_of)
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {k: [] for k in KINDS})
-    # One row per event for the destinations that want it: kind, conversation, envelope.
+    # One row per event for the destinations that want it: kind, conversation, envelope or
+    # bodies (``bodies``: rendered here, gateway.core.envelope.forward_row).
     forwards: list[dict[str, Any]] = field(default_factory=list)
+    bodies: bool = False
     # Phone number <-> BSUID pairs the events show, per business number (customer_ids).
     links: list[dict[str, Any]] = field(default_factory=list)
     done: list[int] = field(default_factory=list)
@@ -89,7 +91,7 @@ class Plan:
         """Plan ``ev``; all or nothing (whatever raises leaves the plan as it was)."""
         subject = subject_of(ev.key)
         row = ev.to_row(inbox_id, source)
-        forward = forward_row(ev, source, inbox_id)
+        forward = forward_row(ev, source, inbox_id, bodies=self.bodies)
         links = identity_links(ev)
         self.keys.append(ev.key)
         self.key_inbox.append(inbox_id)
@@ -131,15 +133,16 @@ def identity_links(ev: Event) -> list[dict[str, Any]]:
     return [{"phone_number_id": number, **pair} for pair in found]
 
 
-def plan_batch(rows: Iterable[StagedRow]) -> Plan:
+def plan_batch(rows: Iterable[StagedRow], *, bodies: bool = False) -> Plan:
     """Parse every row; park the unparseable; keep the first occurrence of each key. Never
     raises: whatever a row's bytes make the parser or the planner raise is that row's or that
     event's fault, recorded in the plan, never the batch's.
 
     A malformed fragment inside a valid body (or an event that cannot be planned) is listed in
     ``bad`` (the consumer records it as a dead item) and the rest of the body is planned as
-    usual. Each key's partition day is ``events.event_day``, a pure function of the event."""
-    plan = Plan()
+    usual. Each key's partition day is ``events.event_day``, a pure function of the event.
+    ``bodies``: render the events' bodies for destinations (Plan.forwards)."""
+    plan = Plan(bodies=bodies)
     seen: set[str] = set()
     for row in rows:
         inbox_id = row.id

@@ -123,6 +123,11 @@ class Applier:
         self._member = member
         self._idle_bound = idle_bound
         self._citus: bool | None = None  # the database is a Citus coordinator (asked once)
+        # Render bodies for destinations in this process (gateway.core.envelope.forward_row):
+        # while the last batch queued deliveries. Never a question of correctness (a batch
+        # without bodies has them rendered by its statement), only of where the work is done:
+        # without destinations, nowhere.
+        self._bodies = False
         # The rows being handled, head first (until their transaction commits).
         self.claimed: list[int] = []
 
@@ -138,7 +143,7 @@ class Applier:
         whether deliveries may be new."""
         self.claimed = [r.id for r in rows]
         advance = None if cursors is None or moved is None else inbox.advance_arg(cursors, moved)
-        plan = plan_batch(rows)  # never raises
+        plan = plan_batch(rows, bodies=self._bodies)  # never raises
         fast_path = _FAST_PATH_CITUS if await self.on_citus(conn) else _FAST_PATH
         try:
             # A savepoint of our own, not a nested transaction(): COMMIT releases it, one
@@ -153,6 +158,7 @@ class Applier:
             await self._slow(conn, plan, exc, advance)
             return bool(plan.forwards)
         triage.observe(plan, result)
+        self._bodies = result.deliveries > 0
         return result.deliveries > 0
 
     async def on_citus(self, conn: Conn) -> bool:

@@ -436,9 +436,12 @@ WITH ev AS (
     -- rendered once per format the destinations want, and queued for each of them in
     -- delivery_queue, all committed with the event's key or not at all. A redelivered event is
     -- not fresh, so it is never queued twice. $9 is text, parsed only when some destination is
-    -- enabled: without destinations the consumers pay nothing here but sending the text.
-    SELECT DISTINCT ON (f.key) f.key, f.kind, f.conversation, f.envelope, f.inbox_id, f.number, f.n,
-           fresh.subject,
+    -- enabled: without destinations the consumers pay nothing here but sending the text. While
+    -- destinations take its events the consumer sends each event's bodies rendered (body,
+    -- meta_body); otherwise, and for a status naming a callback, the envelope they are
+    -- rendered from here (gateway.core.envelope.forward_row).
+    SELECT DISTINCT ON (f.key) f.key, f.kind, f.conversation, f.source, f.body, f.meta_body,
+           f.envelope, f.inbox_id, f.number, f.n, fresh.subject,
            -- A status of a send of ours carries the send API caller's biz_opaque_callback_data
            -- (tracker: JSON null when it gave none; no row when the status is not of a send of ours).
            (SELECT coalesce(to_jsonb(o.biz_opaque_callback_data), 'null'::jsonb)
@@ -446,9 +449,10 @@ WITH ev AS (
     FROM ROWS FROM (jsonb_to_recordset(
             CASE WHEN EXISTS (SELECT 1 FROM destinations WHERE enabled) THEN $9::text::jsonb
                  ELSE '[]'::jsonb END) AS (
-        key text, kind text, conversation text, envelope jsonb, inbox_id bigint, callback text,
-        number text))
-        WITH ORDINALITY AS f(key, kind, conversation, envelope, inbox_id, callback, number, n)
+        key text, kind text, conversation text, source text, body text, meta_body text,
+        envelope jsonb, inbox_id bigint, callback text, number text))
+        WITH ORDINALITY AS f(key, kind, conversation, source, body, meta_body, envelope, inbox_id,
+                             callback, number, n)
     JOIN fresh ON fresh.event_key = f.key
     ORDER BY f.key, f.n
 ), fwd_want AS (
@@ -458,7 +462,7 @@ WITH ev AS (
     FROM fwd_in f
     JOIN destinations d ON d.enabled AND f.kind = ANY (d.events)
                        AND (d.numbers IS NULL OR f.number = ANY (d.numbers))
-                       AND (d.format = 'standard' OR f.envelope->>'source' = 'meta')
+                       AND (d.format = 'standard' OR f.source = 'meta')
 ), fwd_ev AS (
     -- In the batch's arrival order, so event ids (the order of a customer's deliveries to a
     -- destination with --ordered) follow it. received_at: a lookup by id per event, not a join
@@ -472,12 +476,16 @@ WITH ev AS (
                        AND w.received_at <= now()),
                     (SELECT w.received_at FROM webhook_inbox w WHERE w.id = f.inbox_id), now()),
            f.key, f.kind, f.conversation,
+           -- The bodies the consumer rendered, else (a status that names a callback: it came
+           -- with its envelope) rendered here with the tracker the outbox has for it.
            CASE WHEN EXISTS (SELECT 1 FROM fwd_want w WHERE w.n = f.n AND w.format = 'standard')
-                THEN convert_to(CASE WHEN f.tracker IS NULL THEN f.envelope
-                                     ELSE jsonb_set(f.envelope, '{data,biz_opaque_callback_data}', f.tracker)
-                                END::text, 'UTF8') END,
+                THEN coalesce(convert_to(f.body, 'UTF8'),
+                              convert_to(CASE WHEN f.tracker IS NULL THEN f.envelope
+                                              ELSE jsonb_set(f.envelope, '{data,biz_opaque_callback_data}', f.tracker)
+                                         END::text, 'UTF8')) END,
            CASE WHEN EXISTS (SELECT 1 FROM fwd_want w WHERE w.n = f.n AND w.format = 'meta')
-                THEN convert_to(meta_webhook(f.envelope, f.tracker)::text, 'UTF8') END
+                THEN coalesce(convert_to(f.meta_body, 'UTF8'),
+                              convert_to(meta_webhook(f.envelope, f.tracker)::text, 'UTF8')) END
     FROM fwd_in f
     WHERE EXISTS (SELECT 1 FROM fwd_want w WHERE w.n = f.n)
     ORDER BY f.n
