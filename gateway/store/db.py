@@ -60,7 +60,8 @@ STANDBY_RETRY_S = 0.5
 # when the query's text is at most this long (its max_cacheable_statement_size, 15 KiB by
 # default); a longer one is parsed and planned again at every call: the consumers' batch
 # statement, ~15 000 characters with its comments, planned at every batch, costs PostgreSQL
-# ~2 ms a batch more. Every named query fits under this (tests/unit/test_sqlfiles.py).
+# ~2 ms a batch more. connect_any sets it for every connection, pooled or not; every named
+# query fits under it (tests/unit/test_sqlfiles.py).
 STATEMENT_CACHE_MAX_CHARS = 64 * 1024
 
 
@@ -86,6 +87,7 @@ async def connect_any(dsn: str, **kwargs: Any) -> asyncpg.Connection:
     silent one could hold the attempt for its whole timeout. Raises the hosts' error when none
     will do. (The signature of asyncpg's ``connect``: the pools' ``connect``.)"""
     kwargs.pop("loop", None)
+    kwargs.setdefault("max_cacheable_statement_size", STATEMENT_CACHE_MAX_CHARS)
     loop = asyncio.get_running_loop()
     give_up = loop.time() + float(kwargs.get("timeout", 60))
     tasks = {asyncio.ensure_future(_connect_one(h, **kwargs)): h for h in dsns.per_host(dsn)}
@@ -164,7 +166,6 @@ async def create_pool(
         init=init_connection,
         timeout=timeout,
         command_timeout=60,
-        max_cacheable_statement_size=STATEMENT_CACHE_MAX_CHARS,
         reset=_no_reset if stateless else None,
         server_settings=server_settings,
     )
@@ -173,7 +174,7 @@ async def create_pool(
 
 
 async def connect(dsn: str, timeout: float = 5.0) -> asyncpg.Connection:
-    conn = await connect_any(dsn, timeout=timeout, max_cacheable_statement_size=STATEMENT_CACHE_MAX_CHARS)
+    conn = await connect_any(dsn, timeout=timeout)
     await init_connection(conn)
     return conn
 
