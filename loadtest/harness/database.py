@@ -94,12 +94,13 @@ async def age(dsn: str) -> dict[str, int]:
     database as old as its longest horizon holds them (a fresh one has a few days'): what a
     statement pays per partition of the tables it reads shows. The day partitions per table."""
     today = datetime.now(UTC).date()
+    tables = partitioned(Settings())
     conn = await connect(dsn, timeout=30)
     try:
-        for p in partitioned(Settings()):
+        for p in tables:
             for back in range(1, p.keep_days + 1):
                 await retention.ensure_day(conn, table=p.table, day=today - timedelta(days=back))
-        return {p.table: len(await retention.days(conn, table=p.table)) for p in partitioned(Settings())}
+        return {p.table: len(await retention.days(conn, table=p.table)) for p in tables}
     finally:
         await conn.close()
 
