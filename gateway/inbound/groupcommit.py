@@ -4,9 +4,9 @@ When no batch is being written (the database is idle), rows are written at the e
 event-loop pass that staged them, so the requests read in one pass share a batch, or a moment
 later (``linger``) when the recent rate of rows says others are likely to come in that moment:
 at a few hundred webhooks a second each would otherwise be its own transaction, with its own
-COMMIT, WAL flush and NOTIFY (``core.spacing.linger``: none below ~125 rows/s with the default
-4 ms, and no longer than two more rows take). While a batch is being written, new rows wait
-for it: they go as one batch when it is done (when their linger, counted from the first one's
+COMMIT, WAL flush and NOTIFY (``core.spacing.linger``: none below ~42 rows/s with the default
+12 ms, and no longer than ``linger_gather`` more rows take). While a batch is being written,
+new rows wait for it: they go as one batch when it is done (when their linger, counted from the first one's
 arrival, is over), or as a batch of their own (up to ``max_inflight`` in flight) once the
 first of them has waited ``window`` seconds (or its linger, if longer), or as soon as
 ``max_batch`` rows wait. So the batch size follows the commit latency, and batches get bigger
@@ -58,7 +58,6 @@ LANES = 32  # webhook_inbox's lanes (its CHECK constraint)
 # one of two Citus workers stopped, 64 webhooks staged one by one lost 31 batches to a 5 s rest
 # (each lane of the stopped worker failed again every 5 s) and 15 to a 30 s one.
 LANE_REST_S = 30.0
-LINGER_GATHER = 2  # a lingering row waits at most for this many more at the recent rate
 
 
 class Unavailable(Exception):
@@ -89,6 +88,7 @@ class GroupCommitter:
         *,
         window_s: float = 0.002,
         linger_s: float = 0.0,
+        linger_gather: int = 4,
         max_batch: int = 256,
         max_inflight: int = 4,
         deadline_s: float = 3.0,
@@ -97,6 +97,7 @@ class GroupCommitter:
         self._idle: list[asyncpg.Connection] = []  # at most max_inflight connections exist
         self._window = window_s
         self._linger = linger_s
+        self._gather = linger_gather  # a lingering row waits at most for this many more
         self._rate = Rate()  # rows staged a second, recently (the linger's guess)
         self._max_batch = max_batch
         self._max_inflight = max_inflight
@@ -151,7 +152,7 @@ class GroupCommitter:
         if len(self._pending) >= self._max_batch:
             self._flush()
         elif self._timer is None and not self._overdue:
-            wait = linger(self._rate.at(now), self._linger, LINGER_GATHER)
+            wait = linger(self._rate.at(now), self._linger, self._gather)
             self._due = now + wait
             if self._inflight:
                 self._timer = loop.call_later(max(self._window, wait), self._flush)

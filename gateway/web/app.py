@@ -93,6 +93,7 @@ def build_app(settings: Settings) -> web.Application:
         db.connect,
         window_s=settings.commit_window_ms / 1000,
         linger_s=settings.commit_linger_ms / 1000,
+        linger_gather=settings.commit_linger_gather,
         max_batch=settings.commit_max_batch,
         max_inflight=settings.commit_max_inflight,
         deadline_s=settings.ack_deadline_ms / 1000,

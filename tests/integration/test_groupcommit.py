@@ -45,7 +45,7 @@ async def test_idle_database_writes_at_once(pool: asyncpg.Pool, db_dsn: str) -> 
     ("rate", "batches"),
     [
         (10, 2),  # 10 rows/s: a 20 ms linger would likely bring nobody, so the first goes at once
-        (500, 1),  # 500 rows/s: the first waits (4 ms: two more at that rate) and the next joins it
+        (500, 1),  # 500 rows/s: the first waits (8 ms: four more at that rate) and the next joins it
     ],
 )
 async def test_an_idle_committer_lingers_only_when_the_rate_brings_company(
@@ -83,7 +83,9 @@ async def test_rows_staged_during_a_write_keep_their_linger_after_it(pool: async
     """A row that arrived while a batch was being written does not go alone the moment that
     batch commits: it waits out its linger, from its own arrival, and a row arriving meanwhile
     joins it (sent at once, every other batch at a few hundred rows a second was one row)."""
-    gc = GroupCommitter(partial(connect, db_dsn), window_s=60.0, max_batch=1000, linger_s=0.3)
+    gc = GroupCommitter(
+        partial(connect, db_dsn), window_s=60.0, max_batch=1000, linger_s=0.3, linger_gather=2
+    )
     loop = asyncio.get_running_loop()
     gc._rate.counted(loop.time(), 10)  # 10 rows/s: a lone row lingers 0.2 s (two more at that rate)
     async with pool.acquire() as blocker, blocker.transaction():
