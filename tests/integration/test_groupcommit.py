@@ -63,6 +63,30 @@ async def test_an_idle_committer_lingers_only_when_the_rate_brings_company(
     await gc.close()
 
 
+@pytest.mark.parametrize(
+    ("gather", "batches"),
+    [
+        (1, 2),  # 100 rows/s: one more takes 10 ms; the first has gone when the second comes
+        (20, 1),  # twenty more take 200 ms (under the 500 ms most): the second joins the first
+    ],
+)
+async def test_a_lingering_row_waits_for_at_most_its_gather(
+    pool: asyncpg.Pool, db_dsn: str, gather: int, batches: int
+) -> None:
+    """GATEWAY_COMMIT_LINGER_GATHER: a lone row's wait is the time the recent rate takes to
+    bring that many more, however long GATEWAY_COMMIT_LINGER_MS allows."""
+    gc = GroupCommitter(
+        partial(connect, db_dsn), window_s=60.0, max_batch=1000, linger_s=0.5, linger_gather=gather
+    )
+    gc._rate.counted(asyncio.get_running_loop().time(), 100)
+    first = gc.stage("meta", b"first")
+    await asyncio.sleep(0.1)
+    second = gc.stage("meta", b"second")
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert gc.batches_written == batches
+    await gc.close()
+
+
 async def test_rows_staged_during_a_write_wait_for_it(pool: asyncpg.Pool, db_dsn: str) -> None:
     """While a batch is being written, new rows wait for it (not for their window) and then
     go together as one batch."""

@@ -79,19 +79,27 @@ def test_at_a_high_rate_woken_steps_wait_less() -> None:
 
 
 @pytest.mark.parametrize(
-    ("rate", "most", "wait"),
+    ("rate", "most", "gather", "wait"),
     [
-        (0.0, 0.004, 0.0),  # quiet: nobody to wait for
-        (100.0, 0.004, 0.0),  # 0.4 rows expected in 4 ms: waiting buys nothing
-        (125.0, 0.004, 0.004),  # half a row expected: the whole 4 ms
-        (300.0, 0.004, 0.004),  # two more take 6.7 ms: the most
-        (1000.0, 0.004, 0.002),  # two more take 2 ms
-        (5000.0, 0.004, 0.0004),
-        (5000.0, 0.0, 0.0),  # lingering off
+        (0.0, 0.004, 2, 0.0),  # quiet: nobody to wait for
+        (100.0, 0.004, 2, 0.0),  # 0.4 rows expected in 4 ms: waiting buys nothing
+        (125.0, 0.004, 2, 0.004),  # half a row expected: the whole 4 ms
+        (300.0, 0.004, 2, 0.004),  # two more take 6.7 ms: the most
+        (1000.0, 0.004, 2, 0.002),  # two more take 2 ms
+        (5000.0, 0.004, 2, 0.0004),
+        (5000.0, 0.0, 2, 0.0),  # lingering off
+        # the defaults (GATEWAY_COMMIT_LINGER_MS 12, GATEWAY_COMMIT_LINGER_GATHER 4)
+        (40.0, 0.012, 4, 0.0),  # 0.48 rows expected in 12 ms
+        (42.0, 0.012, 4, 0.012),
+        (300.0, 0.012, 4, 0.012),  # four more take 13.3 ms: the most
+        (1000.0, 0.012, 4, 0.004),
+        (5000.0, 0.012, 4, 0.0008),
     ],
 )
-def test_a_lone_item_lingers_only_when_the_rate_brings_company(rate: float, most: float, wait: float) -> None:
-    assert linger(rate, most, 2) == pytest.approx(wait)
+def test_a_lone_item_lingers_only_when_the_rate_brings_company(
+    rate: float, most: float, gather: int, wait: float
+) -> None:
+    assert linger(rate, most, gather) == pytest.approx(wait)
 
 
 def test_a_rate_is_a_decayed_count() -> None:
