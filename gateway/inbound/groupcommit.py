@@ -6,11 +6,11 @@ later (``linger``) when the recent rate of rows says others are likely to come i
 at a few hundred webhooks a second each would otherwise be its own transaction, with its own
 COMMIT, WAL flush and NOTIFY (``core.spacing.linger``: none below ~42 rows/s with the default
 12 ms, and no longer than ``linger_gather`` more rows take). While a batch is being written,
-new rows wait for it: they go as one batch when it is done (when their linger, counted from the first one's
-arrival, is over), or as a batch of their own (up to ``max_inflight`` in flight) once the
-first of them has waited ``window`` seconds (or its linger, if longer), or as soon as
-``max_batch`` rows wait. So the batch size follows the commit latency, and batches get bigger
-exactly when the database is the bottleneck.
+new rows wait for it: they go as one batch when it is done (when their linger, counted from
+the first one's arrival, is over), or as a batch of their own (up to ``max_inflight`` in
+flight) once the first of them has waited ``window`` seconds (or its linger, if longer), or as
+soon as ``max_batch`` rows wait. So the batch size follows the commit latency, and batches get
+bigger exactly when the database is the bottleneck.
 
 Every row carries its acknowledgement deadline. The deadline is enforced per batch (one
 timer for the whole write) and for rows still waiting for a free slot, not per request:
