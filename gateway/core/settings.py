@@ -315,9 +315,9 @@ class Settings:
         12.0,
         _float(0, 100),
         "most time a webhook that arrives while no batch is being written waits for others to "
-        "share its commit: only at rates that likely bring half a webhook in that time, and no "
-        "longer than GATEWAY_COMMIT_LINGER_GATHER more take to come (so not at all below ~42 "
-        "webhooks/s, 0.8 ms at 5 000/s); 0: none",
+        "share its commit: only at rates that likely bring half a webhook in that time, while "
+        "more than one connection sends, and no longer than GATEWAY_COMMIT_LINGER_GATHER more "
+        "take to come (so not at all below ~42 webhooks/s, 0.8 ms at 5 000/s); 0: none",
     )
     commit_linger_gather: int = _env(
         "GATEWAY_COMMIT_LINGER_GATHER",

@@ -89,6 +89,7 @@ class GroupCommitter:
         window_s: float = 0.002,
         linger_s: float = 0.0,
         linger_gather: int = 4,
+        others_s: float = 1.0,
         max_batch: int = 256,
         max_inflight: int = 4,
         deadline_s: float = 3.0,
@@ -98,6 +99,11 @@ class GroupCommitter:
         self._window = window_s
         self._linger = linger_s
         self._gather = linger_gather  # a lingering row waits at most for this many more
+        # Rows linger only while more than one connection sends: within others_s of a row
+        # from another connection than the row before it.
+        self._others_s = others_s
+        self._client: int | None = None  # the connection of the last row staged
+        self._others_at = float("-inf")  # when a row last came on another connection
         self._rate = Rate()  # rows staged a second, recently (the linger's guess)
         self._max_batch = max_batch
         self._max_inflight = max_inflight
@@ -138,8 +144,11 @@ class GroupCommitter:
         """Rows waiting for a batch to be cut."""
         return len(self._pending)
 
-    def stage(self, source: str, body: bytes, delivery_id: str | None = None) -> asyncio.Future[None]:
-        """Queue one row; the future resolves after COMMIT, or raises Unavailable."""
+    def stage(
+        self, source: str, body: bytes, delivery_id: str | None = None, client: int | None = None
+    ) -> asyncio.Future[None]:
+        """Queue one row; the future resolves after COMMIT, or raises Unavailable. ``client``
+        names the connection it came on (None: unknown, as if others were sending too)."""
         if self._closed:
             raise Unavailable("closed")
         loop = self._loop
@@ -149,10 +158,15 @@ class GroupCommitter:
         self._pending.append(_Item(source, body, delivery_id, now + self._deadline, fut, link))
         if self._linger:
             self._rate.counted(now, 1)
+            if client is None or client != self._client:
+                self._client, self._others_at = client, now
         if len(self._pending) >= self._max_batch:
             self._flush()
         elif self._timer is None and not self._overdue:
-            wait = linger(self._rate.at(now), self._linger, self._gather)
+            # A row waits for other clients' rows: one client that sends a webhook at a time
+            # (one connection) cannot bring another while it waits for this one's answer.
+            most = self._linger if now - self._others_at < self._others_s else 0.0
+            wait = linger(self._rate.at(now), most, self._gather)
             self._due = now + wait
             if self._inflight:
                 self._timer = loop.call_later(max(self._window, wait), self._flush)

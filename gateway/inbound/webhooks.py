@@ -112,16 +112,19 @@ class Webhooks:
             text=challenge, content_type="text/plain", headers={"X-Content-Type-Options": "nosniff"}
         )
 
-    async def _stage(self, source: Source, body: bytes, delivery_id: str | None) -> web.Response:
+    async def _stage(
+        self, request: web.Request, source: Source, body: bytes, delivery_id: str | None
+    ) -> web.Response:
         """200 once ``body`` is committed; 503 when it was not (GATEWAY_ACK_DEADLINE_MS, which
         the committer enforces, or the database). The committer counts what it stored."""
         committer = self.committer
+        client = id(request.protocol)  # the connection: its rows never wait for each other
         try:
             if tracing.enabled:
                 with tracing.span("webhook.commit", source=source.value):
-                    await committer.stage(source, body, delivery_id)
+                    await committer.stage(source, body, delivery_id, client)
             else:  # the ack path, untraced: not even a null context manager
-                await committer.stage(source, body, delivery_id)
+                await committer.stage(source, body, delivery_id, client)
         except Unavailable as exc:
             metrics.WEBHOOK_REQUESTS.labels(source.value, exc.reason).inc()
             return problem(503, "not stored, retry later", headers={"Retry-After": "5"})
@@ -190,7 +193,7 @@ class Webhooks:
         if not meta_digest_matches(expected, body, secrets):
             metrics.WEBHOOK_REQUESTS.labels("meta", "bad_signature").inc()
             return problem(401, "missing or invalid X-Hub-Signature-256")
-        return await self._stage(Source.META, body, None)
+        return await self._stage(request, Source.META, body, None)
 
     async def tenashi_post(self, request: web.Request) -> web.Response:
         s = self.settings
@@ -206,7 +209,7 @@ class Webhooks:
         delivery_id = request.headers.get("X-Tenashi-Delivery")
         if delivery_id is not None:
             delivery_id = delivery_id.strip()[:MAX_DELIVERY_ID] or None
-        return await self._stage(Source.TENASHI, body, delivery_id)
+        return await self._stage(request, Source.TENASHI, body, delivery_id)
 
 
 class _TooLarge(Exception):

@@ -87,6 +87,31 @@ async def test_a_lingering_row_waits_for_at_most_its_gather(
     await gc.close()
 
 
+@pytest.mark.parametrize(
+    ("client", "batches"),
+    [
+        (1, 3),  # the warm-up's connection again, and nobody else lately: it goes at once
+        (2, 2),  # another connection: it lingers (8 ms at 500/s) and the next row joins it
+    ],
+)
+async def test_a_lone_client_never_waits_for_itself(
+    pool: asyncpg.Pool, db_dsn: str, client: int, batches: int
+) -> None:
+    """A client that sends one webhook at a time on one connection cannot bring another while
+    it waits for its answer: its rows linger only while other connections send too."""
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=60.0, max_batch=1000, linger_s=0.02, others_s=0.05)
+    loop = asyncio.get_running_loop()
+    await gc.stage("meta", b"warm-up", client=1)
+    await asyncio.sleep(0.1)  # longer than others_s: connection 1 has been alone since
+    gc._rate.counted(loop.time(), 500)  # as a busy second leaves it
+    row = gc.stage("meta", b"row", client=client)
+    await asyncio.sleep(0.001)
+    after = gc.stage("meta", b"after", client=1)
+    await asyncio.wait_for(asyncio.gather(row, after), 5)
+    assert gc.batches_written == batches
+    await gc.close()
+
+
 async def test_rows_staged_during_a_write_wait_for_it(pool: asyncpg.Pool, db_dsn: str) -> None:
     """While a batch is being written, new rows wait for it (not for their window) and then
     go together as one batch."""
