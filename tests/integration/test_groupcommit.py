@@ -42,45 +42,31 @@ async def test_idle_database_writes_at_once(pool: asyncpg.Pool, db_dsn: str) -> 
 
 
 @pytest.mark.parametrize(
-    ("rate", "batches"),
+    ("rate", "linger_s", "gather", "gap_s", "batches"),
     [
-        (10, 2),  # 10 rows/s: a 20 ms linger would likely bring nobody, so the first goes at once
-        (500, 1),  # 500 rows/s: the first waits (8 ms: four more at that rate) and the next joins it
+        # 10 rows/s: a 20 ms linger would likely bring nobody, so the first goes at once
+        (10, 0.02, 4, 0.001, 2),
+        # 500 rows/s: the first waits (8 ms: four more at that rate) and the next joins it
+        (500, 0.02, 4, 0.001, 1),
+        # GATEWAY_COMMIT_LINGER_GATHER bounds the wait, however long GATEWAY_COMMIT_LINGER_MS
+        # allows. 100 rows/s: one more takes 10 ms; the first has gone when the second comes
+        (100, 0.5, 1, 0.1, 2),
+        # twenty more take 200 ms (under the 500 ms most): the second joins the first
+        (100, 0.5, 20, 0.1, 1),
     ],
 )
 async def test_an_idle_committer_lingers_only_when_the_rate_brings_company(
-    pool: asyncpg.Pool, db_dsn: str, rate: int, batches: int
+    pool: asyncpg.Pool, db_dsn: str, rate: int, linger_s: float, gather: int, gap_s: float, batches: int
 ) -> None:
     """At a few hundred webhooks a second each would be its own transaction (COMMIT, WAL
-    flush, NOTIFY); the recent rate decides whether a lone row waits for others."""
-    gc = GroupCommitter(partial(connect, db_dsn), window_s=60.0, max_batch=1000, linger_s=0.02)
+    flush, NOTIFY); the recent rate decides whether a lone row waits for others, and for how
+    many (the time that rate takes to bring ``gather`` more, at most ``linger_s``)."""
+    gc = GroupCommitter(
+        partial(connect, db_dsn), window_s=60.0, max_batch=1000, linger_s=linger_s, linger_gather=gather
+    )
     gc._rate.counted(asyncio.get_running_loop().time(), rate)  # as a second of such traffic leaves it
     first = gc.stage("meta", b"first")
-    await asyncio.sleep(0.001)
-    second = gc.stage("meta", b"second")
-    await asyncio.wait_for(asyncio.gather(first, second), 5)
-    assert gc.batches_written == batches
-    await gc.close()
-
-
-@pytest.mark.parametrize(
-    ("gather", "batches"),
-    [
-        (1, 2),  # 100 rows/s: one more takes 10 ms; the first has gone when the second comes
-        (20, 1),  # twenty more take 200 ms (under the 500 ms most): the second joins the first
-    ],
-)
-async def test_a_lingering_row_waits_for_at_most_its_gather(
-    pool: asyncpg.Pool, db_dsn: str, gather: int, batches: int
-) -> None:
-    """GATEWAY_COMMIT_LINGER_GATHER: a lone row's wait is the time the recent rate takes to
-    bring that many more, however long GATEWAY_COMMIT_LINGER_MS allows."""
-    gc = GroupCommitter(
-        partial(connect, db_dsn), window_s=60.0, max_batch=1000, linger_s=0.5, linger_gather=gather
-    )
-    gc._rate.counted(asyncio.get_running_loop().time(), 100)
-    first = gc.stage("meta", b"first")
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(gap_s)
     second = gc.stage("meta", b"second")
     await asyncio.wait_for(asyncio.gather(first, second), 5)
     assert gc.batches_written == batches
