@@ -22,6 +22,7 @@ from typing import Any
 BSUID = re.compile(r"[A-Z]{2}\.[A-Za-z0-9]{1,128}")
 PARENT_BSUID = re.compile(r"[A-Z]{2}\.ENT\.[A-Za-z0-9]{1,128}")
 PHONE = re.compile(r"[0-9]{5,20}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Longest identifier value kept in a typed field (a BSUID is at most 131 characters).
 MAX_IDENT = 256
 
@@ -35,7 +36,7 @@ def ident(value: Any) -> str | None:
         value = str(value)
     if not isinstance(value, str) or not value or len(value) > MAX_IDENT:
         return None
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+    if _CONTROL.search(value) is not None:
         return None
     return value
 

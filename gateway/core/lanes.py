@@ -17,7 +17,7 @@ cursor, in numbers that stay with the lane when its shard moves to another worke
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 LANES = 32
 
@@ -30,6 +30,9 @@ class Snapshot:
     xmin: int
     xmax: int
     xip: tuple[int, ...] = ()
+    # ``text`` once per snapshot: a batch sends every lane's cursor, and the lanes' cursors
+    # share the snapshot their last batch took (32 lanes: 128 texts a batch, of one or two).
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def parse(cls, text: str) -> Snapshot:
@@ -42,7 +45,11 @@ class Snapshot:
         return snap
 
     def text(self) -> str:
-        return f"{self.xmin}:{self.xmax}:{','.join(str(x) for x in sorted(self.xip))}"
+        if self._text is None:
+            text = f"{self.xmin}:{self.xmax}:{','.join(str(x) for x in sorted(self.xip))}"
+            object.__setattr__(self, "_text", text)
+            return text
+        return self._text
 
     def visible(self, txid: int) -> bool:
         """As ``pg_visible_in_snapshot``: finished before the snapshot was taken."""

@@ -38,6 +38,11 @@ PARENT = "US.ENT.11815799212886844830"
         ("x" * 257, None),
         ("US.1\n", None),
         ("US.1\x00", None),
+        ("US.1\x1f", None),
+        ("US.1\x7f", None),
+        ("\x7fUS.1", None),
+        ("US.1 ", "US.1 "),  # the first character that is not a control one
+        ("US.1\x80", "US.1\x80"),  # C1 range: kept as sent, like any other text
     ],
 )
 def test_ident_keeps_only_plausible_identifiers(value: Any, expected: str | None) -> None:
