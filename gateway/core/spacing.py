@@ -20,7 +20,9 @@ overlap.
 
 The same rate decides how long a lone item waits for company (``linger``): the group committer
 holds a webhook that arrives while no batch is being written for a moment, when the rate says
-others are likely to come in that moment, so that they share its COMMIT.
+others are likely to come in that moment, so that they share its COMMIT. Only other senders
+can bring that company (``Senders``): a client that sends one webhook at a time on one
+connection cannot bring another while it waits for its answer.
 
 Pure: the caller passes its clock's time.
 """
@@ -58,6 +60,24 @@ def linger(rate: float, most: float, gather: float) -> float:
     if most <= 0 or rate * most < 0.5:
         return 0.0
     return min(most, gather / rate)
+
+
+class Senders:
+    """Whether more than one sender (a connection) sends: an item came from another sender than
+    the item before it within the last ``within_s`` seconds."""
+
+    def __init__(self, within_s: float = 1.0) -> None:
+        self.within = within_s
+        self._last: int | None = None  # the sender of the last item
+        self._changed_at = float("-inf")  # when an item last came from another sender
+
+    def seen(self, now: float, sender: int | None) -> None:
+        """An item from ``sender`` (None: unknown, counted as another one)."""
+        if sender is None or sender != self._last:
+            self._last, self._changed_at = sender, now
+
+    def several(self, now: float) -> bool:
+        return now - self._changed_at < self.within
 
 
 class Spacing:

@@ -47,7 +47,7 @@ import asyncpg
 from gateway import metrics, tracing
 from gateway.core.faults import missing_partition
 from gateway.core.limits import LogThrottle
-from gateway.core.spacing import Rate, linger
+from gateway.core.spacing import Rate, Senders, linger
 from gateway.store import db, inbox
 
 log = logging.getLogger(__name__)
@@ -99,11 +99,7 @@ class GroupCommitter:
         self._window = window_s
         self._linger = linger_s
         self._gather = linger_gather  # a lingering row waits at most for this many more
-        # Rows linger only while more than one connection sends: within others_s of a row
-        # from another connection than the row before it.
-        self._others_s = others_s
-        self._client: int | None = None  # the connection of the last row staged
-        self._others_at = float("-inf")  # when a row last came on another connection
+        self._senders = Senders(others_s)  # rows linger only while several connections send
         self._rate = Rate()  # rows staged a second, recently (the linger's guess)
         self._max_batch = max_batch
         self._max_inflight = max_inflight
@@ -158,14 +154,12 @@ class GroupCommitter:
         self._pending.append(_Item(source, body, delivery_id, now + self._deadline, fut, link))
         if self._linger:
             self._rate.counted(now, 1)
-            if client is None or client != self._client:
-                self._client, self._others_at = client, now
+            self._senders.seen(now, client)
         if len(self._pending) >= self._max_batch:
             self._flush()
         elif self._timer is None and not self._overdue:
-            # A row waits for other clients' rows: one client that sends a webhook at a time
-            # (one connection) cannot bring another while it waits for this one's answer.
-            most = self._linger if now - self._others_at < self._others_s else 0.0
+            # Only other connections can bring company (core.spacing.Senders).
+            most = self._linger if self._senders.several(now) else 0.0
             wait = linger(self._rate.at(now), most, self._gather)
             self._due = now + wait
             if self._inflight:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from gateway.core.settings import Settings
-from gateway.core.spacing import Rate, Spacing, linger
+from gateway.core.spacing import Rate, Senders, Spacing, linger
 from gateway.inbound.consumer import consumer_spacing
 
 
@@ -140,3 +140,26 @@ def test_the_consumers_spacing_is_the_settings() -> None:
     )
     assert (s.most, s.least, s.gather) == pytest.approx((0.040, 0.012, 20))
     assert consumer_spacing(Settings()).least == pytest.approx(0.010)
+
+
+@pytest.mark.parametrize(
+    ("items", "at", "several"),
+    [
+        ([], 0.5, False),  # nobody yet
+        ([(0.0, 1)], 0.5, True),  # a first sender is a change of sender
+        ([(0.0, 1)], 1.0, False),  # ... for a second
+        ([(0.0, 1), (0.6, 1), (0.9, 1)], 1.2, False),  # one connection alone for over a second
+        ([(0.0, 1), (0.9, 2)], 1.5, True),  # another connection 0.6 s ago
+        ([(0.0, 1), (0.9, 2), (1.0, 2)], 1.8, True),  # its next item is no change, its first was
+        ([(0.0, 1), (0.9, 2), (1.0, 2)], 2.0, False),
+        ([(0.0, 1), (0.9, 1), (1.5, None)], 2.0, True),  # unknown: as if another were sending
+        ([(0.0, None), (0.9, None)], 1.8, True),  # unknown twice is two changes
+    ],
+)
+def test_several_senders_means_another_within_the_window(
+    items: list[tuple[float, int | None]], at: float, several: bool
+) -> None:
+    senders = Senders(1.0)
+    for now, sender in items:
+        senders.seen(now, sender)
+    assert senders.several(at) is several
