@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 
 import httpx
 from pywa import WhatsApp, types
@@ -42,8 +44,16 @@ def graph_session(base_url: str) -> httpx.Client:
     return httpx.Client(event_hooks={"request": [to_gateway]}, timeout=10.0)
 
 
+# pywa runs sync handlers in a thread pool, so updates arriving together are handled at once;
+# print() writes a line and its newline separately, and two threads' lines would interleave.
+_stdout = threading.Lock()
+
+
 def say(**fields: object) -> None:
-    print(json.dumps(fields), flush=True)
+    line = json.dumps(fields) + "\n"
+    with _stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 wa = WhatsApp(

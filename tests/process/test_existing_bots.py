@@ -45,15 +45,18 @@ class Bot:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
         self.lines: list[dict[str, Any]] = []
+        self.garbled: list[bytes] = []  # lines that were not JSON (reported by ``until``)
         self.changed = asyncio.Event()
         self.reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
         assert self.proc.stdout is not None
         async for raw in self.proc.stdout:
-            with contextlib.suppress(ValueError):
+            try:
                 self.lines.append(json.loads(raw))
-                self.changed.set()
+            except ValueError:
+                self.garbled.append(raw)
+            self.changed.set()
 
     def handled(self, kind: str, **match: Any) -> list[dict[str, Any]]:
         return [
@@ -66,7 +69,10 @@ class Bot:
         deadline = time.monotonic() + timeout_s
         while len(found := self.handled(kind, **match)) < n:
             left = deadline - time.monotonic()
-            assert left > 0, f"the bot handled {found} of {n} {kind} {match}; it printed {self.lines}"
+            assert left > 0, (
+                f"the bot handled {found} of {n} {kind} {match}; it printed {self.lines}"
+                + (f" and lines that were not JSON: {self.garbled}" if self.garbled else "")
+            )
             self.changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), min(left, 0.5))
