@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -69,9 +70,8 @@ class Bot:
         deadline = time.monotonic() + timeout_s
         while len(found := self.handled(kind, **match)) < n:
             left = deadline - time.monotonic()
-            assert left > 0, (
-                f"the bot handled {found} of {n} {kind} {match}; it printed {self.lines}"
-                + (f" and lines that were not JSON: {self.garbled}" if self.garbled else "")
+            assert left > 0, f"the bot handled {found} of {n} {kind} {match}; it printed {self.lines}" + (
+                f" and lines that were not JSON: {self.garbled}" if self.garbled else ""
             )
             self.changed.clear()
             with contextlib.suppress(TimeoutError):
@@ -138,6 +138,40 @@ async def post_to_gateway(http: ClientSession, url: str, payload: dict[str, Any]
     headers = {"X-Hub-Signature-256": sign_meta(body, META_SECRET), "Content-Type": "application/json"}
     async with http.post(f"{url}/webhooks/meta", data=body, headers=headers) as r:
         assert r.status == 200
+
+
+# Many threads printing at once, as pywa's thread pool runs handlers of updates that arrive
+# together (a forwarder round delivers a send's statuses at the same moment).
+_SAY_FROM_THREADS = """
+import importlib.util, sys, threading
+spec = importlib.util.spec_from_file_location("bot", sys.argv[1])
+bot = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bot)
+def run(k):
+    for i in range(300):
+        bot.say(handled="status", id=f"{k}-{i}", status="delivered", tracker="t" * 50)
+threads = [threading.Thread(target=run, args=(k,)) for k in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+def test_the_pywa_bot_prints_whole_lines_from_many_threads() -> None:
+    env = {**os.environ, "WA_PHONE_ID": "1111", "WA_TOKEN": "t", "WA_VERIFY_TOKEN": "v", "WA_APP_SECRET": "s"}
+    done = subprocess.run(
+        [sys.executable, "-c", _SAY_FROM_THREADS, str(BOT)],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    garbled = [raw for raw in lines if not raw.startswith(b"{") or raw.count(b"{") != 1]
+    assert not garbled, f"{len(garbled)} of {len(lines)} lines garbled, e.g. {garbled[:2]}"
+    ids = [json.loads(raw)["id"] for raw in lines]
+    assert sorted(ids) == sorted(f"{k}-{i}" for k in range(8) for i in range(300))
 
 
 @pytest.fixture
