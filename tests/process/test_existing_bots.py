@@ -40,6 +40,15 @@ PHONE_BSUID = "US.13491208655302741918"
 USERNAME_BSUID = "US.77700011122233344455"
 
 
+def json_line(raw: bytes) -> dict[str, Any] | None:
+    """One line the bot printed, or None when it is not a JSON object (a garbled line)."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 class Bot:
     """The pywa bot's process and the JSON lines it printed (one per update it handled)."""
 
@@ -53,10 +62,11 @@ class Bot:
     async def _read(self) -> None:
         assert self.proc.stdout is not None
         async for raw in self.proc.stdout:
-            try:
-                self.lines.append(json.loads(raw))
-            except ValueError:
+            line = json_line(raw)
+            if line is None:
                 self.garbled.append(raw)
+            else:
+                self.lines.append(line)
             self.changed.set()
 
     def handled(self, kind: str, **match: Any) -> list[dict[str, Any]]:
@@ -167,10 +177,11 @@ def test_the_pywa_bot_prints_whole_lines_from_many_threads() -> None:
         timeout=60,
         check=True,
     )
-    lines = done.stdout.splitlines()
-    garbled = [raw for raw in lines if not raw.startswith(b"{") or raw.count(b"{") != 1]
-    assert not garbled, f"{len(garbled)} of {len(lines)} lines garbled, e.g. {garbled[:2]}"
-    ids = [json.loads(raw)["id"] for raw in lines]
+    raws = done.stdout.splitlines()
+    lines = [json_line(raw) for raw in raws]
+    garbled = [raw for raw, line in zip(raws, lines, strict=True) if line is None]
+    assert not garbled, f"{len(garbled)} of {len(raws)} lines garbled, e.g. {garbled[:2]}"
+    ids = [line["id"] for line in lines if line is not None]
     assert sorted(ids) == sorted(f"{k}-{i}" for k in range(8) for i in range(300))
 
 
