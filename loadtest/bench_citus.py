@@ -180,7 +180,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--events", type=int, default=20000, help="staged events, redeliveries included")
     p.add_argument("--redeliveries", type=float, default=0.1, help="share of events delivered twice")
     p.add_argument("--concurrency", type=int, default=2, help="consumer loops, the same for both")
-    p.add_argument("--batch", type=int, default=200, help="rows per batch, the same for both")
+    p.add_argument(
+        "--batch", type=int, default=Settings().consumer_batch, help="rows per batch, the same for both"
+    )
     p.add_argument("--rounds", type=int, default=1, help="rounds (the median is reported)")
     p.add_argument("--timeout", type=float, default=600, help="seconds one drain may take")
     p.add_argument(

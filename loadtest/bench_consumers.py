@@ -204,7 +204,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--events", type=int, default=10000, help="staged events, redeliveries included")
     p.add_argument("--redeliveries", type=float, default=0.1, help="share of events delivered twice")
     p.add_argument("--concurrency", type=int, default=2, help="consumer loops, the same for both")
-    p.add_argument("--batch", type=int, default=200, help="rows per batch (set-based consumers)")
+    p.add_argument(
+        "--batch", type=int, default=Settings().consumer_batch, help="rows per batch (set-based consumers)"
+    )
     p.add_argument("--rounds", type=int, default=3, help="rounds (the median ratio is judged)")
     p.add_argument("--peer-batches", default="10,100", help="PGQueuer batch sizes (its best is the peer)")
     p.add_argument("--peer-dequeuers", type=int, default=5, help="PGQueuer queue managers")

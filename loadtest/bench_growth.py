@@ -232,7 +232,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--day-keys", type=int, default=5_000_000, help="keys in the day that retention removes")
     p.add_argument("--events", type=int, default=20000, help="staged events per measurement")
     p.add_argument("--concurrency", type=int, default=2, help="consumer loops")
-    p.add_argument("--batch", type=int, default=200, help="rows per consumer batch")
+    p.add_argument("--batch", type=int, default=Settings().consumer_batch, help="rows per consumer batch")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--max-wal-size",

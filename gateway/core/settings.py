@@ -491,7 +491,11 @@ class Settings:
         "GATEWAY_CONSUMER_CONCURRENCY", 2, _int(1, 64), "consumer loops per process"
     )
     consumer_batch: int = _env(
-        "GATEWAY_CONSUMER_BATCH", 200, _int(1, 10000), "most staged webhooks one consumer batch claims"
+        "GATEWAY_CONSUMER_BATCH",
+        1000,
+        _int(1, 10000),
+        "most staged webhooks one consumer batch reads (a backlog is read in batches this large; at "
+        "ordinary rates a batch holds what the batch gap gathers)",
     )
     consumer_batch_bytes: int = _env(
         "GATEWAY_CONSUMER_BATCH_BYTES", 16 * 1024 * 1024, _int(1), "most body bytes one consumer batch reads"
