@@ -53,6 +53,8 @@ _IDLE_BOUND = "SET LOCAL idle_in_transaction_session_timeout = {ms}"
 
 # One per process: what its consumers have seen lately (see ``ConsumerHealth``).
 HEALTH = ConsumerHealth(time.monotonic)
+# Rows that share one batch's fixed cost well enough: a batch reads no further shard after it.
+ENOUGH_ROWS = 50
 # Dead items are looked at when no staged row is due, and at least this often.
 ITEMS_EVERY_S = 1.0
 
@@ -335,12 +337,11 @@ class Consumer:
         its rows and where its cursors go; and whether a read left rows. Windows a read found
         empty are closed here."""
         limit, budget = self._s.consumer_batch, self._s.consumer_batch_bytes
-        # Once a quarter of the row limit is read (enough for one batch's fixed cost), no
-        # further shard is read: ``limit`` left at ``rest`` or below. A backlog's batches then
-        # stay one shard's, as large as before: on a cluster, two loops' batches of several
-        # full shards each were cancelled as distributed deadlocks again and again, and a
-        # backlog drained 5 to 10 times slower.
-        rest = limit - max(1, limit // 4)
+        # Once ENOUGH_ROWS are read (or a quarter of a smaller limit), no further shard is
+        # read: ``limit`` left at ``rest`` or below. A backlog's batches then stay one shard's:
+        # on a cluster, two loops' batches of several full shards each were cancelled as
+        # distributed deadlocks again and again, and a backlog drained 5 to 10 times slower.
+        rest = limit - min(ENOUGH_ROWS, max(1, limit // 4))
         read: list[tuple[list[Cursor], list[StagedRow], list[Cursor]]] = []
         more = False
         while limit > rest and budget > 0:

@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestServer
 from gateway.core.faults import ConsumerHealth
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_tenashi
+from gateway.inbound import consumer as consumer_module
 from gateway.inbound.consumer import Consumer
 from gateway.store import inbox
 from gateway.testing.payloads import (
@@ -107,16 +108,25 @@ async def test_concurrent_consumers_on_direct_copies(pool: asyncpg.Pool, setting
 
 @pytest.mark.skipif(on_cluster(), reason="the shard numbers are made up here; a cluster's are its shards'")
 @pytest.mark.parametrize(
-    ("batch", "batch_bytes", "first"), [(100, 1 << 20, 12), (12, 1 << 20, 4), (100, 1, 1)]
+    ("batch", "batch_bytes", "enough", "first"),
+    [(100, 1 << 20, 50, 12), (12, 1 << 20, 50, 4), (100, 1, 50, 1), (100, 1 << 20, 3, 4)],
 )
 async def test_a_step_reads_several_shards_within_one_batchs_limits(
-    pool: asyncpg.Pool, settings: Settings, batch: int, batch_bytes: int, first: int
+    pool: asyncpg.Pool,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    batch: int,
+    batch_bytes: int,
+    enough: int,
+    first: int,
 ) -> None:
     # The lanes numbered into 8 shards as on a cluster (inbox_lanes.shard), one webhook in each
     # of 12 lanes (shards 0-3 hold two, lanes n and n + 8): a step reads shard after shard into
     # one batch until no shard is left (12 rows), or it holds a quarter of its row limit (shards
-    # 0 and 1: 4 rows), or its byte budget is used up (the first row of a read always comes),
-    # and leaves the rest for the next.
+    # 0 and 1: 4 rows), or ENOUGH_ROWS however large the limit (3: shards 0 and 1 again), or its
+    # byte budget is used up (the first row of a read always comes), and leaves the rest for
+    # the next.
+    monkeypatch.setattr(consumer_module, "ENOUGH_ROWS", enough)
     await pool.execute("UPDATE inbox_lanes SET shard = lane % 8")
     for lane in range(12):
         body = to_bytes(messages_payload(message_obj(f"wamid.SH{lane}")))
