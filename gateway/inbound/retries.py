@@ -21,6 +21,10 @@ from gateway.store import db, dead_events, inbox
 
 # The consumer's log: its lines keep the consumer's name wherever the code that writes them is.
 log = logging.getLogger("gateway.inbound.consumer")
+# Most items one retry claims (fewer when GATEWAY_CONSUMER_BATCH is lower): they go one savepoint
+# each in one transaction that holds their claims, and an item that fails again may take a
+# handler's whole timeout, so a claim stays far smaller than a backlog's batch.
+RETRY_CLAIM = 200
 
 
 class Retries:
@@ -44,6 +48,7 @@ class Retries:
         self._health = health
         self._idle_bound = idle_bound
         self._on_deliveries = on_deliveries
+        self._claim = min(settings.consumer_batch, RETRY_CLAIM)
 
     async def due(self) -> int:
         """Retry due webhooks moved aside, then due dead items, each in its own savepoint;
@@ -57,7 +62,7 @@ class Retries:
             # for this transaction even when it finds nothing: look without a lock first.
             if await self._apply.on_citus(conn) and not await inbox.parked_due(conn):
                 return 0
-            rows = await inbox.parked_claim(conn, limit=self._s.consumer_batch)
+            rows = await inbox.parked_claim(conn, limit=self._claim)
             done: list[int] = []
             for i, row in enumerate(rows):
                 try:
@@ -93,7 +98,7 @@ class Retries:
             await conn.execute(self._idle_bound)
             if await self._apply.on_citus(conn) and not await dead_events.due(conn):
                 return 0
-            claimed = await dead_events.claim(conn, limit=self._s.consumer_batch)
+            claimed = await dead_events.claim(conn, limit=self._claim)
             if not claimed:
                 return 0
             try:
