@@ -15,6 +15,7 @@ from gateway.core.faults import ConsumerHealth
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_tenashi
 from gateway.inbound import consumer as consumer_module
+from gateway.inbound import retries as retries_module
 from gateway.inbound.consumer import Consumer
 from gateway.store import inbox
 from gateway.testing.payloads import (
@@ -421,6 +422,28 @@ async def test_poisoned_event_parked_rest_commits_then_replayed_once(
         await conn.close()
     await drain(pool, s)
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 12
+
+
+async def test_a_retry_claims_at_most_retry_claim_webhooks_moved_aside(
+    pool: asyncpg.Pool, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The retries' claim is RETRY_CLAIM (lowered here to 2) even when the batch is larger (10):
+    # three webhooks due again are claimed as 2 then 1, and each comes back done once.
+    monkeypatch.setattr(retries_module, "RETRY_CLAIM", 2)
+    s = replace(settings, consumer_batch=10)
+    ids = [await stage(pool, to_bytes(messages_payload(message_obj(f"wamid.RC{i}")))) for i in range(3)]
+    await drain(pool, s)
+    await pool.execute(
+        "INSERT INTO inbox_parked (inbox_id, received_at, source, delivery_id, body, state, attempts,"
+        " next_attempt_at) SELECT id, received_at, source, delivery_id, body, 'retry', 1,"
+        " clock_timestamp() - interval '1 second' FROM webhook_inbox WHERE id = ANY ($1::bigint[])",
+        ids,
+    )
+    consumer = Consumer(pool, s, health=ConsumerHealth(time.monotonic))
+    assert [await consumer.process_items() for _ in range(3)] == [2, 1, 0]
+    assert await pool.fetchval("SELECT array_agg(state) FROM inbox_parked") == ["done"] * 3
+    # Their events were processed by the first pass: the retries found them duplicates.
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 3
 
 
 async def test_unparseable_body_parked_at_once_with_bytes_intact(
