@@ -70,55 +70,80 @@ def _after_member(b: bytes, i: int) -> int:
     return i
 
 
-def _index(b: bytes, i: int, step: int) -> int | None:
-    if b[i : i + 1] != b"[":
-        return None
-    i = _ws(b, i + 1)
-    n = 0
-    while i < len(b) and b[i : i + 1] != b"]":
-        if n == step:
-            return i
-        i = _after_member(b, _value_end(b, i))
-        n += 1
-    return None
-
-
-def _member(b: bytes, i: int, step: str) -> int | None:
-    if b[i : i + 1] != b"{":
-        return None
-    i = _ws(b, i + 1)
-    found = None
-    while i < len(b) and b[i : i + 1] != b"}":
-        end = _string_end(b, i)
-        key = json.loads(b[i:end])
-        i = _ws(b, end)
-        if b[i : i + 1] != b":":
-            raise _Malformed
+def _children(b: bytes, i: int) -> dict[str | int, int]:
+    """Where each member (by key) or element (by index) of the container at ``i`` starts; a
+    scalar has none. Duplicate keys: the last one wins."""
+    c = b[i : i + 1]
+    found: dict[str | int, int] = {}
+    if c == b"[":
         i = _ws(b, i + 1)
-        if key == step:
-            found = i  # keep going: the last duplicate wins
-        i = _after_member(b, _value_end(b, i))
+        n = 0
+        while i < len(b) and b[i : i + 1] != b"]":
+            found[n] = i
+            i = _after_member(b, _value_end(b, i))
+            n += 1
+    elif c == b"{":
+        i = _ws(b, i + 1)
+        while i < len(b) and b[i : i + 1] != b"}":
+            end = _string_end(b, i)
+            key = json.loads(b[i:end])
+            i = _ws(b, end)
+            if b[i : i + 1] != b":":
+                raise _Malformed
+            i = _ws(b, i + 1)
+            found[key] = i
+            i = _after_member(b, _value_end(b, i))
     return found
+
+
+class Spans:
+    """The spans of values in one body, for many paths: each container on the way is scanned
+    once, so the fragments of all n events of a body cost one pass, not n."""
+
+    __slots__ = ("_children", "body")
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self._children: dict[int, dict[str | int, int]] = {}
+
+    def span(self, path: Path) -> tuple[int, int] | None:
+        """(start, end) of the value at ``path`` (keys and list indexes), or None."""
+        b = self.body
+        try:
+            i = _ws(b, 0)
+            for step in path:
+                children = self._children.get(i)
+                if children is None:
+                    children = self._children[i] = _children(b, i)
+                # An object's keys are strings and a list's indexes ints: a step of the other
+                # type finds nothing, as it should.
+                found = children.get(step)
+                if found is None:
+                    return None
+                i = found
+            return i, _value_end(b, i)
+        except (_Malformed, ValueError, IndexError):
+            return None
+
+    @property
+    def scanned(self) -> int:
+        """How many values were scanned for their members so far."""
+        return len(self._children)
+
+    def fragment(self, path: Path) -> bytes | None:
+        """The raw bytes of the value at ``path``, exactly as sent, or None."""
+        s = self.span(path)
+        return None if s is None else self.body[s[0] : s[1]]
 
 
 def span(body: bytes, path: Path) -> tuple[int, int] | None:
     """(start, end) of the value at ``path`` (keys and list indexes), or None."""
-    try:
-        i = _ws(body, 0)
-        for step in path:
-            found = _index(body, i, step) if isinstance(step, int) else _member(body, i, step)
-            if found is None:
-                return None
-            i = found
-        return i, _value_end(body, i)
-    except (_Malformed, ValueError, IndexError):
-        return None
+    return Spans(body).span(path)
 
 
 def fragment(body: bytes, path: Path) -> bytes | None:
     """The raw bytes of the value at ``path``, exactly as sent, or None."""
-    s = span(body, path)
-    return None if s is None else body[s[0] : s[1]]
+    return Spans(body).fragment(path)
 
 
 def pointer(path: Path) -> str:

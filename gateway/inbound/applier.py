@@ -10,9 +10,11 @@ failure came from (``gateway.core.faults``):
 - parsing and planning never fail a batch: a body that is no payload moves aside dead at once
   (``inbox_parked``), a fragment or event that cannot be planned is a dead item at once, with
   its bytes;
-- anything raised while applying one event is that event's: the batch is redone event by
-  event, each in its own savepoint. The good events commit and the cursors pass the batch; an
-  event that fails becomes a ``dead_events`` item (its raw fragment, its key, the error);
+- anything raised while applying one event is that event's: the batch is applied again in
+  parts, each in its own savepoint, halved until the events at fault are alone
+  (``gateway.core.narrowing``; an event whose handler raised is known at once). The good
+  events commit and the cursors pass the batch; an event that fails becomes a
+  ``dead_events`` item (its raw fragment, its key, the error);
 - only an error the database reports as systemic pauses the pipeline, and only when a probe
   (harmless events of the same kinds, applied and rolled back) fails too: nothing is written,
   the cursors stay, and the consumer backs off (``Deferred``). A day that has no partition
@@ -34,7 +36,7 @@ from asyncpg.pool import PoolConnectionProxy
 from gateway import metrics, tracing
 from gateway.core.backoff import backoff_delay
 from gateway.core.errors import describe
-from gateway.core.events import Event, Item, Status
+from gateway.core.events import Event, Item, Status, event_day
 from gateway.core.faults import (
     ConsumerHealth,
     Fault,
@@ -49,7 +51,8 @@ from gateway.core.faults import (
 from gateway.core.jsonspan import pointer
 from gateway.core.lanes import Cursor
 from gateway.core.limits import LogThrottle
-from gateway.core.planning import Plan, StagedRow, plan_batch, plan_event
+from gateway.core.narrowing import narrow
+from gateway.core.planning import Plan, StagedRow, plan_batch
 from gateway.core.settings import Settings
 from gateway.handlers import Registry, replying
 from gateway.inbound import triage
@@ -85,8 +88,19 @@ Conn = asyncpg.Connection | PoolConnectionProxy
 
 # The lanes' cursors' move in a batch statement (inbox.advance_arg; None: rows from aside).
 Advance = list[dict[str, Any]] | None
+# An event planned in a batch, with the row and the fragment it came from.
+Planned = tuple[Event, StagedRow, Item]
 # Rows put off while the day they need gets its partition.
 PARTITION_RETRY_S = 0.05
+
+
+class _AtEvent(Exception):
+    """A handler raised on the event at ``index`` of the events being applied (``cause``)."""
+
+    def __init__(self, index: int, cause: Exception) -> None:
+        self.index = index
+        self.cause = cause
+        super().__init__(str(cause))
 
 
 class Deferred(Exception):
@@ -152,10 +166,11 @@ class Applier:
             with tracing.span("consumer.batch", rows=len(rows)):
                 result = await self._fast(conn, plan, advance)
         except Exception as exc:
+            at, exc = (exc.index, exc.cause) if isinstance(exc, _AtEvent) else (None, exc)
             if conn.is_closed() or fenced(exc):
                 raise
             await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-            await self._slow(conn, plan, exc, advance)
+            await self._slow(conn, plan, exc, at, advance)
             return bool(plan.forwards)
         triage.observe(plan, result)
         self._bodies = result.deliveries > 0
@@ -175,14 +190,25 @@ class Applier:
         await self._fragments(conn, [(ev, row, item) for ev, row, item in plan.events if item.scrubbed])
         if self.handlers and result.fresh_keys:
             await conn.execute(_HANDLERS_PLANS)
-            fresh = set(result.fresh_keys)
-            for ev, _row, _item in plan.events:
-                if ev.key in fresh:
-                    await self.run_handlers(conn, ev, result.callers)
+            await self._handlers(conn, plan.events, result)
         return result
 
-    async def _slow(self, conn: Conn, plan: Plan, exc: BaseException, advance: Advance) -> None:
-        """The fast path failed (rolled back to its savepoint): put off, or go event by event."""
+    async def _handlers(self, conn: Conn, events: Sequence[Planned], result: inbox.Applied) -> None:
+        """The handlers of the fresh ``events``, in order; raises ``_AtEvent`` naming the event
+        whose handler raised."""
+        fresh = set(result.fresh_keys)
+        for i, (ev, _row, _item) in enumerate(events):
+            if ev.key in fresh:
+                try:
+                    await self.run_handlers(conn, ev, result.callers)
+                except Exception as exc:
+                    raise _AtEvent(i, exc) from exc
+
+    async def _slow(
+        self, conn: Conn, plan: Plan, exc: BaseException, at: int | None, advance: Advance
+    ) -> None:
+        """The fast path failed (rolled back to its savepoint; ``at``: the event whose handler
+        raised, when known): put off, or narrow the failure down to the events at fault."""
         ids = [r.id for r, _ in plan.parsed] + plan.parked
         if classify(exc) is Fault.SYSTEM:
             source = plan.events[0][1].source if plan.events else "meta"
@@ -191,44 +217,24 @@ class Applier:
             if confirmed is not None:
                 raise Deferred(self._defer_delay(confirmed), confirmed) from exc
         metrics.CONSUMER_FALLBACKS.inc()
-        _warn("fallback", "batch of %d rows failed (%s); retrying event by event", len(ids), describe(exc))
+        _warn("fallback", "batch of %d rows failed (%s); retrying it in parts", len(ids), describe(exc))
         try:
             async with conn.transaction():
-                await self._per_event(conn, plan, advance)
+                await self._per_event(conn, plan, exc, at, advance)
         except Exception as inner:
             if conn.is_closed() or fenced(inner):
                 raise
             cause = triage.cause(inner)
             raise Deferred(self._defer_delay(cause), cause) from inner
 
-    async def _per_event(self, conn: Conn, plan: Plan, advance: Advance) -> None:
-        """Each event in its own savepoint; an event's failure is its own unless the database
-        reports a systemic error that a probe confirms (then SystemFault: put them all off)."""
+    async def _per_event(
+        self, conn: Conn, plan: Plan, exc: BaseException, at: int | None, advance: Advance
+    ) -> None:
+        """The batch's events, which failed together with ``exc``, in parts narrowed down to the
+        events at fault; an event's failure is its own unless the database reports a systemic
+        error that a probe confirms (then SystemFault: put them all off)."""
         failures: list[Failure] = []
-        seen: set[str] = set()
-        for row, items in plan.parsed:
-            for item in items:
-                for ev in item.events:
-                    if ev.key in seen:
-                        continue
-                    seen.add(ev.key)
-                    try:
-                        async with conn.transaction():
-                            result = await inbox.apply_plan(
-                                conn, plan_event(ev, row.id, row.source), citus=bool(self._citus)
-                            )
-                            if item.scrubbed:
-                                await self._fragments(conn, [(ev, row, item)])
-                            if self.handlers and result.fresh_keys:
-                                await self.run_handlers(conn, ev, result.callers)
-                    except Exception as exc:
-                        failures.append(
-                            Failure(row, item, ev, exc, await self.event_fault(conn, exc, ev.kind))
-                        )
-                    else:
-                        metrics.CONSUMER_EVENTS.labels(
-                            ev.kind, "processed" if result.fresh else "duplicate"
-                        ).inc()
+        await self._failed(conn, plan.events, exc, at, failures)
         new = [bad_item(row, item) for row, item in plan.bad]
         for f in failures:
             v = verdict(f.fault, probe_failed=False)
@@ -252,6 +258,51 @@ class Applier:
         await inbox.apply_plan(conn, rows, member=self._member, advance=advance, citus=bool(self._citus))
         for i in new:
             self.count_item(i.state, i.deferrals > 0, i.kind)
+
+    async def _failed(
+        self,
+        conn: Conn,
+        events: Sequence[Planned],
+        exc: BaseException,
+        at: int | None,
+        failures: list[Failure],
+    ) -> None:
+        """``events`` failed together with ``exc`` (``at``: the one whose handler raised): record
+        the event now known to be at fault, then try the others in parts."""
+        fault_at, parts = narrow(len(events), at)
+        if fault_at is not None:
+            ev, row, item = events[fault_at]
+            failures.append(Failure(row, item, ev, exc, await self.event_fault(conn, exc, ev.kind)))
+        for start, end in parts:
+            await self._part(conn, events[start:end], failures)
+
+    async def _part(self, conn: Conn, events: Sequence[Planned], failures: list[Failure]) -> None:
+        """Apply ``events`` together in a savepoint; if that fails, narrow it down."""
+        try:
+            async with conn.transaction():
+                part = Plan()
+                for ev, row, _item in events:
+                    part.add(ev, row.id, row.source, event_day(ev, row.source))
+                result = await inbox.apply_plan(conn, part, citus=bool(self._citus))
+                await self._fragments(conn, [e for e in events if e[2].scrubbed])
+                if self.handlers and result.fresh_keys:
+                    await self._handlers(conn, events, result)
+        except Exception as exc:
+            at, exc = (exc.index, exc.cause) if isinstance(exc, _AtEvent) else (None, exc)
+            if conn.is_closed():
+                raise exc
+            if len(events) > 1 and classify(exc) is Fault.SYSTEM:
+                # The whole database failing fails every part alike: confirm it here, not by
+                # narrowing down to one event first.
+                kinds = {ev.kind for ev, _, _ in events}
+                confirmed = await triage.probe(self._pool, conn, exc, kinds, events[0][1].source)
+                if confirmed is not None:
+                    raise triage.SystemFault(confirmed) from exc
+            await self._failed(conn, events, exc, at, failures)
+            return
+        fresh = set(result.fresh_keys)
+        for ev, _, _ in events:
+            metrics.CONSUMER_EVENTS.labels(ev.kind, "processed" if ev.key in fresh else "duplicate").inc()
 
     async def event_fault(self, conn: Conn, exc: BaseException, kind: str) -> Fault:
         """What failed one event in its own savepoint. A lost connection aborts the pass (re-

@@ -3,13 +3,14 @@ they are rebuilt from those bytes when retried."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.core.errors import describe, last_line
 from gateway.core.events import Event, Item
 from gateway.core.faults import BadEvent, Fault, HandlerError, Verdict
-from gateway.core.jsonspan import fragment, pointer
+from gateway.core.jsonspan import Spans, pointer
 from gateway.core.parsing import parse_fragment
 from gateway.core.planning import StagedRow
 from gateway.store import dead_events
@@ -70,9 +71,17 @@ def failed_item(
     )
 
 
+@functools.lru_cache(maxsize=1)
+def _spans(body: bytes) -> Spans:
+    # The fragments of a body's events are asked for one after another (its malformed
+    # fragments, its failed or escaped events): the last body's spans serve them all, and it
+    # is scanned once, not once per event. One body at most is kept.
+    return Spans(body)
+
+
 def raw_fragment(row: StagedRow, item: Item) -> bytes:
     """The fragment's bytes exactly as sent (the whole body if it cannot be located)."""
-    found = fragment(row.body, item.path)
+    found = _spans(row.body).fragment(item.path)
     return row.body if found is None else found
 
 

@@ -338,6 +338,10 @@ async def test_inbound_messages_notify_and_reply_claim(
     ) == ["bot-a"]
 
 
+# Citus refuses triggers created on distributed tables after they are distributed.
+needs_trigger = pytest.mark.skipif(
+    on_cluster(), reason="Citus: the poison is injected by a trigger, created after distribution"
+)
 POISON_TRIGGER = """
 CREATE FUNCTION reject_poison() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -349,11 +353,7 @@ CREATE TRIGGER reject_poison BEFORE INSERT ON inbound_messages
 """
 
 
-@pytest.mark.skipif(
-    on_cluster(),
-    reason="Citus: the poison is injected by a trigger, and Citus refuses triggers created on "
-    "distributed tables after they are distributed",
-)
+@needs_trigger
 async def test_poisoned_event_parked_rest_commits_then_replayed_once(
     pool: asyncpg.Pool, settings: Settings, db_dsn: str
 ) -> None:
@@ -444,6 +444,38 @@ async def test_a_retry_claims_at_most_retry_claim_webhooks_moved_aside(
     assert await pool.fetchval("SELECT array_agg(state) FROM inbox_parked") == ["done"] * 3
     # Their events were processed by the first pass: the retries found them duplicates.
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 3
+
+
+COUNT_TRIES = """
+CREATE SEQUENCE message_inserts;
+CREATE FUNCTION count_message_inserts() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM nextval('message_inserts'); RETURN NULL; END $$;
+CREATE TRIGGER count_message_inserts BEFORE INSERT ON inbound_messages
+    FOR EACH STATEMENT EXECUTE FUNCTION count_message_inserts();
+"""
+
+
+@needs_trigger
+async def test_a_poisoned_event_is_found_by_halving_the_batch_not_one_event_at_a_time(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    # A sequence is not rolled back with a savepoint: it counts every statement that tried to
+    # insert messages, those that failed included.
+    await pool.execute(POISON_TRIGGER + COUNT_TRIES)
+    s = replace(settings, max_attempts=3, retry_base_ms=60000, retry_max_ms=60000, consumer_batch=10)
+    msgs = [message_obj(f"wamid.H{i}") for i in range(64)]
+    msgs[40] = message_obj("wamid.POISON")
+    await stage(pool, to_bytes(messages_payload(*msgs)))
+    await drain(pool, s)
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 63
+    assert await pool.fetchval("SELECT count(DISTINCT event_key) FROM processed_webhook_events") == 63
+    item = await pool.fetchrow("SELECT event_key, state, path FROM dead_events")
+    assert (item["event_key"], item["state"]) == ("msg:wamid.POISON", "retry")
+    assert item["path"] == "/entry/0/changes/0/value/messages/40"
+    # The batch, then halves of 32, 16 and 8 events, then the last 8 one by one, then the
+    # statement that moves the cursor: 16 statements, where one event at a time took 66.
+    tries = await pool.fetchval("SELECT last_value FROM message_inserts")
+    assert tries == 1 + 2 + 2 + 2 + 8 + 1
 
 
 async def test_unparseable_body_parked_at_once_with_bytes_intact(

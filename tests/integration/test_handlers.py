@@ -17,7 +17,7 @@ from gateway.inbound.consumer import Consumer
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
 from tests.support.config import replace
 from tests.support.consume import add_outbox, inbox_states, stage
-from tests.support.handlers import RECORD, TABLE, register
+from tests.support.handlers import RECORD, TABLE, on_message, register
 from tests.support.procs import gateway_ok
 
 
@@ -101,6 +101,35 @@ async def test_a_raising_handler_fails_only_its_event_then_replay_runs_it_once(
     )
     assert n == 1
     assert await pool.fetchval("SELECT state FROM dead_events") == "done"
+
+
+async def test_an_event_whose_handler_raised_is_not_run_again_in_its_batch(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    # A handler that raised names its event: the batch is applied again around it, and the
+    # event waits for its backoff instead of being tried again at once.
+    await pool.execute(TABLE)
+    calls: dict[str, int] = {}
+
+    async def counted(ev: InboundMessage, conn: asyncpg.Connection) -> None:
+        calls[ev.key] = calls.get(ev.key, 0) + 1
+        await on_message(ev, conn)
+
+    registry = Registry()
+    registry.message()(counted)
+    bad = {5, 20, 33}
+    msgs = [message_obj(f"wamid.RAISE{i}" if i in bad else f"wamid.OK{i}") for i in range(40)]
+    await stage(pool, to_bytes(messages_payload(*msgs)))
+    s = replace(settings, retry_base_ms=60000, retry_max_ms=60000)
+    await drain(pool, s, registry, ConsumerHealth(time.monotonic))
+    assert await handled(pool) == {f"msg:wamid.OK{i}": 1 for i in range(40) if i not in bad}
+    items = await pool.fetch("SELECT event_key, attempts FROM dead_events ORDER BY position")
+    assert [(r["event_key"], r["attempts"]) for r in items] == [
+        (f"msg:wamid.RAISE{i}", 1) for i in sorted(bad)
+    ]
+    assert {k: n for k, n in calls.items() if "RAISE" in k} == {f"msg:wamid.RAISE{i}": 1 for i in bad}
+    # Going one event at a time would call every handler once more than the batch did.
+    assert sum(calls.values()) < 40 + len(calls)
 
 
 @pytest.mark.parametrize("wamid", ["wamid.SLOW1", "wamid.SLOWSQL1"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.core.jsonspan import fragment, pointer
+from gateway.core.jsonspan import Spans, fragment, pointer
 
 BODY = (
     b'{ "entry" : [ {"id":"w", "changes": [ {"field":"messages", "value": {"messages": ['
@@ -48,3 +48,20 @@ def test_malformed_answers_none(body: bytes) -> None:
 
 def test_pointer() -> None:
     assert pointer(("entry", 0, "a/b", "c~d")) == "/entry/0/a~1b/c~0d"
+
+
+def test_one_body_scanned_once_for_all_its_events() -> None:
+    # The fragments of every event of a body (a dead item each, or an escaped event each) come
+    # from one pass over each container on their path, not one pass over the body per event.
+    messages = [{"id": f"m{i}", "text": {"body": "[x] " * (i % 7)}} for i in range(300)]
+    body = orjson.dumps({"entry": [{"id": "w", "changes": [{"value": {"messages": messages}}]}], "z": 1})
+    spans = Spans(body)
+    for i, m in enumerate(messages):
+        path = ("entry", 0, "changes", 0, "value", "messages", i)
+        got = spans.fragment(path)
+        assert got is not None and orjson.loads(got) == m
+        assert got == fragment(body, path)
+    # root, entry, entry 0, changes, change 0, value, messages
+    assert spans.scanned == 7
+    assert spans.fragment(("entry", 0, "changes", 0, "value", "messages", 300)) is None
+    assert spans.fragment(("entry", 0, "id", "deeper")) is None  # a scalar has no members
