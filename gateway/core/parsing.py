@@ -111,8 +111,10 @@ def parse_items(source: str, body: bytes, delivery_id: str | None = None) -> lis
         items = [Item(0, (), "event", {"delivery_id": delivery_id}, (ev,), None, changed)]
     else:
         raise UnknownShape(f"unknown source {source!r}")
-    if sum(len(i.events) for i in items) > MAX_EVENTS_PER_PAYLOAD:
-        raise UnknownShape(f"{sum(len(i.events) for i in items)} events in one payload")
+    # Malformed fragments count too: each would be a dead item of its own.
+    for what, n in (("events", sum(len(i.events) for i in items)), ("fragments", len(items))):
+        if n > MAX_EVENTS_PER_PAYLOAD:
+            raise UnknownShape(f"{n} {what} in one payload (at most {MAX_EVENTS_PER_PAYLOAD})")
     return items
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Iterable
 
 import asyncpg
@@ -19,6 +20,10 @@ from gateway.core.planning import Plan, probe_plan
 from gateway.store import db, inbox
 
 log = logging.getLogger("gateway.inbound.consumer")
+
+# Lines logged for one row's malformed fragments; the rest are counted in one more line (a
+# body may hold thousands, each a dead item listed by `gateway dead list`).
+BAD_LINES_PER_ROW = 3
 
 # A connection the consumer holds a transaction on.
 Conn = asyncpg.Connection | PoolConnectionProxy
@@ -123,5 +128,14 @@ def observe(plan: Plan, result: inbox.Applied) -> None:
             log.error("inbox row %d moved aside dead: %s", inbox_id, why)
     if plan.bad:
         metrics.DEAD_LETTERS.labels("bad_fragment").inc(len(plan.bad))
+        per_row = Counter(row.id for row, _ in plan.bad)
+        told: Counter[int] = Counter()
         for row, item in plan.bad:
-            log.error("inbox row %d: fragment %s parked as dead: %s", row.id, pointer(item.path), item.error)
+            told[row.id] += 1
+            if told[row.id] <= BAD_LINES_PER_ROW:
+                log.error(
+                    "inbox row %d: fragment %s parked as dead: %s", row.id, pointer(item.path), item.error
+                )
+            elif told[row.id] == per_row[row.id]:
+                more = per_row[row.id] - BAD_LINES_PER_ROW
+                log.error("inbox row %d: %d more fragments parked as dead (gateway dead list)", row.id, more)

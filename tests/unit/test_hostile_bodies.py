@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.core.events import MAX_EVENTS_PER_PAYLOAD
 from gateway.core.parsing import _unix, parse_items
 from gateway.core.planning import StagedRow, plan_batch
 from gateway.testing.hostile import nested, staged
@@ -101,3 +102,30 @@ def test_planning_never_raises_and_accounts_for_every_row(bodies: list[tuple[str
             # dead item with its bytes. Never silently nothing.
             assert item.events or item.error is not None
             assert all(ev.key in planned for ev in item.events)
+
+
+@pytest.mark.parametrize(
+    ("statuses", "parked"),
+    [
+        ([{}] * MAX_EVENTS_PER_PAYLOAD, None),
+        ([{}] * (MAX_EVENTS_PER_PAYLOAD + 1), f"{MAX_EVENTS_PER_PAYLOAD + 1} fragments in one payload"),
+        (
+            [status_obj(f"wamid.{i}", "read") for i in range(MAX_EVENTS_PER_PAYLOAD + 1)],
+            f"{MAX_EVENTS_PER_PAYLOAD + 1} events in one payload",
+        ),
+    ],
+    ids=["malformed-at-the-bound", "malformed-past-it", "events-past-it"],
+)
+def test_a_body_of_more_updates_than_any_meta_post_is_parked_whole(
+    statuses: list[dict[str, object]], parked: str | None
+) -> None:
+    # Each malformed fragment would be a dead item (and a log line) of its own: past the
+    # bound, the body moves aside as one row instead.
+    plan = plan_batch(
+        [StagedRow(1, "meta", body(meta_payload(("messages", meta_value(statuses=statuses)))), None)]
+    )
+    if parked is None:
+        assert plan.parked == [] and len(plan.bad) == len(statuses)
+    else:
+        assert plan.parked == [1] and plan.bad == []
+        assert plan.parked_why[0].startswith(f"UnknownShape: {parked}")
