@@ -111,11 +111,19 @@ def parse_items(source: str, body: bytes, delivery_id: str | None = None) -> lis
         items = [Item(0, (), "event", {"delivery_id": delivery_id}, (ev,), None, changed)]
     else:
         raise UnknownShape(f"unknown source {source!r}")
-    # Malformed fragments count too: each would be a dead item of its own.
-    for what, n in (("events", sum(len(i.events) for i in items)), ("fragments", len(items))):
-        if n > MAX_EVENTS_PER_PAYLOAD:
-            raise UnknownShape(f"{n} {what} in one payload (at most {MAX_EVENTS_PER_PAYLOAD})")
+    _bounded(sum(len(i.events) for i in items), "events")
     return items
+
+
+class TooMany(UnknownShape):
+    """More updates in one body than any Meta POST holds: the body is no payload, whole."""
+
+
+def _bounded(n: int, what: str) -> None:
+    # Malformed fragments count too (each would be a dead item of its own); checked as the
+    # body is walked, so a body of a million fragments is refused before they are all built.
+    if n > MAX_EVENTS_PER_PAYLOAD:
+        raise TooMany(f"{n} {what} in one payload (at most {MAX_EVENTS_PER_PAYLOAD})")
 
 
 def parse_fragment(source: str, unit: str, fragment: bytes, context: dict[str, Any]) -> list[Event]:
@@ -228,8 +236,11 @@ def _meta_items(doc: Any, dirty: bool) -> list[Item]:
         for c, change in enumerate(changes):
             path: tuple[str | int, ...] = ("entry", e, "changes", c)
             before = len(items)
+            _bounded(len(items) + 1, "fragments")
             try:
                 _meta_change(items, path, waba_id, _dict(change, "change"), dirty)
+            except TooMany:
+                raise
             except Exception as exc:  # whatever this change's values make us raise is its own
                 del items[before:]
                 bad(path, "change", exc)
@@ -272,6 +283,7 @@ def _meta_change(
     messages = _list(value.get("messages"), "messages")
     statuses = _list(value.get("statuses"), "statuses")
     errors = _list(value.get("errors"), "errors")
+    _bounded(len(items) + len(messages) + len(statuses), "fragments")
     where = _where(value.get("metadata"), waba_id)
     contacts = value.get("contacts")
     before = len(items)

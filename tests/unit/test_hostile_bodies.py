@@ -104,6 +104,10 @@ def test_planning_never_raises_and_accounts_for_every_row(bodies: list[tuple[str
             assert all(ev.key in planned for ev in item.events)
 
 
+def group_status(wamid: str, participants: int) -> dict[str, object]:
+    return {**status_obj(wamid, "read"), "recipient_participant_id": [f"p{i}" for i in range(participants)]}
+
+
 @pytest.mark.parametrize(
     ("statuses", "parked"),
     [
@@ -111,10 +115,12 @@ def test_planning_never_raises_and_accounts_for_every_row(bodies: list[tuple[str
         ([{}] * (MAX_EVENTS_PER_PAYLOAD + 1), f"{MAX_EVENTS_PER_PAYLOAD + 1} fragments in one payload"),
         (
             [status_obj(f"wamid.{i}", "read") for i in range(MAX_EVENTS_PER_PAYLOAD + 1)],
-            f"{MAX_EVENTS_PER_PAYLOAD + 1} events in one payload",
+            f"{MAX_EVENTS_PER_PAYLOAD + 1} fragments in one payload",
         ),
+        # Two fragments, one event per group participant.
+        ([group_status("wamid.G1", 5000), group_status("wamid.G2", 5001)], "10001 events in one payload"),
     ],
-    ids=["malformed-at-the-bound", "malformed-past-it", "events-past-it"],
+    ids=["malformed-at-the-bound", "malformed-past-it", "statuses-past-it", "events-past-it"],
 )
 def test_a_body_of_more_updates_than_any_meta_post_is_parked_whole(
     statuses: list[dict[str, object]], parked: str | None
@@ -128,4 +134,4 @@ def test_a_body_of_more_updates_than_any_meta_post_is_parked_whole(
         assert plan.parked == [] and len(plan.bad) == len(statuses)
     else:
         assert plan.parked == [1] and plan.bad == []
-        assert plan.parked_why[0].startswith(f"UnknownShape: {parked}")
+        assert plan.parked_why[0].startswith(f"TooMany: {parked}")
