@@ -27,7 +27,7 @@ from gateway.core.events import (
     Status,
     UnknownShape,
 )
-from gateway.core.identity import Who, contact_for, contact_name, from_contact, ident, merge
+from gateway.core.identity import Contacts, Who, contact_name, from_contact, ident, merge
 
 # What a body may contain that PostgreSQL cannot store: U+0000 (text and jsonb refuse it)
 # and lone UTF-16 surrogates (not UTF-8). Each becomes the six characters of its JSON
@@ -139,13 +139,14 @@ def parse_fragment(source: str, unit: str, fragment: bytes, context: dict[str, A
             _meta_message(
                 _dict(doc, "message"),
                 _where_from(context),
-                [context["contact"]] if isinstance(context.get("contact"), dict) else [],
+                Contacts([context["contact"]] if isinstance(context.get("contact"), dict) else []),
                 name if isinstance(name, str) else None,
             )
         ]
     if unit == "status":
         contact = context.get("contact")
-        return list(_meta_statuses(_dict(doc, "status"), _where_from(context), [contact] if contact else []))
+        contacts = Contacts([contact] if contact else [])
+        return list(_meta_statuses(_dict(doc, "status"), _where_from(context), contacts))
     if unit == "change":
         return [_change_event(context.get("waba_id"), _dict(doc, "change"))]
     raise UnknownShape(f"a {unit} fragment cannot be processed alone")
@@ -285,7 +286,7 @@ def _meta_change(
     errors = _list(value.get("errors"), "errors")
     _bounded(len(items) + len(messages) + len(statuses), "fragments")
     where = _where(value.get("metadata"), waba_id)
-    contacts = value.get("contacts")
+    contacts = Contacts(value.get("contacts"))
     before = len(items)
     for k, msg in enumerate(messages):
         sub = (*path, "value", "messages", k)
@@ -327,11 +328,11 @@ def _where_from(context: dict[str, Any]) -> dict[str, str | None]:
 
 
 def _meta_message(
-    msg: dict[str, Any], where: dict[str, str | None], contacts: Any, fallback_name: str | None = None
+    msg: dict[str, Any], where: dict[str, str | None], contacts: Contacts, fallback_name: str | None = None
 ) -> InboundMessage:
     wamid = _req_str(msg, "id", "message")
     sender, user_id = ident(msg.get("from")), ident(msg.get("from_user_id"))
-    contact = contact_for(contacts, sender, user_id)
+    contact = contacts.find(sender, user_id)
     who = merge(Who(sender, user_id, ident(msg.get("from_parent_user_id"))), from_contact(contact))
     return InboundMessage(
         key=f"msg:{wamid}",
@@ -370,14 +371,14 @@ def _participants(st: dict[str, Any]) -> list[str]:
     return [single]
 
 
-def _meta_statuses(st: dict[str, Any], where: dict[str, str | None], contacts: Any) -> list[Status]:
+def _meta_statuses(st: dict[str, Any], where: dict[str, str | None], contacts: Contacts) -> list[Status]:
     wamid = _req_str(st, "id", "status")
     status = _req_str(st, "status", "status")
     errors = st.get("errors")
     callback = st.get("biz_opaque_callback_data")
     recipient, user_id = ident(st.get("recipient_id")), ident(st.get("recipient_user_id"))
     # A group status names the group; its contacts are not the recipient's.
-    contact = None if st.get("recipient_type") == "group" else contact_for(contacts, recipient, user_id)
+    contact = None if st.get("recipient_type") == "group" else contacts.find(recipient, user_id)
     who = merge(Who(recipient, user_id, ident(st.get("recipient_parent_user_id"))), from_contact(contact))
     return [
         Status(

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gateway.core.events import InboundMessage, Status
-from gateway.core.identity import Who, contact_for, ident, is_bsuid, recipient_field
+from gateway.core.identity import Contacts, Who, contact_for, ident, is_bsuid, recipient_field
 from gateway.core.parsing import parse, parse_items
 from gateway.core.planning import StagedRow, identity_links, plan_batch
 from gateway.testing.payloads import (
@@ -227,3 +227,47 @@ def test_contact_for_refuses_a_contradicting_only_contact() -> None:
     assert contact_for([contact_obj(PHONE)], "4900000", None) is None
     assert contact_for([contact_obj(PHONE)], None, BSUID) == contact_obj(PHONE)
     assert contact_for([contact_obj(PHONE, "US.9")], None, BSUID) is None
+
+
+def first_naming(contacts: list[object], wa_id: str | None, user_id: str | None) -> object:
+    """The rule by its definition: the first contact that names either identifier."""
+    for c in contacts:
+        if isinstance(c, dict) and (
+            (wa_id is not None and ident(c.get("wa_id")) == wa_id)
+            or (user_id is not None and ident(c.get("user_id")) == user_id)
+        ):
+            return c
+    return None
+
+
+A = {"wa_id": "491", "user_id": "US.1", "profile": {"name": "a"}}
+B = {"wa_id": "492", "user_id": "US.2", "profile": {"name": "b"}}
+B_AGAIN = {"wa_id": "492", "profile": {"name": "b2"}}
+CROSS = {"wa_id": "493", "user_id": "US.1", "profile": {"name": "c"}}  # A's BSUID, another number
+
+
+@pytest.mark.parametrize(
+    ("contacts", "wa_id", "user_id", "expected"),
+    [
+        ([A, B], "492", None, B),
+        ([A, B], None, "US.1", A),
+        ([B, B_AGAIN], "492", None, B),  # the first of duplicates
+        ([B_AGAIN, B], "492", "US.2", B_AGAIN),  # the first naming either
+        ([CROSS, A], "491", "US.1", CROSS),  # CROSS names the BSUID and comes first
+        ([A, CROSS], "493", "US.1", A),
+        ([A, B], "499", "US.9", None),
+        ([A, "not a dict", 7, B], "492", None, B),
+        ([A], None, None, A),  # the only contact, naming no one else
+        ([A], "499", None, None),  # the only contact names another number
+        ([], "491", None, None),
+        ("not a list", "491", None, None),
+    ],
+)
+def test_contacts_find_the_first_contact_naming_either_identifier(
+    contacts: object, wa_id: str | None, user_id: str | None, expected: object
+) -> None:
+    got = Contacts(contacts).find(wa_id, user_id)
+    assert got == expected
+    assert got is contact_for(contacts, wa_id, user_id)
+    if isinstance(contacts, list) and len([c for c in contacts if isinstance(c, dict)]) > 1:
+        assert got is first_naming(contacts, wa_id, user_id)
