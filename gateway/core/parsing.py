@@ -301,6 +301,8 @@ def _meta_change(
         sub = (*path, "value", "statuses", k)
         try:
             sts = tuple(_meta_statuses(_dict(st, "status"), where, contacts))
+        except TooMany:
+            raise
         except Exception as exc:
             items.append(Item(len(items), sub, "status", error=_error(exc)))
             continue
@@ -352,23 +354,26 @@ def _meta_message(
     )
 
 
-def _participants(st: dict[str, Any]) -> list[str]:
+def _participants(st: dict[str, Any]) -> tuple[str | None, list[str]]:
     """Group statuses name a participant (by phone number, else by BSUID); a list of them
-    yields one status each."""
-    value = st.get("recipient_participant_id")
+    yields one status each. Also the field that held a list (None: no list)."""
+    name = "recipient_participant_id"
+    value = st.get(name)
     if value is None:
-        value = st.get("recipient_participant_user_id")
+        name = "recipient_participant_user_id"
+        value = st.get(name)
     if value is None:
-        return [""]
+        return None, [""]
     if isinstance(value, list):
+        _bounded(len(value), "participants")
         out = [p for p in (_opt_str(v) for v in value) if p]
         if not out:
             raise UnknownShape("status with an empty participant list")
-        return out
+        return name, out
     single = _opt_str(value)
     if single is None:
         raise UnknownShape("status with a malformed recipient_participant_id")
-    return [single]
+    return None, [single]
 
 
 def _meta_statuses(st: dict[str, Any], where: dict[str, str | None], contacts: Contacts) -> list[Status]:
@@ -380,6 +385,7 @@ def _meta_statuses(st: dict[str, Any], where: dict[str, str | None], contacts: C
     # A group status names the group; its contacts are not the recipient's.
     contact = None if st.get("recipient_type") == "group" else contacts.find(recipient, user_id)
     who = merge(Who(recipient, user_id, ident(st.get("recipient_parent_user_id"))), from_contact(contact))
+    listed, participants = _participants(st)
     return [
         Status(
             key=f"status:{wamid}:{status}:{participant}",
@@ -390,7 +396,9 @@ def _meta_statuses(st: dict[str, Any], where: dict[str, str | None], contacts: C
             timestamp=_unix(st.get("timestamp")),
             callback_data=callback if isinstance(callback, str) and callback else None,
             errors=errors if isinstance(errors, list) else None,
-            raw=st,
+            # Each participant's status names only its participant, as Meta-format bodies do:
+            # with the whole list in each, n participants would weigh n times n.
+            raw={**st, listed: [participant]} if listed is not None and len(participants) > 1 else st,
             recipient_user_id=who.user_id,
             recipient_parent_user_id=who.parent_user_id,
             recipient_username=who.username,
@@ -399,7 +407,7 @@ def _meta_statuses(st: dict[str, Any], where: dict[str, str | None], contacts: C
             display_phone_number=where["display_phone_number"],
             contact=contact,
         )
-        for participant in _participants(st)
+        for participant in participants
     ]
 
 

@@ -119,8 +119,9 @@ def group_status(wamid: str, participants: int) -> dict[str, object]:
         ),
         # Two fragments, one event per group participant.
         ([group_status("wamid.G1", 5000), group_status("wamid.G2", 5001)], "10001 events in one payload"),
+        ([group_status("wamid.G1", MAX_EVENTS_PER_PAYLOAD + 1)], "10001 participants in one payload"),
     ],
-    ids=["malformed-at-the-bound", "malformed-past-it", "statuses-past-it", "events-past-it"],
+    ids=["malformed-at-the-bound", "malformed-past-it", "statuses-past-it", "events-past-it", "participants"],
 )
 def test_a_body_of_more_updates_than_any_meta_post_is_parked_whole(
     statuses: list[dict[str, object]], parked: str | None

@@ -271,3 +271,27 @@ def test_contacts_find_the_first_contact_naming_either_identifier(
     assert got is contact_for(contacts, wa_id, user_id)
     if isinstance(contacts, list) and len([c for c in contacts if isinstance(c, dict)]) > 1:
         assert got is first_naming(contacts, wa_id, user_id)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "raws"),
+    [
+        # A list of several: each participant's status names only its participant.
+        ("recipient_participant_id", ["48", "49"], [["48"], ["49"]]),
+        ("recipient_participant_user_id", ["US.1", "US.2", "US.3"], [["US.1"], ["US.2"], ["US.3"]]),
+        # A list of one, or a single value, is kept as it came.
+        ("recipient_participant_id", ["48"], [["48"]]),
+        ("recipient_participant_id", "48", ["48"]),
+    ],
+)
+def test_a_group_status_per_participant_names_only_its_participant(
+    field: str, value: object, raws: list[object]
+) -> None:
+    st = {"id": "wamid.G", "status": "read", "recipient_id": "grp", "recipient_type": "group", field: value}
+    events = _statuses(st, None)
+    assert [ev.raw[field] for ev in events] == raws
+    assert [ev.participant for ev in events] == [r[0] if isinstance(r, list) else r for r in raws]
+    assert all(
+        {k: v for k, v in ev.raw.items() if k != field} == {k: v for k, v in st.items() if k != field}
+        for ev in events
+    )
