@@ -21,6 +21,7 @@ import orjson
 from gateway.core import tenancy
 from gateway.core.media import Target, download_target
 from gateway.core.settings import Settings
+from gateway.outbound.answers import read_answer
 from gateway.outbound.egress import GuardedResolver
 
 
@@ -105,9 +106,11 @@ class Graph:
             async with self._session().request(
                 method, url, headers=headers, data=data, params=params, timeout=timeout or self.timeout
             ) as resp:
-                raw = await resp.content.read(64 * 1024)
+                raw = await read_answer(resp)
                 if resp.status >= 300:
-                    raise _error(resp.status, raw)
+                    raise _error(resp.status, raw or b"")
+                if raw is None:
+                    raise GraphError(502, "Graph API answered more than it ever does")
         except aiohttp.ClientError as exc:
             raise GraphError(0, f"Graph API not reached: {type(exc).__name__}") from exc
         except TimeoutError as exc:
@@ -158,7 +161,7 @@ class Graph:
                 allow_redirects=False,
             ) as resp:
                 if resp.status != 200:
-                    raise _error(resp.status, await resp.content.read(64 * 1024))
+                    raise _error(resp.status, await read_answer(resp) or b"")
                 yield resp
         except aiohttp.ClientError as exc:
             raise GraphError(0, f"media host not reached: {type(exc).__name__}") from exc

@@ -19,6 +19,7 @@ from gateway.core.classify import Classified, SendOutcome, Transport, classify_r
 from gateway.core.enums import Provider
 from gateway.core.identity import recipient_field
 from gateway.core.settings import Settings
+from gateway.outbound.answers import read_answer
 
 
 def build_request(settings: Settings, row: Any) -> tuple[str, dict[str, str], bytes]:
@@ -74,7 +75,9 @@ async def send(session: aiohttp.ClientSession, settings: Settings, row: Any) -> 
     provider = row["provider"]
     try:
         async with session.post(url, data=body, headers=headers) as resp:
-            raw = await resp.read()
+            # An answer past the bound is no answer: as one that is not JSON, the HTTP status
+            # decides (a 2xx without a message id is unknown, reconciled by its statuses).
+            raw = await read_answer(resp) or b""
             status = resp.status
     except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError):
         return classify_transport(Transport.CONNECT_FAILED, provider)

@@ -4,7 +4,9 @@ A rule: ``{"to": "<recipient>" (optional: any), "times": 1, "action": ...}`` whe
 ``latency`` (``latency_ms``, then normal), ``hang`` (the message is delivered, the answer never
 comes), ``http`` (``status``, e.g. 503, nothing delivered), ``error`` (``code`` from Meta's
 error-code reference, in Meta's error shape, nothing delivered), ``drop`` (connection closed,
-nothing delivered) or ``fail_status`` (accepted, then a ``failed`` status webhook with ``code``).
+nothing delivered), ``fail_status`` (accepted, then a ``failed`` status webhook with ``code``),
+``split`` (delivered; the answer written in two pieces ``pause_ms`` apart) or ``oversize``
+(delivered; the answer padded with a JSON field to ``size`` bytes).
 Rules are matched in order; a matching rule is used ``times`` times, then dropped.
 """
 
@@ -17,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-ACTIONS = ("latency", "hang", "http", "error", "drop", "fail_status")
+ACTIONS = ("latency", "hang", "http", "error", "drop", "fail_status", "split", "oversize")
 
 
 @dataclass
@@ -30,6 +32,8 @@ class Fault:
     code: int = 131000
     subcode: int | None = None
     hang_ms: float | None = None  # None: until the fake stops
+    pause_ms: float = 50.0
+    size: int = 1024 * 1024
 
     @classmethod
     def parse(cls, raw: Any) -> Fault:
@@ -73,3 +77,19 @@ def drop(request: web.Request) -> web.Response:
     if request.transport is not None:
         request.transport.abort()
     return web.Response(status=500)
+
+
+async def answer(request: web.Request, fault: Fault, body: bytes) -> web.StreamResponse:
+    """The answer ``body`` as a ``split`` or ``oversize`` rule has it."""
+    if fault.action == "oversize":
+        pad = max(0, fault.size - len(body) - 12)
+        body = body[:-1] + b',"padding":"' + b"x" * pad + b'"}'
+    resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+    await resp.prepare(request)
+    if fault.action == "split":
+        await resp.write(body[: len(body) // 2])
+        await asyncio.sleep(fault.pause_ms / 1000)
+        body = body[len(body) // 2 :]
+    await resp.write(body)
+    await resp.write_eof()
+    return resp

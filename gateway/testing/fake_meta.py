@@ -16,7 +16,7 @@ from aiohttp import BodyPartReader, web
 
 from gateway.core.messages import MESSAGE_TYPES
 from gateway.core.signature import sign_meta
-from gateway.testing import payloads
+from gateway.testing import fake_faults, payloads
 from gateway.testing.fake_faults import drop
 from gateway.testing.fake_hub import Hub, ReadReceipt, Received, Webhook
 
@@ -124,7 +124,7 @@ class MetaGraph:
         data, mime = fields["file"]
         return web.json_response({"id": self.hub.add_media(bytes(data), mime, number)})
 
-    async def media_url(self, request: web.Request) -> web.Response:
+    async def media_url(self, request: web.Request) -> web.StreamResponse:
         media_id = request.match_info["media_id"]
         stored = self.hub.media.get(media_id)
         if stored is None:
@@ -132,16 +132,19 @@ class MetaGraph:
         if not self.authorized(request, stored.phone_number_id):
             return meta_error(190)
         base = f"{request.scheme}://{request.host}"
-        return web.json_response(
-            {
-                "messaging_product": "whatsapp",
-                "url": self.hub.config.media_url or f"{base}/_fake/media/{media_id}",
-                "mime_type": stored.mime_type,
-                "sha256": hashlib.sha256(stored.data).hexdigest(),
-                "file_size": stored.declared_size if stored.declared_size is not None else len(stored.data),
-                "id": media_id,
-            }
-        )
+        found = {
+            "messaging_product": "whatsapp",
+            "url": self.hub.config.media_url or f"{base}/_fake/media/{media_id}",
+            "mime_type": stored.mime_type,
+            "sha256": hashlib.sha256(stored.data).hexdigest(),
+            "file_size": stored.declared_size if stored.declared_size is not None else len(stored.data),
+            "id": media_id,
+        }
+        # A rule for the media id as its ``to`` shapes this answer (split, oversize).
+        fault = self.hub.take_fault(media_id)
+        if fault is not None and fault.action in ("split", "oversize"):
+            return await fake_faults.answer(request, fault, orjson.dumps(found))
+        return web.json_response(found)
 
     async def download(self, request: web.Request) -> web.StreamResponse:
         stored = self.hub.media.get(request.match_info["media_id"])
@@ -172,7 +175,7 @@ class MetaGraph:
             not want or hmac.compare_digest(token[7:].encode(), want.encode())
         )
 
-    async def send(self, request: web.Request) -> web.Response:
+    async def send(self, request: web.Request) -> web.StreamResponse:
         hub = self.hub
         hub.requests += 1
         if not self.authorized(request, request.match_info["phone_number_id"]):
@@ -216,6 +219,8 @@ class MetaGraph:
         body = orjson.dumps(
             {"messaging_product": "whatsapp", "contacts": [contact], "messages": [{"id": wamid}]}
         )
+        if fault is not None and fault.action in ("split", "oversize"):
+            return await fake_faults.answer(request, fault, body)
         return web.Response(body=body, content_type="application/json")
 
     def _read(self, number: str, msg: dict[str, Any]) -> web.Response:

@@ -193,6 +193,23 @@ async def test_a_slow_or_broken_media_host_cuts_the_download_off(
         assert await r.read() == b"fine"
 
 
+async def test_a_graph_answer_in_pieces_is_read_whole_and_one_past_the_bound_refused(
+    http: ClientSession, pool: asyncpg.Pool, fake: FakeProvider, served: tuple[str, Settings]
+) -> None:
+    base, s = served
+    media_id = fake.add_media(b"whole", "image/png", "1111")
+    await receive_image(pool, s, media_id)
+    # The media lookup's answer comes in two pieces 50 ms apart.
+    fake.add_fault("split", to=media_id, pause_ms=50)
+    async with http.get(f"{base}/v1/media/{media_id}", headers=ACME) as r:
+        assert r.status == 200 and await r.read() == b"whole"
+    # A megabyte is no Graph answer: refused, not read to its end.
+    fake.add_fault("oversize", to=media_id, size=1024 * 1024)
+    async with http.get(f"{base}/v1/media/{media_id}", headers=ACME) as r:
+        assert r.status == 502
+        assert "more than it ever does" in (await r.json())["detail"]
+
+
 async def test_a_download_url_off_meta_is_not_fetched(
     http: ClientSession, pool: asyncpg.Pool, fake: FakeProvider, served: tuple[str, Settings]
 ) -> None:

@@ -34,6 +34,10 @@ from tests.support.send import (
 MATRIX: list[tuple[str, dict[str, Any] | None, str, int, str, str, int]] = [
     ("success", None, "accepted", 1, "none", "accepted", 1),
     ("latency", {"action": "latency", "latency_ms": 100}, "accepted", 1, "none", "accepted", 1),
+    # The answer arrives in two pieces: read whole, not cut at the first.
+    ("split answer", {"action": "split", "pause_ms": 50}, "accepted", 1, "none", "accepted", 1),
+    # An answer of a megabyte is no Graph answer: not read past the bound, its fate unknown.
+    ("oversized answer", {"action": "oversize", "size": 1024 * 1024}, "unknown", 1, "status", "accepted", 1),
     ("connection refused", None, "pending", 0, "retry", "accepted", 1),
     ("accept-then-hang", {"action": "hang"}, "unknown", 1, "status", "accepted", 1),
     ("accept-then-hang, no status", {"action": "hang"}, "unknown", 1, "reconcile", "review", 1),
