@@ -117,38 +117,54 @@ def merge(first: Who, then: Who) -> Who:
     )
 
 
-class Contacts:
-    """A change's ``contacts[]``, indexed once: the contact of each of a change's n events is a
-    lookup, not a scan of the list (a change may hold thousands of both)."""
+# Contacts looked through one by one; a longer list is indexed the first time it is asked.
+_SCAN = 8
 
-    __slots__ = ("_by_user", "_by_wa", "_only")
+
+class Contacts:
+    """A change's ``contacts[]``: the contact of each of a change's events is a scan of a short
+    list, and a lookup in a long one, indexed once (a change may hold thousands of both)."""
+
+    __slots__ = ("_found", "_index")
 
     def __init__(self, contacts: Any) -> None:
-        found = [c for c in contacts if isinstance(c, dict)] if isinstance(contacts, list) else []
-        # The first contact naming each identifier, with its place in the list.
-        self._by_wa: dict[str, tuple[int, dict[str, Any]]] = {}
-        self._by_user: dict[str, tuple[int, dict[str, Any]]] = {}
-        for i, c in enumerate(found):
-            wa, user = ident(c.get("wa_id")), ident(c.get("user_id"))
-            if wa is not None:
-                self._by_wa.setdefault(wa, (i, c))
-            if user is not None:
-                self._by_user.setdefault(user, (i, c))
-        self._only = found[0] if len(found) == 1 else None
+        self._found = [c for c in contacts if isinstance(c, dict)] if isinstance(contacts, list) else []
+        self._index: tuple[dict[str, tuple[int, dict[str, Any]]], ...] | None = None
 
     def find(self, wa_id: str | None, user_id: str | None) -> dict[str, Any] | None:
         """The first contact naming ``wa_id`` or ``user_id``; the only one when there is exactly
         one and neither names another."""
-        by_wa = self._by_wa.get(wa_id) if wa_id is not None else None
-        by_user = self._by_user.get(user_id) if user_id is not None else None
-        if by_wa is not None or by_user is not None:
-            return min((h for h in (by_wa, by_user) if h is not None), key=lambda h: h[0])[1]
-        only = self._only
-        if only is not None:
+        found = self._found
+        if len(found) > _SCAN:
+            return self._lookup(wa_id, user_id)
+        for c in found:
+            if (wa_id is not None and ident(c.get("wa_id")) == wa_id) or (
+                user_id is not None and ident(c.get("user_id")) == user_id
+            ):
+                return c
+        if len(found) == 1:
+            only = found[0]
             other_wa, other_user = ident(only.get("wa_id")), ident(only.get("user_id"))
             if (wa_id is None or other_wa is None) and (user_id is None or other_user is None):
                 return only
         return None
+
+    def _lookup(self, wa_id: str | None, user_id: str | None) -> dict[str, Any] | None:
+        if self._index is None:
+            # The first contact naming each identifier, with its place in the list.
+            by_wa: dict[str, tuple[int, dict[str, Any]]] = {}
+            by_user: dict[str, tuple[int, dict[str, Any]]] = {}
+            for i, c in enumerate(self._found):
+                wa, user = ident(c.get("wa_id")), ident(c.get("user_id"))
+                if wa is not None:
+                    by_wa.setdefault(wa, (i, c))
+                if user is not None:
+                    by_user.setdefault(user, (i, c))
+            self._index = (by_wa, by_user)
+        by_wa, by_user = self._index
+        # ident() never answers "": a missing identifier finds nothing.
+        hits = [h for h in (by_wa.get(wa_id or ""), by_user.get(user_id or "")) if h is not None]
+        return min(hits, key=lambda h: h[0])[1] if hits else None
 
 
 def contact_for(contacts: Any, wa_id: str | None, user_id: str | None) -> dict[str, Any] | None:

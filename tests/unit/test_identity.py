@@ -244,6 +244,7 @@ A = {"wa_id": "491", "user_id": "US.1", "profile": {"name": "a"}}
 B = {"wa_id": "492", "user_id": "US.2", "profile": {"name": "b"}}
 B_AGAIN = {"wa_id": "492", "profile": {"name": "b2"}}
 CROSS = {"wa_id": "493", "user_id": "US.1", "profile": {"name": "c"}}  # A's BSUID, another number
+FILLER = [{"wa_id": f"40{i}", "user_id": f"US.40{i}"} for i in range(10)]
 
 
 @pytest.mark.parametrize(
@@ -261,6 +262,13 @@ CROSS = {"wa_id": "493", "user_id": "US.1", "profile": {"name": "c"}}  # A's BSU
         ([A], "499", None, None),  # the only contact names another number
         ([], "491", None, None),
         ("not a list", "491", None, None),
+        # Longer lists are indexed: the same rule.
+        ([*FILLER, CROSS, A], "491", "US.1", CROSS),
+        ([*FILLER, A, CROSS], "493", "US.1", A),
+        ([*FILLER, B_AGAIN, B], "492", "US.2", B_AGAIN),
+        ([*FILLER, A, B], None, "US.2", B),
+        ([*FILLER, A], "499", None, None),
+        ([*FILLER, A], None, None, None),
     ],
 )
 def test_contacts_find_the_first_contact_naming_either_identifier(
