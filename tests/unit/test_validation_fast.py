@@ -123,3 +123,26 @@ def test_a_value_the_compiled_check_cannot_take_counts_as_rejected() -> None:
     assert validation._accepts(fast, {"x": "ok"})
     assert not validation._accepts(fast, {"x": "\ud800"})  # no Rust string holds it
     assert not validation._accepts(fast, {"x": {1, 2}})  # not JSON
+
+
+@pytest.mark.parametrize(("bad", "listed"), [(3, 3), (20, 20), (21, 22), (1300, None)])
+def test_a_body_of_many_errors_lists_the_first_few(bad: int, listed: int | None) -> None:
+    # Every component of this template is wrong on its own (and more than 20 are one error
+    # more); past MAX_ERRORS the rest are not worded (nor looked for), and a last line says so.
+    components = [{"type": "body", "parameters": [{"type": f"nope{i}"}]} for i in range(bad)]
+    body = {
+        "to": "4915112345678",
+        "phone_number_id": "1111",
+        "type": "template",
+        "template": {"name": "x", "language": {"code": "en"}, "components": components},
+    }
+    assert len(orjson.dumps(body)) < 64 * 1024  # the send API's largest body
+    errors = SEND.errors(body)
+    if listed is not None:
+        assert len(errors) == listed and not any("more than" in e for e in errors)
+    else:
+        assert len(errors) == validation.MAX_ERRORS + 1
+        assert (
+            errors[-1]
+            == f"body: more than {validation.MAX_ERRORS} errors, the first {validation.MAX_ERRORS} listed"
+        )
