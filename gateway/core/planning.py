@@ -175,15 +175,10 @@ def plan_batch(rows: Iterable[StagedRow], *, bodies: bool = False) -> Plan:
 
 
 def plan_event(ev: Event, inbox_id: int, source: str) -> Plan:
-    """A plan of one event and nothing else (the per-event path runs one per savepoint)."""
+    """A plan of one event and nothing else (a dead item's retry runs one per savepoint)."""
     plan = Plan()
     plan.add(ev, inbox_id, source, event_day(ev, source))
     return plan
-
-
-def plan_rows(done: list[int]) -> Plan:
-    """A plan that only marks rows done (after their events went one by one)."""
-    return Plan(done=list(done))
 
 
 # Harmless events, one per kind: what the consumer applies (and rolls back) to learn whether

@@ -2,10 +2,11 @@
 
 A process's consumers own lanes (``gateway.inbound.lanes``) and read them in commit order
 (``gateway.core.lanes``). A batch is one read (nothing locked, nothing written), the rows
-applied (``gateway.inbound.applier``: one statement, the handlers, event by event when that
-fails), then COMMIT. A cursor moves only while this process owns its lane as it read it, so a
-consumer that hung and lost its lanes commits nothing. When no row is due, and at least once a
-second, it retries what was moved aside (``gateway.inbound.retries``).
+applied (``gateway.inbound.applier``: one statement, the handlers, in parts narrowed down
+to the events at fault when that fails), then COMMIT. A cursor moves only while this process
+owns its lane as it read it, so a consumer that hung and lost its lanes commits nothing. When
+no row is due, and at least once a second, it retries what was moved aside
+(``gateway.inbound.retries``).
 
 A row that heads batch after batch that commit nothing (its batch kills the connection, or
 fails where nothing can be recorded) is taken alone after ``faults.STALL_CLAIMS`` such
