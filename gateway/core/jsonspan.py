@@ -136,11 +136,6 @@ class Spans:
         return None if s is None else self.body[s[0] : s[1]]
 
 
-def span(body: bytes, path: Path) -> tuple[int, int] | None:
-    """(start, end) of the value at ``path`` (keys and list indexes), or None."""
-    return Spans(body).span(path)
-
-
 def fragment(body: bytes, path: Path) -> bytes | None:
     """The raw bytes of the value at ``path``, exactly as sent, or None."""
     return Spans(body).fragment(path)

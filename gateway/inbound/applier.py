@@ -103,6 +103,11 @@ class _AtEvent(Exception):
         super().__init__(str(cause))
 
 
+def _at_event(exc: Exception) -> tuple[int | None, Exception]:
+    """The event a failure is known to belong to (None: not known), and the failure itself."""
+    return (exc.index, exc.cause) if isinstance(exc, _AtEvent) else (None, exc)
+
+
 class Deferred(Exception):
     """The database failed systemically (a probe confirmed it): nothing was written, the
     cursors stay, and the consumer waits ``delay`` before reading again."""
@@ -166,7 +171,7 @@ class Applier:
             with tracing.span("consumer.batch", rows=len(rows)):
                 result = await self._fast(conn, plan, advance)
         except Exception as exc:
-            at, exc = (exc.index, exc.cause) if isinstance(exc, _AtEvent) else (None, exc)
+            at, exc = _at_event(exc)
             if conn.is_closed() or fenced(exc):
                 raise
             await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
@@ -288,7 +293,7 @@ class Applier:
                 if self.handlers and result.fresh_keys:
                     await self._handlers(conn, events, result)
         except Exception as exc:
-            at, exc = (exc.index, exc.cause) if isinstance(exc, _AtEvent) else (None, exc)
+            at, exc = _at_event(exc)
             if conn.is_closed():
                 raise exc
             if len(events) > 1 and classify(exc) is Fault.SYSTEM:

@@ -4,9 +4,9 @@ a webhook moved aside, and the metrics and log lines of a batch."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import uuid
-from collections import Counter
 from collections.abc import Iterable
 
 import asyncpg
@@ -128,14 +128,15 @@ def observe(plan: Plan, result: inbox.Applied) -> None:
             log.error("inbox row %d moved aside dead: %s", inbox_id, why)
     if plan.bad:
         metrics.DEAD_LETTERS.labels("bad_fragment").inc(len(plan.bad))
-        per_row = Counter(row.id for row, _ in plan.bad)
-        told: Counter[int] = Counter()
-        for row, item in plan.bad:
-            told[row.id] += 1
-            if told[row.id] <= BAD_LINES_PER_ROW:
+        # A row's fragments are next to each other in ``plan.bad`` (planned row by row).
+        for inbox_id, group in itertools.groupby(plan.bad, key=lambda bad: bad[0].id):
+            items = [item for _, item in group]
+            for item in items[:BAD_LINES_PER_ROW]:
                 log.error(
-                    "inbox row %d: fragment %s parked as dead: %s", row.id, pointer(item.path), item.error
+                    "inbox row %d: fragment %s parked as dead: %s", inbox_id, pointer(item.path), item.error
                 )
-            elif told[row.id] == per_row[row.id]:
-                more = per_row[row.id] - BAD_LINES_PER_ROW
-                log.error("inbox row %d: %d more fragments parked as dead (gateway dead list)", row.id, more)
+            if len(items) > BAD_LINES_PER_ROW:
+                more = len(items) - BAD_LINES_PER_ROW
+                log.error(
+                    "inbox row %d: %d more fragments parked as dead (gateway dead list)", inbox_id, more
+                )

@@ -79,8 +79,11 @@ def drop(request: web.Request) -> web.Response:
     return web.Response(status=500)
 
 
-async def answer(request: web.Request, fault: Fault, body: bytes) -> web.StreamResponse:
-    """The answer ``body`` as a ``split`` or ``oversize`` rule has it."""
+async def answer(request: web.Request, fault: Fault | None, body: bytes) -> web.StreamResponse:
+    """The JSON answer ``body``, as a ``split`` or ``oversize`` rule has it (any other rule, or
+    none, leaves it as it is)."""
+    if fault is None or fault.action not in ("split", "oversize"):
+        return web.Response(body=body, content_type="application/json")
     if fault.action == "oversize":
         pad = max(0, fault.size - len(body) - 12)
         body = body[:-1] + b',"padding":"' + b"x" * pad + b'"}'

@@ -141,10 +141,7 @@ class MetaGraph:
             "id": media_id,
         }
         # A rule for the media id as its ``to`` shapes this answer (split, oversize).
-        fault = self.hub.take_fault(media_id)
-        if fault is not None and fault.action in ("split", "oversize"):
-            return await fake_faults.answer(request, fault, orjson.dumps(found))
-        return web.json_response(found)
+        return await fake_faults.answer(request, self.hub.take_fault(media_id), orjson.dumps(found))
 
     async def download(self, request: web.Request) -> web.StreamResponse:
         stored = self.hub.media.get(request.match_info["media_id"])
@@ -219,9 +216,7 @@ class MetaGraph:
         body = orjson.dumps(
             {"messaging_product": "whatsapp", "contacts": [contact], "messages": [{"id": wamid}]}
         )
-        if fault is not None and fault.action in ("split", "oversize"):
-            return await fake_faults.answer(request, fault, body)
-        return web.Response(body=body, content_type="application/json")
+        return await fake_faults.answer(request, fault, body)
 
     def _read(self, number: str, msg: dict[str, Any]) -> web.Response:
         """Mark as read (with the typing indicator when asked): Meta answers success."""
