@@ -5,12 +5,9 @@ for the poll, a lost connection stopping forwarding, a stop sending or losing qu
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import time
-from collections.abc import Iterator
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime
 
 import asyncpg
 import pytest
@@ -31,6 +28,7 @@ from tests.support.forward import (
     forwarding,
     order_per_customer,
     process_messages,
+    queue_rebuilt,
     states,
     until,
 )
@@ -429,22 +427,12 @@ async def test_start_up_names_the_destinations_the_guard_will_refuse(
     assert await warn_refused(pool, fast(settings)) == []  # allowed: nothing to say
 
 
-async def _queue(pool: asyncpg.Pool, dest: int, prefix: str, n: int) -> None:
-    """n pending deliveries of small envelopes (msg:wamid.<prefix><i>), inserted directly."""
-    rows = [
-        {"key": f"msg:wamid.{prefix}{i}", "kind": "message", "conversation": "", "envelope": {"n": i},
-         "received_at": datetime.now(UTC)}
-        for i in range(n)
-    ]  # fmt: skip
-    await deliveries.insert_rebuilt(pool, destination_id=dest, rows=rows)
-
-
 async def test_a_large_lease_stays_on_one_page_round_after_round(pool: asyncpg.Pool) -> None:
     # A lease row holds up to forward_concurrency + forward_batch ids and every round rewrites
     # it. Inline, a row of 600 ids (4.8 KB) left no room on its page for its next version:
     # the table grew a page per round until autovacuum, and every round's scans read them all.
     dest = await add(pool, "crm", "http://127.0.0.1:9/x", max_in_flight=1000)
-    await _queue(pool, dest, "L", 1300)
+    await queue_rebuilt(pool, dest, "L", 1300)
     held: set[deliveries.Ref] = set()
     for _ in range(30):  # each round: 20 outcomes, 20 new claims, about 600 held
         done = sorted(held)[:20]
@@ -467,7 +455,7 @@ async def test_claims_start_at_due_from_and_housekeeping_lowers_it_for_a_late_co
     # A claim starts at its destination's due_from (past the dead index entries delivered rows
     # leave); housekeeping keeps it at most 10 s back and below every pending delivery.
     dest = await add(pool, "crm", "http://127.0.0.1:9/x", max_in_flight=10)
-    await _queue(pool, dest, "DF", 2)
+    await queue_rebuilt(pool, dest, "DF", 2)
 
     async def housekeeping(held: set[deliveries.Ref]) -> list[deliveries.Claimed]:
         async with pool.acquire() as conn:
@@ -481,7 +469,7 @@ async def test_claims_start_at_due_from_and_housekeeping_lowers_it_for_a_late_co
     lag = await pool.fetchval("SELECT extract(epoch FROM clock_timestamp() - due_from) FROM destinations")
     assert 9 < lag < 12  # the newest pending delivery is younger than 10 s: 10 s back
     # A delivery whose transaction committed long after it was written: below due_from.
-    await _queue(pool, dest, "LATE", 1)
+    await queue_rebuilt(pool, dest, "LATE", 1)
     [late] = await moved.due(pool, "now() - interval '1 minute'", "msg:wamid.LATE0")
     held = {c.ref for c in await _round(pool, "a", set())}
     assert len(held) == 2 and late not in {r.id for r in held}  # not seen by the claim
@@ -586,68 +574,3 @@ async def test_an_idle_round_writes_no_lease_until_a_tenth_of_it_is_used(
     dropped = min(held)
     await _round(pool, "idle", held - {dropped})
     assert (await lease())[0] == [max(held).id]
-
-
-# Every statement's plan as run, nested ones included, sent to the session as a notice.
-AUTO_EXPLAIN = (
-    "LOAD 'auto_explain'",
-    "SET auto_explain.log_min_duration = 0",
-    "SET auto_explain.log_analyze = on",
-    "SET auto_explain.log_nested_statements = on",
-    "SET auto_explain.log_format = json",
-    "SET auto_explain.log_level = notice",
-)
-
-
-def _plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield node
-    for child in node.get("Plans", ()):
-        yield from _plan_nodes(child)
-
-
-async def test_a_rounds_statements_scan_each_set_once_however_many_deliveries_are_held(
-    pool: asyncpg.Pool,
-) -> None:
-    # A round works on sets of deliveries (held, finished, claimed, the lease's own): every
-    # statement must look at each once. The lease's statement once joined them, and a generic
-    # plan (10 rows guessed per array) unnested the lease's array again for every held
-    # delivery: held x leased pairs, 25 ms a round at 300 held. Asserted on the plans as run
-    # (auto_explain, sent to this session as notices), not on a time.
-    dest = await add(pool, "crm", "http://127.0.0.1:9/x", max_in_flight=1000)
-    await _queue(pool, dest, "P", 900)
-    plans: list[dict[str, Any]] = []
-
-    def notice(_conn: object, msg: asyncpg.PostgresLogMessage) -> None:
-        text = msg.message
-        if text.startswith("duration:") and "{" in text:
-            plans.append(json.loads(text[text.index("{") :]))
-
-    held: set[deliveries.Ref] = set()
-    async with pool.acquire() as conn:
-        for setting in AUTO_EXPLAIN:
-            await conn.execute(setting)
-        conn.add_log_listener(notice)
-        for limit in (600, 300):  # the second: 300 outcomes, 300 still held, 300 claimed
-            done = sorted(held)[:300]
-            held.difference_update(done)
-            results = [deliveries.Result(d, i, "delivered", None, 200, None) for d, i in done]
-            plans.clear()
-            claimed, _, _ = await deliveries.cycle(
-                conn, forwarder="big", held=held, results=results, breakers=[], threshold=5,
-                limit=limit, lease_s=60, cooldown_s=30, housekeeping=True,
-            )  # fmt: skip
-            held.update(c.ref for c in claimed)
-        conn.remove_log_listener(notice)
-        await conn.execute("RESET ALL")
-    assert len(held) == 600 and len(done) == 300
-    # Per statement, the most times an array (a Function Scan of unnest) or a table was
-    # scanned whole; an index probe per claimed or finished delivery is linear, and allowed.
-    scans = {
-        " ".join(p["Query Text"].split())[:60]: max(
-            (n.get("Actual Loops", 1) for n in _plan_nodes(p["Plan"])
-             if n["Node Type"] in ("Function Scan", "Seq Scan")), default=0)
-        for p in plans
-    }  # fmt: skip
-    assert any(q.startswith("INSERT INTO delivery_leases") for q in scans), scans
-    # One destination, one lease row: no set is scanned once per delivery.
-    assert max(scans.values()) <= 2, scans

@@ -8,6 +8,7 @@ import contextlib
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 
 import asyncpg
 
@@ -116,3 +117,13 @@ async def started_receiver(**kw: object) -> FakeReceiver:
     r = FakeReceiver(DESTINATION_SECRET, **kw)  # type: ignore[arg-type]
     await r.start()
     return r
+
+
+async def queue_rebuilt(pool: asyncpg.Pool, dest: int, prefix: str, n: int) -> None:
+    """n pending deliveries of small envelopes (msg:wamid.<prefix><i>), inserted directly."""
+    rows = [
+        {"key": f"msg:wamid.{prefix}{i}", "kind": "message", "conversation": "", "envelope": {"n": i},
+         "received_at": datetime.now(UTC)}
+        for i in range(n)
+    ]  # fmt: skip
+    await deliveries.insert_rebuilt(pool, destination_id=dest, rows=rows)
