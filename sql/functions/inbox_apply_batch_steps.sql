@@ -37,6 +37,7 @@ DECLARE
     fw jsonb;
     ev_ids bigint[]; ev_days date[]; ev_lanes smallint[]; ev_received timestamptz[]; ev_keys text[];
     ev_convs text[];
+    wanted jsonb;
     recv jsonb;
 BEGIN
     -- keys: only those newly inserted get side effects. Written as one multi-row VALUES list
@@ -243,45 +244,51 @@ BEGIN
             JOIN unnest(f_keys, f_subjects) AS fk(key, subject) ON fk.key = f.key
             ORDER BY f.key, f.n
         ), want AS (
-            SELECT f.n, d.id AS destination_id, d.format, d.ordered
+            -- per event, the destinations that want it (a JSON array: the queue's insert looks
+            -- them up by key) and the formats they want, as columns: as a set of (event,
+            -- destination) rows tested per event, a batch of n events read 2n rows n times
+            SELECT f.*, w.standard, w.meta, w.dests
             FROM fwd_in f
-            JOIN destinations d ON d.enabled AND f.kind = ANY (d.events)
-                               AND (d.numbers IS NULL OR f.number = ANY (d.numbers))
-                               AND (d.format = 'standard' OR coalesce(f.source, f.envelope->>'source') = 'meta')
+            CROSS JOIN LATERAL (
+                SELECT bool_or(d.format = 'standard') AS standard, bool_or(d.format = 'meta') AS meta,
+                       jsonb_agg(jsonb_build_object('id', d.id, 'ordered', d.ordered)) AS dests
+                FROM destinations d
+                WHERE d.enabled AND f.kind = ANY (d.events)
+                  AND (d.numbers IS NULL OR f.number = ANY (d.numbers))
+                  AND (d.format = 'standard' OR coalesce(f.source, f.envelope->>'source') = 'meta')
+            ) w
+            WHERE w.standard IS NOT NULL
         ), ev AS (
             INSERT INTO delivery_events (lane, received_at, event_key, kind, conversation, body, meta_body)
             SELECT delivery_lane(f.conversation, f.subject),
                    coalesce((recv->>f.inbox_id::text)::timestamptz, v_now),
                    f.key, f.kind, f.conversation,
                    -- the consumer's bodies, else (a status naming a callback) rendered here
-                   CASE WHEN EXISTS (SELECT 1 FROM want w WHERE w.n = f.n AND w.format = 'standard')
+                   CASE WHEN f.standard
                         THEN coalesce(convert_to(f.body, 'UTF8'),
                                       convert_to(CASE WHEN f.tracker_known IS NULL THEN f.envelope
                                                       ELSE jsonb_set(f.envelope, '{data,biz_opaque_callback_data}', f.tracker_known)
                                                  END::text, 'UTF8')) END,
-                   CASE WHEN EXISTS (SELECT 1 FROM want w WHERE w.n = f.n AND w.format = 'meta')
+                   CASE WHEN f.meta
                         THEN coalesce(convert_to(f.meta_body, 'UTF8'),
                                       convert_to(meta_webhook(f.envelope, f.tracker_known)::text, 'UTF8')) END
-            FROM fwd_in f
-            WHERE EXISTS (SELECT 1 FROM want w WHERE w.n = f.n)
+            FROM want f
             ORDER BY f.n
             RETURNING id, day, lane, received_at, event_key, conversation
         )
         SELECT array_agg(id), array_agg(day), array_agg(lane), array_agg(received_at), array_agg(event_key),
-               array_agg(conversation)
-        INTO ev_ids, ev_days, ev_lanes, ev_received, ev_keys, ev_convs FROM ev;
+               array_agg(conversation), (SELECT jsonb_object_agg(w.key, w.dests) FROM want w)
+        INTO ev_ids, ev_days, ev_lanes, ev_received, ev_keys, ev_convs, wanted FROM ev;
         IF ev_ids IS NOT NULL THEN
+            -- each event's destinations looked up by key in the map, not joined: a join of two
+            -- function scans read the batch's events once per event
             INSERT INTO delivery_queue (destination_id, event_id, received_at, conv, event_day, lane)
-            SELECT d.id, e.id, e.received_at, CASE WHEN d.ordered THEN delivery_conversation(e.conv) END,
-                   e.day, e.lane
+            SELECT (d->>'id')::bigint, e.id, e.received_at,
+                   CASE WHEN (d->>'ordered')::boolean THEN delivery_conversation(e.conv) END, e.day, e.lane
             FROM unnest(ev_ids, ev_days, ev_lanes, ev_received, ev_keys, ev_convs)
                      AS e(id, day, lane, received_at, key, conv)
-            JOIN ROWS FROM (jsonb_to_recordset(fw) AS (key text, kind text, source text, envelope jsonb, number text))
-                     AS f(key, kind, source, envelope, number) ON f.key = e.key
-            JOIN destinations d ON d.enabled AND f.kind = ANY (d.events)
-                               AND (d.numbers IS NULL OR f.number = ANY (d.numbers))
-                               AND (d.format = 'standard' OR coalesce(f.source, f.envelope->>'source') = 'meta')
-            ORDER BY d.id, e.id;
+            CROSS JOIN LATERAL jsonb_array_elements(wanted->e.key) AS d
+            ORDER BY (d->>'id')::bigint, e.id;
             GET DIAGNOSTICS n_fwd = ROW_COUNT;
         END IF;
     END IF;
