@@ -99,9 +99,12 @@ WHERE b.before = 0 OR b.before + b.size <= $10
 ORDER BY b.txid, b.id;
 
 -- name: inbox_read_mode
--- The consumer's read plans without sorts (see inbox_read), and its transaction may not sit
--- idle past $1 milliseconds (see gateway/inbound/consumer.py).
-SELECT set_config('enable_sort', 'off', true), set_config('idle_in_transaction_session_timeout', $1, true);
+-- The consumer's read plans without sorts (see inbox_read) and without seq scans (its bodies
+-- are read by primary key, row by row: a generic plan made while today's partition was small
+-- would scan the whole partition for each row once it has grown), and its transaction may not
+-- sit idle past $1 milliseconds (see gateway/inbound/consumer.py).
+SELECT set_config('enable_sort', 'off', true), set_config('enable_seqscan', 'off', true),
+       set_config('idle_in_transaction_session_timeout', $1, true);
 
 -- name: inbox_advance
 -- The lanes' cursors moved on their own (windows a read found empty): member $1, $2 as for

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import asyncpg
 import pytest
 
 from gateway.core.planning import StagedRow, plan_batch
+from gateway.core.settings import Settings
+from gateway.inbound.consumer import Consumer
 from gateway.store import deliveries, inbox
+from gateway.store.db import STATEMENT_CACHE_MAX_CHARS, init_connection
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
 from tests.support.consume import stage
 from tests.support.forward import add, queue_rebuilt
@@ -48,10 +51,9 @@ def rows_read(plan: dict[str, Any]) -> int:
     )
 
 
-@contextlib.asynccontextmanager
-async def explained(conn: asyncpg.Connection) -> AsyncIterator[dict[str, int]]:
-    """Rows read per statement run on ``conn`` meanwhile (by the first 60 characters of its text)."""
-    read: dict[str, int] = {}
+def _listener(read: dict[str, int]) -> Callable[[object, asyncpg.PostgresLogMessage], None]:
+    """A notice listener keeping, per statement (the first 60 characters of its text), the
+    most rows one run of it read."""
 
     def notice(_conn: object, msg: asyncpg.PostgresLogMessage) -> None:
         text = msg.message
@@ -60,6 +62,14 @@ async def explained(conn: asyncpg.Connection) -> AsyncIterator[dict[str, int]]:
             query = " ".join(plan["Query Text"].split())[:60]
             read[query] = max(read.get(query, 0), rows_read(plan))
 
+    return notice
+
+
+@contextlib.asynccontextmanager
+async def explained(conn: asyncpg.Connection) -> AsyncIterator[dict[str, int]]:
+    """Rows read per statement run on ``conn`` meanwhile."""
+    read: dict[str, int] = {}
+    notice = _listener(read)
     for setting in AUTO_EXPLAIN:
         await conn.execute(setting)
     conn.add_log_listener(notice)
@@ -126,3 +136,46 @@ async def test_a_batch_with_two_destinations_reads_its_events_a_bounded_number_o
     assert any(q.startswith(("-- handle_once", "INSERT INTO delivery_queue")) for q in read), read
     # Its events (400), the keys, rows and deliveries they make, each read a few times.
     assert max(read.values()) <= 20 * 800, read
+
+
+async def test_a_burst_after_a_small_analyze_is_still_read_and_applied_by_index(
+    db_dsn: str, settings: Settings
+) -> None:
+    # The consumers' statements keep their plans on their connections. Planned while today's
+    # partitions were small (a new day's first minutes, a quiet spell), a plan may scan them
+    # whole where it looks a row up, and keeps doing so as they grow until the next ANALYZE:
+    # each message's dedup check read the whole day of inbound_messages, a 30 000-webhook
+    # burst drained at 664/s instead of 9 600/s. Here: 300 webhooks, then 3 000 read and
+    # applied by the same connection; no statement reads more than a few rows per row of its
+    # batch.
+    read: dict[str, int] = {}
+    notice = _listener(read)
+
+    async def setup(conn: asyncpg.Connection) -> None:
+        # On every acquire: a pool resets its connections (RESET ALL, listeners) on release.
+        for setting in AUTO_EXPLAIN:
+            await conn.execute(setting)
+        conn.add_log_listener(notice)
+
+    pool = await asyncpg.create_pool(
+        db_dsn, min_size=1, max_size=1, init=init_connection, setup=setup,
+        # as the gateway's pools keep it (gateway.store.db): the batch statement's plan cached
+        max_cacheable_statement_size=STATEMENT_CACHE_MAX_CHARS,
+    )  # fmt: skip
+    try:
+        # 300 webhooks staged and analyzed (today's inbound_messages still empty), applied,
+        # then the burst
+        for first, n in ((0, 300), (300, 3000)):
+            bodies = [to_bytes(messages_payload(message_obj(f"wamid.B{i}"))) for i in range(first, first + n)]
+            await inbox.insert_batch(pool, sources=["meta"] * n, bodies=bodies, delivery_ids=[None] * n)
+            if not first:
+                await pool.execute("ANALYZE")
+            read.clear()
+            consumer = Consumer(pool, settings)
+            while await consumer.process_batch():
+                pass
+        assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 3300
+    finally:
+        await pool.close()
+    assert any(q.startswith("-- handle_once") for q in read), read
+    assert max(read.values()) <= 20 * settings.consumer_batch, read
