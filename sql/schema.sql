@@ -140,6 +140,7 @@ $_$;
 CREATE FUNCTION public.forward_round(p_forwarder text, p_outcomes public.delivery_outcome[], p_held public.delivery_ref[], p_tallies public.breaker_tally[], p_gone bigint[], p_limit integer, p_lanes smallint[], p_lease_s double precision, p_breaker_failures integer, p_housekeeping boolean, p_cooldown_s double precision) RETURNS TABLE(kind text, destination_id bigint, event_id bigint, event_key text, body bytea, attempts integer, received_at double precision, window_start double precision, destination text, url text, secret text, previous_secret text, ordered boolean, meta boolean, old_state text, new_state text, lane smallint)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE

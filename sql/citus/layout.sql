@@ -226,6 +226,11 @@ $$;
 ALTER FUNCTION forward_round(text, delivery_outcome[], delivery_ref[], breaker_tally[], bigint[], integer,
                              smallint[], float8, integer, boolean, float8)
     SET plan_cache_mode = force_custom_plan;
+-- (Planned per call, with the tables' sizes as they are: the seq scans a kept plan must avoid
+-- are left to Citus's planner.)
+ALTER FUNCTION forward_round(text, delivery_outcome[], delivery_ref[], breaker_tally[], bigint[], integer,
+                             smallint[], float8, integer, boolean, float8)
+    RESET enable_seqscan;
 ALTER FUNCTION forward_round(text, delivery_outcome[], delivery_ref[], breaker_tally[], bigint[], integer,
                              smallint[], float8, integer, boolean, float8)
     SET citus.multi_shard_modify_mode = sequential;

@@ -18,7 +18,10 @@
 -- Small statements, each run only when it has something to do (outcomes, breaker counts, a
 -- claim), each planned once per connection (generic plans: their cost does not depend on the
 -- arrays' values): a round's fixed cost is what keeps the database's share of a delivery small
--- at the rates people run, where a round carries a handful of deliveries. Each statement sees
+-- at the rates people run, where a round carries a handful of deliveries. Planned without seq
+-- scans: every row a round touches is found by an index, and a plan kept on the forwarder's
+-- connection that was made while the queue or a day's partition was small would otherwise
+-- scan it whole, per round or per delivery, as it grows until the next ANALYZE. Each statement sees
 -- what the ones before it wrote: the claim sees the breakers as this round left them and the
 -- queue without what this round delivered (a customer's next delivery to a destination with
 -- --ordered is claimed in the round that records its predecessor), and counts the leases as
@@ -91,6 +94,7 @@ CREATE FUNCTION forward_round(
     previous_secret text, ordered boolean, meta boolean, old_state text, new_state text, lane smallint
 ) LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
