@@ -144,15 +144,27 @@ async def _forwarded(
     return rate
 
 
+def _message_bodies(prefix: str, n: int) -> list[bytes]:
+    """n Meta webhooks of one inbound message each (wamid.<prefix><i>)."""
+    return [
+        payloads.meta_bytes(payloads.messages_payload(payloads.message_obj(f"wamid.{prefix}{i}")))
+        for i in range(n)
+    ]
+
+
+async def _stage(pool: asyncpg.Pool, bodies: list[bytes]) -> None:
+    """Meta webhooks committed to webhook_inbox in one INSERT, as the ingest edge commits them."""
+    await inbox.insert_batch(
+        pool, sources=["meta"] * len(bodies), bodies=bodies, delivery_ids=[None] * len(bodies)
+    )
+
+
 async def _pipeline(pool: asyncpg.Pool, prefix: str, rate: float, seconds: float) -> dict[str, float]:
     """Stage one message per webhook at ``rate``/s for ``seconds``; receipt time per webhook id.
     The bodies and their webhook ids are made beforehand: the load generator shares the event
     loop with the consumers and the forwarder, and must not take it from them meanwhile."""
     total = int(rate * seconds) + 1
-    bodies = [
-        payloads.meta_bytes(payloads.messages_payload(payloads.message_obj(f"wamid.{prefix}{i}")))
-        for i in range(total)
-    ]
+    bodies = _message_bodies(prefix, total)
     ids = [stdwebhooks.webhook_id(DEST, f"msg:wamid.{prefix}{i}") for i in range(total)]
     receipts: dict[str, float] = {}
     tick = 0.01
@@ -162,9 +174,7 @@ async def _pipeline(pool: asyncpg.Pool, prefix: str, rate: float, seconds: float
         due = min(int(elapsed * rate), total) - sent
         if due > 0:
             now = time.time()
-            await inbox.insert_batch(
-                pool, sources=["meta"] * due, bodies=bodies[sent : sent + due], delivery_ids=[None] * due
-            )
+            await _stage(pool, bodies[sent : sent + due])
             receipts.update(dict.fromkeys(ids[sent : sent + due], now))
             sent += due
         await asyncio.sleep(tick)
@@ -176,16 +186,10 @@ async def _pipeline_saturation(
 ) -> float:
     """Stage ``n`` inbound messages at once (bodies made beforehand, rows in chunks as the
     ingest edge commits them); webhooks/s from the first INSERT until the receiver has them all."""
-    bodies = [
-        payloads.meta_bytes(payloads.messages_payload(payloads.message_obj(f"wamid.{prefix}{i}")))
-        for i in range(n)
-    ]
+    bodies = _message_bodies(prefix, n)
     started = time.perf_counter()
     for at in range(0, n, STAGE_CHUNK):
-        chunk = bodies[at : at + STAGE_CHUNK]
-        await inbox.insert_batch(
-            pool, sources=["meta"] * len(chunk), bodies=chunk, delivery_ids=[None] * len(chunk)
-        )
+        await _stage(pool, bodies[at : at + STAGE_CHUNK])
     if (await rx.wait(n, timeout_s))["processed"] < n:
         raise TimeoutError(f"the pipeline did not deliver {n} in {timeout_s}s")
     return n / (time.perf_counter() - started)
