@@ -101,6 +101,18 @@ def missing_partition(exc: BaseException) -> str | None:
     return rest.split('"')[1] if rest.count('"') >= 2 else None
 
 
+# Citus's WARNING when a participant's COMMIT (or COMMIT PREPARED) got no confirmation: the
+# coordinator commits anyway, so the client is told success. Citus ships no translations, so
+# the text is this whatever lc_messages says (src/backend/distributed/transaction/
+# remote_transaction.c in the Citus sources, FinishRemoteTransactionCommit).
+CITUS_COMMIT_FAILED = "failed to commit transaction on "
+
+
+def commit_in_doubt(severity: str | None, message: str) -> bool:
+    """Whether a notice received while a statement committed says part of it may not have."""
+    return severity == "WARNING" and message.startswith(CITUS_COMMIT_FAILED)
+
+
 # inbox_advance's error: the lanes a batch read were taken over, or their cursors moved.
 FENCED = "GWL01"
 

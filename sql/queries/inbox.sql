@@ -6,8 +6,9 @@
 -- from its inbox_lanes row: on Citus that table is colocated with webhook_inbox, so the
 -- statement reads and writes one shard on one worker and commits without two-phase commit (an
 -- INSERT ... SELECT from unnest alone, or inside a CTE, makes the coordinator a second
--- participant). On Citus the table's NOTIFY trigger is gone (it would run on the worker, where
--- no consumer listens): the committer sends inbox_notify after the commit.
+-- participant; so does RETURNING). A worker's COMMIT that fails is then only a WARNING, which
+-- the committer reads (docs/scaling.md). On Citus the table's NOTIFY trigger is gone (it would
+-- run on the worker, where no consumer listens): the committer sends inbox_notify after the commit.
 INSERT INTO webhook_inbox (lane, source, body, delivery_id)
 SELECT l.lane, t.source, t.body, t.delivery_id
 FROM inbox_lanes l,

@@ -13,6 +13,7 @@ from gateway.core.faults import (
     HandlerError,
     Verdict,
     classify,
+    commit_in_doubt,
     kind_of,
     missing_partition,
     verdict,
@@ -103,6 +104,23 @@ def test_classify(exc: BaseException, fault: Fault) -> None:
 )
 def test_verdict(fault: Fault, probe_failed: bool, expected: Verdict) -> None:
     assert verdict(fault, probe_failed=probe_failed) is expected
+
+
+@pytest.mark.parametrize(
+    ("severity", "message", "doubt"),
+    [
+        # Citus: a worker lost during its COMMIT; the coordinator commits anyway
+        ("WARNING", "failed to commit transaction on 10.0.0.7:5432", True),
+        # the connection's own WARNING before it: not by itself a verdict on the commit
+        ("WARNING", "server closed the connection unexpectedly", False),
+        # wraparound warnings come with every transaction near the limit: never a failure
+        ("WARNING", 'database "gateway" must be vacuumed within 9999999 transactions', False),
+        ("NOTICE", "failed to commit transaction on 10.0.0.7:5432", False),
+        (None, "failed to commit transaction on 10.0.0.7:5432", False),
+    ],
+)
+def test_commit_in_doubt(severity: str | None, message: str, doubt: bool) -> None:
+    assert commit_in_doubt(severity, message) is doubt
 
 
 def test_missing_partition_names_the_table() -> None:

@@ -1,0 +1,135 @@
+"""The edge's promise on Citus when a worker is lost while a staging batch commits.
+
+A batch writes one shard, and Citus commits such a transaction in one phase: the coordinator
+sends the worker COMMIT, then commits itself. If the worker is lost during its COMMIT, Citus
+only warns ("failed to commit transaction on host:port") and the statement succeeds, whether or
+not the rows committed. Here the worker's COMMIT is held open by a deferred trigger that sleeps
+on its shards and the worker is SIGKILLed meanwhile: the rows never committed, and the answer
+must be 503 (it was 200 before the committer read that warning).
+
+Own cluster (a coordinator and one worker): the test kills its worker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from functools import partial
+from pathlib import Path
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from gateway.inbound.groupcommit import GroupCommitter, Unavailable
+from gateway.store.db import connect
+from gateway.testing import citus
+from loadtest.harness.database import citus_database
+
+pytestmark = [pytest.mark.citus, pytest.mark.asyncio(loop_scope="module")]
+
+# Triggers on the worker's own shards of webhook_inbox (each day's partition has its shards).
+_ON_SHARDS = """
+DO $d$ DECLARE r record; BEGIN
+  FOR r IN SELECT c.oid::regclass AS t FROM pg_class c
+           WHERE c.relname LIKE 'webhook\\_inbox\\_%' AND c.relkind = 'r' LOOP
+    EXECUTE format('DROP TRIGGER IF EXISTS probe ON %s', r.t);
+    EXECUTE format({create}, r.t);
+  END LOOP;
+END $d$;
+"""
+# The worker's COMMIT sleeps (a deferred trigger runs at COMMIT): a window to kill it in.
+SLOW_COMMIT = _ON_SHARDS.format(
+    create="'CREATE CONSTRAINT TRIGGER probe AFTER INSERT ON %s DEFERRABLE INITIALLY DEFERRED "
+    "FOR EACH ROW EXECUTE FUNCTION probe_sleep()'"
+)
+NO_PROBE = _ON_SHARDS.format(create="'SELECT %L'")
+FUNCTIONS = """
+CREATE OR REPLACE FUNCTION probe_sleep() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$;
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(citus_cluster: citus.Cluster) -> Iterator[citus.Cluster]:
+    base = Path(tempfile.mkdtemp(prefix="gateway-citus-doubt-"))
+    os.chmod(base, 0o755)  # noqa: S103 - the postgres user must traverse it
+    c = citus.Cluster(citus_cluster.root, base, workers=1, fsync=False)
+    try:
+        c.start()
+        yield c
+    finally:
+        for node in c.nodes:
+            c.kill(node, wait=False)
+        subprocess.Popen(["rm", "-rf", str(base)], start_new_session=True)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def dsn(cluster: citus.Cluster) -> str:
+    return await citus_database(cluster, "gw_doubt")
+
+
+async def _on_worker(cluster: citus.Cluster, sql: str) -> None:
+    conn = await asyncpg.connect(cluster.dsn("gw_doubt", cluster.workers[0]), timeout=30)
+    try:
+        # Shards are Citus's to change; a test may, on the worker, with these two settings.
+        await conn.execute("SET citus.enable_manual_changes_to_shards = on")
+        await conn.execute("SET citus.enable_ddl_propagation = off")
+        await conn.execute(FUNCTIONS + sql)
+    finally:
+        await conn.close()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def committer(dsn: str) -> AsyncIterator[GroupCommitter]:
+    gc = GroupCommitter(partial(connect, dsn), window_s=0.001, max_inflight=1, deadline_s=60.0)
+    # Its connection made and the statement prepared before any probe is in place.
+    await asyncio.wait_for(gc.stage("meta", b'{"warm":1}'), 60)
+    yield gc
+    await gc.close()
+
+
+async def _stored(dsn: str, body: bytes) -> int:
+    conn = await asyncpg.connect(dsn, timeout=30)
+    try:
+        return int(await conn.fetchval("SELECT count(*) FROM webhook_inbox WHERE body = $1", body))
+    finally:
+        await conn.close()
+
+
+async def _sleeping(dsn: str, timeout_s: float = 30) -> str:
+    """Until a backend of the server at ``dsn`` sleeps in the trigger: the statement it runs."""
+    conn = await asyncpg.connect(dsn, timeout=30)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            query = await conn.fetchval("SELECT query FROM pg_stat_activity WHERE wait_event = 'PgSleep'")
+            if query is not None:
+                return str(query)
+            assert time.monotonic() < deadline, "the worker never reached the batch's COMMIT"
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+
+
+async def test_worker_lost_during_its_commit_is_answered_503(
+    cluster: citus.Cluster, dsn: str, committer: GroupCommitter
+) -> None:
+    await _on_worker(cluster, SLOW_COMMIT)
+    body = b'{"lost":1}'
+    fut = committer.stage("meta", body)
+    # One phase: COMMIT, not PREPARE TRANSACTION (a two-phase commit fails at its PREPARE).
+    assert await _sleeping(cluster.dsn("postgres", cluster.workers[0])) == "COMMIT"
+    worker = cluster.workers[0]
+    cluster.kill(worker)
+    with pytest.raises(Unavailable):
+        await asyncio.wait_for(fut, 60)
+    await asyncio.to_thread(cluster.restart, worker)
+    try:
+        # The rows never committed: a 200 would have been a lost webhook.
+        assert await _stored(dsn, body) == 0
+    finally:
+        await _on_worker(cluster, NO_PROBE)
