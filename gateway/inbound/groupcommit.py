@@ -47,10 +47,10 @@ from typing import Any
 import asyncpg
 
 from gateway import metrics, tracing
-from gateway.core.faults import commit_in_doubt, missing_partition
+from gateway.core.faults import missing_partition
 from gateway.core.limits import LogThrottle
 from gateway.core.spacing import Rate, Senders, linger
-from gateway.store import db, inbox
+from gateway.store import db, doubt, inbox
 
 log = logging.getLogger(__name__)
 # A database outage fails every batch: one line per 10 s says so, with how many were held back.
@@ -78,10 +78,6 @@ class _Item:
     deadline: float
     future: asyncio.Future[None] = field(repr=False)
     link: Any = field(default=None, repr=False)  # the request's span context, when tracing
-
-
-class CommitInDoubt(Exception):
-    """The statement succeeded, but a participant's commit may not have (Citus)."""
 
 
 Connect = Callable[[], Awaitable[asyncpg.Connection]]
@@ -123,7 +119,6 @@ class GroupCommitter:
         self._lane = random.randrange(LANES)  # the lane of the last batch cut
         self._resting: dict[int, float] = {}  # lane -> until when it is passed over
         self._citus: bool | None = None  # the database is a Citus coordinator (asked once)
-        self._doubted: set[Any] = set()  # connections told their last commit may have failed
 
     def _next_lane(self) -> int:
         """The next lane after the last batch's that has not failed lately (any, if all have)."""
@@ -227,7 +222,6 @@ class GroupCommitter:
                 async with asyncio.timeout_at(batch[0].deadline):
                     if conn is None or conn.is_closed():
                         conn = await self._connect()
-                        conn.add_log_listener(self._on_log)
                     if self._citus is None:
                         self._citus = (await db.citus_state(conn))[0]
                     await self._insert(conn, batch, lane)
@@ -237,7 +231,6 @@ class GroupCommitter:
             # the idle ones with it: they went to the same server, which may be gone or frozen
             # (a failover), and each would cost its batch a deadline to find out.
             if conn is not None:
-                self._doubted.discard(conn)
                 conn.terminate()
                 conn = None
             idle, self._idle = self._idle, []
@@ -311,35 +304,27 @@ class GroupCommitter:
         except Exception as exc:  # a wake-up is best effort
             log.debug("wake-up after a batch failed: %s", exc)
 
-    def _on_log(self, conn: Any, message: asyncpg.PostgresLogMessage) -> None:
-        """A connection's notices. Called before the statement's caller resumes: both are queued
-        on the loop as the reply is read, the notice first."""
-        severity = getattr(message, "severity_en", None) or message.severity
-        if commit_in_doubt(severity, message.message):
-            self._doubted.add(conn)
-
-    async def _insert(self, conn: asyncpg.Connection, batch: list[_Item], lane: int) -> None:
+    @staticmethod
+    async def _insert(conn: asyncpg.Connection, batch: list[_Item], lane: int) -> None:
         """One statement; a day without its partition (the maintenance job has not run) gets
-        one on the spot and the statement runs again: ingest never waits for the job."""
+        one on the spot and the statement runs again: ingest never waits for the job. A commit
+        Citus put in doubt fails the batch (``store.doubt``), as a connection lost during
+        COMMIT does."""
         sources = [i.source for i in batch]
         bodies = [i.body for i in batch]
         ids = [i.delivery_id for i in batch]
-        self._doubted.discard(conn)
-        try:
-            await inbox.insert_batch(conn, sources=sources, bodies=bodies, delivery_ids=ids, lane=lane)
-        except asyncpg.CheckViolationError as exc:
-            table = missing_partition(exc)
-            if table is None:
-                raise
-            made = await inbox.ensure_partition(conn, table=table)
-            log.warning("%s had no partition for today: %s", table, "made it" if made else "it exists now")
-            await inbox.insert_batch(conn, sources=sources, bodies=bodies, delivery_ids=ids, lane=lane)
-        if conn in self._doubted:
-            # Citus commits a one-shard transaction in one phase, sending the worker COMMIT
-            # before its own; a worker lost then is only a WARNING, and the statement succeeds
-            # whether or not the rows committed. As a connection lost during COMMIT: 503.
-            self._doubted.discard(conn)
-            raise CommitInDoubt("a Citus worker's COMMIT was not confirmed")
+        with doubt.watch(conn) as commit:
+            try:
+                await inbox.insert_batch(conn, sources=sources, bodies=bodies, delivery_ids=ids, lane=lane)
+            except asyncpg.CheckViolationError as exc:
+                table = missing_partition(exc)
+                if table is None:
+                    raise
+                made = await inbox.ensure_partition(conn, table=table)
+                how = "made it" if made else "it exists now"
+                log.warning("%s had no partition for today: %s", table, how)
+                await inbox.insert_batch(conn, sources=sources, bodies=bodies, delivery_ids=ids, lane=lane)
+        commit.check()
 
     async def close(self) -> None:
         """Stop taking rows, write what is pending, and wait for every batch."""
