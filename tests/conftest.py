@@ -34,12 +34,10 @@ from gateway.testing.scratch import scratch_database
 from gateway.web.server import Listening, listen
 from tests.support.citus_db import SpareDatabases, new_citus_database
 from tests.support.config import (
-    API_KEYS,
     DESTINATION_SECRET,
-    META_OLD_SECRET,
     META_SECRET,
     TENASHI_SECRET,
-    VERIFY_TOKEN,
+    gateway_settings,
 )
 
 CITUS = os.environ.get("GATEWAY_TEST_CITUS", "")
@@ -220,18 +218,7 @@ async def pool(db_dsn: str) -> AsyncIterator[asyncpg.Pool]:
 
 @pytest.fixture
 def settings(db_dsn: str) -> Settings:
-    return Settings(
-        database_url=db_dsn,
-        meta_app_secrets=(META_SECRET, META_OLD_SECRET),
-        meta_verify_token=VERIFY_TOKEN,
-        tenashi_secret=TENASHI_SECRET,
-        api_keys=API_KEYS,
-        run_consumers=False,
-        run_sender=False,
-        run_forwarder=False,
-        migrate_on_start=False,
-        forward_allow_private=True,  # the fake receivers listen on 127.0.0.1
-    )
+    return gateway_settings(db_dsn)
 
 
 @pytest.fixture

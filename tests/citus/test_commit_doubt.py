@@ -15,27 +15,23 @@ Own cluster (a coordinator and one worker): the tests kill its worker."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
-from pathlib import Path
 
 import asyncpg
 import pytest
 import pytest_asyncio
 from aiohttp import ClientSession
 
-from gateway.core.settings import Settings
 from gateway.inbound.groupcommit import GroupCommitter, Unavailable
 from gateway.runtime.services import gateway_app
 from gateway.store.db import connect
 from gateway.testing import citus
 from gateway.web.server import listen
 from loadtest.harness.database import citus_database
-from tests.support.config import API_KEYS, META_SECRET, VERIFY_TOKEN
+from tests.support.citus_db import own_cluster
+from tests.support.config import gateway_settings
 from tests.support.http import post_message
 
 pytestmark = [pytest.mark.citus, pytest.mark.asyncio(loop_scope="module")]
@@ -76,16 +72,8 @@ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$;
 
 @pytest.fixture(scope="module")
 def cluster(citus_cluster: citus.Cluster) -> Iterator[citus.Cluster]:
-    base = Path(tempfile.mkdtemp(prefix="gateway-citus-doubt-"))
-    os.chmod(base, 0o755)  # noqa: S103 - the postgres user must traverse it
-    c = citus.Cluster(citus_cluster.root, base, workers=1, fsync=False)
-    try:
-        c.start()
+    with own_cluster(citus_cluster, "doubt", workers=1) as c:
         yield c
-    finally:
-        for node in c.nodes:
-            c.kill(node, wait=False)
-        subprocess.Popen(["rm", "-rf", str(base)], start_new_session=True)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -164,16 +152,7 @@ async def test_a_send_whose_worker_is_lost_during_its_commit_is_answered_503(
     connection after the COMMIT and raises ("could not commit transaction for shard ... on at
     least one active node"), so the answer is 503 without the committer's reading of warnings.
     A 202 here would be a send the client is told was accepted and that never happens."""
-    s = Settings(
-        database_url=dsn,
-        meta_app_secrets=(META_SECRET,),
-        meta_verify_token=VERIFY_TOKEN,
-        api_keys=API_KEYS,
-        run_consumers=False,
-        run_sender=False,
-        run_forwarder=False,
-        migrate_on_start=False,
-    )
+    s = gateway_settings(dsn)
     body = {"to": "4915112345678", "phone_number_id": "1111", "type": "text", "text": {"body": "hi"}}
     server = await listen(gateway_app(s), s, "127.0.0.1", 0)
     try:

@@ -14,9 +14,6 @@ reports with `python -m loadtest run` at larger sizes."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +24,7 @@ import pytest
 
 from gateway.testing import citus
 from loadtest.harness.database import citus_database
+from tests.support.citus_db import own_cluster
 from tests.support.citusload import (
     CLUSTER_SETTINGS,
     errors,
@@ -47,20 +45,8 @@ pytestmark = pytest.mark.citus
 @pytest.fixture(scope="module")
 def load_cluster(citus_cluster: citus.Cluster) -> Iterator[citus.Cluster]:
     """A coordinator and two workers from the session cluster's build."""
-    base = Path(tempfile.mkdtemp(prefix="gateway-citus-load-"))
-    os.chmod(base, 0o755)  # noqa: S103 - the postgres user must traverse it
-    # fsync off: the tests kill processes, never the machine (the page cache keeps what they wrote).
-    cluster = citus.Cluster(citus_cluster.root, base, fsync=False, settings=CLUSTER_SETTINGS)
-    try:
-        cluster.start()
+    with own_cluster(citus_cluster, "load", settings=CLUSTER_SETTINGS) as cluster:
         yield cluster
-    finally:
-        # Thrown away: killed rather than stopped (a clean stop checkpoints thousands of
-        # shard files, 40 s here).
-        for node in cluster.nodes:
-            cluster.kill(node, wait=False)
-        # Removed in the background: thousands of shard files, ~10 s the other tests need not wait.
-        subprocess.Popen(["rm", "-rf", str(base)], start_new_session=True)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import subprocess
+import tempfile
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -146,3 +150,25 @@ class SpareDatabases:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def own_cluster(
+    build: citus.Cluster, name: str, *, workers: int = 2, settings: dict[str, str] | None = None
+) -> Iterator[citus.Cluster]:
+    """A cluster of its own from ``build``'s Citus build, for tests that kill its nodes (which the
+    session's cluster of the other tests must not see)."""
+    base = Path(tempfile.mkdtemp(prefix=f"gateway-citus-{name}-"))
+    os.chmod(base, 0o755)  # noqa: S103 - the postgres user must traverse it
+    # fsync off: the tests kill processes, never the machine (the page cache keeps what they wrote).
+    cluster = citus.Cluster(build.root, base, workers, fsync=False, settings=settings)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        # Thrown away: killed rather than stopped (a clean stop checkpoints thousands of
+        # shard files, 40 s here).
+        for node in cluster.nodes:
+            cluster.kill(node, wait=False)
+        # Removed in the background: thousands of shard files, ~10 s the other tests need not wait.
+        subprocess.Popen(["rm", "-rf", str(base)], start_new_session=True)
