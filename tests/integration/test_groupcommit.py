@@ -234,3 +234,40 @@ async def test_each_batch_takes_the_next_lane_and_a_failed_lane_rests(
     await asyncio.wait_for(gc.stage("meta", b"after"), 5)
     assert await pool.fetchval("SELECT lane FROM webhook_inbox WHERE body = 'after'") == (failing + 1) % 32
     await gc.close()
+
+
+@pytest.mark.parametrize(
+    ("warning", "answered"),
+    [
+        ("a warning that means nothing", True),
+        # Citus's, when a worker's COMMIT got no answer (tests/citus/test_commit_doubt.py)
+        ("failed to commit transaction on 10.0.0.7:5432", False),
+    ],
+)
+async def test_a_batch_whose_commit_was_warned_about_is_not_acknowledged(
+    pool: asyncpg.Pool, db_dsn: str, warning: str, answered: bool
+) -> None:
+    """A trigger's WARNING stands in for a Citus coordinator's (gateway.store.doubt): one saying
+    a participant's COMMIT failed fails the batch (503), as a connection lost during COMMIT
+    does; any other warning fails nothing."""
+    await pool.execute(
+        "CREATE FUNCTION probe_warn() RETURNS trigger LANGUAGE plpgsql AS "
+        f"$$ BEGIN RAISE WARNING '{warning}'; RETURN NULL; END $$"
+    )
+    await pool.execute(
+        "CREATE TRIGGER probe AFTER INSERT ON webhook_inbox FOR EACH STATEMENT EXECUTE FUNCTION probe_warn()"
+    )
+    gc = GroupCommitter(partial(connect, db_dsn), window_s=0.001)
+    try:
+        futs = [gc.stage("meta", b"warned%d" % i) for i in range(3)]
+        done = await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), 5)
+        if answered:
+            assert done == [None] * 3
+        else:
+            assert all(isinstance(r, Unavailable) for r in done), done
+        # The next batch is judged by its own notices.
+        await pool.execute("DROP TRIGGER probe ON webhook_inbox")
+        await asyncio.wait_for(gc.stage("meta", b"after"), 5)
+    finally:
+        await gc.close()
+        await pool.execute("DROP TRIGGER IF EXISTS probe ON webhook_inbox; DROP FUNCTION probe_warn()")
