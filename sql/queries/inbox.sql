@@ -425,12 +425,11 @@ WITH ev AS (
     RETURNING 1
 ), parked AS (
     -- Whole webhooks that are no payload (not JSON, no known shape): moved aside dead with
-    -- their bytes, for an operator; the reason is looked up per row, a rare one.
+    -- their bytes and reason, for an operator (each id once in $7).
     INSERT INTO inbox_parked (inbox_id, received_at, source, delivery_id, body, state, attempts, last_error)
-    SELECT w.id, w.received_at, w.source, w.delivery_id, w.body, 'dead', 1,
-           (SELECT d.why FROM unnest($7::bigint[], $8::text[]) AS d(id, why) WHERE d.id = w.id LIMIT 1)
-    FROM webhook_inbox w
-    WHERE w.id = ANY ($7::bigint[])
+    SELECT w.id, w.received_at, w.source, w.delivery_id, w.body, 'dead', 1, d.why
+    FROM unnest($7::bigint[], $8::text[]) AS d(id, why)
+    JOIN webhook_inbox w ON w.id = d.id
     ON CONFLICT (inbox_id) DO UPDATE SET state = 'dead', attempts = inbox_parked.attempts + 1,
         last_error = excluded.last_error, updated_at = clock_timestamp()
     RETURNING 1

@@ -179,3 +179,25 @@ async def test_a_burst_after_a_small_analyze_is_still_read_and_applied_by_index(
         await pool.close()
     assert any(q.startswith("-- handle_once") for q in read), read
     assert max(read.values()) <= 20 * settings.consumer_batch, read
+
+
+@pytest.mark.parametrize("steps", [False, True], ids=["statement", "citus-steps"])
+async def test_a_batch_of_webhooks_moved_aside_reads_them_a_bounded_number_of_times(
+    pool: asyncpg.Pool, steps: bool
+) -> None:
+    # 1 000 webhooks that are no payload, moved aside dead with their reasons. Each one's reason
+    # was once looked up by scanning the batch's (id, reason) arrays: 1 000 x 500 rows read.
+    rows = []
+    for i in range(1000):
+        body = b"not json %d" % i if i % 2 else b'{"object": "instagram", "n": %d}' % i
+        rows.append(StagedRow(await stage(pool, body), "meta", body, None))
+    plan = plan_batch(rows, bodies=True)
+    assert len(plan.parked) == 1000
+    async with pool.acquire() as conn, explained(conn) as read:
+        if not steps:
+            await conn.execute("SET plan_cache_mode = force_generic_plan")
+        applied = await inbox.apply_plan(conn, plan, citus=steps)
+    assert applied.parked == 1000
+    reasons = await pool.fetch("SELECT last_error FROM inbox_parked ORDER BY inbox_id")
+    assert [r[0].split(":")[0] for r in reasons[:2]] == ["UnknownShape", "NotJson"]
+    assert max(read.values()) <= 20 * 1000, read
