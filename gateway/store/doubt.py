@@ -54,4 +54,3 @@ def watch(conn: Any) -> Iterator[Watch]:
         yield w
     finally:
         conn.remove_log_listener(w.on_log)
-
