@@ -88,7 +88,7 @@ class GroupCommitter:
         self,
         connect: Connect,
         *,
-        window_s: float = 0.002,
+        window_s: float = 0.001,
         linger_s: float = 0.0,
         linger_gather: int = 4,
         others_s: float = 1.0,
