@@ -160,9 +160,9 @@ async def test_a_send_whose_worker_is_lost_during_its_commit_is_answered_503(
             status, _, answer = await post_message(http, server, body, key="warm")
             assert status == 202, answer
             await _on_worker(cluster, slow_commit(OUTBOX))
-            sent = asyncio.ensure_future(post_message(http, server, body, key="lost-1"))
-            assert await _sleeping(cluster.dsn("postgres", cluster.workers[0])) == "COMMIT"
             worker = cluster.workers[0]
+            sent = asyncio.ensure_future(post_message(http, server, body, key="lost-1"))
+            assert await _sleeping(cluster.dsn("postgres", worker)) == "COMMIT"
             cluster.kill(worker)
             status, headers, answer = await asyncio.wait_for(sent, 60)
             assert status == 503 and headers["Retry-After"], answer
