@@ -49,6 +49,7 @@ import asyncpg
 from gateway import metrics, tracing
 from gateway.core.faults import missing_partition
 from gateway.core.limits import LogThrottle
+from gateway.core.settings import Settings
 from gateway.core.spacing import Rate, Senders, linger
 from gateway.store import db, doubt, inbox
 
@@ -81,6 +82,9 @@ class _Item:
 
 
 Connect = Callable[[], Awaitable[asyncpg.Connection]]
+# The settings' defaults are the committer's: a caller that passes none gets what an operator
+# who sets none gets (linger excepted: none unless asked for, so tests see one batch per pass).
+_DEFAULTS = Settings()
 
 
 class GroupCommitter:
@@ -88,13 +92,13 @@ class GroupCommitter:
         self,
         connect: Connect,
         *,
-        window_s: float = 0.001,
+        window_s: float = _DEFAULTS.commit_window_ms / 1000,
         linger_s: float = 0.0,
-        linger_gather: int = 4,
+        linger_gather: int = _DEFAULTS.commit_linger_gather,
         others_s: float = 1.0,
-        max_batch: int = 256,
-        max_inflight: int = 4,
-        deadline_s: float = 3.0,
+        max_batch: int = _DEFAULTS.commit_max_batch,
+        max_inflight: int = _DEFAULTS.commit_max_inflight,
+        deadline_s: float = _DEFAULTS.ack_deadline_ms / 1000,
     ) -> None:
         self._connect = connect
         self._idle: list[asyncpg.Connection] = []  # at most max_inflight connections exist

@@ -597,6 +597,18 @@ SELECT array_agg(quote_ident(attname) ORDER BY attnum) FROM pg_attribute
 _SHARD_SESSION = {"citus.override_table_visibility": "off", "citus.enable_manual_changes_to_shards": "on"}
 
 
+async def shard_session(cluster: Cluster, name: str, node: Node, *, local_ddl: bool = False) -> Any:
+    """A connection to database ``name`` on ``node`` that sees its shards and may change them
+    directly (``local_ddl``: DDL run on it stays on that node, as a test that plants a probe
+    on one worker needs)."""
+    import asyncpg
+
+    settings = dict(_SHARD_SESSION)
+    if local_ddl:
+        settings["citus.enable_ddl_propagation"] = "off"
+    return await asyncpg.connect(cluster.dsn(name, node), timeout=30, server_settings=settings)
+
+
 class ReusableDatabase:
     """A migrated database on a cluster, put back to its baseline after each test: one
     migrated Citus database is expensive (every table becomes shards on every worker), and
@@ -620,11 +632,7 @@ class ReusableDatabase:
         return self.cluster.dsn(self.name)
 
     async def _connect(self, node: Node) -> Any:
-        import asyncpg
-
-        return await asyncpg.connect(
-            self.cluster.dsn(self.name, node), timeout=30, server_settings=dict(_SHARD_SESSION)
-        )
+        return await shard_session(self.cluster, self.name, node)
 
     async def snapshot(self) -> None:
         self.baseline = dict(

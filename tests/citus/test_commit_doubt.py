@@ -82,11 +82,8 @@ async def dsn(cluster: citus.Cluster) -> str:
 
 
 async def _on_worker(cluster: citus.Cluster, sql: str) -> None:
-    conn = await asyncpg.connect(cluster.dsn("gw_doubt", cluster.workers[0]), timeout=30)
+    conn = await citus.shard_session(cluster, "gw_doubt", cluster.workers[0], local_ddl=True)
     try:
-        # Shards are Citus's to change; a test may, on the worker, with these two settings.
-        await conn.execute("SET citus.enable_manual_changes_to_shards = on")
-        await conn.execute("SET citus.enable_ddl_propagation = off")
         await conn.execute(FUNCTIONS + sql)
     finally:
         await conn.close()
