@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.core.errors import describe, last_line
 from gateway.core.events import Event, Item
@@ -85,17 +86,61 @@ def raw_fragment(row: StagedRow, item: Item) -> bytes:
     return row.body if found is None else found
 
 
-def rebuild(it: dead_events.Claimed) -> list[Event]:
-    """A dead item's event(s), from its own bytes; BadEvent if they are no event."""
+def _parse(it: dead_events.Claimed) -> list[Event]:
     try:
-        events = parse_fragment(it.source, it.unit, it.fragment, it.context)
+        return parse_fragment(it.source, it.unit, it.fragment, it.context)
     except Exception as exc:  # PayloadError, or whatever these bytes make the parser raise
         raise BadEvent(describe(exc)) from exc
+
+
+def rebuild(it: dead_events.Claimed) -> list[Event]:
+    """A dead item's event(s), from its own bytes; BadEvent if they are no event."""
+    events = _parse(it)
     if it.event_key is not None:
         events = [ev for ev in events if ev.key == it.event_key]
     if not events:
         raise BadEvent(f"fragment has no event {it.event_key!r}")
     return events
+
+
+class Rebuilder:
+    """``rebuild`` for the items of one claim, taken in (inbox_id, path) order: a fragment is
+    parsed once for the items next to each other that share it. A group status listing n
+    participants is one fragment with an item per participant; parsed per item, its retries
+    cost n² events (44 ms an item at 10 000 participants, on the consumer's event loop). Each
+    event is handed out once: a second item of one key gets a fresh parse, never an event a
+    handler was given (and may have changed) before."""
+
+    def __init__(self) -> None:
+        self._of: tuple[str, str, bytes, dict[str, Any]] | None = None
+        self._left: dict[str, list[Event]] = {}
+        self._given: set[str] = set()
+        self._error: str | None = None  # why the fragment is no event (BadEvent)
+
+    def __call__(self, it: dead_events.Claimed) -> list[Event]:
+        key = it.event_key
+        if key is None:
+            return rebuild(it)
+        of = (it.source, it.unit, it.fragment, it.context)
+        if of != self._of or key in self._given:
+            self._parse(of, it)
+        if self._error is not None:
+            raise BadEvent(self._error)
+        events = self._left.pop(key, None)
+        if not events:
+            raise BadEvent(f"fragment has no event {key!r}")
+        self._given.add(key)
+        return events
+
+    def _parse(self, of: tuple[str, str, bytes, dict[str, Any]], it: dead_events.Claimed) -> None:
+        self._of, self._left, self._given, self._error = of, {}, set(), None
+        try:
+            events = _parse(it)
+        except BadEvent as exc:
+            self._error = str(exc)
+            return
+        for ev in events:
+            self._left.setdefault(ev.key, []).append(ev)
 
 
 def error_text(exc: BaseException) -> str:

@@ -16,7 +16,7 @@ from gateway.core.planning import plan_event
 from gateway.core.settings import Settings
 from gateway.inbound import triage
 from gateway.inbound.applier import Applier, Conn, Deferred
-from gateway.inbound.dead_items import error_text, rebuild
+from gateway.inbound.dead_items import Rebuilder, error_text
 from gateway.store import db, dead_events, inbox
 
 # The consumer's log: its lines keep the consumer's name wherever the code that writes them is.
@@ -127,7 +127,8 @@ class Retries:
         done: list[int] = []
         failures: list[tuple[dead_events.Claimed, BaseException, Fault]] = []
         citus = (await db.citus_state(conn))[0]
-        for it in claimed:
+        rebuild = Rebuilder()
+        for it in sorted(claimed, key=lambda it: (it.inbox_id, it.path)):
             try:
                 async with conn.transaction():
                     for ev in rebuild(it):

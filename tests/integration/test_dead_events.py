@@ -23,12 +23,14 @@ from gateway.testing.payloads import (
     meta_payload,
     meta_value,
     status_obj,
+    statuses_payload,
     to_bytes,
 )
 from tests.support.citus_db import on_cluster
 from tests.support.config import replace
 from tests.support.consume import counts, drain, inbox_states, leased, stage
 from tests.support.forward import until
+from tests.support.parses import count_parses
 from tests.support.procs import gateway_ok
 
 # Faults that hit every message alike, injected for a while and then removed.
@@ -173,6 +175,40 @@ async def test_a_data_rule_that_rejects_every_message_is_each_events_own(
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == n
     assert await pool.fetchval("SELECT count(DISTINCT wamid) FROM inbound_messages") == n
     assert await pool.fetchval("SELECT count(*) FROM dead_events WHERE state <> 'done'") == 0
+
+
+@pytest.mark.citus
+async def test_a_group_statuss_participants_retried_parse_their_fragment_once_a_claim(
+    pool: asyncpg.Pool, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group status listing n participants is n events, n dead items of one fragment when
+    they all fail; their retries parse it once per claim, not once per item (n² events), and
+    each participant's status is then stored exactly once."""
+    n, claim = 120, 50
+    s = fast(settings, consumer_batch=claim, max_attempts=8)
+    health = ConsumerHealth(time.monotonic)
+    await ddl(
+        pool,
+        """CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN IF NEW.wamid = 'wamid.GROUP' THEN RAISE EXCEPTION 'poison'; END IF; RETURN NEW; END $$""",
+        "CREATE TRIGGER poison BEFORE INSERT ON message_statuses FOR EACH ROW EXECUTE FUNCTION poison()",
+    )
+    people = [f"49151{i:08d}" for i in range(n)]
+    await stage(pool, to_bytes(statuses_payload(status_obj("wamid.GROUP", "read", participant=people))))
+    deadline = time.monotonic() + 60  # a bound on the test, not a speed claim
+    while await pool.fetchval("SELECT count(*) FROM dead_events") < n:
+        assert time.monotonic() < deadline
+        await drain_with(pool, s, health, max_steps=1)
+    assert await pool.fetchval("SELECT count(DISTINCT event_key) FROM dead_events WHERE state = 'retry'") == n
+    await ddl(pool, "DROP TRIGGER poison ON message_statuses", "DROP FUNCTION poison()")
+    parsed = count_parses(monkeypatch)
+    while await pool.fetchval("SELECT count(*) FROM dead_events WHERE state <> 'done'"):
+        assert time.monotonic() < deadline
+        await drain_with(pool, s, health)
+    rows = await pool.fetch("SELECT participant FROM message_statuses WHERE wamid = 'wamid.GROUP'")
+    assert sorted(r["participant"] for r in rows) == people
+    # Per item, the retries would parse it n times; a claim takes at most `claim` items.
+    assert 1 <= len(parsed) <= 2 * -(-n // claim), len(parsed)
 
 
 async def drain_with(
