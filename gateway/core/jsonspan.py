@@ -98,13 +98,16 @@ def _children(b: bytes, i: int) -> dict[str | int, int]:
 
 class Spans:
     """The spans of values in one body, for many paths: each container on the way is scanned
-    once, so the fragments of all n events of a body cost one pass, not n."""
+    once, so the fragments of all n events of a body cost one pass, not n; and a value's end is
+    found once, however often it is asked for (a group status listing n participants is n
+    events of one fragment: measured per event, its n dead items scanned it n times)."""
 
-    __slots__ = ("_children", "body")
+    __slots__ = ("_children", "_ends", "body")
 
     def __init__(self, body: bytes) -> None:
         self.body = body
         self._children: dict[int, dict[str | int, int]] = {}
+        self._ends: dict[int, int] = {}
 
     def span(self, path: Path) -> tuple[int, int] | None:
         """(start, end) of the value at ``path`` (keys and list indexes), or None."""
@@ -121,7 +124,10 @@ class Spans:
                 if found is None:
                     return None
                 i = found
-            return i, _value_end(b, i)
+            end = self._ends.get(i)
+            if end is None:
+                end = self._ends[i] = _value_end(b, i)
+            return i, end
         except (_Malformed, ValueError, IndexError):
             return None
 
@@ -129,6 +135,11 @@ class Spans:
     def scanned(self) -> int:
         """How many values were scanned for their members so far."""
         return len(self._children)
+
+    @property
+    def measured(self) -> int:
+        """How many values' ends were found so far."""
+        return len(self._ends)
 
     def fragment(self, path: Path) -> bytes | None:
         """The raw bytes of the value at ``path``, exactly as sent, or None."""

@@ -65,3 +65,15 @@ def test_one_body_scanned_once_for_all_its_events() -> None:
     assert spans.scanned == 7
     assert spans.fragment(("entry", 0, "changes", 0, "value", "messages", 300)) is None
     assert spans.fragment(("entry", 0, "id", "deeper")) is None  # a scalar has no members
+
+
+def test_a_value_asked_for_again_is_not_scanned_again() -> None:
+    # A group status listing n participants is n events of one fragment, a dead item each: its
+    # end is found once, not once per participant.
+    status = {"id": "wamid.G", "status": "read", "recipient_participant_id": [f"p{i}" for i in range(500)]}
+    body = orjson.dumps({"entry": [{"changes": [{"value": {"statuses": [status]}}]}]})
+    path = ("entry", 0, "changes", 0, "value", "statuses", 0)
+    spans = Spans(body)
+    got = [spans.fragment(path) for _ in range(500)]
+    assert got == [fragment(body, path)] * 500 and orjson.loads(got[0] or b"") == status
+    assert spans.measured == 1
