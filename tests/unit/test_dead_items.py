@@ -6,8 +6,9 @@ import orjson
 import pytest
 
 from gateway.core.faults import BadEvent
-from gateway.inbound.dead_items import Rebuilder, rebuild
+from gateway.inbound.dead_items import Rebuilder
 from gateway.store.dead_events import Claimed
+from gateway.testing.payloads import status_obj
 from tests.support.parses import count_parses
 
 CONTEXT = {"phone_number_id": "1111", "waba_id": "waba-0", "display_phone_number": "15550001111"}
@@ -15,16 +16,7 @@ PATH = "/entry/0/changes/0/value/statuses/0"
 
 
 def group_status(wamid: str, participants: list[str]) -> bytes:
-    return orjson.dumps(
-        {
-            "id": wamid,
-            "status": "read",
-            "timestamp": "1733480000",
-            "recipient_id": "120363000000000001",
-            "recipient_type": "group",
-            "recipient_participant_id": participants,
-        }
-    )
+    return orjson.dumps(status_obj(wamid, "read", participant=participants))
 
 
 def item(n: int, fragment: bytes, key: str | None, *, inbox_id: int = 1, unit: str = "status") -> Claimed:
@@ -45,7 +37,7 @@ def test_the_items_of_one_group_status_parse_it_once(parses: list[bytes]) -> Non
     assert len(parses) == 1
     assert [[ev.key for ev in evs] for evs in got] == [[it.event_key] for it in items]
     # The same events as rebuilding each item alone.
-    assert got[:3] == [rebuild(it) for it in items[:3]]
+    assert got[:3] == [Rebuilder()(it) for it in items[:3]]
     assert [ev.participant for evs in got for ev in evs] == people
 
 
