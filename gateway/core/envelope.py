@@ -7,7 +7,7 @@ The envelope is the same bytes for every attempt and every destination of one ev
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import time
 from typing import Any
 
 import orjson
@@ -20,7 +20,9 @@ ENVELOPE_VERSION = 1
 
 
 def _iso(ts: int | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # time.gmtime, not datetime: half the cost, run once per event a consumer plans. The same
+    # text for every timestamp the parser keeps (0 to 2**37 - 1, i.e. up to year 6325).
+    return None if ts is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def envelope(ev: Event, source: str) -> dict[str, Any]:

@@ -159,6 +159,27 @@ def test_message_envelope_has_normalised_fields_and_the_raw_fragment() -> None:
     assert kind_of(ev) == "message" and conversation_of(ev) == "4915100000001"
 
 
+@pytest.mark.parametrize(
+    ("sent", "iso"),
+    [
+        ("0", "1970-01-01T00:00:00Z"),
+        ("951782400", "2000-02-29T00:00:00Z"),
+        ("2147483648", "2038-01-19T03:14:08Z"),
+        ("99999999999", "5138-11-16T09:46:39Z"),  # the most digits the parser keeps
+        ("100000000000", None),
+        (2**37 - 1, "6325-04-08T15:04:31Z"),  # the largest number it keeps
+        (2**37, None),
+        ("-1", None),
+        ("1e9", None),
+    ],
+)
+def test_the_envelopes_timestamp_is_the_events_utc_time(sent: str | int, iso: str | None) -> None:
+    msg = message_obj("wamid.T")
+    msg["timestamp"] = sent
+    (ev,) = parse("meta", to_bytes(messages_payload(msg)))
+    assert envelope(ev, "meta")["timestamp"] == iso
+
+
 def test_a_username_user_without_a_phone_number_is_named_by_bsuid() -> None:
     contact = contact_obj(None, "US.1349", username="ana.b", parent_user_id="US.ENT.118")
     msg = message_obj("wamid.U1", "hi", sender=None, user_id="US.1349")
