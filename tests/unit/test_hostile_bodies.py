@@ -105,7 +105,7 @@ def test_planning_never_raises_and_accounts_for_every_row(bodies: list[tuple[str
 
 
 def group_status(wamid: str, participants: int) -> dict[str, object]:
-    return {**status_obj(wamid, "read"), "recipient_participant_id": [f"p{i}" for i in range(participants)]}
+    return status_obj(wamid, "read", participant=[f"p{i}" for i in range(participants)])
 
 
 @pytest.mark.parametrize(
