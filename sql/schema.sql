@@ -605,7 +605,8 @@ BEGIN
               WITH ORDINALITY AS l(phone_number_id, user_id, wa_id, parent_user_id, username, n)
           ORDER BY l.phone_number_id, l.user_id, l.n DESC) x;
 
-    -- outbox rows the statuses prove accepted (outbox is on one shard: one router statement)
+    -- outbox rows the statuses prove accepted (outbox is on one shard: one router statement);
+    -- a delivery report alone leaves updated_at, as inbox_apply_batch says
     n_out := 0;
     IF n_st > 0 THEN
     WITH st AS (
@@ -632,7 +633,8 @@ BEGIN
         delivery_status = CASE WHEN b.rank > coalesce(array_position(ARRAY['sent', 'delivered', 'read', 'played', 'failed'], o.delivery_status), 0) THEN b.status ELSE o.delivery_status END,
         delivery_errors = CASE WHEN b.rank > coalesce(array_position(ARRAY['sent', 'delivered', 'read', 'played', 'failed'], o.delivery_status), 0) AND b.status = 'failed'
                                THEN b.errors ELSE o.delivery_errors END,
-        updated_at = v_now::timestamptz
+        updated_at = CASE WHEN o.state IN ('pending', 'sending', 'unknown', 'review') OR o.wamid IS NULL
+                          THEN v_now::timestamptz ELSE o.updated_at END
     FROM best b JOIN locked l ON l.id = b.outbox_id
     WHERE o.id = b.outbox_id;
     GET DIAGNOSTICS n_out = ROW_COUNT;

@@ -579,7 +579,8 @@ class Settings:
         "GATEWAY_OUTBOX_RETENTION_DAYS",
         30,
         _int(1),
-        "days accepted/failed/cancelled outbox rows are kept (at least the idempotency window)",
+        "days accepted/failed/cancelled outbox rows are kept after their state last changed (delivery "
+        "reports do not count; at least the idempotency window)",
     )
     partitions_ahead_days: int = _env(
         "GATEWAY_PARTITIONS_AHEAD_DAYS", 3, _int(2, 60), "day partitions created ahead of time"

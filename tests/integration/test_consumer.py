@@ -12,6 +12,7 @@ from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
 from gateway.core.faults import ConsumerHealth
+from gateway.core.planning import StagedRow, plan_batch
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_tenashi
 from gateway.inbound import consumer as consumer_module
@@ -243,6 +244,54 @@ async def test_status_moves_outbox_state(
     row = await outbox_row(pool, "cb-state")
     assert (row["state"], row["delivery_status"]) == (after, "sent")
     assert (row["accepted_at"] is not None) == (after == "accepted" and state != "accepted")
+
+
+async def test_a_delivery_report_alone_leaves_the_sends_updated_at(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    # updated_at is when the send's own state last changed (retention and the review list go
+    # by it); delivery reports move delivery_status only, and a report that proves an unsure
+    # send accepted moves both.
+    await add_outbox(pool, "cb-rep", state="accepted", wamid="wamid.REP")
+    await add_outbox(pool, "cb-unsure", state="unknown")
+    when = "SELECT updated_at FROM outbox WHERE callback_data = $1"
+    before = {cb: await pool.fetchval(when, cb) for cb in ("cb-rep", "cb-unsure")}
+    for status in ("sent", "delivered", "read"):
+        await stage(pool, to_bytes(statuses_payload(status_obj("wamid.REP", status, callback="cb-rep"))))
+        await drain(pool, settings)
+        assert (await outbox_row(pool, "cb-rep"))["delivery_status"] == status
+        assert await pool.fetchval(when, "cb-rep") == before["cb-rep"]
+    await stage(pool, to_bytes(statuses_payload(status_obj("wamid.UNS", "delivered", callback="cb-unsure"))))
+    await drain(pool, settings)
+    row = await outbox_row(pool, "cb-unsure")
+    assert (row["state"], row["wamid"], row["delivery_status"]) == ("accepted", "wamid.UNS", "delivered")
+    assert await pool.fetchval(when, "cb-unsure") > before["cb-unsure"]
+
+
+@pytest.mark.skipif(
+    on_cluster(), reason="the outbox's shard is written on a worker, whose counters these are not"
+)
+async def test_a_delivery_report_is_written_without_touching_the_outboxs_indexes(pool: asyncpg.Pool) -> None:
+    # A report changes no indexed column of an accepted send, so PostgreSQL writes it heap-only
+    # (no new entry in any of outbox's indexes): an index on a column the report changes would
+    # make every status of every send re-index its row, and this fails.
+    await add_outbox(pool, "cb-hot", state="accepted", wamid="wamid.HOT")
+    await add_outbox(pool, "cb-cold", state="sending")
+    reports = [
+        StagedRow(
+            1, "meta", to_bytes(statuses_payload(status_obj("wamid.HOT", "read", callback="cb-hot"))), None
+        ),
+        StagedRow(
+            2, "meta", to_bytes(statuses_payload(status_obj("wamid.CLD", "sent", callback="cb-cold"))), None
+        ),
+    ]
+    counted = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'outbox'"
+    async with pool.acquire() as conn, conn.transaction():
+        await inbox.apply_plan(conn, plan_batch(reports[:1]))
+        assert tuple(await conn.fetchrow(counted)) == (1, 1)
+        # A report that changes the send's state (sending -> accepted, its wamid learnt) is not.
+        await inbox.apply_plan(conn, plan_batch(reports[1:]))
+        assert tuple(await conn.fetchrow(counted)) == (2, 1)
 
 
 async def test_status_without_callback_matches_by_wamid(pool: asyncpg.Pool, settings: Settings) -> None:
