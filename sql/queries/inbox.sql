@@ -398,7 +398,7 @@ WITH ev AS (
     -- updated_at is when the send's own state last changed (retention and the review list
     -- read it through indexes): a delivery report alone leaves it, so the update changes no
     -- indexed column and is written heap-only, without an entry in each of outbox's twelve
-    -- indexes (a third of a 1 000-status batch's execution when every report re-indexed).
+    -- indexes (about a third of a 1 000-event batch's execution when every report did).
     UPDATE outbox o SET
         state = CASE WHEN o.state IN ('pending', 'sending', 'unknown', 'review')
                      THEN 'accepted' ELSE o.state END,
