@@ -285,13 +285,19 @@ async def test_a_delivery_report_is_written_without_touching_the_outboxs_indexes
             2, "meta", to_bytes(statuses_payload(status_obj("wamid.CLD", "sent", callback="cb-cold"))), None
         ),
     ]
+    # The view also counts the backend's earlier transactions not yet flushed: differences only.
     counted = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'outbox'"
     async with pool.acquire() as conn, conn.transaction():
-        await inbox.apply_plan(conn, plan_batch(reports[:1]))
-        assert tuple(await conn.fetchrow(counted)) == (1, 1)
+
+        async def applied(rows: list[StagedRow]) -> tuple[int, int]:
+            upd, hot = await conn.fetchrow(counted)
+            await inbox.apply_plan(conn, plan_batch(rows))
+            upd2, hot2 = await conn.fetchrow(counted)
+            return upd2 - upd, hot2 - hot
+
+        assert await applied(reports[:1]) == (1, 1)
         # A report that changes the send's state (sending -> accepted, its wamid learnt) is not.
-        await inbox.apply_plan(conn, plan_batch(reports[1:]))
-        assert tuple(await conn.fetchrow(counted)) == (2, 1)
+        assert await applied(reports[1:]) == (1, 0)
 
 
 async def test_status_without_callback_matches_by_wamid(pool: asyncpg.Pool, settings: Settings) -> None:
