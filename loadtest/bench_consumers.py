@@ -32,6 +32,7 @@ import asyncpg
 from gateway.core.events import InboundMessage, Status, event_day, subject_of
 from gateway.core.parsing import parse
 from gateway.core.settings import Settings
+from gateway.runtime.process import tune_gc
 from gateway.store.db import connect, create_pool, migrate
 from gateway.testing.scratch import scratch_database
 from loadtest.harness import consumers, contract, database, peer, pgstat, report
@@ -214,6 +215,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 async def main(ns: argparse.Namespace) -> int:
+    # The consumers run here with the collector settings of `gateway consume`; PGQueuer, run
+    # in this process too, gets them as well.
+    tune_gc()
     run = contract.Run(ns)
     with database.server("bench-consumers", statements=True) as (admin_dsn, _embedded):
         async with scratch_database(admin_dsn, "bench_consumers") as dsn:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 from collections.abc import Coroutine
 from typing import Any
+
+log = logging.getLogger("gateway")
 
 
 def install_uvloop() -> None:
@@ -27,6 +30,9 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
+    log.debug(
+        "garbage collector: %d objects frozen, thresholds %s", gc.get_freeze_count(), gc.get_threshold()
+    )
 
 
 def run(coro: Coroutine[Any, Any, int]) -> int:

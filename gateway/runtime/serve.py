@@ -20,7 +20,7 @@ from gateway.core.settings import Settings
 from gateway.runtime import embedded as embedded_pg
 from gateway.runtime import workers
 from gateway.runtime.database import resolve_database, wait_for
-from gateway.runtime.process import run
+from gateway.runtime.process import run, tune_gc
 from gateway.runtime.startup import LISTEN_ERRNOS, listen_error
 from gateway.store.db import create_pool, migrate_dsn
 from gateway.web import server
@@ -202,6 +202,9 @@ def run_services(settings: Settings, roles: Roles) -> int:
             if sock:
                 await stack.enter_async_context(health_socket(sock))
             running = services.build(pool, settings, roles).all()
+            # The consumers, the sender and the forwarder allocate per event what a worker
+            # allocates per request: the same collector settings as `gateway serve`'s workers.
+            tune_gc()
             watch = asyncio.create_task(embedded_pg.supervise(pg, stop))
             log.info("settings: %s", settings.redacted())
             log.info("running: %s", ", ".join(s.name for s in running))

@@ -203,6 +203,8 @@ async def test_serve_consume_send_json_logs_metrics_and_no_secret(
         assert lines and all({"time", "level", "logger", "message"} <= set(line) for line in lines)
         assert "Traceback" not in text
         access += [line for line in lines if line["logger"] == "gateway.access"]
+        # Each long-running process collects garbage with the server's settings (tune_gc).
+        assert any(line["message"].startswith("garbage collector:") for line in lines), name
     outcomes = {(a["source"], a["outcome"]) for a in access}
     assert {("meta", "stored"), ("meta", "bad_signature"), ("api", "ok"), ("api", "rejected")} <= outcomes
     assert all(a["request_id"] and a["latency_ms"] >= 0 for a in access)
