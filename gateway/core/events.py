@@ -31,12 +31,13 @@ meets its key in the same partition, whatever the clock did in between. Everythi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import UTC, date, datetime
 from typing import Any, ClassVar
 
 from gateway.core.enums import Source
 from gateway.core.identity import Who
+from gateway.core.records import record
 
 # Message types whose object names a media file by id (GET /v1/media/{id} downloads it).
 MEDIA_TYPES = frozenset({"image", "audio", "video", "document", "sticker"})
@@ -61,7 +62,7 @@ class UnknownShape(PayloadError):
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class InboundMessage:
     key: str
     wamid: str
@@ -122,7 +123,7 @@ class InboundMessage:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Status:
     key: str
     wamid: str
@@ -179,7 +180,7 @@ class Status:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AccountError:
     key: str
     waba_id: str | None
@@ -202,7 +203,7 @@ class AccountError:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AccountUpdate:
     key: str
     waba_id: str | None
@@ -224,7 +225,7 @@ class AccountUpdate:
 Event = InboundMessage | Status | AccountError | AccountUpdate
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Item:
     """One fragment of a body, processed on its own: a Meta message, a Meta status, a Meta
     change (its account-level part), or a malformed piece of any of them.

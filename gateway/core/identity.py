@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
+
+from gateway.core.records import record
 
 BSUID = re.compile(r"[A-Z]{2}\.[A-Za-z0-9]{1,128}")
 PARENT_BSUID = re.compile(r"[A-Z]{2}\.ENT\.[A-Za-z0-9]{1,128}")
@@ -56,7 +57,7 @@ def recipient_field(recipient: str) -> str:
     return "recipient" if is_bsuid(recipient) else "to"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Who:
     """A customer as one webhook names them; any part may be missing."""
 

@@ -27,9 +27,10 @@ from gateway.core.events import (
 )
 from gateway.core.identity import Who, ident, links
 from gateway.core.parsing import parse_items
+from gateway.core.records import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StagedRow:
     """A claimed ``webhook_inbox`` row: the raw bytes and what came with them."""
 
