@@ -151,6 +151,10 @@ REPLIES_REFUSED = Counter(
 CONSUMER_FALLBACKS = Counter(
     "gateway_consumer_fallbacks_total", "Batches that failed and were retried one row at a time"
 )
+CONSUMER_FORWARDS_REDONE = Counter(
+    "gateway_consumer_forwards_redone_total",
+    "Batches planned without forwards while a destination was enabled, applied again with them",
+)
 RETENTION_TABLES = (
     "processed_webhook_events",
     "reply_claims",

@@ -57,9 +57,12 @@ class Plan:
     key_subjects: list[str] = field(default_factory=list)  # each key's subject (events.subject_of)
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {k: [] for k in KINDS})
     # One row per event for the destinations that want it: kind, conversation, envelope or
-    # bodies (``bodies``: rendered here, gateway.core.envelope.forward_row).
+    # bodies (``bodies``: rendered here, gateway.core.envelope.forward_row). Without
+    # ``forwarding`` none is built, and the statement refuses the batch if a destination is
+    # enabled (the consumer then plans it again with them: gateway.inbound.applier).
     forwards: list[dict[str, Any]] = field(default_factory=list)
     bodies: bool = False
+    forwarding: bool = True
     # Phone number <-> BSUID pairs the events show, per business number (customer_ids).
     links: list[dict[str, Any]] = field(default_factory=list)
     done: list[int] = field(default_factory=list)
@@ -92,7 +95,7 @@ class Plan:
         """Plan ``ev``; all or nothing (whatever raises leaves the plan as it was)."""
         subject = subject_of(ev.key)
         row = ev.to_row(inbox_id, source)
-        forward = forward_row(ev, source, inbox_id, bodies=self.bodies)
+        forward = forward_row(ev, source, inbox_id, bodies=self.bodies) if self.forwarding else None
         links = identity_links(ev)
         self.keys.append(ev.key)
         self.key_inbox.append(inbox_id)
@@ -100,7 +103,8 @@ class Plan:
         self.key_subjects.append(subject)
         self.kinds[ev.kind] += 1
         self.rows[ev.kind].append(row)
-        self.forwards.append(forward)
+        if forward is not None:
+            self.forwards.append(forward)
         self.links.extend(links)
 
 
@@ -134,7 +138,7 @@ def identity_links(ev: Event) -> list[dict[str, Any]]:
     return [{"phone_number_id": number, **pair} for pair in found]
 
 
-def plan_batch(rows: Iterable[StagedRow], *, bodies: bool = False) -> Plan:
+def plan_batch(rows: Iterable[StagedRow], *, bodies: bool = False, forwarding: bool = True) -> Plan:
     """Parse every row; park the unparseable; keep the first occurrence of each key. Never
     raises: whatever a row's bytes make the parser or the planner raise is that row's or that
     event's fault, recorded in the plan, never the batch's.
@@ -142,8 +146,9 @@ def plan_batch(rows: Iterable[StagedRow], *, bodies: bool = False) -> Plan:
     A malformed fragment inside a valid body (or an event that cannot be planned) is listed in
     ``bad`` (the consumer records it as a dead item) and the rest of the body is planned as
     usual. Each key's partition day is ``events.event_day``, a pure function of the event.
-    ``bodies``: render the events' bodies for destinations (Plan.forwards)."""
-    plan = Plan(bodies=bodies)
+    ``bodies``: render the events' bodies for destinations (Plan.forwards); without
+    ``forwarding``, nothing for destinations."""
+    plan = Plan(bodies=bodies, forwarding=forwarding)
     seen: set[str] = set()
     for row in rows:
         inbox_id = row.id

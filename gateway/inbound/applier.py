@@ -80,6 +80,14 @@ _FAST_PATH = (
 # statement only with its parameters' values ("could not create distributed plan").
 _FAST_PATH_CITUS = f"SAVEPOINT {_SAVEPOINT}"
 _HANDLERS_PLANS = "SET LOCAL plan_cache_mode TO DEFAULT; SET LOCAL enable_seqscan TO DEFAULT"
+# A batch goes without forwards (no envelope per event: a sixth of planning a batch, and the
+# text sent with it) unless destinations took events, or the statement refused a batch without
+# them (SQLSTATE GWF01, sql/functions/forwards_withheld.sql), in the last FORWARDING_S
+# seconds. The refused batch is planned again with them in the same transaction, so events are
+# never missed; with destinations enabled that want none of the events, one batch a minute
+# is applied twice.
+FORWARDING_S = 60.0
+_WITHHELD = "GWF01"
 # A database outage fails every batch alike: at most one line per kind per 10 s.
 _WARN = LogThrottle(10.0)
 
@@ -154,6 +162,7 @@ class Applier:
         # without bodies has them rendered by its statement), only of where the work is done:
         # without destinations, nowhere.
         self._bodies = False
+        self._forwarding_until = 0.0  # time.monotonic() until which batches carry forwards
         # The rows being handled, head first (until their transaction commits).
         self.claimed: list[int] = []
 
@@ -169,23 +178,33 @@ class Applier:
         whether deliveries may be new."""
         self.claimed = [r.id for r in rows]
         advance = None if cursors is None or moved is None else inbox.advance_arg(cursors, moved)
-        plan = plan_batch(rows, bodies=self._bodies)  # never raises
+        forwarding = time.monotonic() < self._forwarding_until
+        plan = plan_batch(rows, bodies=self._bodies, forwarding=forwarding)  # never raises
         fast_path = _FAST_PATH_CITUS if await self.on_citus(conn) else _FAST_PATH
-        try:
-            # A savepoint of our own, not a nested transaction(): COMMIT releases it, one
-            # round trip (RELEASE SAVEPOINT) fewer per batch.
-            await conn.execute(f"SET LOCAL enable_sort = on; {self._idle_bound}; {fast_path}")
-            with tracing.span("consumer.batch", rows=len(rows)):
-                result = await self._fast(conn, plan, advance)
-        except Exception as exc:
-            at, exc = _at_event(exc)
-            if conn.is_closed() or fenced(exc):
-                raise
-            await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-            await self._slow(conn, plan, exc, at, advance)
-            return bool(plan.forwards)
+        while True:
+            try:
+                # A savepoint of our own, not a nested transaction(): COMMIT releases it, one
+                # round trip (RELEASE SAVEPOINT) fewer per batch.
+                await conn.execute(f"SET LOCAL enable_sort = on; {self._idle_bound}; {fast_path}")
+                with tracing.span("consumer.batch", rows=len(rows)):
+                    result = await self._fast(conn, plan, advance)
+                break
+            except Exception as exc:
+                at, exc = _at_event(exc)
+                if conn.is_closed() or fenced(exc):
+                    raise
+                await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+                if not plan.forwarding and getattr(exc, "sqlstate", None) == _WITHHELD:
+                    metrics.CONSUMER_FORWARDS_REDONE.inc()
+                    self._forwarding_until = time.monotonic() + FORWARDING_S
+                    plan = plan_batch(rows, bodies=self._bodies)
+                    continue
+                await self._slow(conn, plan, exc, at, advance)
+                return bool(plan.events)
         triage.observe(plan, result)
         self._bodies = result.deliveries > 0
+        if self._bodies:
+            self._forwarding_until = time.monotonic() + FORWARDING_S
         return result.deliveries > 0
 
     async def on_citus(self, conn: Conn) -> bool:

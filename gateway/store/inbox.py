@@ -236,7 +236,7 @@ async def apply_plan(
         plan.account_updates,
         plan.parked,
         plan.parked_why,
-        orjson.dumps(plan.forwards).decode(),
+        orjson.dumps(plan.forwards).decode() if plan.forwarding or not plan.keys else None,
         plan.key_days,
         plan.key_subjects,
         plan.links,

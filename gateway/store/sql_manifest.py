@@ -14,6 +14,7 @@ FILES: tuple[str, ...] = (
     "functions/delivery_webhook_id.sql",
     "functions/event_subject.sql",
     "functions/forward_round.sql",
+    "functions/forwards_withheld.sql",
     "functions/inbound_messages_notify.sql",
     "functions/inbox_advance.sql",
     "functions/inbox_apply_batch_steps.sql",

@@ -283,7 +283,9 @@ FROM generate_series((clock_timestamp() AT TIME ZONE 'UTC')::date,
 -- a redelivery computes the same day, so ON CONFLICT meets the key it stored before.
 -- $1 keys, $2 their inbox ids, $3 messages, $4 statuses, $5 account errors,
 -- $6 account updates (jsonb arrays), $7/$8 inbox ids moved aside + why,
--- $9 forwards (JSON text of an array: key, kind, conversation, envelope, inbox_id per event).
+-- $9 forwards (JSON text of an array: key, kind, conversation, envelope, inbox_id per event;
+-- NULL: the consumer sent none, believing no destination enabled, and if one is, the statement
+-- fails with SQLSTATE GWF01, forwards_withheld, for the consumer to send the batch again with them).
 -- $10 the keys' event days, $11 their subjects (gateway/core/events.py: subject_of, a pure
 -- function of the key: a redelivery brings the same one). The side-effect rows take the
 -- subject of their key from `fresh`. $12 the phone number/BSUID pairs the events show
@@ -444,8 +446,9 @@ WITH ev AS (
     -- rendered once per format the destinations want, and queued for each of them in
     -- delivery_queue, all committed with the event's key or not at all. A redelivered event is
     -- not fresh, so it is never queued twice. $9 is text, parsed only when some destination is
-    -- enabled: without destinations the consumers pay nothing here but sending the text. While
-    -- destinations take its events the consumer sends each event's bodies rendered (body,
+    -- enabled; without destinations the consumer sends none (NULL), which an enabled
+    -- destination refuses (forwards_withheld: the consumer applies the batch again with them).
+    -- While destinations take its events the consumer sends each event's bodies rendered (body,
     -- meta_body); otherwise, and for a status naming a callback, the envelope they are
     -- rendered from here (gateway.core.envelope.forward_row).
     SELECT DISTINCT ON (f.key) f.key, f.kind, f.conversation, f.source, f.body, f.meta_body,
@@ -455,7 +458,8 @@ WITH ev AS (
            (SELECT coalesce(to_jsonb(o.biz_opaque_callback_data), 'null'::jsonb)
             FROM outbox o WHERE f.callback IS NOT NULL AND o.callback_data = f.callback) AS tracker
     FROM ROWS FROM (jsonb_to_recordset(
-            CASE WHEN EXISTS (SELECT 1 FROM destinations WHERE enabled) THEN $9::text::jsonb
+            CASE WHEN EXISTS (SELECT 1 FROM destinations WHERE enabled)
+                 THEN coalesce($9::text, forwards_withheld())::jsonb
                  ELSE '[]'::jsonb END) AS (
         key text, kind text, conversation text, source text, body text, meta_body text,
         envelope jsonb, inbox_id bigint, callback text, number text))

@@ -10,15 +10,17 @@ import orjson
 import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
+from prometheus_client import REGISTRY
 
 from gateway.core.faults import ConsumerHealth
 from gateway.core.planning import StagedRow, plan_batch
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_tenashi
+from gateway.inbound import applier as applier_module
 from gateway.inbound import consumer as consumer_module
 from gateway.inbound import retries as retries_module
 from gateway.inbound.consumer import Consumer
-from gateway.store import inbox
+from gateway.store import deliveries, inbox
 from gateway.testing.payloads import (
     message_obj,
     messages_payload,
@@ -30,7 +32,7 @@ from gateway.testing.payloads import (
     to_bytes,
 )
 from tests.support.citus_db import on_cluster
-from tests.support.config import TENASHI_SECRET, replace
+from tests.support.config import DESTINATION_SECRET, TENASHI_SECRET, replace
 from tests.support.consume import add_outbox, counts, drain, inbox_states, outbox_row, stage
 from tests.support.http import post_meta
 from tests.support.procs import gateway_ok
@@ -298,6 +300,57 @@ async def test_a_delivery_report_is_written_without_touching_the_outboxs_indexes
         assert await applied(reports[:1]) == (1, 1)
         # A report that changes the send's state (sending -> accepted, its wamid learnt) is not.
         assert await applied(reports[1:]) == (1, 0)
+
+
+async def test_a_batch_planned_without_forwards_is_applied_again_with_them_once_a_destination_is_enabled(
+    pool: asyncpg.Pool, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer builds no forwards while no destination takes events; the first batch after
+    one is enabled is refused (SQLSTATE GWF01) and applied again with them in its transaction,
+    and batches carry them from the start for FORWARDING_S after: every event is queued once."""
+
+    def redone() -> float:
+        return REGISTRY.get_sample_value("gateway_consumer_forwards_redone_total") or 0.0
+
+    async def consume(c: Consumer, wamid: str) -> None:
+        await stage(pool, to_bytes(messages_payload(message_obj(wamid, sender="4915100000077"))))
+        while await c.step():
+            pass
+
+    async def queued() -> list[str]:
+        # Each event queued once (events are appended only for destinations that want them).
+        assert await pool.fetchval("SELECT count(*) FROM delivery_queue") == await pool.fetchval(
+            "SELECT count(*) FROM delivery_events"
+        )
+        return [r[0] for r in await pool.fetch("SELECT event_key FROM delivery_events ORDER BY 1")]
+
+    c = Consumer(pool, settings)
+    before = redone()
+    await consume(c, "wamid.WH0")
+    assert redone() == before and await queued() == []
+    crm = await deliveries.add_destination(
+        pool, name="crm", url="http://127.0.0.1:9/x", events=["message"], secret=DESTINATION_SECRET,
+        max_in_flight=4, ordered=False,
+    )  # fmt: skip
+    await consume(c, "wamid.WH1")
+    await consume(c, "wamid.WH2")
+    assert redone() == before + 1
+    assert await queued() == ["msg:wamid.WH1", "msg:wamid.WH2"]
+    # Enabled destinations that want none of the events: each batch past the window is
+    # refused once, and nothing is queued.
+    monkeypatch.setattr(applier_module, "FORWARDING_S", 0.0)
+    await pool.execute("UPDATE destinations SET enabled = false WHERE id = $1", crm)
+    await deliveries.add_destination(
+        pool, name="sts", url="http://127.0.0.1:9/y", events=["status"], secret=DESTINATION_SECRET,
+        max_in_flight=4, ordered=False,
+    )  # fmt: skip
+    c = Consumer(pool, settings)
+    await consume(c, "wamid.WH3")
+    await consume(c, "wamid.WH4")
+    assert redone() == before + 3
+    assert await queued() == ["msg:wamid.WH1", "msg:wamid.WH2"]
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 5
+    assert await pool.fetchval("SELECT count(*) FROM processed_webhook_events") == 5
 
 
 async def test_status_without_callback_matches_by_wamid(pool: asyncpg.Pool, settings: Settings) -> None:
