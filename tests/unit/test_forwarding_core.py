@@ -220,6 +220,16 @@ def test_plan_carries_one_forward_row_per_kept_event() -> None:
     assert all(f["inbox_id"] == 7 and f["kind"] == "message" for f in plan.forwards)
 
 
+def test_a_plan_without_forwarding_differs_only_in_having_no_forwards() -> None:
+    body = to_bytes(messages_payload(message_obj("wamid.A"), message_obj("wamid.B")))
+    rows = [StagedRow(7, "meta", body, None), StagedRow(8, "meta", b"{", None)]
+    full, bare = plan_batch(rows), plan_batch(rows, forwarding=False)
+    assert full.forwarding and len(full.forwards) == 2
+    assert not bare.forwarding and bare.forwards == []
+    for name in ("keys", "key_inbox", "key_days", "key_subjects", "rows", "links", "done", "parked", "kinds"):
+        assert getattr(bare, name) == getattr(full, name), name
+
+
 # --- outcomes -----------------------------------------------------------------------------------
 
 NOW = 1_800_000_000.0
