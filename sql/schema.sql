@@ -687,9 +687,9 @@ BEGIN
 
     -- deliveries: the events an enabled destination wants, their bodies once per format (a
     -- consumer of the release before renders none and sends no source: its envelope has both).
-    -- No forwards (NULL) while a destination is enabled: refused as forwards_withheld says.
+    -- No forwards (NULL) while a destination is enabled: refused by forwards_withheld.
     IF p_forwards IS NULL AND cardinality(f_keys) > 0 AND EXISTS (SELECT 1 FROM destinations WHERE enabled) THEN
-        RAISE EXCEPTION 'a batch came without forwards while a destination is enabled' USING ERRCODE = 'GWF01';
+        PERFORM forwards_withheld();
     END IF;
     IF EXISTS (SELECT 1 FROM destinations WHERE enabled) AND p_forwards IS NOT NULL THEN
         fw := p_forwards::jsonb;
