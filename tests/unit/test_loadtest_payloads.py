@@ -4,6 +4,7 @@ that the real gateway accepts (and rejects when they are wrong)."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -188,3 +189,15 @@ def test_scenarios_are_meta_only_without_a_tenashi_secret() -> None:
     assert TenashiUser in users("mixed") and TenashiUser not in users("mixed", tenashi=False)
     with pytest.raises(ValueError, match="Tenashi secret"):
         users("tenashi", tenashi=False)
+
+
+def test_events_are_stamped_with_the_time_they_are_made_as_meta_stamps_them() -> None:
+    """A key lives in the partition of its event's day: a benchmark's events must fall on the
+    days live traffic does (today, made ahead by the maintenance job), not on a fixed past day
+    that only the default partition holds."""
+    before = datetime.now(UTC)
+    f = PayloadFactory(SECRETS, seed=7, run_tag="now")
+    deliveries = [f.status(), f.inbound(), f.batched()]
+    after = datetime.now(UTC)
+    days = {event_day(ev, "meta") for d in deliveries for ev in parse("meta", d.body)}
+    assert days and days <= {before.date(), after.date(), (after + timedelta(seconds=60)).date()}
