@@ -96,7 +96,8 @@ class Secrets:
 
 
 class PayloadFactory:
-    """Builds deliveries; ``seed`` fixes the content, ``run_tag`` keeps ids unique across runs."""
+    """Builds deliveries; ``seed`` fixes the content but for the events' times (``ts``), ``run_tag``
+    keeps ids unique across runs."""
 
     def __init__(self, secrets: Secrets, seed: int = 1, run_tag: str = "run0") -> None:
         self.secrets = secrets
