@@ -56,7 +56,8 @@ _IDLE_BOUND = "SET LOCAL idle_in_transaction_session_timeout = {ms}"
 HEALTH = ConsumerHealth(time.monotonic)
 # Rows that share one batch's fixed cost well enough: a batch reads no further shard after it.
 ENOUGH_ROWS = 50
-# Dead items are looked at when no staged row is due, and at least this often.
+# Dead items are looked at when no staged row is due (a step that read nothing, not one that
+# found every lane out with its siblings), and at least this often.
 ITEMS_EVERY_S = 1.0
 
 
@@ -139,6 +140,7 @@ class Consumer:
         # once would find nothing.
         self._more = False
         self._unread_shards = False  # the last batch left shards unread
+        self._no_free_lane = False  # the last step found every lane out with a sibling
         self._again = False
         # True while the loop waits for a wake-up (a group wakes one idle consumer per NOTIFY).
         self._idle = False
@@ -183,9 +185,11 @@ class Consumer:
     # -- the loop -------------------------------------------------------------------------
 
     async def step(self) -> int:
-        """One batch of the lanes' rows, then due dead items when idle or once a second; work done."""
+        """One batch of the lanes' rows, then due dead items when idle or once a second; work done.
+        A loop that found every lane out with its siblings is not idle: they are at work."""
         self._more = False
         self._unread_shards = False
+        self._no_free_lane = False
         try:
             n = await self.process_batch()
         except Deferred as d:
@@ -194,7 +198,7 @@ class Consumer:
             return 0
         items = 0
         now = time.monotonic()
-        if n == 0 or now - self._items_at >= ITEMS_EVERY_S:
+        if (n == 0 and not self._no_free_lane) or now - self._items_at >= ITEMS_EVERY_S:
             self._items_at = now
             items = await self.process_items()
             n += items
@@ -301,7 +305,22 @@ class Consumer:
     async def _read(self, take: Callable[[], list[Cursor]]) -> int:
         """One batch of the lanes ``take`` hands out (a shard's at a time, each read by a
         statement of its own), handled in one transaction; the rows read."""
-        out: list[int] = []
+        # The first lanes are taken before a connection: a loop woken (a NOTIFY wakes an idle
+        # loop) while its siblings hold every lane reads nothing and opens no transaction; take
+        # marks those lanes wanted, so their holder reads them again after its batch.
+        first = take()
+        self._no_free_lane = not first
+        if not first:
+            self._more_before = False
+            return 0
+        out: list[int] = [c.lane for c in first]
+        pending = [first]
+
+        def more_lanes() -> list[Cursor]:
+            taken = pending.pop() if pending else take()
+            out.extend(c.lane for c in taken if c.lane not in out)
+            return taken
+
         moved: list[Cursor] | None = None
         started = time.perf_counter()
         rows: list[StagedRow] = []
@@ -309,7 +328,7 @@ class Consumer:
         try:
             async with self._pool.acquire() as conn, conn.transaction():
                 await inbox.read_mode(conn, idle_ms=self._idle_ms)
-                read, more = await self._read_shards(conn, take, out)
+                read, more = await self._read_shards(conn, more_lanes)
                 rows = [r for _, batch, _ in read for r in batch]
                 if rows:
                     handled = [(taken, adv) for taken, batch, adv in read if batch]
@@ -331,12 +350,11 @@ class Consumer:
         return len(rows)
 
     async def _read_shards(
-        self, conn: Conn, take: Callable[[], list[Cursor]], out: list[int]
+        self, conn: Conn, take: Callable[[], list[Cursor]]
     ) -> tuple[list[tuple[list[Cursor], list[StagedRow], list[Cursor]]], bool]:
         """The lanes ``take`` hands out, read in the caller's transaction while the batch's
-        limits (rows, bytes) last; every lane taken is added to ``out``. Per read: its cursors,
-        its rows and where its cursors go; and whether a read left rows. Windows a read found
-        empty are closed here."""
+        limits (rows, bytes) last. Per read: its cursors, its rows and where its cursors go; and
+        whether a read left rows. Windows a read found empty are closed here."""
         limit, budget = self._s.consumer_batch, self._s.consumer_batch_bytes
         # Once ENOUGH_ROWS are read (or a quarter of a smaller limit), no further shard is
         # read: ``limit`` left at ``rest`` or below. A backlog's batches then stay one shard's:
@@ -349,7 +367,6 @@ class Consumer:
             taken = take()
             if not taken:
                 break
-            out.extend(c.lane for c in taken)
             taken = await self._current(conn, taken)
             if not taken:
                 continue

@@ -13,6 +13,7 @@ import pytest
 
 from gateway.core.lanes import LaneSet
 from gateway.core.settings import Settings
+from gateway.inbound import consumer as consumer_module
 from gateway.inbound import consumer_group
 from gateway.inbound.consumer import Consumer
 from gateway.inbound.consumer_group import ConsumerGroup
@@ -101,6 +102,35 @@ async def test_a_batch_costs_a_constant_number_of_statements(db_dsn: str, settin
         await pool.close()
 
 
+async def test_a_loop_whose_siblings_hold_every_lane_sends_no_statement(
+    db_dsn: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop woken while its sibling is in a batch over every lane reads nothing: it opens no
+    transaction and does not look at dead items either (its sibling is at work, not idle); the
+    lanes it found out are wanted, so the sibling reads them again when it gives them back."""
+    pool = await create_pool(db_dsn, 1, 1)
+    try:
+        statements: list[str] = []
+        async with pool.acquire() as conn:
+            conn.add_query_logger(lambda rec: statements.append(rec.query))
+        consumer = await leased(pool, settings)
+        monkeypatch.setattr(consumer_module, "ITEMS_EVERY_S", 3600.0)  # dead items: when idle only
+        assert await consumer.step() == 0  # idle: it looked at dead items
+        await stage(pool, to_bytes(messages_payload(message_obj("wamid.S1"))))
+        lanes = consumer._lanes
+        sibling = lanes.take()  # every lane of the only shard, out with a sibling loop
+        assert sibling and not [lane for lane in lanes.cursors if lane not in lanes.out]
+        statements.clear()
+        assert await consumer.step() == 0
+        assert statements == []
+        assert lanes.give_back([c.lane for c in sibling], sibling)  # wanted: read again
+        assert await consumer.step() == 1
+        assert any("AS taken" in q for q in statements)
+        assert await inbox_states(pool) == {"done": 1}
+    finally:
+        await pool.close()
+
+
 async def test_after_a_batch_that_left_nothing_due_the_loop_waits(db_dsn: str, settings: Settings) -> None:
     # It used to claim again at once, find nothing, and look at dead items: eight round trips
     # per batch for nothing (half the batches under load). A NOTIFY during the batch, or the
@@ -115,9 +145,7 @@ async def test_after_a_batch_that_left_nothing_due_the_loop_waits(db_dsn: str, s
     try:
         claims: list[str] = []
         async with pool.acquire() as conn:
-            conn.add_query_logger(
-                lambda rec: claims.append(rec.query) if "AS taken" in rec.query else None
-            )
+            conn.add_query_logger(lambda rec: claims.append(rec.query) if "AS taken" in rec.query else None)
         await stage(pool, to_bytes(messages_payload(message_obj("wamid.W1"))))
         consumer = Consumer(pool, replace(settings, consumer_poll_ms=60_000))
         task = asyncio.create_task(consumer.run(stop))
@@ -292,11 +320,11 @@ async def test_a_row_committed_in_a_lane_a_sibling_holds_waits_for_its_batch_not
     held = asyncio.Event()  # a batch read the first row and waits
     release = asyncio.Event()
     empty: list[Consumer] = []  # loops whose batch read nothing after the second row committed
-    second_staged = asyncio.Event()
+    second_staged = asyncio.Event()  # the second row is being staged
     for c in group.consumers:
 
-        async def read_shards(conn: Any, take: Any, out: Any, orig: Any = c._read_shards) -> Any:
-            read, more = await orig(conn, take, out)
+        async def read_shards(conn: Any, take: Any, orig: Any = c._read_shards) -> Any:
+            read, more = await orig(conn, take)
             if any(rows for _, rows, _ in read) and not held.is_set():
                 held.set()
                 await release.wait()  # the batch's transaction stays open, its lanes out
@@ -318,8 +346,9 @@ async def test_a_row_committed_in_a_lane_a_sibling_holds_waits_for_its_batch_not
         await batches.all_idle(group)
         await stage(pool, to_bytes(messages_payload(message_obj("wamid.H1"))))
         await asyncio.wait_for(held.wait(), 10)
-        await stage(pool, to_bytes(messages_payload(message_obj("wamid.H2"))))  # commits after A's read
+        # Set first: the sibling's look (no lane free: no statement) may end before stage returns.
         second_staged.set()
+        await stage(pool, to_bytes(messages_payload(message_obj("wamid.H2"))))  # commits after A's read
         await until(lambda: _some(empty), what="the sibling's look, which finds every lane out")
         release.set()
         await until(lambda: done(2), timeout_s=10, what="the second row, read again by the lanes' holder")
