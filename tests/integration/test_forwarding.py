@@ -470,7 +470,10 @@ async def test_an_open_breaker_is_not_closed_by_requests_sent_before_it_opened(
     try:
         await add(pool, "crm", slow.url, max_in_flight=4)
         await process_messages(pool, settings, 4)
-        async with forwarding(pool, fast(settings, forward_breaker_cooldown_s=600)):
+        # A timeout far above the receiver's latency: a request that timed out on a busy machine
+        # would wait out the open breaker's cool-down instead of being answered.
+        busy_proof = fast(settings, forward_breaker_cooldown_s=600, forward_timeout_ms=10_000)
+        async with forwarding(pool, busy_proof):
             await until(lambda: _posted(slow, 4), what="four requests in flight")
             await pool.execute("UPDATE destinations SET breaker_state = 'open', breaker_changed_at = now()")
             await until(lambda: all_delivered(pool), what="the four answered")
