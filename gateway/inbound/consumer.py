@@ -317,8 +317,10 @@ class Consumer:
         pending = [first]
 
         def more_lanes() -> list[Cursor]:
-            taken = pending.pop() if pending else take()
-            out.extend(c.lane for c in taken if c.lane not in out)
+            if pending:
+                return pending.pop()  # its lanes are in ``out`` already
+            taken = take()
+            out.extend(c.lane for c in taken)
             return taken
 
         moved: list[Cursor] | None = None
