@@ -106,7 +106,8 @@ class PayloadFactory:
         self._n = 0
         # Meta stamps an event with its own time, seconds before it is sent: a key lives in the
         # partition of its event's day, so timestamps of a fixed past day would put every key
-        # of a run in the default partition, which live traffic never reaches.
+        # of a run in the default partition, which live traffic reaches only with timestamps
+        # days away from any partition.
         self._t0 = int(time.time())
         self.phone_number_id = str(100000000000000 + self.rng.randrange(10**14))
         self.waba_id = str(200000000000000 + self.rng.randrange(10**14))
