@@ -20,6 +20,11 @@ to two downstream destinations, a Standard Webhooks one and a Meta-format one.
    memory of every serve process sampled; target: flat (the last minute's peak within 10 %
    and 20 MB of the first minute's) and <= 150 MB per process; every delivery delivered.
 
+Between 1 and 2, the cost (``--cost-rate``, both destinations): CPU per webhook of serve and
+PostgreSQL against the bare relay's, round by round; target <= 2x. ``--split`` adds the bare
+handler and serve with the destinations disabled, so that receiving, storing and forwarding are
+told apart.
+
 Self-contained: an embedded PostgreSQL in a temporary directory, whatever ``--database-url``
 or $DATABASE_URL say (it truncates tables and measures the server's CPU). Prints only what
 it measured, the load average included; exits 1 when a target is missed.
@@ -101,6 +106,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--cost-rate", type=float, default=300.0, help="webhooks/s of the cost phase (0: skip it)")
     p.add_argument("--cost-seconds", type=float, default=20.0, help="seconds of each side of a cost round")
+    p.add_argument(
+        "--split",
+        action="store_true",
+        help="each cost round also measures the bare verify-only handler and serve with the "
+        "destinations disabled, at the same rate: the cost of receiving, storing and forwarding",
+    )
     p.add_argument("--serve-env", action="append", default=[], metavar="K=V", help="extra env of serve")
     p.add_argument(
         "--aged",
@@ -368,59 +379,84 @@ async def _drive(ns: argparse.Namespace, port: int, rate: float, seconds: float,
     return res.recorder.sent, sum(res.recorder.errors().values())
 
 
-async def cost_round(
-    ns: argparse.Namespace, rnd: int, serve: processes.Proc, relay: processes.Proc, rx: Receivers, dsn: str,
-    pg: Any, statements: bool,
-) -> dict[str, Any]:  # fmt: skip
-    """The bare relay, then serve (both destinations), each at ``--cost-rate``: CPU per webhook
-    from the start of the load until every event reached both receivers (and, for serve, its
-    deliveries' outcomes were recorded)."""
-    await rx.reset()
-    meter = CpuMeter(relay.pid, None)
-    meter.start()
-    sent, errors = await _drive(ns, relay.port, ns.cost_rate, ns.cost_seconds, f"cr{rnd}")
-    missing = await rx.missing(sent)
-    relay_s = meter.used()["server"]
-    out: dict[str, Any] = {"round": rnd}
-    out["relay"] = {
-        "webhooks": sent,
-        "errors": errors,
-        "missing": missing,
-        "us": relay_s / max(sent, 1) * 1e6,
-    }
-    await rx.reset()
-    if statements:
-        statements = await pgstat.reset(dsn)
+async def _serve_leg(
+    ns: argparse.Namespace, tag: str, serve: processes.Proc, rx: Receivers, dsn: str, pg: Any, forwarded: bool
+) -> dict[str, Any]:
+    """serve at ``--cost-rate``: CPU per webhook of its processes and PostgreSQL, from the start
+    of the load until every event was processed (``forwarded``: and reached both receivers,
+    and its deliveries' outcomes were recorded)."""
     meter = CpuMeter(serve.pid, pg, groups=lambda: _roles(serve, pg, rx))
     meter.start()
-    sent, errors = await _drive(ns, serve.port, ns.cost_rate, ns.cost_seconds, f"cg{rnd}")
-    missing = await rx.missing(sent)
+    sent, errors = await _drive(ns, serve.port, ns.cost_rate, ns.cost_seconds, tag)
+    missing = await rx.missing(sent) if forwarded else {}
     settled = await _settle(dsn)
     used = meter.used()
-    if statements:
-        out["statements"] = await pgstat.top(dsn)
     roles = {k: v for k, v in used.items() if k not in ("postgres", "generator", "receivers")}
     serve_us = sum(roles.values()) / max(sent, 1) * 1e6
     pg_us = used.get("postgres", 0.0) / max(sent, 1) * 1e6
-    out["gateway"] = {
+    return {
         "webhooks": sent, "errors": errors, "missing": missing, "settled_s": settled, "serve_us": serve_us,
         "postgres_us": pg_us, "us": serve_us + pg_us,
         "roles_us": {k: v / max(sent, 1) * 1e6 for k, v in roles.items()},
     }  # fmt: skip
+
+
+async def _bare_leg(ns: argparse.Namespace, tag: str, proc: processes.Proc, rx: Receivers) -> dict[str, Any]:
+    """A baseline process at ``--cost-rate``: its CPU per webhook, until its events reached the
+    receivers (the bare handler sends them none)."""
+    meter = CpuMeter(proc.pid, None)
+    meter.start()
+    sent, errors = await _drive(ns, proc.port, ns.cost_rate, ns.cost_seconds, tag)
+    missing = await rx.missing(sent) if proc.name == "relay" else {}
+    return {
+        "webhooks": sent,
+        "errors": errors,
+        "missing": missing,
+        "us": meter.used()["server"] / max(sent, 1) * 1e6,
+    }
+
+
+async def cost_round(
+    ns: argparse.Namespace, rnd: int, serve: processes.Proc, relay: processes.Proc, rx: Receivers, dsn: str,
+    pg: Any, statements: bool, bare: processes.Proc | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The bare relay, then serve (both destinations), each at ``--cost-rate``. With ``bare``
+    (``--split``) first the bare handler, and serve with the destinations disabled between the
+    two: what receiving, storing and forwarding each cost."""
+    out: dict[str, Any] = {"round": rnd}
+    await rx.reset()
+    if bare is not None:
+        out["bare"] = await _bare_leg(ns, f"cb{rnd}", bare, rx)
+    out["relay"] = await _bare_leg(ns, f"cr{rnd}", relay, rx)
+    if bare is not None:
+        await _destinations(dsn, rx, enabled=False)
+        out["alone"] = await _serve_leg(ns, f"ca{rnd}", serve, rx, dsn, pg, forwarded=False)
+        await _destinations(dsn, rx, enabled=True)
+    await rx.reset()
+    if statements:
+        await pgstat.reset(dsn)
+    out["gateway"] = await _serve_leg(ns, f"cg{rnd}", serve, rx, dsn, pg, forwarded=True)
+    if statements:
+        out["statements"] = await pgstat.top(dsn)
     out["ratio"] = out["gateway"]["us"] / out["relay"]["us"] if out["relay"]["us"] else float("nan")
-    sys.stderr.write(
+    line = (
         f"cost round {rnd + 1}: relay {out['relay']['us']:.0f} us/webhook, serve + PostgreSQL "
-        f"{out['gateway']['us']:.0f} us/webhook: {out['ratio']:.2f}x\n"
+        f"{out['gateway']['us']:.0f} us/webhook: {out['ratio']:.2f}x"
     )
+    if bare is not None:
+        line += f" (bare handler {out['bare']['us']:.0f}, serve alone {out['alone']['us']:.0f})"
+    sys.stderr.write(line + "\n")
     return out
 
 
 async def cost(
-    ns: argparse.Namespace, serve: processes.Proc, relay: processes.Proc, rx: Receivers, dsn: str, pg: Any
-) -> dict[str, Any]:
+    ns: argparse.Namespace, serve: processes.Proc, relay: processes.Proc, rx: Receivers, dsn: str, pg: Any,
+    bare: processes.Proc | None,
+) -> dict[str, Any]:  # fmt: skip
     rounds = []
     for rnd in range(ns.rounds):
-        rounds.append(await cost_round(ns, rnd, serve, relay, rx, dsn, pg, statements=rnd == ns.rounds - 1))
+        last = rnd == ns.rounds - 1
+        rounds.append(await cost_round(ns, rnd, serve, relay, rx, dsn, pg, statements=last, bare=bare))
     statements = rounds[-1].pop("statements", None) if rounds else None
     return {"rate": ns.cost_rate, "seconds": ns.cost_seconds, "rounds": rounds, "statements": statements}
 
@@ -434,7 +470,7 @@ async def main(ns: argparse.Namespace) -> int:
     log_dir = run.log_dir
     tmp = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     result: dict[str, Any] = {}
-    pg, serve, rx, relay = None, None, None, None
+    pg, serve, rx, relay, bare = None, None, None, None, None
     try:
         pg, dsn = processes.start_database(tmp)
         database.load_statements(pg)
@@ -445,6 +481,9 @@ async def main(ns: argparse.Namespace) -> int:
         await rx.ready()
         relay = start_relay(rx, log_dir)
         await relay.wait_ready()
+        if ns.split and ns.cost_rate:
+            bare = processes.start_baseline("bare", dsn, processes.DEFAULT_SECRETS, log_dir, 1)
+            await bare.wait_ready()
         await _destinations(dsn, rx, enabled=False)
         extra = {**SERVE_ENV, **dict(kv.split("=", 1) for kv in ns.serve_env)}
         serve = processes.start_serve(dsn, processes.DEFAULT_SECRETS, log_dir, extra=extra)
@@ -454,7 +493,7 @@ async def main(ns: argparse.Namespace) -> int:
             result["relay_saturation"] = await relay_saturation(ns, relay, rx)
         await _destinations(dsn, rx, enabled=True)
         if ns.cost_rate:
-            result["cost"] = await cost(ns, serve, relay, rx, dsn, pg)
+            result["cost"] = await cost(ns, serve, relay, rx, dsn, pg, bare)
         if ns.rate:
             rate = ns.rate
         else:
@@ -466,7 +505,7 @@ async def main(ns: argparse.Namespace) -> int:
             result["deliveries_drained_s"] = await _settle(dsn)
         result["deliveries"] = await _open_deliveries(dsn)
     finally:
-        for proc in (serve, relay):
+        for proc in (serve, relay, bare):
             if proc is not None:
                 proc.stop()
         if rx is not None:

@@ -38,7 +38,12 @@ def verdict(r: dict[str, Any]) -> report.Verdict:
             )
         )  # fmt: skip
         for x in cost["rounds"]:
-            for who in ("relay", "gateway"):
+            for who in ("bare", "relay", "alone", "gateway"):
+                if who not in x:
+                    continue
+                if x[who].get("errors"):
+                    failed = x[who]["errors"]
+                    v.failed_checks.append(f"cost round {x['round'] + 1}: {who}: {failed} webhooks failed")
                 missing = {k: n for k, n in x[who]["missing"].items() if n}
                 if missing:
                     v.failed_checks.append(
@@ -100,6 +105,15 @@ def _cores(cpu: dict[str, float]) -> str:
     return " / ".join(f"{cpu.get(k, 0):.2f}" for k in CORES)
 
 
+def _split_row(x: dict[str, Any]) -> tuple[str, ...]:
+    """A --split cost round: receiving (the bare handler), the relay's POSTs on top of it,
+    serve alone, storing (serve alone less receiving) and forwarding (serve less serve alone)."""
+    bare, relay, alone, both = (x[k]["us"] for k in ("bare", "relay", "alone", "gateway"))
+    share = f"{alone / relay:.2f}" if relay else "-"
+    cells = (x["round"] + 1, bare, relay - bare, alone, alone - bare, both - alone)
+    return (*(f"{v:.0f}" for v in cells), share)
+
+
 def table(r: dict[str, Any]) -> str:
     out = ""
     if "saturation" in r:
@@ -148,6 +162,17 @@ def table(r: dict[str, Any]) -> str:
                 for x in c["rounds"]
             ],
         )  # fmt: skip
+        split = [x for x in c["rounds"] if "bare" in x and "alone" in x]
+        if split:
+            out += (
+                "\n\nwhere it goes (--split; us per webhook): the bare handler receives and verifies; "
+                "serve alone is serve with the destinations disabled\n"
+            )
+            out += report.table(
+                ("round", "bare handler", "relay's POSTs", "serve alone", "storing", "forwarding",
+                 "serve alone / relay"),
+                [_split_row(x) for x in split],
+            )  # fmt: skip
         if c.get("statements") is not None:
             webhooks = c["rounds"][-1]["gateway"]["webhooks"]
             out += "\n\n" + pgstat.describe(c["statements"], per=webhooks, when=" (serve, the last round)")

@@ -190,6 +190,43 @@ def test_bench_pipeline_judges_cost_and_saturation_against_the_relay(
     assert not v.failed_checks
 
 
+def split_round(n: int, bare: float, relay: float, alone: float, both: float) -> dict[str, Any]:
+    def side(us: float, serve: bool = False) -> dict[str, Any]:
+        x: dict[str, Any] = {"us": us, "missing": {}, "webhooks": 100, "errors": 0}
+        if serve:
+            x.update(serve_us=us / 2, postgres_us=us / 2, roles_us={"worker": us / 2})
+        return x
+
+    return {
+        "round": n, "ratio": both / relay, "bare": side(bare), "relay": side(relay),
+        "alone": side(alone, True), "gateway": side(both, True),
+    }  # fmt: skip
+
+
+def test_bench_pipeline_split_says_what_receiving_storing_and_forwarding_cost() -> None:
+    cost = {"rate": 300.0, "seconds": 5.0, "rounds": [split_round(0, 300, 900, 1400, 2100)]}
+    text = pipeline_report.table({"cost": cost})
+    lines = text.split("where it goes")[1].splitlines()
+    head, row = lines[1], lines[3]
+    cells = dict(zip((c.strip() for c in head.split("  ") if c.strip()), row.split(), strict=True))
+    assert cells == {
+        "round": "1", "bare handler": "300", "relay's POSTs": "600", "serve alone": "1400", "storing": "1100",
+        "forwarding": "700", "serve alone / relay": "1.56",
+    }  # fmt: skip
+    plain = {k: v for k, v in split_round(0, 300, 900, 1400, 2100).items() if k not in ("bare", "alone")}
+    assert "where it goes" not in pipeline_report.table({"cost": {**cost, "rounds": [plain]}})
+
+
+def test_bench_pipeline_fails_a_cost_round_whose_webhooks_failed() -> None:
+    rnd = split_round(0, 300, 900, 1400, 1700)
+    rnd["alone"]["errors"] = 3
+    cost = {"rate": 300.0, "seconds": 5.0, "rounds": [rnd]}
+    result = {**pipeline_result([1.5], 1000.0, 700.0), "cost": cost}
+    v = pipeline_report.verdict(result)
+    assert v.failed_checks == ["cost round 1: alone: 3 webhooks failed"]
+    assert all(t.met for t in v.targets)
+
+
 def test_serve_cost_is_per_request_against_the_bare_handlers_own() -> None:
     def run(server: str, rnd: int, server_us: float, pg_us: float) -> fixed.Run:
         r = fixed.Run(server, 64, rnd, 1000.0, 1.0, 2.0, 0, 0, {}, backlog_end=0)
