@@ -20,9 +20,11 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from gateway import metrics
 from gateway.core.aio import back_off
@@ -129,6 +131,10 @@ class Consumer:
             on_deliveries=on_deliveries,
         )
         self._more_before = False  # the last batch left rows: read a share of the lanes
+        # The connection a loop of a group keeps from batch to batch (``_connection``), and
+        # whether it may: set by ``run``, not by a bare ``step``.
+        self._kept: PoolConnectionProxy[Any] | None = None
+        self._keep = False
         self.deferred_s = 0.0  # the last step met a systemic fault: wait this long first
         self._items_at = -ITEMS_EVERY_S
         # The scheduling state is this consumer's own; its group reads it and wakes it through
@@ -200,6 +206,7 @@ class Consumer:
         now = time.monotonic()
         if (n == 0 and not self._no_free_lane) or now - self._items_at >= ITEMS_EVERY_S:
             self._items_at = now
+            await self._let_go()  # the items take connections of their own
             items = await self.process_items()
             n += items
         self._again = self._more or self._unread_shards or items > 0
@@ -213,6 +220,7 @@ class Consumer:
         beat = HEARTBEATS.loop("consumer", s.liveness_s + s.fault_backoff_max_ms / 1000 + poll_s)
         clock = asyncio.get_running_loop().time
         reserved = False  # this step's start was reserved after a wake-up
+        self._keep = self._lease is None  # a group's loop: no other acquire of its own per batch
         try:
             while not stop.is_set():
                 beat()
@@ -243,8 +251,10 @@ class Consumer:
                     continue
                 self._idle = True
                 try:
-                    with contextlib.suppress(TimeoutError):
+                    try:
                         await asyncio.wait_for(self._woken.wait(), poll_s)
+                    except TimeoutError:
+                        await self._let_go()  # quiet for a poll interval: the pool has it back
                 finally:
                     self._idle = False
                 self._starting = True
@@ -253,6 +263,8 @@ class Consumer:
                 if delay > 0:
                     await asyncio.sleep(delay)  # at most the gap: a stop is seen right after
         finally:
+            self._keep = False
+            await self._let_go()
             beat.done()
 
     # -- the lanes ------------------------------------------------------------------------
@@ -279,6 +291,7 @@ class Consumer:
     async def _batch(self) -> int:
         stalled = self._health.stalled()
         if stalled is not None:
+            await self._let_go()  # taken alone on connections of its own
             return await self._alone(stalled)
         # A loop whose last batch left rows reads its share of the lanes, so that the siblings
         # it wakes read the rest in parallel; otherwise every free lane, in one statement.
@@ -328,8 +341,9 @@ class Consumer:
         rows: list[StagedRow] = []
         forwards = False
         try:
-            async with self._pool.acquire() as conn, conn.transaction():
-                await inbox.read_mode(conn, idle_ms=self._idle_ms)
+            async with self._connection() as conn, conn.transaction():
+                if conn is not self._kept:  # a kept connection has the read's mode for its session
+                    await inbox.read_mode(conn, idle_ms=self._idle_ms)
                 read, more = await self._read_shards(conn, more_lanes)
                 rows = [r for _, batch, _ in read for r in batch]
                 if rows:
@@ -350,6 +364,37 @@ class Consumer:
         metrics.CONSUMER_BATCH_ROWS.observe(len(rows))
         metrics.CONSUMER_BATCH_SECONDS.observe(time.perf_counter() - started)
         return len(rows)
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Conn]:
+        """A batch's connection. A loop of a group keeps one from batch to batch while it is
+        busy, with the read's mode set once for the session: no ``read_mode`` and no pool reset
+        (``RESET ALL; CLOSE ALL; UNLISTEN *; pg_advisory_unlock_all()``) per batch, two of a
+        batch's seven round trips. A batch that raises gives it back (the pool resets or drops
+        it). Otherwise, one from the pool for the batch."""
+        if not self._keep:
+            async with self._pool.acquire() as conn:
+                yield conn
+            return
+        if self._kept is None:
+            conn = await self._pool.acquire()
+            try:
+                await inbox.read_mode_session(conn, idle_ms=self._idle_ms)
+            except BaseException:
+                await self._pool.release(conn)
+                raise
+            self._kept = conn
+        try:
+            yield self._kept
+        except BaseException:
+            await self._let_go()
+            raise
+
+    async def _let_go(self) -> None:
+        """The kept connection back to the pool, which resets its session."""
+        conn, self._kept = self._kept, None
+        if conn is not None:
+            await self._pool.release(conn)
 
     async def _read_shards(
         self, conn: Conn, take: Callable[[], list[Cursor]]

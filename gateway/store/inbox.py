@@ -124,6 +124,11 @@ async def read_mode(conn: Conn, *, idle_ms: int) -> None:
     await conn.execute(q("inbox_read_mode"), str(idle_ms))
 
 
+async def read_mode_session(conn: Conn, *, idle_ms: int) -> None:
+    """``read_mode`` for the connection's session, until the pool resets it."""
+    await conn.execute(q("inbox_read_mode_session"), str(idle_ms))
+
+
 async def get_row(conn: Conn, *, inbox_id: int) -> StagedRow | None:
     r = await conn.fetchrow(q("inbox_get_row"), inbox_id)
     return None if r is None else _staged(r)

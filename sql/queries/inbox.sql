@@ -107,6 +107,13 @@ ORDER BY b.txid, b.id;
 SELECT set_config('enable_sort', 'off', true), set_config('enable_seqscan', 'off', true),
        set_config('idle_in_transaction_session_timeout', $1, true);
 
+-- name: inbox_read_mode_session
+-- inbox_read_mode for the session: the connection a consumer loop keeps from batch to batch,
+-- where setting it once saves a round trip per batch. The pool's reset (RESET ALL) puts the
+-- defaults back when the loop gives the connection back.
+SELECT set_config('enable_sort', 'off', false), set_config('enable_seqscan', 'off', false),
+       set_config('idle_in_transaction_session_timeout', $1, false);
+
 -- name: inbox_advance
 -- The lanes' cursors moved on their own (windows a read found empty): member $1, $2 as for
 -- inbox_advance.

@@ -5,11 +5,13 @@ woken (one idle consumer per NOTIFY, more for a backlog)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
 import asyncpg
 import pytest
+from asyncpg.exceptions import InternalClientError
 
 from gateway.core.lanes import LaneSet
 from gateway.core.settings import Settings
@@ -21,7 +23,7 @@ from gateway.inbound.lanes import LaneLease
 from gateway.runtime import services
 from gateway.store import inbox
 from gateway.store import listen as store_listen
-from gateway.store.db import create_pool
+from gateway.store.db import connect, create_pool
 from gateway.testing.payloads import (
     message_obj,
     messages_payload,
@@ -31,7 +33,7 @@ from gateway.testing.payloads import (
     to_bytes,
 )
 from tests.support.config import replace
-from tests.support.consume import inbox_states, leased, stage
+from tests.support.consume import inbox_states, leased, stage, stage_on
 from tests.support.forward import until
 
 
@@ -99,6 +101,119 @@ async def test_a_batch_costs_a_constant_number_of_statements(db_dsn: str, settin
             if not warm_up:
                 assert len(statements) == 7, [s[:60] for s in statements]
     finally:
+        await pool.close()
+
+
+async def _kept_loop(
+    db_dsn: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> tuple[asyncpg.Pool, asyncpg.Connection, Consumer, list[str]]:
+    """A loop of a group (a leased consumer) on a pool of one connection whose statements are
+    logged; rows are staged and counted on a connection of their own."""
+    pool = await create_pool(db_dsn, 1, 1)
+    other = await connect(db_dsn)
+    statements: list[str] = []
+    async with pool.acquire() as conn:
+        conn.add_query_logger(lambda rec: statements.append(rec.query))
+    monkeypatch.setattr(consumer_module, "ITEMS_EVERY_S", 3600.0)  # dead items: when idle only
+    consumer = await leased(pool, replace(settings, consumer_poll_ms=60_000))
+    return pool, other, consumer, statements
+
+
+async def _stage_on(other: asyncpg.Connection, wamid: str) -> None:
+    await stage_on(other, to_bytes(messages_payload(message_obj(wamid))))
+
+
+async def test_a_busy_loop_keeps_its_connection_from_batch_to_batch(
+    db_dsn: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's loop keeps its connection from one batch to the next, with the read's mode set
+    once for the session: a batch is five statements (BEGIN, read, SAVEPOINT and the apply's
+    settings, apply, COMMIT), not seven (no read mode, no pool reset). Given back, the
+    connection is reset: its next user gets the server's settings."""
+    pool, other, consumer, statements = await _kept_loop(db_dsn, settings, monkeypatch)
+    try:
+        consumer._keep = True  # as in run()
+        consumer._items_at = time.monotonic()  # no look at dead items in these steps
+        await _stage_on(other, "wamid.K1")
+        assert await consumer.step() == 1  # the first batch also warms up
+        await asyncio.sleep(0.01)  # the query logger is called soon after each statement
+        first = [q for q in statements if "set_config('enable_sort'" in q]
+        assert first and "false" in first[0]  # the session's, once
+        statements.clear()
+        await _stage_on(other, "wamid.K2")
+        assert await consumer.step() == 1
+        await asyncio.sleep(0.01)
+        assert len(statements) == 5, [q[:60] for q in statements]
+        assert statements[0].startswith("BEGIN") and statements[-1].startswith("COMMIT")
+        assert not [q for q in statements if "RESET ALL" in q or "set_config('enable_sort'" in q]
+        await consumer._let_go()
+        async with pool.acquire() as conn:
+            shown = [await conn.fetchval(f"SHOW {g}") for g in ("enable_sort", "enable_seqscan")]
+            assert shown == ["on", "on"]
+            assert await conn.fetchval("SHOW idle_in_transaction_session_timeout") == "0"
+    finally:
+        await other.close()
+        await pool.close()
+
+
+async def test_a_loop_whose_kept_connection_died_reads_again_on_a_new_one(
+    db_dsn: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server ends the kept connection's session between two batches (a restart, a
+    failover, an operator's pg_terminate_backend): the next batch fails before it writes
+    anything and gives the connection up; the one after reads the row on a new connection, once."""
+    pool, other, consumer, _ = await _kept_loop(db_dsn, settings, monkeypatch)
+    try:
+        consumer._keep = True
+        consumer._items_at = time.monotonic()
+        await _stage_on(other, "wamid.D1")
+        assert await consumer.step() == 1
+        killed = await other.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend'"
+        )
+        assert killed == 1  # the pool's only connection, kept by the loop
+        await _stage_on(other, "wamid.D2")
+        # Which error depends on when the client reads the server's goodbye.
+        with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, InternalClientError, OSError)):
+            await consumer.step()
+        assert consumer._kept is None
+        assert await consumer.step() == 1
+        assert await other.fetchval("SELECT count(*) FROM inbound_messages") == 2
+        assert await other.fetchval("SELECT count(*) FROM processed_webhook_events") == 2
+        assert await other.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state <> 'done'") == 0
+        await consumer._let_go()
+    finally:
+        await other.close()
+        await pool.close()
+
+
+async def test_a_quiet_loop_gives_its_connection_back(
+    db_dsn: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop that no wake-up reached for a poll interval gives the kept connection back: an
+    idle gateway does not hold a connection per loop."""
+    pool, other, consumer, _ = await _kept_loop(db_dsn, settings, monkeypatch)
+    consumer._s = replace(consumer._s, consumer_poll_ms=300)
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    try:
+        await _stage_on(other, "wamid.Q1")
+        consumer.wake()  # as a NOTIFY does
+
+        async def processed() -> bool:
+            return bool(await other.fetchval("SELECT count(*) = 1 FROM processed_webhook_events"))
+
+        await until(processed, what="the row")
+        async with asyncio.timeout(5):  # the pool's only connection comes back to it
+            async with pool.acquire() as conn:
+                assert await conn.fetchval("SHOW enable_sort") == "on"
+    finally:
+        stop.set()
+        consumer.wake()
+        await task
+        await other.close()
         await pool.close()
 
 

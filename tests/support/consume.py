@@ -17,7 +17,13 @@ STAGE_ONE = "INSERT INTO webhook_inbox (source, body, delivery_id) VALUES ($1, $
 
 
 async def stage(pool: asyncpg.Pool, body: bytes, source: str = "meta", delivery_id: str | None = None) -> int:
-    inbox_id: int = await pool.fetchval(STAGE_ONE, source, body, delivery_id)
+    return await stage_on(pool, body, source, delivery_id)
+
+
+async def stage_on(
+    conn: asyncpg.Pool | asyncpg.Connection, body: bytes, source: str = "meta", delivery_id: str | None = None
+) -> int:
+    inbox_id: int = await conn.fetchval(STAGE_ONE, source, body, delivery_id)
     return inbox_id
 
 
