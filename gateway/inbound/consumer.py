@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable
@@ -54,6 +55,7 @@ from gateway.store import lanes as lanes_store
 # fast path's savepoint (``gateway.inbound.applier``), so that rolling back to it keeps the bound.
 _IDLE_BOUND = "SET LOCAL idle_in_transaction_session_timeout = {ms}"
 
+log = logging.getLogger(__name__)
 # One per process: what its consumers have seen lately (see ``ConsumerHealth``).
 HEALTH = ConsumerHealth(time.monotonic)
 # Rows that share one batch's fixed cost well enough: a batch reads no further shard after it.
@@ -391,10 +393,16 @@ class Consumer:
             raise
 
     async def _let_go(self) -> None:
-        """The kept connection back to the pool, which resets its session."""
+        """The kept connection back to the pool, which resets its session. Never raises: a
+        connection whose reset fails (its server gone, as in a failover) is dropped by the pool,
+        and the loop goes on (it is called outside a step's error handling too)."""
         conn, self._kept = self._kept, None
-        if conn is not None:
+        if conn is None:
+            return
+        try:
             await self._pool.release(conn)
+        except Exception as exc:
+            log.info("consumer: a kept connection was dropped: %s", describe(exc))
 
     async def _read_shards(
         self, conn: Conn, take: Callable[[], list[Cursor]]

@@ -105,6 +105,9 @@ class ConsumerGroup:
             for t in loops:
                 t.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
+            # The listener runs until stop: a loop that ended on its own (an error) ends the
+            # group now, for its service to report, instead of leaving it waiting for a stop.
+            aides[0].cancel()
             await asyncio.gather(*aides, return_exceptions=True)
 
     async def close(self) -> None:

@@ -471,3 +471,25 @@ async def test_a_row_committed_in_a_lane_a_sibling_holds_waits_for_its_batch_not
 
 async def _some(found: list[Consumer]) -> bool:
     return bool(found)
+
+
+async def test_a_group_whose_loop_ended_on_its_own_ends_with_it(
+    pool: asyncpg.Pool, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer loop that ends with an error (a bug) ends its group with that error, for the
+    process to report as a service that stopped on its own. The group used to wait for its
+    listener, which runs until the process stops: the process went on with no consumer."""
+    group = ConsumerGroup(pool, replace(settings, consumer_concurrency=2))
+    first = group.consumers[0]
+
+    async def broken(stop: asyncio.Event) -> None:
+        raise RuntimeError("a loop's bug")
+
+    monkeypatch.setattr(first, "run", broken)
+    stop = asyncio.Event()
+    try:
+        with pytest.raises(RuntimeError, match="a loop's bug"):
+            async with asyncio.timeout(15):
+                await group.run(stop)
+    finally:
+        stop.set()
