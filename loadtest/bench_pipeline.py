@@ -401,13 +401,15 @@ async def _serve_leg(
     }  # fmt: skip
 
 
-async def _bare_leg(ns: argparse.Namespace, tag: str, proc: processes.Proc, rx: Receivers) -> dict[str, Any]:
-    """A baseline process at ``--cost-rate``: its CPU per webhook, until its events reached the
-    receivers (the bare handler sends them none)."""
+async def _bare_leg(
+    ns: argparse.Namespace, tag: str, proc: processes.Proc, rx: Receivers, forwarded: bool
+) -> dict[str, Any]:
+    """A baseline process at ``--cost-rate``: its CPU per webhook (``forwarded``: until its
+    events reached both receivers, as the relay's do)."""
     meter = CpuMeter(proc.pid, None)
     meter.start()
     sent, errors = await _drive(ns, proc.port, ns.cost_rate, ns.cost_seconds, tag)
-    missing = await rx.missing(sent) if proc.name == "relay" else {}
+    missing = await rx.missing(sent) if forwarded else {}
     return {
         "webhooks": sent,
         "errors": errors,
@@ -426,8 +428,8 @@ async def cost_round(
     out: dict[str, Any] = {"round": rnd}
     await rx.reset()
     if bare is not None:
-        out["bare"] = await _bare_leg(ns, f"cb{rnd}", bare, rx)
-    out["relay"] = await _bare_leg(ns, f"cr{rnd}", relay, rx)
+        out["bare"] = await _bare_leg(ns, f"cb{rnd}", bare, rx, forwarded=False)
+    out["relay"] = await _bare_leg(ns, f"cr{rnd}", relay, rx, forwarded=True)
     if bare is not None:
         await _destinations(dsn, rx, enabled=False)
         out["alone"] = await _serve_leg(ns, f"ca{rnd}", serve, rx, dsn, pg, forwarded=False)

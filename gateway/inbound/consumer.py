@@ -378,16 +378,13 @@ class Consumer:
             async with self._pool.acquire() as conn:
                 yield conn
             return
-        if self._kept is None:
-            conn = await self._pool.acquire()
-            try:
-                await inbox.read_mode_session(conn, idle_ms=self._idle_ms)
-            except BaseException:
-                await self._pool.release(conn)
-                raise
-            self._kept = conn
+        kept, fresh = self._kept, self._kept is None
+        if kept is None:
+            kept = self._kept = await self._pool.acquire()
         try:
-            yield self._kept
+            if fresh:
+                await inbox.read_mode(kept, idle_ms=self._idle_ms, session=True)
+            yield kept
         except BaseException:
             await self._let_go()
             raise

@@ -94,7 +94,8 @@ class ConsumerGroup:
         are let go for the other processes' consumers."""
         done = asyncio.Event()
         loops = [asyncio.create_task(c.run(stop)) for c in self.consumers]
-        aides = [asyncio.create_task(self._listen(stop)), asyncio.create_task(self._hold_lanes(done))]
+        listener = asyncio.create_task(self._listen(stop))
+        aides = [listener, asyncio.create_task(self._hold_lanes(done))]
         stopped = asyncio.create_task(stop.wait())
         stopped.add_done_callback(self._wake_all)  # idle consumers wait on their wake-up
         try:
@@ -107,7 +108,7 @@ class ConsumerGroup:
             await asyncio.gather(*loops, return_exceptions=True)
             # The listener runs until stop: a loop that ended on its own (an error) ends the
             # group now, for its service to report, instead of leaving it waiting for a stop.
-            aides[0].cancel()
+            listener.cancel()
             await asyncio.gather(*aides, return_exceptions=True)
 
     async def close(self) -> None:

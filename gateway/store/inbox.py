@@ -118,15 +118,11 @@ async def read(conn: Conn, cursors: Sequence[Cursor], *, limit: int, max_bytes: 
     return Read([_staged(r) for r in recs], snapshots, exhausted)
 
 
-async def read_mode(conn: Conn, *, idle_ms: int) -> None:
-    """In the caller's transaction: ``read`` plans without sorts, and the transaction may not
-    sit idle longer than ``idle_ms``."""
-    await conn.execute(q("inbox_read_mode"), str(idle_ms))
-
-
-async def read_mode_session(conn: Conn, *, idle_ms: int) -> None:
-    """``read_mode`` for the connection's session, until the pool resets it."""
-    await conn.execute(q("inbox_read_mode_session"), str(idle_ms))
+async def read_mode(conn: Conn, *, idle_ms: int, session: bool = False) -> None:
+    """In the caller's transaction (``session``: for the connection's session, until the pool
+    resets it): ``read`` plans without sorts, and a transaction may not sit idle longer than
+    ``idle_ms``."""
+    await conn.execute(q("inbox_read_mode"), str(idle_ms), not session)
 
 
 async def get_row(conn: Conn, *, inbox_id: int) -> StagedRow | None:

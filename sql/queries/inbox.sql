@@ -103,16 +103,11 @@ ORDER BY b.txid, b.id;
 -- The consumer's read plans without sorts (see inbox_read) and without seq scans (its bodies
 -- are read by primary key, row by row: a generic plan made while today's partition was small
 -- would scan the whole partition for each row once it has grown), and its transaction may not
--- sit idle past $1 milliseconds (see gateway/inbound/consumer.py).
-SELECT set_config('enable_sort', 'off', true), set_config('enable_seqscan', 'off', true),
-       set_config('idle_in_transaction_session_timeout', $1, true);
-
--- name: inbox_read_mode_session
--- inbox_read_mode for the session: the connection a consumer loop keeps from batch to batch,
--- where setting it once saves a round trip per batch. The pool's reset (RESET ALL) puts the
--- defaults back when the loop gives the connection back.
-SELECT set_config('enable_sort', 'off', false), set_config('enable_seqscan', 'off', false),
-       set_config('idle_in_transaction_session_timeout', $1, false);
+-- sit idle past $1 milliseconds (see gateway/inbound/consumer.py). $2: for the transaction
+-- (true), or for the session (false: the connection a consumer loop keeps from batch to batch,
+-- set once; the pool's reset, RESET ALL, puts the defaults back when it is given back).
+SELECT set_config('enable_sort', 'off', $2), set_config('enable_seqscan', 'off', $2),
+       set_config('idle_in_transaction_session_timeout', $1, $2);
 
 -- name: inbox_advance
 -- The lanes' cursors moved on their own (windows a read found empty): member $1, $2 as for

@@ -105,17 +105,20 @@ async def test_a_batch_costs_a_constant_number_of_statements(db_dsn: str, settin
 
 
 async def _kept_loop(
-    db_dsn: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
+    db_dsn: str, settings: Settings, monkeypatch: pytest.MonkeyPatch, poll_ms: int = 60_000
 ) -> tuple[asyncpg.Pool, asyncpg.Connection, Consumer, list[str]]:
-    """A loop of a group (a leased consumer) on a pool of one connection whose statements are
-    logged; rows are staged and counted on a connection of their own."""
+    """A loop of a group (a leased consumer, keeping its connection as in ``run``, no look at
+    dead items in its busy steps) on a pool of one connection whose statements are logged;
+    rows are staged and counted on a connection of their own."""
     pool = await create_pool(db_dsn, 1, 1)
     other = await connect(db_dsn)
     statements: list[str] = []
     async with pool.acquire() as conn:
         conn.add_query_logger(lambda rec: statements.append(rec.query))
     monkeypatch.setattr(consumer_module, "ITEMS_EVERY_S", 3600.0)  # dead items: when idle only
-    consumer = await leased(pool, replace(settings, consumer_poll_ms=60_000))
+    consumer = await leased(pool, replace(settings, consumer_poll_ms=poll_ms))
+    consumer._keep = True
+    consumer._items_at = time.monotonic()
     return pool, other, consumer, statements
 
 
@@ -132,8 +135,6 @@ async def test_a_busy_loop_keeps_its_connection_from_batch_to_batch(
     connection is reset: its next user gets the server's settings."""
     pool, other, consumer, statements = await _kept_loop(db_dsn, settings, monkeypatch)
     try:
-        consumer._keep = True  # as in run()
-        consumer._items_at = time.monotonic()  # no look at dead items in these steps
         await _stage_on(other, "wamid.K1")
         assert await consumer.step() == 1  # the first batch also warms up
         await asyncio.sleep(0.01)  # the query logger is called soon after each statement
@@ -164,8 +165,6 @@ async def test_a_loop_whose_kept_connection_died_reads_again_on_a_new_one(
     anything and gives the connection up; the one after reads the row on a new connection, once."""
     pool, other, consumer, _ = await _kept_loop(db_dsn, settings, monkeypatch)
     try:
-        consumer._keep = True
-        consumer._items_at = time.monotonic()
         await _stage_on(other, "wamid.D1")
         assert await consumer.step() == 1
         killed = await other.fetchval(
@@ -194,8 +193,7 @@ async def test_a_quiet_loop_gives_its_connection_back(
 ) -> None:
     """A loop that no wake-up reached for a poll interval gives the kept connection back: an
     idle gateway does not hold a connection per loop."""
-    pool, other, consumer, _ = await _kept_loop(db_dsn, settings, monkeypatch)
-    consumer._s = replace(consumer._s, consumer_poll_ms=300)
+    pool, other, consumer, _ = await _kept_loop(db_dsn, settings, monkeypatch, poll_ms=300)
     stop = asyncio.Event()
     task = asyncio.create_task(consumer.run(stop))
     try:
