@@ -51,7 +51,7 @@ from gateway.core.faults import missing_partition
 from gateway.core.limits import LogThrottle
 from gateway.core.settings import Settings
 from gateway.core.spacing import Rate, Senders, linger
-from gateway.store import db, doubt, inbox
+from gateway.store import db, doubt, inbox, retention
 
 log = logging.getLogger(__name__)
 # A database outage fails every batch: one line per 10 s says so, with how many were held back.
@@ -324,7 +324,7 @@ class GroupCommitter:
                 table = missing_partition(exc)
                 if table is None:
                     raise
-                made = await inbox.ensure_partition(conn, table=table)
+                made = await retention.ensure_today(conn, table=table)
                 how = "made it" if made else "it exists now"
                 log.warning("%s had no partition for today: %s", table, how)
                 await inbox.insert_batch(conn, sources=sources, bodies=bodies, delivery_ids=ids, lane=lane)

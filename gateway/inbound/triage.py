@@ -17,7 +17,7 @@ from gateway.core.errors import describe
 from gateway.core.faults import missing_partition
 from gateway.core.jsonspan import pointer
 from gateway.core.planning import Plan, probe_plan
-from gateway.store import db, inbox
+from gateway.store import db, inbox, retention
 
 log = logging.getLogger("gateway.inbound.consumer")
 
@@ -55,7 +55,7 @@ async def probe(
     table = missing_partition(exc)
     if table is not None:
         async with pool.acquire() as own:
-            created = await inbox.ensure_partition(own, table=table)
+            created = await retention.ensure_today(own, table=table)
         log.warning("a row of %s found no day partition: %s", table, "made" if created else "it exists now")
         return exc
     try:

@@ -41,12 +41,13 @@ from gateway.core.aio import sleep_unless_stopped
 from gateway.core.backoff import backoff_delay
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.delivery_outcomes import DeliveryOutcome, breaker_tally, decide, merge_tallies
+from gateway.core.faults import missing_partition
 from gateway.core.heartbeat import HEARTBEATS
 from gateway.core.settings import Settings
 from gateway.core.signature import sign_meta
 from gateway.core.spacing import Spacing
 from gateway.outbound.egress import GuardedResolver, RefusedAddress, warn_refused
-from gateway.store import deliveries, lanes
+from gateway.store import deliveries, lanes, retention
 from gateway.store.db import citus_state, connect
 from gateway.store.deliveries import Tx
 from gateway.store.listen import listen, own_connection
@@ -180,6 +181,22 @@ class Forwarder:
         if self._conn is None or self._conn.is_closed():
             self._conn = await connect(dsn, timeout=self.settings.db_connect_timeout_s)
         yield self._conn
+
+    async def _made_day(self, exc: BaseException) -> bool:
+        """A round failed because today has no partition of the table it writes (the job that
+        makes them ahead has not run since midnight): make it now. False when none was made
+        (another process did, or it could not be): the failure is waited out as any other."""
+        table = missing_partition(exc)
+        if table is None:
+            return False
+        try:
+            async with self.pool.acquire() as conn:
+                made = await retention.ensure_today(conn, table=table)
+        except Exception as failed:
+            log.warning("%s has no partition for today and none could be made: %s", table, failed)
+            return False
+        log.warning("%s had no partition for today: %s", table, "made it" if made else "it exists now")
+        return made
 
     # --- one round: write outcomes, claim, start requests -------------------------------------
 
@@ -520,6 +537,8 @@ class Forwarder:
                     claimed = await self.step()
                     self._spacing.counted(clock(), claimed)
                 except Exception as exc:
+                    if await self._made_day(exc):
+                        continue  # the round again at once, with the outcomes it could not write
                     log.warning("forwarder step failed: %s: %s", type(exc).__name__, exc)
                     claimed = 0
                     await sleep_unless_stopped(stop, poll_s)

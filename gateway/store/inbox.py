@@ -207,14 +207,6 @@ async def parked_done(conn: Conn, *, ids: Sequence[int]) -> None:
     await conn.execute(q("inbox_parked_done"), list(ids))
 
 
-async def ensure_partition(conn: asyncpg.Connection | PoolConnectionProxy, *, table: str) -> bool:
-    """Today's (and tomorrow's) day partition of ``table``, made now if missing (False: they
-    existed), in a transaction of its own on ``conn`` that never waits long for a lock."""
-    async with conn.transaction():
-        await conn.execute(q("partition_lock_timeout"))
-        return bool(await conn.fetchval(q("inbox_ensure_partition"), table))
-
-
 async def apply_plan(
     conn: Conn,
     plan: Plan,

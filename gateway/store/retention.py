@@ -52,6 +52,14 @@ async def ensure_day(conn: Session, *, table: str, day: date) -> bool:
         return bool(await conn.fetchval(q("partition_ensure_day"), table, day))
 
 
+async def ensure_today(conn: Session, *, table: str) -> bool:
+    """Today's (and tomorrow's) day partition of ``table``, made now if missing (False: they
+    existed), in a transaction of its own on ``conn`` that never waits long for a lock."""
+    async with conn.transaction():
+        await conn.execute(q("partition_lock_timeout"))
+        return bool(await conn.fetchval(q("partition_ensure_today"), table))
+
+
 async def days(conn: Conn, *, table: str) -> list[date]:
     """The days of ``table``'s day partitions, oldest first."""
     return [r[0] for r in await conn.fetch(q("partition_days"), table)]

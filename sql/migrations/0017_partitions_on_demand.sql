@@ -12,7 +12,7 @@
 --
 -- The tables partitioned by the time a row is written (webhook_inbox, inbound_messages,
 -- message_statuses, account_errors, account_updates) have no default partition: a row that finds
--- no partition for today makes it on the spot (gateway/store/inbox.py: ensure_partition) and is
+-- no partition for today makes it on the spot (gateway/store/retention.py: ensure_today) and is
 -- written again; their old partitions are still detached CONCURRENTLY.
 
 CREATE TABLE processed_webhook_events_default PARTITION OF processed_webhook_events DEFAULT;

@@ -264,14 +264,6 @@ WITH moved AS (
 )
 SELECT (SELECT state FROM moved) AS state, inbox_advance($3, $4::jsonb) AS advanced;
 
--- name: inbox_ensure_partition
--- Today's and tomorrow's partitions (UTC) of a table a row found none in, made on the spot
--- (the job makes them ahead; ingest and consumers never depend on it having run). Whether
--- one was made.
-SELECT coalesce(bool_or(partition_ensure_day($1, d::date)), false)
-FROM generate_series((clock_timestamp() AT TIME ZONE 'UTC')::date,
-                     (clock_timestamp() AT TIME ZONE 'UTC')::date + 1, interval '1 day') AS d;
-
 -- name: inbox_apply_batch
 -- handle_once for a whole batch in one statement. The keys go into
 -- processed_webhook_events first; only keys that were newly inserted (RETURNING) get their

@@ -11,6 +11,14 @@
 -- transaction (and its session) after a few seconds instead.
 SET LOCAL lock_timeout = '2s'; SET LOCAL idle_in_transaction_session_timeout = '5s';
 
+-- name: partition_ensure_today
+-- Today's and tomorrow's partitions (UTC) of a table a row found none in, made on the spot
+-- (the job makes them ahead; ingest and consumers never depend on it having run). Whether
+-- one was made.
+SELECT coalesce(bool_or(partition_ensure_day($1, d::date)), false)
+FROM generate_series((clock_timestamp() AT TIME ZONE 'UTC')::date,
+                     (clock_timestamp() AT TIME ZONE 'UTC')::date + 1, interval '1 day') AS d;
+
 -- name: partition_session_lock_timeout
 -- The same for DETACH ... CONCURRENTLY, which runs outside a transaction (its wait for the
 -- transactions that may still read the partition honours lock_timeout too).

@@ -18,9 +18,12 @@ from gateway.core import planning
 from gateway.core.settings import Settings
 from gateway.inbound.consumer import Consumer
 from gateway.maintenance import retention
+from gateway.outbound.backfill import backfill
 from gateway.store import retention as store
+from gateway.testing.fake_receiver import FakeReceiver
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
 from tests.support.clock import MovedClock
+from tests.support.forward import add, all_delivered, fast, forwarding, process_messages, until
 from tests.support.http import post_meta
 
 TODAY = datetime.now(UTC).date()
@@ -62,6 +65,41 @@ async def test_ingest_and_consumers_make_a_day_that_has_no_partition(
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages WHERE wamid = 'wamid.NOPART'") == 1
     for table in ("webhook_inbox", "inbound_messages"):
         assert TODAY in await store.days(pool, table=table)
+
+
+async def test_deliveries_make_a_day_that_has_no_partition(
+    settings: Settings, pool: asyncpg.Pool, receiver: FakeReceiver
+) -> None:
+    """The job never ran: today has no partition of the deliveries' events or of their log (a
+    forwarder started after midnight on a database the job last saw yesterday). Events are
+    still appended for the destination, delivered and their attempts logged."""
+    for table in ("delivery_events", "delivery_log"):
+        await detach_days(pool, table, [TODAY, TODAY + timedelta(days=1)])
+    await add(pool, "crm", receiver.url, ("message",))
+    keys = await process_messages(pool, settings, 3, prefix="wamid.DAY")
+    assert await pool.fetchval("SELECT count(*) FROM delivery_queue") == len(keys)
+    async with forwarding(pool, fast(settings)):
+        await until(lambda: all_delivered(pool), timeout_s=15, what="every delivery delivered")
+    assert len(receiver.state.processed) == len(keys)
+    assert await pool.fetchval("SELECT count(*) FROM delivery_log WHERE outcome = 'delivered'") == len(keys)
+    for table in ("delivery_events", "delivery_log"):
+        assert TODAY in await store.days(pool, table=table)
+
+
+async def test_a_backfill_makes_a_day_that_has_no_partition(
+    settings: Settings, pool: asyncpg.Pool, receiver: FakeReceiver
+) -> None:
+    """`gateway deliveries backfill` on a day the job has not reached: its bodies are stored."""
+    keys = await process_messages(pool, settings, 2, prefix="wamid.BACK")
+    await detach_days(pool, "delivery_events", [TODAY, TODAY + timedelta(days=1)])
+    await add(pool, "late", receiver.url, ("message",))
+    now = await pool.fetchval("SELECT now()")
+    done = await backfill(
+        pool, destination="late", since=now - timedelta(hours=1), until=now + timedelta(hours=1)
+    )
+    assert done.inserted == len(keys)
+    assert TODAY in await store.days(pool, table="delivery_events")
+    assert await pool.fetchval("SELECT count(*) FROM delivery_events") == len(keys)
 
 
 def sample(name: str, **labels: str) -> float:

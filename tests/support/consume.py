@@ -13,6 +13,9 @@ from gateway.inbound.consumer import Consumer
 from gateway.inbound.lanes import LaneLease
 from gateway.store.sqlfiles import q
 
+# Steps in a row that a drain waits out before it fails (each is a fault's backoff).
+MAX_DEFERRALS = 5
+
 STAGE_ONE = "INSERT INTO webhook_inbox (source, body, delivery_id) VALUES ($1, $2, $3) RETURNING id"
 
 
@@ -29,12 +32,20 @@ async def stage_on(
 
 async def drain(pool: asyncpg.Pool, settings: Settings, consumers: int = 1) -> None:
     """Process until no due row is left, with ``consumers`` concurrent consumers (each made on
-    its own: it holds the lanes for one batch at a time)."""
+    its own: it holds the lanes for one batch at a time). A step put off (a day whose partition
+    it just made, a fault a probe confirmed) is waited out and read again, a few times at most."""
     workers = [Consumer(pool, settings) for _ in range(consumers)]
 
     async def loop(c: Consumer) -> None:
-        while await c.step():
-            pass
+        deferrals = 0
+        while await c.step() or c.deferred_s:
+            if c.deferred_s:
+                deferrals += 1
+                assert deferrals <= MAX_DEFERRALS, f"put off {deferrals} times in a row"
+                await asyncio.sleep(c.deferred_s)
+                c.deferred_s = 0.0
+            else:
+                deferrals = 0
 
     await asyncio.gather(*(loop(c) for c in workers))
 
