@@ -23,7 +23,7 @@ from gateway.inbound.lanes import LaneLease
 from gateway.runtime import services
 from gateway.store import inbox
 from gateway.store import listen as store_listen
-from gateway.store.db import connect, create_pool
+from gateway.store.db import connect, create_pool, init_connection
 from gateway.testing.payloads import (
     message_obj,
     messages_payload,
@@ -105,12 +105,20 @@ async def test_a_batch_costs_a_constant_number_of_statements(db_dsn: str, settin
 
 
 async def _kept_loop(
-    db_dsn: str, settings: Settings, monkeypatch: pytest.MonkeyPatch, poll_ms: int = 60_000
+    db_dsn: str,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    poll_ms: int = 60_000,
+    reset: Callable[[asyncpg.Connection], Any] | None = None,
 ) -> tuple[asyncpg.Pool, asyncpg.Connection, Consumer, list[str]]:
     """A loop of a group (a leased consumer, keeping its connection as in ``run``, no look at
-    dead items in its busy steps) on a pool of one connection whose statements are logged;
-    rows are staged and counted on a connection of their own."""
-    pool = await create_pool(db_dsn, 1, 1)
+    dead items in its busy steps) on a pool of one connection whose statements are logged
+    (``reset``: the pool's, instead of asyncpg's); rows are staged and counted on a connection
+    of their own."""
+    if reset is None:
+        pool = await create_pool(db_dsn, 1, 1)
+    else:
+        pool = await asyncpg.create_pool(db_dsn, min_size=1, max_size=1, init=init_connection, reset=reset)
     other = await connect(db_dsn)
     statements: list[str] = []
     async with pool.acquire() as conn:
@@ -211,6 +219,39 @@ async def test_a_quiet_loop_gives_its_connection_back(
         stop.set()
         consumer.wake()
         await task
+        await other.close()
+        await pool.close()
+
+
+async def test_a_kept_connection_whose_reset_fails_is_dropped_and_its_loop_goes_on(
+    db_dsn: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kept connection whose reset fails as it is given back (its server gone, as in a
+    failover) is dropped by the pool without failing the loop, which gives it back outside a
+    step's error handling too (after a quiet poll interval); the next row is processed on a
+    new connection."""
+    failures: list[Exception] = []
+
+    async def reset(conn: asyncpg.Connection) -> None:
+        if failures:
+            raise failures.pop()
+
+    pool, other, consumer, _ = await _kept_loop(db_dsn, settings, monkeypatch, reset=reset)
+    try:
+        await _stage_on(other, "wamid.R1")
+        assert await consumer.step() == 1
+        assert consumer._kept is not None
+        before = await consumer._kept.fetchval("SELECT pg_backend_pid()")
+        failures.append(ConnectionResetError("the server closed the connection during the reset"))
+        await consumer._let_go()  # as the idle loop does: it must not raise
+        assert not failures and consumer._kept is None
+        await _stage_on(other, "wamid.R2")
+        assert await consumer.step() == 1
+        assert consumer._kept is not None
+        assert await consumer._kept.fetchval("SELECT pg_backend_pid()") != before  # the other was dropped
+        assert await other.fetchval("SELECT count(*) FROM processed_webhook_events") == 2
+    finally:
+        await consumer._let_go()
         await other.close()
         await pool.close()
 
