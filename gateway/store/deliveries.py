@@ -14,9 +14,7 @@ from typing import Any, NamedTuple
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from gateway.core.faults import missing_partition
 from gateway.core.stdwebhooks import webhook_id
-from gateway.store import retention
 from gateway.store.db import Conn
 from gateway.store.sqlfiles import q
 
@@ -351,23 +349,6 @@ async def insert_rebuilt(conn: Conn, *, destination_id: int, rows: Sequence[dict
     Backfills of one destination run one at a time."""
     if not rows:
         return 0
-    try:
-        return await _insert_rebuilt(conn, destination_id, rows)
-    except asyncpg.CheckViolationError as exc:
-        table = missing_partition(exc)
-        if table is None:
-            raise
-    # Today has no partition of delivery_events yet (the job that makes them ahead has not
-    # run): made now, and the page inserted once more.
-    if isinstance(conn, asyncpg.Pool):
-        async with conn.acquire() as own:
-            await retention.ensure_today(own, table=table)
-    else:
-        await retention.ensure_today(conn, table=table)
-    return await _insert_rebuilt(conn, destination_id, rows)
-
-
-async def _insert_rebuilt(conn: Conn, destination_id: int, rows: Sequence[dict[str, Any]]) -> int:
     async with _transaction(conn) as tx:
         await tx.execute(q("deliveries_lock_destination"), destination_id)
         n: int = await tx.fetchval(q("deliveries_insert"), destination_id, list(rows))

@@ -18,7 +18,7 @@ from gateway.core import planning
 from gateway.core.settings import Settings
 from gateway.inbound.consumer import Consumer
 from gateway.maintenance import retention
-from gateway.outbound.backfill import backfill
+from gateway.operator import actions
 from gateway.store import retention as store
 from gateway.testing.fake_receiver import FakeReceiver
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
@@ -27,6 +27,7 @@ from tests.support.forward import add, all_delivered, fast, forwarding, process_
 from tests.support.http import post_meta
 
 TODAY = datetime.now(UTC).date()
+OPERATOR = actions.Actor("tester", "cli")
 TIME_TABLES = ("webhook_inbox", "inbound_messages", "message_statuses", "account_errors", "account_updates")
 
 
@@ -86,20 +87,24 @@ async def test_deliveries_make_a_day_that_has_no_partition(
         assert TODAY in await store.days(pool, table=table)
 
 
-async def test_a_backfill_makes_a_day_that_has_no_partition(
+async def test_a_backfill_on_a_day_without_its_partition_writes_nothing_until_the_day_is_made(
     settings: Settings, pool: asyncpg.Pool, receiver: FakeReceiver
 ) -> None:
-    """`gateway deliveries backfill` on a day the job has not reached: its bodies are stored."""
+    """An operator's backfill runs in its action's transaction, where a partition made on the
+    spot would stay invisible to the consumers until it ends: on a day the job has not made
+    yet it fails with PostgreSQL's error and writes nothing, and succeeds once the day exists."""
     keys = await process_messages(pool, settings, 2, prefix="wamid.BACK")
     await detach_days(pool, "delivery_events", [TODAY, TODAY + timedelta(days=1)])
     await add(pool, "late", receiver.url, ("message",))
     now = await pool.fetchval("SELECT now()")
-    done = await backfill(
-        pool, destination="late", since=now - timedelta(hours=1), until=now + timedelta(hours=1)
-    )
+    window = {"destination": "late", "since": now - timedelta(hours=1), "until": now + timedelta(hours=1)}
+    async with pool.acquire() as conn:
+        with pytest.raises(asyncpg.CheckViolationError, match="no partition of relation"):
+            await actions.backfill_deliveries(conn, OPERATOR, **window)
+        assert await conn.fetchval("SELECT count(*) FROM delivery_queue") == 0
+        assert await store.ensure_today(conn, table="delivery_events")
+        done = await actions.backfill_deliveries(conn, OPERATOR, **window)
     assert done.inserted == len(keys)
-    assert TODAY in await store.days(pool, table="delivery_events")
-    assert await pool.fetchval("SELECT count(*) FROM delivery_events") == len(keys)
 
 
 def sample(name: str, **labels: str) -> float:
