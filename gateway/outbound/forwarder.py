@@ -184,7 +184,7 @@ class Forwarder:
 
     async def _made_day(self, exc: BaseException) -> bool:
         """A round failed because today has no partition of the table it writes (the job that
-        makes them ahead has not run since midnight): make it now. False when none was made
+        makes them days ahead never reached this one): make it now. False when none was made
         (another process did, or it could not be): the failure is waited out as any other."""
         table = missing_partition(exc)
         if table is None:
