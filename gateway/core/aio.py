@@ -8,12 +8,22 @@ from collections.abc import Callable
 from typing import Any
 
 
+async def wait_set(event: asyncio.Event, seconds: float | None) -> bool:
+    """Wait until ``event`` is set, at most ``seconds`` (None: no bound); True when it is set.
+
+    ``asyncio.timeout``, not ``asyncio.wait_for``: on Python 3.11, a task cancelled in the step
+    where the awaited wait completes gets wait_for's result and not the cancellation, so a loop
+    cancelled at that moment would go on (a loop that never stops holds its process's exit)."""
+    if not event.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await event.wait()
+    return event.is_set()
+
+
 async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> bool:
     """Sleep ``seconds`` or until ``stop`` is set; True when stopped."""
-    if not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), seconds)
-    return stop.is_set()
+    return await wait_set(stop, seconds)
 
 
 async def back_off(stop: asyncio.Event, wake: asyncio.Event, seconds: float, floor_s: float) -> None:

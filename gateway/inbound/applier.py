@@ -378,7 +378,8 @@ class Applier:
         with replying(self._per_bot_tenants):
             for h in self.handlers.for_event(ev):
                 try:
-                    await asyncio.wait_for(h.fn(ev, conn), timeout)
+                    async with asyncio.timeout(timeout):  # not wait_for: core.aio.wait_set says why
+                        await h.fn(ev, conn)
                 except Exception as exc:
                     raise HandlerError(h.name, exc) from exc
                 metrics.HANDLER_CALLS.labels("ok").inc()

@@ -28,7 +28,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from gateway import metrics
-from gateway.core.aio import back_off
+from gateway.core.aio import back_off, wait_set
 from gateway.core.backoff import backoff_delay
 from gateway.core.errors import describe
 from gateway.core.faults import ConsumerHealth, fenced
@@ -253,9 +253,7 @@ class Consumer:
                     continue
                 self._idle = True
                 try:
-                    try:
-                        await asyncio.wait_for(self._woken.wait(), poll_s)
-                    except TimeoutError:
+                    if not await wait_set(self._woken, poll_s):
                         await self._let_go()  # quiet for a poll interval: the pool has it back
                 finally:
                     self._idle = False

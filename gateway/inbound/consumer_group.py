@@ -135,7 +135,8 @@ class ConsumerGroup:
                     if held is not None:
                         log.warning("lanes not renewed: %s%s", describe(exc), _WARN.suffix(held))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(first_set(done, self._lanes_changed), self.lease.ttl / 3)
+                    async with asyncio.timeout(self.lease.ttl / 3):  # not wait_for: core.aio.wait_set
+                        await first_set(done, self._lanes_changed)
                 self._lanes_changed.clear()
         finally:
             try:

@@ -37,7 +37,7 @@ from prometheus_client import Counter, Histogram
 
 from gateway import __version__, metrics
 from gateway.core import addresses, stdwebhooks
-from gateway.core.aio import sleep_unless_stopped
+from gateway.core.aio import sleep_unless_stopped, wait_set
 from gateway.core.backoff import backoff_delay
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.delivery_outcomes import DeliveryOutcome, breaker_tally, decide, merge_tallies
@@ -548,8 +548,7 @@ class Forwarder:
                     continue  # a full claim and room for more: more may be due right now
                 if self.again:
                     continue
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), min(poll_s, FLUSH_S) if self._done else poll_s)
+                await wait_set(self.wake, min(poll_s, FLUSH_S) if self._done else poll_s)
                 if self._refill_due:
                     continue  # what it claims is due already: nothing to gather
                 reserved = True
@@ -572,8 +571,7 @@ class Forwarder:
             a = Attempt(self._queue.get_nowait())
             a.error, a.finished = "forwarder stopped", -1.0  # not the receiver's fault: retry at once
             self._done.append(a)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), STOP_GRACE_S)
+        await wait_set(self._idle, STOP_GRACE_S)
         for p in self._posters:
             p.cancel()
         await asyncio.gather(*self._posters, return_exceptions=True)

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import aiohttp
 from prometheus_client import multiprocess
 
+from gateway.core.aio import wait_set
 from gateway.core.settings import WORKER_HEALTH_SOCKET, Settings
 from gateway.runtime.startup import EXIT_STARTUP, LISTEN_ERRNOS, listen_error
 
@@ -272,8 +273,7 @@ class Supervisor:
                 break
             name = self.slots[slot].name
             log.error("%s (pid %d) exited with %s; starting it again", name, proc.pid, code)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), RESTART_DELAY_S)
+            await wait_set(stop, RESTART_DELAY_S)
 
     async def run(self, stop: asyncio.Event) -> None:
         slots = [asyncio.create_task(self._keep(i, stop)) for i in range(len(self.slots))]

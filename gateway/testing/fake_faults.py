@@ -13,11 +13,12 @@ Rules are matched in order; a matching rule is used ``times`` times, then droppe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+
+from gateway.core.aio import wait_set
 
 ACTIONS = ("latency", "hang", "http", "error", "drop", "fail_status", "split", "oversize")
 
@@ -68,8 +69,7 @@ def take(faults: list[Fault], to: str) -> Fault | None:
 async def hang(fault: Fault, stopping: asyncio.Event) -> None:
     """Hold the answer back for ``hang_ms``, or until the fake stops."""
     timeout = None if fault.hang_ms is None else fault.hang_ms / 1000
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stopping.wait(), timeout)
+    await wait_set(stopping, timeout)
 
 
 def drop(request: web.Request) -> web.Response:

@@ -38,6 +38,7 @@ import orjson
 from aiohttp import web
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from gateway.core.aio import wait_set
 from gateway.core.signature import verify_meta
 
 
@@ -250,8 +251,7 @@ class FakeReceiver:
             if left <= 0:
                 return False
             self.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), min(left, 0.2))
+            await wait_set(self.changed, min(left, 0.2))
         return True
 
 
@@ -263,9 +263,8 @@ async def _serve(secret: str, host: str, port: int, seconds: float, meta: bool =
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    with contextlib.suppress(TimeoutError):
-        # Bounded: a receiver left behind by a crashed benchmark still goes away.
-        await asyncio.wait_for(stop.wait(), seconds)
+    # Bounded: a receiver left behind by a crashed benchmark still goes away.
+    await wait_set(stop, seconds)
     await receiver.close()
 
 

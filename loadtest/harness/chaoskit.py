@@ -5,7 +5,6 @@ made from them."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import sys
@@ -17,6 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from gateway.core.aio import wait_set
 from gateway.core.events import Status, event_day
 from gateway.core.messages import callback_data
 from gateway.core.parsing import parse
@@ -129,8 +129,7 @@ async def send_load(
             except (aiohttp.ClientError, TimeoutError):
                 counts["error"] += 1
                 retry.append((key, body))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1 / rate)
+            await wait_set(stop, 1 / rate)
 
 
 async def fake_faults(fake_url: str, rules: list[dict[str, Any]]) -> None:

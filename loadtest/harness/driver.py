@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.core.aio import wait_set
 from loadtest.harness.httpclient import HttpError, Pool
 from loadtest.harness.plan import Shot
 from loadtest.harness.schedule import LagMonitor, Pacer
@@ -85,8 +86,7 @@ async def run_open(
 
     async def ticker() -> None:
         last_done = 0
-        while True:
-            await asyncio.sleep(1.0)
+        while not await wait_set(ticking, 1.0):
             # The ledger grows by thousands of objects a second; a full collection scanning
             # it stalled the generator for up to 0.8 s in a 10-minute run. Frozen objects are
             # skipped by the collector (they are never garbage anyway).
@@ -101,7 +101,8 @@ async def run_open(
             }
             if sampler is not None:
                 try:
-                    sample.update(await asyncio.wait_for(sampler(), 0.9))
+                    async with asyncio.timeout(0.9):  # not wait_for: gateway.core.aio.wait_set
+                        sample.update(await sampler())
                 except Exception as exc:
                     sample["sampler_error"] = 1
                     warnings.append(f"sampler failed at {now:.0f}s: {type(exc).__name__}")
@@ -134,6 +135,7 @@ async def run_open(
     gc.freeze()
     t0 = clock() + 0.05
     started_wall = time.time() + (t0 - clock())
+    ticking = asyncio.Event()  # set: the ticker ends (a flag as well as a cancel)
     tick = loop.create_task(ticker())
     try:
         while not pacer.done:
@@ -154,7 +156,10 @@ async def run_open(
         if inflight:
             await asyncio.gather(*list(inflight))
     finally:
+        ticking.set()
         tick.cancel()
+        # Awaited: a ticker left running would hold asyncio.run's exit, and with it the run's.
+        await asyncio.wait({tick})  # its end, not its error: a cancel of this task still goes through
         if progress:
             sys.stderr.write("\n")
     elapsed = clock() - t0

@@ -160,7 +160,7 @@ PARALLEL = ", parallel_transfer_colocated_shards => true, parallel_transfer_refe
 CLUSTER_SETTINGS = {"citus.max_background_task_executors_per_node": "4"}
 
 
-async def rebalance(dsn: str, mode: str = "block_writes") -> float:
+async def rebalance(dsn: str, mode: str = "block_writes", timeout_s: float = 300.0) -> float:
     """Move shards onto the cluster's newest nodes (``citus_rebalance_start``) and wait for the
     background job (``citus_rebalance_wait``); its seconds."""
     started = time.monotonic()
@@ -169,7 +169,9 @@ async def rebalance(dsn: str, mode: str = "block_writes") -> float:
         await start_rebalance(conn, mode, parallel=True)
     finally:
         await conn.close()
-    await rebalance_wait(dsn, timeout_s=600)  # a bound on a hung job, not a speed claim
+    # A bound on a hung job, not a speed claim, below the test's own timeout so that the
+    # failure names the tasks.
+    await rebalance_wait(dsn, timeout_s=timeout_s)
     return time.monotonic() - started
 
 
@@ -187,11 +189,36 @@ async def rebalance_wait(dsn: str, timeout_s: float = 120.0) -> float:
                 raise
             await asyncio.sleep(0.2)
     try:
-        await conn.execute(f"SET statement_timeout = {int(timeout_s * 1000)}")
-        await conn.execute("SELECT citus_rebalance_wait()")
+        await conn.execute(f"SET statement_timeout = {int(max(deadline - time.monotonic(), 1) * 1000)}")
+        try:
+            await conn.execute("SELECT citus_rebalance_wait()")
+        except asyncpg.QueryCanceledError:
+            raise AssertionError(
+                f"the rebalance job had not ended {timeout_s:.0f} s on; its tasks that did not"
+                f" finish or were retried: {await troubled_tasks(conn)}"
+            ) from None
+        troubled = await troubled_tasks(conn)
     finally:
         await conn.close()
-    return time.monotonic() - started
+    seconds = time.monotonic() - started
+    if troubled:  # a task that failed is retried after 5 s, 20 s, then every minute (Citus)
+        print(f"\nrebalance tasks retried ({seconds:.0f} s in all): {troubled}")
+    return seconds
+
+
+async def troubled_tasks(conn: asyncpg.Connection) -> list[str]:
+    """The last rebalance job's tasks that are not done or were retried: status, retries and
+    the last error (``pg_dist_background_task``)."""
+    rows = await conn.fetch(
+        "SELECT task_id, status::text AS status, coalesce(retry_count, 0) AS retries, message"
+        " FROM pg_dist_background_task"
+        " WHERE job_id = (SELECT max(job_id) FROM pg_dist_background_job)"
+        " AND (status <> 'done' OR coalesce(retry_count, 0) > 0) ORDER BY task_id"
+    )
+    return [
+        f"task {r['task_id']} {r['status']} retried {r['retries']}: {(r['message'] or '').strip()[:300]}"
+        for r in rows
+    ]
 
 
 async def moves_running(dsn: str, timeout_s: float = 30.0) -> int:
