@@ -211,10 +211,17 @@ async def wait_keys_processed(
     can ask; the keys the consumers record answer it for the rows that must be processed.
     Returns (drained, how many keys or retries are left)."""
     deadline = time.monotonic() + timeout_s
+    left = len(must)
     while True:
-        processed = {r[0] for r in await conn.fetch(q("lt_processed_keys_since"), start_id)}
-        retrying = int(await conn.fetchval(q("lt_parked_retrying"), start_id))
-        left = len(must - processed) + retrying
+        try:
+            processed = {r[0] for r in await conn.fetch(q("lt_processed_keys_since"), start_id)}
+            retrying = int(await conn.fetchval(q("lt_parked_retrying"), start_id))
+            left = len(must - processed) + retrying
+        except (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError):
+            # A worker still in crash recovery after a restart: the coordinator reports it as a
+            # connection failure to the remote node (SQLSTATE 08006). The drain waits on; the
+            # count stays the last one read.
+            pass
         if left == 0:
             return True, 0
         if time.monotonic() > deadline:

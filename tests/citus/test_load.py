@@ -115,6 +115,7 @@ async def test_worker_killed_mid_load_nothing_lost(
     assert not failed, f"{what}: {failed}"
 
 
+@pytest.mark.timeout(420)  # the run's own bound is 280 s (tests/support/citusload.py)
 async def test_coordinator_killed_mid_load_and_mid_rebalance_nothing_lost(
     load_cluster: citus.Cluster, load_dsn: str, tmp_path: Path
 ) -> None:
