@@ -80,10 +80,15 @@ async def _until_terminated(ns: argparse.Namespace) -> int:
     gateway in a session of its own would otherwise outlive a run that is terminated)."""
     task = asyncio.current_task()
     assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
     try:
         code: int = await ns.main(ns)
     except asyncio.CancelledError:
         print("loadtest: terminated (SIGTERM); what it started is stopped", file=sys.stderr)
         return 128 + signal.SIGTERM
+    finally:
+        # What it started is stopped by now: a SIGTERM while asyncio.run shuts down (a task
+        # that does not end) terminates the process, as it would without the handler.
+        loop.remove_signal_handler(signal.SIGTERM)
     return code

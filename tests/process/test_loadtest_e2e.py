@@ -152,3 +152,44 @@ def test_a_terminated_run_stops_the_gateway_it_started(db_dsn: str, tmp_path: Pa
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "terminated" in err
     assert not alive, [p.cmdline() for p in alive]
+
+
+STUBBORN = """
+import argparse, asyncio, sys
+from loadtest import cli
+
+async def stubborn():
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass  # a task that does not end when cancelled
+
+async def main(ns):
+    asyncio.get_running_loop().create_task(stubborn())
+    print("returned", flush=True)
+    return 0
+
+sys.exit(asyncio.run(cli._until_terminated(argparse.Namespace(main=main))))
+"""
+
+
+def test_a_sigterm_after_the_command_returned_still_ends_the_process() -> None:
+    """A task left running holds asyncio.run's shutdown (it waits for every task to end); the
+    command's SIGTERM handler only cancels the command, which has returned by then. So the
+    handler goes with the command, and SIGTERM ends the process as it would without one (a test
+    that gives up on a run terminates it)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "returned"
+        time.sleep(0.5)  # into asyncio.run's wait for the stubborn task
+        assert proc.poll() is None  # the stubborn task holds the shutdown
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGTERM
