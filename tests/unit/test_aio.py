@@ -19,7 +19,9 @@ from gateway.core.aio import wait_set
         (False, 0.01, None, True),  # no bound: until set
     ],
 )
-async def test_wait_set(set_before: bool, set_after_s: float | None, seconds: float | None, expected: bool) -> None:
+async def test_wait_set(
+    set_before: bool, set_after_s: float | None, seconds: float | None, expected: bool
+) -> None:
     event = asyncio.Event()
     if set_before:
         event.set()
