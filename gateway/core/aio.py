@@ -32,9 +32,7 @@ async def back_off(stop: asyncio.Event, wake: asyncio.Event, seconds: float, flo
     leave the work waiting); ``stop`` ends it at any time."""
     if await sleep_unless_stopped(stop, min(floor_s, seconds)):
         return
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(max(0.0, seconds - floor_s)):
-            await first_set(stop, wake)
+    await first_set(stop, wake, within=max(0.0, seconds - floor_s))
 
 
 def setter(event: asyncio.Event) -> Callable[[Any], None]:
@@ -42,11 +40,11 @@ def setter(event: asyncio.Event) -> Callable[[Any], None]:
     return lambda _conn: event.set()
 
 
-async def first_set(*events: asyncio.Event) -> None:
-    """Return when any of ``events`` is set."""
+async def first_set(*events: asyncio.Event, within: float | None = None) -> None:
+    """Return when any of ``events`` is set, or after ``within`` seconds (None: no bound)."""
     waits = [asyncio.ensure_future(e.wait()) for e in events]
     try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for w in waits:
             w.cancel()

@@ -5,7 +5,6 @@ wakes one idle consumer per NOTIFY (a service: gateway.runtime.services)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Callable
@@ -134,9 +133,7 @@ class ConsumerGroup:
                     held = _WARN.allow("lanes", asyncio.get_running_loop().time())
                     if held is not None:
                         log.warning("lanes not renewed: %s%s", describe(exc), _WARN.suffix(held))
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.lease.ttl / 3):  # not wait_for: core.aio.wait_set
-                        await first_set(done, self._lanes_changed)
+                await first_set(done, self._lanes_changed, within=self.lease.ttl / 3)
                 self._lanes_changed.clear()
         finally:
             try:

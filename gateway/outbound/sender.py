@@ -402,9 +402,7 @@ class Sender:
                     if claimed.contended:
                         # Another sender's claim held rows this one saw: look again once it is done.
                         idle_s = min(idle_s, CONTENDED_RETRY_S)
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(idle_s):
-                            await first_set(stop, wake)
+                    await first_set(stop, wake, within=idle_s)
         finally:
             beat.done()
 

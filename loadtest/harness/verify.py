@@ -211,7 +211,7 @@ async def wait_keys_processed(
     can ask; the keys the consumers record answer it for the rows that must be processed.
     Returns (drained, how many keys or retries are left)."""
     deadline = time.monotonic() + timeout_s
-    left = len(must)
+    left: int | None = None  # not read yet
     while True:
         try:
             processed = {r[0] for r in await conn.fetch(q("lt_processed_keys_since"), start_id)}
@@ -225,7 +225,7 @@ async def wait_keys_processed(
         if left == 0:
             return True, 0
         if time.monotonic() > deadline:
-            return False, left
+            return False, len(must) if left is None else left
         await asyncio.sleep(0.5)
 
 

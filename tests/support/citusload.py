@@ -164,7 +164,7 @@ PARALLEL = ", parallel_transfer_colocated_shards => true, parallel_transfer_refe
 CLUSTER_SETTINGS = {"citus.max_background_task_executors_per_node": "4"}
 
 
-async def rebalance(dsn: str, mode: str = "block_writes", timeout_s: float = 300.0) -> float:
+async def rebalance(dsn: str, mode: str, *, timeout_s: float) -> float:
     """Move shards onto the cluster's newest nodes (``citus_rebalance_start``) and wait for the
     background job (``citus_rebalance_wait``); its seconds."""
     started = time.monotonic()

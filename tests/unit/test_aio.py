@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gateway.core.aio import wait_set
+from gateway.core.aio import first_set, wait_set
 
 
 @pytest.mark.parametrize(
@@ -51,3 +51,12 @@ async def test_a_cancel_in_the_step_the_event_is_set_ends_the_loop() -> None:
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 2)
     assert task.cancelled() and rounds == 0
+
+
+@pytest.mark.parametrize(("set_one", "within"), [(True, 5.0), (False, 0.01)])
+async def test_first_set_ends_on_an_event_or_its_bound(set_one: bool, within: float) -> None:
+    a, b = asyncio.Event(), asyncio.Event()
+    if set_one:
+        asyncio.get_running_loop().call_later(0.01, b.set)
+    await asyncio.wait_for(first_set(a, b, within=within), 2)  # neither way waits longer
+    assert b.is_set() is set_one and not a.is_set()
