@@ -155,6 +155,7 @@ class GraphApi:
             tenant, key or graphcompat.KEYLESS_PREFIX + uuid.uuid4().hex, fingerprint(body), provider, message
         )
         try:
+            await self.waiter.ready()  # listening before the row exists: its outcome is heard
             problems = await self.enqueuer.refused(req)
             if problems:
                 return _error(graphcompat.refusal("invalid", "; ".join(problems), trace))

@@ -3,12 +3,12 @@ waits (up to ``GATEWAY_GRAPH_COMPAT_WAIT_MS``) for the sender, which may run in 
 
 Every state that ends a wait, of a row a request waits for, is announced by the database
 (NOTIFY ``outbox_outcome``, payload ``<id> <state> <wamid>``:
-sql/functions/outbox_outcome_notify.sql), whichever process made it. Each process keeps one
-LISTEN connection; a waiting request registers before it reads its row (a change after the read
-is heard, one before it is seen), then sleeps until a final state is announced or its wait ends,
-and looks at the row once more at the end (a notification lost with a dropped connection costs
-latency, never the answer). When the LISTEN connection is re-established, every waiter looks
-again.
+sql/functions/outbox_outcome_notify.sql), whichever process made it. Each process has one
+LISTEN connection (while such requests come: below); a waiting request registers before it
+reads its row (a change after the read is heard, one before it is seen), then sleeps until a
+final state is announced or its wait ends, and looks at the row once more at the end (a
+notification lost with a dropped connection costs latency, never the answer). When the LISTEN
+connection is re-established, every waiter looks again.
 
 A request that has just created its row skips that first read, so an outcome announced between
 its commit and its registration (the sender was quicker than the request's own return to the
@@ -16,6 +16,13 @@ event loop, which under load is the common case) would otherwise be found only b
 a whole wait later. Final outcomes that nobody here waited for are therefore kept for a while
 (``RECENT_S``, at most ``RECENT_MAX``), and a new row's wait starts by looking there: ids are
 never reused, so whatever was announced for a row created by this request is its outcome.
+
+The LISTEN connection is up only while Graph-compatible requests come: a request makes sure of
+it (``ready``) before it creates its row, and it is closed after ``IDLE_S`` without one. A
+NOTIFY wakes every backend that listens in the database, whatever its channel (PostgreSQL 18's
+``SignalBackends`` in src/backend/commands/async.c signals each of them to read the queue), so
+an idle listener in each HTTP worker would cost the database a wake-up per batch of webhooks and
+per delivery round, for nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+from gateway.core.aio import first_set
 from gateway.core.settings import Settings
 from gateway.store.listen import listen, own_connection
 
@@ -41,6 +49,11 @@ FINAL = frozenset({"accepted", "failed", "unknown", "review", "cancelled"})
 # ones; every process hears every Graph-compatible row's outcome).
 RECENT_S = 30.0
 RECENT_MAX = 50_000
+# The LISTEN is closed after this long without a Graph-compatible request (none waiting).
+IDLE_S = 300.0
+# The longest a request waits for the LISTEN to come up before it goes on without it: its
+# wait's last look at the row finds an outcome that nobody announced to it.
+READY_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,17 +83,81 @@ class OutcomeWaiter:
         # Row id -> (when heard, outcome), oldest first.
         self._recent: OrderedDict[int, tuple[float, OutboxOutcome]] = OrderedDict()
         self.clock: Callable[[], float] = time.monotonic
+        self.idle_s = IDLE_S
+        self._asked = -IDLE_S  # when a request last made sure of the LISTEN (``clock``)
+        self._want = asyncio.Event()  # a request waits for the LISTEN to come up
+        self._up = asyncio.Event()  # the LISTEN is registered
+        self._down = asyncio.Event()  # the last try to listen failed, or its session was lost
 
     @property
     def waiting(self) -> int:
         return sum(len(f) for f in self._waiting.values())
 
+    @property
+    def listening(self) -> bool:
+        return self._up.is_set()
+
+    async def ready(self, within: float = READY_S) -> None:
+        """Before a request creates a row it will wait for: the LISTEN is up (opened, if it was
+        not). The request goes on without it once a try to open it has failed (at once while
+        the database cannot be reached: its own writes will tell) or after ``within``."""
+        self._asked = self.clock()
+        if not (self._up.is_set() or self._down.is_set()):
+            self._want.set()
+            await first_set(self._up, self._down, within=within)
+
     async def run(self, stop: asyncio.Event) -> None:
+        """Listen while requests want it (``ready``), until ``stop``."""
         dsn = self.settings.database_url
         assert dsn, "the database is resolved before the app starts"
         opener = functools.partial(own_connection, dsn, self.settings.db_connect_timeout_s)
         liveness_s = self.settings.liveness_s
-        await listen(opener, CHANNEL, self._look_again, stop, on_payload=self._heard, liveness_s=liveness_s)
+        while not stop.is_set():
+            await first_set(stop, self._want)
+            if stop.is_set():
+                return
+            quiet = asyncio.Event()
+            task = asyncio.create_task(
+                listen(
+                    opener,
+                    CHANNEL,
+                    self._connected,
+                    quiet,
+                    on_payload=self._heard,
+                    on_down=self._lost,
+                    liveness_s=liveness_s,
+                )
+            )
+            try:
+                await self._until_idle(stop)
+            finally:
+                self._up.clear()
+                self._down.clear()
+                quiet.set()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    task.cancel()
+                    raise
+
+    async def _until_idle(self, stop: asyncio.Event) -> None:
+        """Until ``stop``, or ``idle_s`` since the last request that asked with none waiting."""
+        while not stop.is_set():
+            left = self._asked + self.idle_s - self.clock()
+            if left <= 0 and not self._waiting:
+                return
+            await first_set(stop, within=max(left, 1.0))
+
+    def _connected(self) -> None:
+        """The LISTEN is registered, at first or again."""
+        self._want.clear()
+        self._down.clear()
+        self._up.set()
+        self._look_again()
+
+    def _lost(self) -> None:
+        self._up.clear()
+        self._down.set()
 
     def _heard(self, payload: str) -> None:
         found = parse(payload)

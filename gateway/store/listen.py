@@ -59,16 +59,18 @@ async def listen(
     stop: asyncio.Event,
     on_payload: Callable[[str], None] | None = None,
     *,
+    on_down: Callable[[], None] | None = None,
     keepalive_s: float = KEEPALIVE_S,
     liveness_s: float = 120.0,
 ) -> None:
     """Call ``on_notify`` on every NOTIFY on ``channel`` (``on_payload`` with its payload
     instead, when given), and ``on_notify`` once on each (re)connection (rows may have come
-    while nobody listened), until ``stop`` is set. A failed or lost connection is retried with
-    backoff (0.5 s doubling to ``MAX_BACKOFF_S``), one warning per failure, one line when
-    listening again; ``gateway.store.db.observers`` are told ("listen_up" / "listen_down",
-    ``channel``: the metrics count them). An idle connection is asked
-    ``SELECT 1`` every ``keepalive_s``: a half-open one (a peer gone without a word) never
+    while nobody listened), until ``stop`` is set; ``on_down`` when a try to listen failed or a
+    session was lost (nothing is heard until the next ``on_notify``). A failed or lost
+    connection is retried with backoff (0.5 s doubling to ``MAX_BACKOFF_S``), one warning per
+    failure, one line when listening again; ``gateway.store.db.observers`` are told
+    ("listen_up" / "listen_down", ``channel``: the metrics count them). An idle connection is
+    asked ``SELECT 1`` every ``keepalive_s``: a half-open one (a peer gone without a word) never
     reports its loss, and would stop the wake-ups for good; each answer is a heartbeat."""
 
     def callback(_conn: object, _pid: object, _channel: object, payload: object) -> None:
@@ -113,6 +115,8 @@ async def listen(
             except Exception as exc:
                 attempt += 1
                 log.warning("LISTEN %s failed (%s); polling meanwhile", channel, describe(exc))
+                if on_down is not None:
+                    on_down()
             finally:
                 if up:
                     db.observe("listen_down", channel)

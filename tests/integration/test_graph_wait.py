@@ -6,6 +6,7 @@ NOTIFY serialisation (the senders are woken after it)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
@@ -24,6 +25,7 @@ from gateway.store import outbox, pacing
 from gateway.store.db import connect
 from gateway.testing.fake_provider import FakeProvider
 from gateway.testing.ports import closed_port
+from gateway.web.app import GRAPH_API
 from tests.support.graph import TO, graph, post, text
 from tests.support.http import ACME
 from tests.support.send import drain_sender, enqueue, send_settings
@@ -191,7 +193,8 @@ async def test_an_outcome_announced_before_the_request_waits_ends_its_wait_at_on
         return None if r is None else OutboxOutcome(r["state"], r["wamid"])
 
     async with running(waiter):
-        await asyncio.sleep(0.3)  # listening
+        await waiter.ready()  # as a request does before it creates its row
+        assert waiter.listening
         _, row = await outbox.enqueue(pool, m)
         try:
             await drain_sender(sender)  # accepted, announced: nobody waits yet
@@ -246,3 +249,51 @@ async def test_wakes_of_concurrent_commits_share_notifies(
     down()
     await down.close()
     assert "senders not woken (they poll)" in caplog.text
+
+
+async def _outcome_listeners(pool: asyncpg.Pool) -> int:
+    n: int = await pool.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'gateway LISTEN outbox_outcome'"
+    )
+    return n
+
+
+async def test_the_outcome_listen_is_up_only_while_graph_requests_come(
+    http: ClientSession, start_gateway: Any, settings: Settings, pool: asyncpg.Pool, fake: FakeProvider
+) -> None:
+    """A worker that answers no Graph-compatible request keeps no LISTEN (every NOTIFY of the
+    database would wake it); the first request opens it and is answered its wamid at once, and
+    it closes once no request has come for the idle time, to open again with the next one."""
+    gw = await start_gateway(graph(settings, fake, send_poll_ms=NO_POLL_MS))
+    waiter = gw.app[GRAPH_API].waiter
+    waiter.idle_s = 1.0
+    await asyncio.sleep(0.5)
+    assert await _outcome_listeners(pool) == 0 and not waiter.listening
+    for i in range(2):
+        started = time.monotonic()
+        status, _, body = await post(http, gw, text(to=_to(i), body=f"first {i}"))
+        assert status == 200, body
+        assert time.monotonic() - started < 2  # woken by the outcome, not the wait's last look
+        assert await _outcome_listeners(pool) == 1
+        async with asyncio.timeout(5):  # idle: closed
+            while await _outcome_listeners(pool):
+                await asyncio.sleep(0.1)
+        assert not waiter.listening
+
+
+async def test_a_request_goes_on_without_the_listen_when_the_database_cannot_be_reached(
+    settings: Settings,
+) -> None:
+    """ready() waits for a try to open the LISTEN, not beyond: once it failed, requests go on at
+    once (their own writes fail, or their wait's last look reads the row), and the waiter keeps
+    trying in the background until stopped."""
+    dead = dataclasses.replace(
+        settings, database_url=f"postgresql://nobody@127.0.0.1:{closed_port()}/none", db_connect_timeout_s=0.5
+    )
+    waiter = OutcomeWaiter(dead)
+    async with running(waiter):
+        for bound in (1.5, 0.1):  # the try's failure, then at once
+            started = time.monotonic()
+            await waiter.ready(within=5.0)
+            assert time.monotonic() - started < bound
+            assert not waiter.listening
