@@ -116,6 +116,7 @@ class OutcomeWaiter:
             await first_set(stop, self._want)
             if stop.is_set():
                 return
+            self._want.clear()
             quiet = asyncio.Event()
             task = asyncio.create_task(
                 listen(
@@ -150,7 +151,6 @@ class OutcomeWaiter:
 
     def _connected(self) -> None:
         """The LISTEN is registered, at first or again."""
-        self._want.clear()
         self._down.clear()
         self._up.set()
         self._look_again()
