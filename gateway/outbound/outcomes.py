@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from gateway.core.aio import first_set
+from gateway.core.aio import first_set, wait_set
 from gateway.core.settings import Settings
 from gateway.store.listen import listen, own_connection
 
@@ -147,7 +147,7 @@ class OutcomeWaiter:
             left = self._asked + self.idle_s - self.clock()
             if left <= 0 and not self._waiting:
                 return
-            await first_set(stop, within=max(left, 1.0))
+            await wait_set(stop, max(left, 1.0))
 
     def _connected(self) -> None:
         """The LISTEN is registered, at first or again."""
