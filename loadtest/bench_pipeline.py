@@ -21,7 +21,10 @@ to two downstream destinations, a Standard Webhooks one and a Meta-format one.
    and 20 MB of the first minute's) and <= 150 MB per process; every delivery delivered.
 
 Between 1 and 2, the cost (``--cost-rate``, both destinations): CPU per webhook of serve and
-PostgreSQL against the bare relay's, round by round; target <= 2x. ``--split`` adds the bare
+PostgreSQL against the bare relay's, round by round, after an unmeasured warm-up of each; the
+two sides take turns going first, and the median of the rounds' ratios is judged; target <= 2x.
+CPU is counted from /proc, that of processes which ended meanwhile (PostgreSQL backends,
+autovacuum workers) included (``loadtest.harness.cpu``). ``--split`` adds the bare
 handler and serve with the destinations disabled, so that receiving, storing and forwarding are
 told apart.
 
@@ -102,10 +105,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=20.0, help="latency phase length")
     p.add_argument("--soak", type=float, default=0.0, help="seconds of soak after the latency phase")
     p.add_argument(
-        "--rounds", type=int, default=3, help="rounds of the cost phase (the median ratio is judged)"
+        "--rounds", type=int, default=5, help="rounds of the cost phase (the median ratio is judged)"
     )
     p.add_argument("--cost-rate", type=float, default=300.0, help="webhooks/s of the cost phase (0: skip it)")
-    p.add_argument("--cost-seconds", type=float, default=20.0, help="seconds of each side of a cost round")
+    p.add_argument("--cost-seconds", type=float, default=12.0, help="seconds of each side of a cost round")
+    p.add_argument(
+        "--cost-warmup",
+        type=float,
+        default=5.0,
+        help="unmeasured seconds of each side before the cost rounds",
+    )
     p.add_argument(
         "--split",
         action="store_true",
@@ -422,24 +431,32 @@ async def cost_round(
     ns: argparse.Namespace, rnd: int, serve: processes.Proc, relay: processes.Proc, rx: Receivers, dsn: str,
     pg: Any, statements: bool, bare: processes.Proc | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The bare relay, then serve (both destinations), each at ``--cost-rate``. With ``bare``
-    (``--split``) first the bare handler, and serve with the destinations disabled between the
-    two: what receiving, storing and forwarding each cost."""
+    """The bare relay and serve (both destinations), each at ``--cost-rate``: the relay first in
+    an even round, serve first in an odd one, so that a machine getting slower or faster over the
+    phase weighs on both sides alike. With ``bare`` (``--split``) first the bare handler, and serve
+    with the destinations disabled: what receiving, storing and forwarding each cost."""
     out: dict[str, Any] = {"round": rnd}
     await rx.reset()
     if bare is not None:
         out["bare"] = await _bare_leg(ns, f"cb{rnd}", bare, rx, forwarded=False)
-    out["relay"] = await _bare_leg(ns, f"cr{rnd}", relay, rx, forwarded=True)
-    if bare is not None:
         await _destinations(dsn, rx, enabled=False)
         out["alone"] = await _serve_leg(ns, f"ca{rnd}", serve, rx, dsn, pg, forwarded=False)
         await _destinations(dsn, rx, enabled=True)
-    await rx.reset()
-    if statements:
-        await pgstat.reset(dsn)
-    out["gateway"] = await _serve_leg(ns, f"cg{rnd}", serve, rx, dsn, pg, forwarded=True)
-    if statements:
-        out["statements"] = await pgstat.top(dsn)
+
+    async def gateway() -> None:
+        await rx.reset()
+        if statements:
+            await pgstat.reset(dsn)
+        out["gateway"] = await _serve_leg(ns, f"cg{rnd}", serve, rx, dsn, pg, forwarded=True)
+        if statements:
+            out["statements"] = await pgstat.top(dsn)
+
+    async def relayed() -> None:
+        await rx.reset()
+        out["relay"] = await _bare_leg(ns, f"cr{rnd}", relay, rx, forwarded=True)
+
+    for leg in (relayed, gateway) if rnd % 2 == 0 else (gateway, relayed):
+        await leg()
     out["ratio"] = out["gateway"]["us"] / out["relay"]["us"] if out["relay"]["us"] else float("nan")
     line = (
         f"cost round {rnd + 1}: relay {out['relay']['us']:.0f} us/webhook, serve + PostgreSQL "
@@ -455,12 +472,24 @@ async def cost(
     ns: argparse.Namespace, serve: processes.Proc, relay: processes.Proc, rx: Receivers, dsn: str, pg: Any,
     bare: processes.Proc | None,
 ) -> dict[str, Any]:  # fmt: skip
+    """``--rounds`` cost rounds after a warm-up of each side (``--cost-warmup`` seconds at the
+    same rate, not measured: a process's first seconds of a load cost more than the rest, its
+    connections, caches and the database's pages still filling)."""
+    if ns.cost_warmup > 0:
+        for port, tag in ((relay.port, "wr"), (serve.port, "wg")):
+            await rx.reset()
+            sent, _ = await _drive(ns, port, ns.cost_rate, ns.cost_warmup, tag)
+            await rx.missing(sent)
+        await _settle(dsn)
     rounds = []
     for rnd in range(ns.rounds):
         last = rnd == ns.rounds - 1
         rounds.append(await cost_round(ns, rnd, serve, relay, rx, dsn, pg, statements=last, bare=bare))
     statements = rounds[-1].pop("statements", None) if rounds else None
-    return {"rate": ns.cost_rate, "seconds": ns.cost_seconds, "rounds": rounds, "statements": statements}
+    return {
+        "rate": ns.cost_rate, "seconds": ns.cost_seconds, "warmup": ns.cost_warmup, "rounds": rounds,
+        "statements": statements,
+    }  # fmt: skip
 
 
 async def main(ns: argparse.Namespace) -> int:

@@ -1,10 +1,16 @@
 """CPU used over a phase, per process group: a server (with its children: ``gateway serve`` is a
 parent and its workers), PostgreSQL (backends come and go) and the whole machine (shared: other
 work on it shows up as ``machine`` minus the rest). ``steal`` is the time the hypervisor gave
-this virtual machine's CPUs to someone else: a phase with much of it ran on a slower machine."""
+this virtual machine's CPUs to someone else: a phase with much of it ran on a slower machine.
+
+A process that ends within the phase (a PostgreSQL backend whose connection closed, an
+autovacuum worker) is counted too: its parent reaps it, and the kernel adds its CPU to the
+parent's "children" times, which the parent's group is charged with (less what the process had
+used before the phase began)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,12 +37,43 @@ def postgres_pids(server: Any) -> list[int]:
         return []
 
 
-def _cpu(pid: int) -> float | None:
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """A process's CPU seconds: its own, and its reaped children's; and its parent."""
+
+    own: float
+    reaped: float
+    ppid: int
+
+
+def _sample(pid: int) -> Sample | None:
     try:
-        t = psutil.Process(pid).cpu_times()
+        p = psutil.Process(pid)
+        t = p.cpu_times()
+        ppid = p.ppid()
     except psutil.Error:
         return None
-    return float(t.user + t.system)
+    return Sample(float(t.user + t.system), float(t.children_user + t.children_system), ppid)
+
+
+def charge(
+    groups: dict[str, list[int]], before: dict[int, Sample], after: dict[int, Sample]
+) -> dict[str, float]:
+    """CPU seconds each group used between two samplings. A process that ended in between shows
+    up in its parent's reaped time with all it ever used, so what it had used before is
+    taken back from its parent's group; a process born in between started at 0."""
+    owner = {pid: k for k, pids in groups.items() for pid in pids}
+    out = dict.fromkeys(groups, 0.0)
+    for pid, s in after.items():
+        k = owner.get(pid)
+        if k is None:
+            continue
+        b = before.get(pid)
+        out[k] += s.own + s.reaped - ((b.own + b.reaped) if b is not None else 0.0)
+    for pid, b in before.items():
+        if pid not in after and (k := owner.get(b.ppid)) is not None and b.ppid in after:
+            out[k] -= b.own + b.reaped
+    return out
 
 
 class CpuMeter:
@@ -50,7 +87,7 @@ class CpuMeter:
         self.pg = pg
         self.groups = groups
         self.t0 = 0.0
-        self.c0: dict[int, float] = {}
+        self.s0: dict[int, Sample] = {}
         self.m0 = psutil.cpu_times()
 
     def _pids(self) -> dict[str, list[int]]:
@@ -59,21 +96,18 @@ class CpuMeter:
         return {"server": tree(self.server_pid), "postgres": postgres_pids(self.pg)}
 
     def start(self) -> None:
-        self.c0 = {pid: c for pids in self._pids().values() for pid in pids if (c := _cpu(pid)) is not None}
+        self.s0 = self._samples(self._pids())
         self.t0 = time.monotonic()
         self.m0 = psutil.cpu_times()
 
     def used(self) -> dict[str, float]:
         """CPU seconds each group used since ``start``."""
-        out: dict[str, float] = {}
-        for k, pids in self._pids().items():
-            used = 0.0
-            for pid in pids:
-                c = _cpu(pid)
-                if c is not None:
-                    used += c - self.c0.get(pid, 0.0)  # a process born in the phase started at 0
-            out[k] = used
-        return out
+        groups = self._pids()
+        return charge(groups, self.s0, self._samples(groups))
+
+    @staticmethod
+    def _samples(groups: dict[str, list[int]]) -> dict[int, Sample]:
+        return {pid: s for pids in groups.values() for pid in pids if (s := _sample(pid)) is not None}
 
     def shares(self) -> dict[str, float]:
         """Cores used on average (1.0 = one core busy all the time)."""
