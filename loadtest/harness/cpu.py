@@ -39,21 +39,22 @@ def postgres_pids(server: Any) -> list[int]:
 
 @dataclasses.dataclass(frozen=True)
 class Sample:
-    """A process's CPU seconds: its own, and its reaped children's; and its parent."""
+    """A process's CPU seconds: its own, and its reaped children's; its parent, its birth."""
 
     own: float
     reaped: float
     ppid: int
+    born: float = 0.0
 
 
 def _sample(pid: int) -> Sample | None:
     try:
         p = psutil.Process(pid)
         t = p.cpu_times()
-        ppid = p.ppid()
+        ppid, born = p.ppid(), p.create_time()
     except psutil.Error:
         return None
-    return Sample(float(t.user + t.system), float(t.children_user + t.children_system), ppid)
+    return Sample(float(t.user + t.system), float(t.children_user + t.children_system), ppid, born)
 
 
 def charge(
@@ -64,14 +65,16 @@ def charge(
     taken back from its parent's group; a process born in between started at 0."""
     owner = {pid: k for k, pids in groups.items() for pid in pids}
     out = dict.fromkeys(groups, 0.0)
+    # a pid alive at both ends but born in between is another process (the pid was reused)
+    ended = {pid: b for pid, b in before.items() if pid not in after or after[pid].born != b.born}
     for pid, s in after.items():
         k = owner.get(pid)
         if k is None:
             continue
-        b = before.get(pid)
+        b = None if pid in ended else before.get(pid)
         out[k] += s.own + s.reaped - ((b.own + b.reaped) if b is not None else 0.0)
-    for pid, b in before.items():
-        if pid not in after and (k := owner.get(b.ppid)) is not None and b.ppid in after:
+    for b in ended.values():
+        if (k := owner.get(b.ppid)) is not None and b.ppid in after:
             out[k] -= b.own + b.reaped
     return out
 

@@ -43,6 +43,13 @@ CASES = [
         id="one whose parent is not counted is lost, not taken from another group",
     ),
     pytest.param(
+        {PG: Sample(1.0, 0.0, 1), BACKEND: Sample(2.0, 0.0, PG, born=5.0)},
+        {PG: Sample(1.0, 2.5, 1), BACKEND: Sample(0.25, 0.0, PG, born=9.0)},
+        {"postgres": [PG, BACKEND]},
+        {"postgres": 0.75},
+        id="a pid reused in the phase: the one that ended and the one born are told apart",
+    ),
+    pytest.param(
         {PG: Sample(1.0, 0.0, 1), BACKEND: Sample(1.0, 0.0, PG)},
         {PG: Sample(1.0, 1.5, 1), OTHER: Sample(4.0, 0.0, 1)},
         {"postgres": [PG], "server": [OTHER]},
