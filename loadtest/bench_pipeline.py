@@ -436,8 +436,8 @@ async def cost_round(
     phase weighs on both sides alike. With ``bare`` (``--split``) first the bare handler, and serve
     with the destinations disabled: what receiving, storing and forwarding each cost."""
     out: dict[str, Any] = {"round": rnd}
-    await rx.reset()
     if bare is not None:
+        await rx.reset()
         out["bare"] = await _bare_leg(ns, f"cb{rnd}", bare, rx, forwarded=False)
         await _destinations(dsn, rx, enabled=False)
         out["alone"] = await _serve_leg(ns, f"ca{rnd}", serve, rx, dsn, pg, forwarded=False)
