@@ -43,10 +43,10 @@ def cmd_serve(settings: Settings, ns: argparse.Namespace) -> int:
         print("gateway serve: --workers must be >= 0", file=sys.stderr)
         return 2
     roles = services.Roles.of_serve(settings)
-    # The forwarder gets a process of its own only beside another service (alone, the services
-    # process is already its own).
-    split = settings.serve_forwarder == "apart" and roles.forwarder and (roles.consumers or roles.sender)
-    lay = workers.Layout(1, False) if ns.worker else workers.plan(settings, ns.workers, bool(roles), split)
+    # The forwarder may get a process of its own only beside another service (alone, the
+    # services process is already its own).
+    beside = roles.forwarder and (roles.consumers or roles.sender)
+    lay = workers.Layout(1, False) if ns.worker else workers.plan(settings, ns.workers, bool(roles), beside)
     if lay.http > 1 and settings.port == 0:
         print("gateway serve: several workers need a fixed GATEWAY_PORT, not 0", file=sys.stderr)
         return 2

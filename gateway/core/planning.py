@@ -29,6 +29,13 @@ from gateway.core.identity import Who, ident, links
 from gateway.core.parsing import parse_items
 from gateway.core.records import record
 
+# The most bytes of an event key. The key and its subject (most of the key again) are one
+# entry of processed_webhook_events' primary key, and a btree entry holds at most 2704 bytes
+# (PostgreSQL's limit with its default 8 kB pages): a key much past this could never be
+# stored, and Meta's ids are tens of characters. Refused by the planner, such an event is a
+# dead item at once instead of after its attempts.
+MAX_KEY_BYTES = 1024
+
 
 @record
 class StagedRow:
@@ -93,6 +100,9 @@ class Plan:
 
     def add(self, ev: Event, inbox_id: int, source: str, day: date) -> None:
         """Plan ``ev``; all or nothing (whatever raises leaves the plan as it was)."""
+        size = len(ev.key.encode())
+        if size > MAX_KEY_BYTES:
+            raise ValueError(f"its key is {size} bytes, at most {MAX_KEY_BYTES} can be indexed")
         subject = subject_of(ev.key)
         row = ev.to_row(inbox_id, source)
         forward = forward_row(ev, source, inbox_id, bodies=self.bodies) if self.forwarding else None

@@ -463,10 +463,11 @@ class Settings:
     )
     serve_forwarder: str = _env(
         "GATEWAY_SERVE_FORWARDER",
-        "apart",
-        _choice("apart", "with-services"),
+        "auto",
+        _choice("auto", "apart", "with-services"),
         "when gateway serve runs the services in a process of their own: the forwarder in one more "
-        "process (apart: its HTTP client work does not hold up the consumers' batches), or in theirs",
+        "process (apart: its HTTP client work does not hold up the consumers' batches), in theirs "
+        "(with-services: woken in-process, fewer wake-ups per event), auto (apart from 4 cores)",
     )
     worker_unresponsive_s: float = _env(
         "GATEWAY_WORKER_UNRESPONSIVE_S",

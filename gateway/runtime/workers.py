@@ -6,9 +6,9 @@ applies the migrations), then starts the children: N with ``gateway serve --work
 binding the same host:port with SO_REUSEPORT (the kernel spreads connections over them) with
 its own group committer; and, when the services run apart (``layout``), one with ``gateway
 serve --services``: the consumers, sender and maintenance jobs that serve runs (GATEWAY_RUN_*),
-with no HTTP, and one more with ``gateway serve --forwarder`` for the forwarder
-(GATEWAY_SERVE_FORWARDER=apart, the default; with-services keeps it in the services process,
-where the consumers wake it right after their commits instead of by NOTIFY). Apart, a
+with no HTTP, and, from 4 cores on (GATEWAY_SERVE_FORWARDER=auto; or always with apart), one
+more with ``gateway serve --forwarder`` for the forwarder (else it runs in the services
+process, where the consumers wake it right after their commits instead of by NOTIFY). Apart, a
 worker's event loop only serves requests, and the forwarder's HTTP client work (the costliest
 per event when destinations are configured) does not delay the consumers' batches. Inline,
 each worker runs the services too. The parent supervises: a child that dies is started again
@@ -59,6 +59,8 @@ UNRESPONSIVE_S = 20.0
 PR_SET_PDEATHSIG = 1
 # The services a child's GATEWAY_RUN_<role> turns on or off.
 ROLES = ("CONSUMERS", "SENDER", "FORWARDER")
+# GATEWAY_SERVE_FORWARDER=auto: the forwarder in a process of its own from this many cores.
+FORWARDER_APART_CORES = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,30 +77,37 @@ class Layout:
 
 
 def layout(
-    cores: int, workers: int, services: str, has_services: bool, forwarder_apart: bool = False
+    cores: int, workers: int, services: str, has_services: bool, forwarder: str | None = None
 ) -> Layout:
     """The processes for ``cores`` cores: ``workers`` HTTP workers (0: by core count) and the
     services (GATEWAY_SERVE_SERVICES: process, inline or auto) apart or inside each worker;
-    apart, the forwarder in a process of its own when ``forwarder_apart`` (it runs beside
-    another service: GATEWAY_SERVE_FORWARDER=apart).
+    apart, the forwarder (``forwarder``: GATEWAY_SERVE_FORWARDER, or None when it does not run
+    beside another service) in a process of its own for apart, or from FORWARDER_APART_CORES
+    cores on for auto.
 
-    Auto puts them apart from two cores on: the services' CPU then runs beside the HTTP
+    Auto puts the services apart from two cores on: their CPU then runs beside the HTTP
     workers instead of taking turns with requests on their event loops, and there is a core
-    for it. On one core a second process would only add switches between them. Counted by
-    core count, the HTTP workers are one per core, less one for the services process (the
-    forwarder's is not counted: without destinations it is idle)."""
+    for it. On one core a second process would only add switches between them. The forwarder
+    apart keeps its HTTP client work from delaying the consumers' batches, which pays near
+    saturation; at ordinary rates it costs a process's wake-up per batch and a NOTIFY where an
+    in-process call did (bench-pipeline on 2 cores: ~10 % more CPU per webhook), so auto keeps
+    it with the services until there are cores to spare. Counted by core count, the HTTP
+    workers are one per core, less one for the services process (the forwarder's is not
+    counted: without destinations it is idle)."""
     apart = has_services and (services == "process" or (services == "auto" and cores >= 2))
-    forwarder = apart and forwarder_apart
+    own = forwarder == "apart" or (forwarder == "auto" and cores >= FORWARDER_APART_CORES)
     if workers > 0:
-        return Layout(workers, apart, forwarder)
-    return Layout(max(1, cores - 1) if apart else max(1, cores), apart, forwarder)
+        return Layout(workers, apart, apart and own)
+    return Layout(max(1, cores - 1) if apart else max(1, cores), apart, apart and own)
 
 
-def plan(settings: Settings, asked: int | None, has_services: bool, forwarder_apart: bool = False) -> Layout:
+def plan(settings: Settings, asked: int | None, has_services: bool, forwarder_beside: bool = False) -> Layout:
     """The layout of this machine: ``--workers`` (else GATEWAY_WORKERS), GATEWAY_SERVE_SERVICES
-    and ``forwarder_apart`` (GATEWAY_SERVE_FORWARDER=apart and a forwarder beside other services)."""
+    and, when the forwarder runs beside other services (``forwarder_beside``),
+    GATEWAY_SERVE_FORWARDER."""
     n = settings.workers if asked is None else asked
-    return layout(os.cpu_count() or 1, n, settings.serve_services, has_services, forwarder_apart)
+    forwarder = settings.serve_forwarder if forwarder_beside else None
+    return layout(os.cpu_count() or 1, n, settings.serve_services, has_services, forwarder)
 
 
 def die_with_parent() -> None:

@@ -368,8 +368,8 @@ class PayloadFactory:
         be processed (its ``keys``) and the kinds of the dead items it must leave, with their
         bytes: a status whose timestamp is ``"²"`` (processed: the time is kept in the raw JSON
         only); a message whose id is 3 200 random characters (too large for an index row: dead
-        after its attempts) beside a good message; a change nested 300 levels deep (dead at once)
-        beside a good message; a Tenashi status ``created`` ``"³"`` (processed)."""
+        at once, by the planner's key limit) beside a good message; a change nested 300 levels
+        deep (dead at once) beside a good message; a Tenashi status ``created`` ``"³"`` (processed)."""
         r = self.rng
         sender = self.wa_id()
         good, huge = (

@@ -77,23 +77,53 @@ async def test_a_status_with_odd_digits_for_a_timestamp_stops_nothing(
     assert health.fault_streak == 0
 
 
-async def test_an_oversized_message_id_is_its_events_fault_and_delays_no_neighbour(
+async def test_an_oversized_message_id_is_a_dead_item_at_once_and_delays_no_neighbour(
     pool: asyncpg.Pool, settings: Settings
 ) -> None:
-    """3 200 random characters: PostgreSQL refuses the index row (SQLSTATE 54000)."""
+    """3 200 random characters: no index row could hold its key (PostgreSQL refuses one past
+    2704 bytes), so the planner makes it a dead item in the first batch, without attempts."""
     health = ConsumerHealth(time.monotonic)
     consumer = Consumer(pool, quick(settings), health=health)
     huge = "wamid." + secrets.token_urlsafe(2400)[:3200]
     ids = [await stage(pool, messages_payload(message_obj("wamid.N0"), message_obj(huge)))]
     ids += [await stage(pool, messages_payload(message_obj(f"wamid.N{i}"))) for i in range(1, 4)]
     await consumer.step()
-    # One step: every neighbour committed, every row done, the giant waits on its own.
+    # One step: every neighbour committed, every row done, the giant dead.
+    assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 4
+    assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state = 'done'") == 4
+    item = await pool.fetchrow("SELECT state, last_error, fragment FROM dead_events")
+    assert item["state"] == "dead"
+    assert "at most 1024 can be indexed" in item["last_error"]
+    assert orjson.loads(bytes(item["fragment"]))["id"] == huge
+    assert health.fault_streak == 0
+
+
+async def test_an_event_the_database_refuses_is_its_own_fault_and_delays_no_neighbour(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    """An event whose row PostgreSQL refuses (here a trigger's SQLSTATE 54000, what an index row
+    too large raises): its neighbours commit, it is retried alone and dies after its attempts."""
+    await pool.execute(
+        """CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN IF NEW.wamid = 'wamid.REFUSED' THEN
+               RAISE EXCEPTION 'index row size 3224 exceeds btree version 4 maximum 2704'
+               USING ERRCODE = 'program_limit_exceeded'; END IF;
+           RETURN NEW; END $$;
+           CREATE TRIGGER refuse BEFORE INSERT ON inbound_messages FOR EACH ROW EXECUTE FUNCTION refuse();"""
+    )
+    health = ConsumerHealth(time.monotonic)
+    consumer = Consumer(pool, quick(settings), health=health)
+    ids = [await stage(pool, messages_payload(message_obj("wamid.N0"), message_obj("wamid.REFUSED")))]
+    ids += [await stage(pool, messages_payload(message_obj(f"wamid.N{i}"))) for i in range(1, 4)]
+    await consumer.step()
+    # One step: every neighbour committed, every row done, the refused one waits on its own.
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 4
     assert await pool.fetchval("SELECT count(*) FROM inbox_row_states() WHERE state = 'done'") == 4
     await settle(pool, consumer, ids)
     item = await pool.fetchrow("SELECT state, attempts, last_error, fragment FROM dead_events")
     assert (item["state"], item["attempts"]) == ("dead", 2)
-    assert "index row" in item["last_error"] and orjson.loads(bytes(item["fragment"]))["id"] == huge
+    assert "index row" in item["last_error"]
+    assert orjson.loads(bytes(item["fragment"]))["id"] == "wamid.REFUSED"
     assert health.fault_streak == 0
 
 

@@ -16,6 +16,7 @@ import pytest
 from gateway.core.signature import sign_meta
 from gateway.testing.payloads import message_payload, meta_bytes
 from tests.support.config import META_SECRET
+from tests.support.forward import add, all_delivered, started_receiver, states, until
 from tests.support.http import post_meta
 from tests.support.procs import alive, free_port, kill_if_alive, spawn, wait_healthy
 
@@ -144,7 +145,7 @@ async def _processed(pool: asyncpg.Pool, n: int, timeout_s: float = 30.0) -> Non
 
 async def test_services_apart_from_the_http_worker(db_dsn: str, pool: asyncpg.Pool) -> None:
     """GATEWAY_SERVE_SERVICES=process (the default from two cores on): the HTTP worker runs
-    no consumers; a process of their own does (and one more the forwarder), its metrics are on
+    no consumers; a process of their own does (and one more the forwarder: apart), its metrics are on
     the worker's /metrics, and it is started again when it dies (SIGKILL) without the worker
     noticing."""
     port = free_port()
@@ -155,6 +156,7 @@ async def test_services_apart_from_the_http_worker(db_dsn: str, pool: asyncpg.Po
         "GATEWAY_METRICS_PORT": str(port),  # /metrics on the public port, as operators may ask
         "GATEWAY_META_APP_SECRETS": META_SECRET,
         "GATEWAY_SERVE_SERVICES": "process",
+        "GATEWAY_SERVE_FORWARDER": "apart",
         "GATEWAY_RUN_SENDER": "false",
         "GATEWAY_CONSUMER_POLL_MS": "100",
     }
@@ -209,6 +211,65 @@ async def test_services_apart_from_the_http_worker(db_dsn: str, pool: asyncpg.Po
             proc.wait()
         for c in kids:
             kill_if_alive(c)
+
+
+async def test_the_forwarder_in_the_services_process_delivers_and_survives_its_kill(
+    db_dsn: str, pool: asyncpg.Pool
+) -> None:
+    """GATEWAY_SERVE_FORWARDER=with-services (auto's choice below 4 cores): two children, the
+    services process forwards what its consumers stage, and a SIGKILL of it mid-flow loses no
+    delivery (each event reaches the receiver, a repeat with the same webhook-id at most)."""
+    receiver = await started_receiver()
+    await add(pool, "crm", receiver.url, ("message",))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {
+        "DATABASE_URL": db_dsn,
+        "GATEWAY_PORT": str(port),
+        "GATEWAY_META_APP_SECRETS": META_SECRET,
+        "GATEWAY_SERVE_SERVICES": "process",
+        "GATEWAY_SERVE_FORWARDER": "with-services",
+        "GATEWAY_RUN_SENDER": "false",
+        "GATEWAY_CONSUMER_POLL_MS": "100",
+        "GATEWAY_FORWARD_POLL_MS": "100",
+        "GATEWAY_FORWARD_LEASE_S": "2",
+        "GATEWAY_FORWARD_ALLOW_PRIVATE": "1",
+    }
+    proc = spawn(["serve"], env)
+    kids: list[psutil.Process] = []
+    try:
+        await wait_healthy(base, proc)
+        deadline = time.monotonic() + GIVE_UP_S
+        while len(kids := psutil.Process(proc.pid).children()) < 2:
+            assert time.monotonic() < deadline, "the children did not all start"
+            await asyncio.sleep(0.1)
+        flags = sorted(f for c in kids for f in ("--worker", "--services", "--forwarder") if f in c.cmdline())
+        assert flags == ["--services", "--worker"]
+        first = next(c for c in kids if "--services" in c.cmdline())
+        async with aiohttp.ClientSession() as http:
+            for i in range(20):
+                assert (await post_meta(http, base, meta_bytes(message_payload(f"wamid.F{i}"))))[0] == 200
+            assert await receiver.wait_for(20, GIVE_UP_S), receiver.state.processed.keys()
+            # Killed while the next ones are staged and forwarded.
+            for i in range(20, 40):
+                assert (await post_meta(http, base, meta_bytes(message_payload(f"wamid.F{i}"))))[0] == 200
+                if i == 22:
+                    first.kill()
+        assert await receiver.wait_for(40, GIVE_UP_S), len(receiver.state.processed)
+        await until(lambda: all_delivered(pool), what="every delivery recorded as delivered")
+        assert await states(pool) == {"delivered": 40}
+        assert receiver.state.bad_signatures == 0
+        kids = psutil.Process(proc.pid).children()
+        assert len(kids) == 2 and first.pid not in {c.pid for c in kids}
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for c in kids:
+            kill_if_alive(c)
+        await receiver.close()
 
 
 async def test_a_stopped_worker_is_replaced_and_webhooks_keep_being_taken(db_dsn: str) -> None:

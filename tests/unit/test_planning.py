@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.core.planning import StagedRow, plan_batch
+from gateway.core.planning import MAX_KEY_BYTES, StagedRow, plan_batch
 from gateway.testing.payloads import (
     message_obj,
     messages_payload,
@@ -66,3 +66,25 @@ def test_duplicates_in_one_batch_are_planned_once_and_bad_bodies_parked() -> Non
     assert plan.done == [1, 2]
     assert plan.parked == [3, 4]
     assert plan.parked_why[0].startswith("NotJson") and plan.parked_why[1].startswith("UnknownShape")
+
+
+@pytest.mark.parametrize(
+    ("wamid", "planned"),
+    [
+        ("wamid." + "a" * (MAX_KEY_BYTES - 10), True),  # msg:<wamid>: exactly the limit
+        ("wamid." + "a" * (MAX_KEY_BYTES - 9), False),  # one byte past it
+        ("wamid." + "é" * ((MAX_KEY_BYTES - 10) // 2 + 1), False),  # bytes counted, not characters
+        ("wamid." + "é" * ((MAX_KEY_BYTES - 10) // 2), True),
+    ],
+)
+def test_a_key_too_long_for_an_index_is_a_bad_fragment(wamid: str, planned: bool) -> None:
+    body = meta_bytes(messages_payload(message_obj("wamid.GOOD"), message_obj(wamid)))
+    plan = plan_batch([row(1, body)])
+    assert plan.keys[0] == "msg:wamid.GOOD"  # its neighbour is planned either way
+    assert (f"msg:{wamid}" in plan.keys) is planned
+    if planned:
+        assert plan.bad == []
+    else:
+        [(staged, item)] = plan.bad
+        assert staged.id == 1 and "can be indexed" in (item.error or "")
+        assert len(item.error or "") < 400  # the key is cut in the reason

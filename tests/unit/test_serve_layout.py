@@ -36,20 +36,33 @@ def test_layout(cores: int, workers: int, services: str, has_services: bool, exp
 
 
 @pytest.mark.parametrize(
-    ("cores", "workers", "services", "expected"),
+    ("cores", "workers", "services", "forwarder", "expected"),
     [
         # apart: the forwarder in one more process; the HTTP workers counted as before
-        (2, 0, "auto", Layout(1, True, True)),
-        (8, 0, "auto", Layout(7, True, True)),
-        (1, 0, "process", Layout(1, True, True)),
-        (4, 2, "process", Layout(2, True, True)),
+        (2, 0, "auto", "apart", Layout(1, True, True)),
+        (8, 0, "auto", "apart", Layout(7, True, True)),
+        (1, 0, "process", "apart", Layout(1, True, True)),
+        (4, 2, "process", "apart", Layout(2, True, True)),
+        # auto: in the services process below 4 cores, apart from 4 on
+        (2, 0, "auto", "auto", Layout(1, True, False)),
+        (3, 0, "auto", "auto", Layout(2, True, False)),
+        (4, 0, "auto", "auto", Layout(3, True, True)),
+        (8, 2, "auto", "auto", Layout(2, True, True)),
+        (1, 0, "process", "auto", Layout(1, True, False)),
+        # with-services: never a process of its own
+        (8, 0, "auto", "with-services", Layout(7, True, False)),
+        # not beside another service (None): the services process is already its own
+        (8, 0, "auto", None, Layout(7, True, False)),
         # the services inside the workers: so is the forwarder
-        (1, 0, "auto", Layout(1, False, False)),
-        (4, 0, "inline", Layout(4, False, False)),
+        (1, 0, "auto", "apart", Layout(1, False, False)),
+        (4, 0, "inline", "apart", Layout(4, False, False)),
+        (8, 0, "inline", "auto", Layout(8, False, False)),
     ],
 )
-def test_layout_with_the_forwarder_apart(cores: int, workers: int, services: str, expected: Layout) -> None:
-    lay = layout(cores, workers, services, True, forwarder_apart=True)
+def test_layout_of_the_forwarder(
+    cores: int, workers: int, services: str, forwarder: str | None, expected: Layout
+) -> None:
+    lay = layout(cores, workers, services, True, forwarder)
     assert lay == expected
     assert lay.processes == expected.http + expected.services_apart + expected.forwarder_apart
 
