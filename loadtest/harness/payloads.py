@@ -404,7 +404,7 @@ class PayloadFactory:
                     (f"msg:{good['id']}", odd_key),
                     (status_row(odd_key, meta_event_day(odd["timestamp"])),),
                 ),
-                ("message",),
+                ("bad",),  # the planner refuses the giant's key: a fragment that is no event
             ),
             (self._raw_meta(second, (f"msg:{second_msg['id']}",)), ("bad",)),
             (tenashi, ()),

@@ -10,6 +10,7 @@ import pytest
 
 from gateway.core.events import Status, event_day
 from gateway.core.parsing import parse
+from gateway.core.planning import StagedRow, plan_batch
 from loadtest.harness.payloads import (
     Delivery,
     PayloadFactory,
@@ -201,3 +202,13 @@ def test_events_are_stamped_with_the_time_they_are_made_as_meta_stamps_them() ->
     after = datetime.now(UTC)
     days = {event_day(ev, "meta") for d in deliveries for ev in parse("meta", d.body)}
     assert days and days <= {before.date(), after.date(), (after + timedelta(seconds=60)).date()}
+
+
+def test_the_poisoned_bodies_leave_the_dead_items_the_chaos_run_expects_of_the_planner() -> None:
+    """What the planner refuses (a ``bad`` dead item each) and what it plans (the body's keys)
+    are what chaos expects of each poisoned body: its check and the planner cannot drift apart."""
+    f = PayloadFactory(SECRETS, seed=8, run_tag="poison")
+    for d, kinds in f.poisoned():
+        plan = plan_batch([StagedRow(id=1, source=d.source, body=d.body, delivery_id=None)])
+        assert len(plan.bad) == kinds.count("bad"), (d.kind, [item.error for _, item in plan.bad])
+        assert set(d.keys) <= set(plan.keys), d.kind
