@@ -490,7 +490,11 @@ class Settings:
 
     # Consumers
     consumer_concurrency: int = _env(
-        "GATEWAY_CONSUMER_CONCURRENCY", 2, _int(1, 64), "consumer loops per process"
+        "GATEWAY_CONSUMER_CONCURRENCY",
+        1,
+        _int(1, 64),
+        "consumer loops per process (more overlap batches whose handlers take their time; one keeps "
+        "batches large and the process's event loop free for the forwarder)",
     )
     consumer_batch: int = _env(
         "GATEWAY_CONSUMER_BATCH",
