@@ -95,10 +95,10 @@ def layout(
     workers are one per core, less one for the services process (the forwarder's is not
     counted: without destinations it is idle)."""
     apart = has_services and (services == "process" or (services == "auto" and cores >= 2))
-    own = forwarder == "apart" or (forwarder == "auto" and cores >= FORWARDER_APART_CORES)
+    own = apart and (forwarder == "apart" or (forwarder == "auto" and cores >= FORWARDER_APART_CORES))
     if workers > 0:
-        return Layout(workers, apart, apart and own)
-    return Layout(max(1, cores - 1) if apart else max(1, cores), apart, apart and own)
+        return Layout(workers, apart, own)
+    return Layout(max(1, cores - 1) if apart else max(1, cores), apart, own)
 
 
 def plan(settings: Settings, asked: int | None, has_services: bool, forwarder_beside: bool = False) -> Layout:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -36,6 +37,15 @@ def stored(metrics_text: str) -> float:
         ):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+async def _children(proc: subprocess.Popen[bytes], n: int) -> list[psutil.Process]:
+    """The children of ``proc`` once there are at least ``n`` (within GIVE_UP_S)."""
+    deadline = time.monotonic() + GIVE_UP_S
+    while len(kids := psutil.Process(proc.pid).children()) < n:
+        assert time.monotonic() < deadline, f"the children did not all start ({len(kids)} of {n})"
+        await asyncio.sleep(0.1)
+    return kids
 
 
 async def test_two_workers_share_one_port_and_stop_together(db_dsn: str, pool: asyncpg.Pool) -> None:
@@ -113,10 +123,7 @@ async def test_a_clean_start_logs_no_warning(db_dsn: str, tmp_path: Path) -> Non
     proc = spawn(["serve", "--workers", "2"], env, str(log_path))
     try:
         await wait_healthy(f"http://127.0.0.1:{port}", proc)
-        deadline = time.monotonic() + GIVE_UP_S
-        while len(psutil.Process(proc.pid).children()) < 4:  # 2 workers, services, forwarder
-            assert time.monotonic() < deadline, "the children did not all start"
-            await asyncio.sleep(0.1)
+        await _children(proc, 4)  # 2 workers, services, forwarder
         await asyncio.sleep(3)  # each child past its start-up
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 30) == 0
@@ -239,10 +246,7 @@ async def test_the_forwarder_in_the_services_process_delivers_and_survives_its_k
     kids: list[psutil.Process] = []
     try:
         await wait_healthy(base, proc)
-        deadline = time.monotonic() + GIVE_UP_S
-        while len(kids := psutil.Process(proc.pid).children()) < 2:
-            assert time.monotonic() < deadline, "the children did not all start"
-            await asyncio.sleep(0.1)
+        kids = await _children(proc, 2)
         flags = sorted(f for c in kids for f in ("--worker", "--services", "--forwarder") if f in c.cmdline())
         assert flags == ["--services", "--worker"]
         first = next(c for c in kids if "--services" in c.cmdline())
@@ -294,11 +298,7 @@ async def test_a_stopped_worker_is_replaced_and_webhooks_keep_being_taken(db_dsn
     stopped: psutil.Process | None = None
     try:
         await wait_healthy(base, proc)
-        deadline = time.monotonic() + GIVE_UP_S
-        while len(psutil.Process(proc.pid).children()) < 2:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.2)
-        workers = psutil.Process(proc.pid).children()
+        workers = await _children(proc, 2)
         # Both answered their parent past their start-up grace and the bound: no false alarm.
         await asyncio.sleep(UNRESPONSIVE_S + DB_WAIT_S + 1)
         assert all(alive(w) for w in workers)
