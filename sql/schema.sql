@@ -59,7 +59,7 @@ CREATE FUNCTION public.deliveries_notify() RETURNS trigger
     AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM new_rows) THEN
-        PERFORM pg_notify('deliveries', '');
+        PERFORM pg_notify('deliveries', coalesce(current_setting('gateway.forwarder', true), ''));
     END IF;
     RETURN NULL;
 END;

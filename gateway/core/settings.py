@@ -508,7 +508,7 @@ class Settings:
     )
     consumer_batch_gap_ms: float = _env(
         "GATEWAY_CONSUMER_BATCH_GAP_MS",
-        30.0,
+        60.0,
         _float(0, 1000),
         "most time between the starts of two batches a process's consumers begin on a wake-up, so "
         "that webhooks staged meanwhile share one (a backlog is claimed at once); 0: none",
@@ -522,7 +522,7 @@ class Settings:
     )
     consumer_batch_gather: int = _env(
         "GATEWAY_CONSUMER_BATCH_GATHER",
-        10,
+        20,
         _int(0, 10000),
         "events a woken batch waits to gather: the gap between batches is the time the recent "
         "rate of events takes to bring this many, at most GATEWAY_CONSUMER_BATCH_GAP_MS; 0: "

@@ -146,7 +146,7 @@ class Applier:
         health: ConsumerHealth,
         handlers: Registry | None,
         member: str,
-        idle_bound: str,
+        tx_settings: str,
     ) -> None:
         self._pool = pool
         self._s = settings
@@ -155,7 +155,7 @@ class Applier:
         self._per_bot_tenants = frozenset(settings.reply_per_bot_tenants)
         self.handlers = handlers
         self._member = member
-        self._idle_bound = idle_bound
+        self._tx_settings = tx_settings
         self._citus: bool | None = None  # the database is a Citus coordinator (asked once)
         # Render bodies for destinations in this process (gateway.core.envelope.forward_row):
         # while the last batch queued deliveries. Never a question of correctness (a batch
@@ -185,7 +185,7 @@ class Applier:
             try:
                 # A savepoint of our own, not a nested transaction(): COMMIT releases it, one
                 # round trip (RELEASE SAVEPOINT) fewer per batch.
-                await conn.execute(f"SET LOCAL enable_sort = on; {self._idle_bound}; {fast_path}")
+                await conn.execute(f"SET LOCAL enable_sort = on; {self._tx_settings}; {fast_path}")
                 with tracing.span("consumer.batch", rows=len(rows)):
                     result = await self._fast(conn, plan, advance)
                 break

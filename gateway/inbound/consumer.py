@@ -44,7 +44,7 @@ from gateway.inbound import triage
 from gateway.inbound.applier import Applier, Conn, Deferred
 from gateway.inbound.lanes import LaneLease
 from gateway.inbound.retries import Retries
-from gateway.store import inbox
+from gateway.store import deliveries, inbox
 from gateway.store import lanes as lanes_store
 
 # A consumer that hangs mid-transaction (SIGSTOP, a stuck event loop) keeps its connection, and
@@ -92,6 +92,7 @@ class Consumer:
         loops: int = 1,
         on_more: Callable[[], None] | None = None,
         on_deliveries: Callable[[], None] | None = None,
+        woken: str = "",
     ) -> None:
         self._pool = pool
         # Shared by a process's consumers (their group passes one): woken batches start apart.
@@ -113,7 +114,11 @@ class Consumer:
             self._lanes, self._lease, self.member = lanes, None, member
         self._loops = max(1, loops)
         self._idle_ms = int(settings.consumer_lane_lease_s * 1000 + settings.handler_timeout_ms)
-        self._idle_bound = _IDLE_BOUND.format(ms=self._idle_ms)
+        # What each of its transactions sets first: the idle bound, and the forwarder that
+        # ``on_deliveries`` wakes (``woken``: that forwarder skips the NOTIFY of the commit).
+        self._tx_settings = _IDLE_BOUND.format(ms=self._idle_ms)
+        if woken:
+            self._tx_settings += "; " + deliveries.woken_by(woken)
         self._apply = Applier(
             pool,
             settings,
@@ -121,7 +126,7 @@ class Consumer:
             health=self._health,
             handlers=handlers if handlers else None,
             member=self.member,
-            idle_bound=self._idle_bound,
+            tx_settings=self._tx_settings,
         )
         self._retries = Retries(
             pool,
@@ -129,7 +134,7 @@ class Consumer:
             self._apply,
             rand=rand,
             health=self._health,
-            idle_bound=self._idle_bound,
+            tx_settings=self._tx_settings,
             on_deliveries=on_deliveries,
         )
         self._more_before = False  # the last batch left rows: read a share of the lanes

@@ -44,9 +44,11 @@ class ConsumerGroup:
         handlers: Registry | None = None,
         *,
         on_deliveries: Callable[[], None] | None = None,
+        woken: str = "",
     ) -> None:
         """``on_deliveries`` is called after each committed batch that inserted deliveries (an
-        in-process forwarder's wake-up; other processes' forwarders are woken by NOTIFY)."""
+        in-process forwarder's wake-up, ``woken`` its token; other processes' forwarders are
+        woken by NOTIFY)."""
         self._pool = pool
         self._s = settings
         if handlers is None and settings.handlers:
@@ -69,6 +71,7 @@ class ConsumerGroup:
                 loops=n,
                 on_more=self._wake_one,
                 on_deliveries=on_deliveries,
+                woken=woken,
             )
             for _ in range(n)
         ]

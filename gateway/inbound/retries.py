@@ -38,7 +38,7 @@ class Retries:
         *,
         rand: Callable[[], float],
         health: ConsumerHealth,
-        idle_bound: str,
+        tx_settings: str,
         on_deliveries: Callable[[], None] | None,
     ) -> None:
         self._pool = pool
@@ -46,7 +46,7 @@ class Retries:
         self._apply = applier
         self._rand = rand
         self._health = health
-        self._idle_bound = idle_bound
+        self._tx_settings = tx_settings
         self._on_deliveries = on_deliveries
         self._claim = min(settings.consumer_batch, RETRY_CLAIM)
 
@@ -57,7 +57,7 @@ class Retries:
 
     async def _retry_parked(self) -> int:
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(self._idle_bound)
+            await conn.execute(self._tx_settings)
             # On Citus a claim (FOR UPDATE of a reference table) locks the table on every node
             # for this transaction even when it finds nothing: look without a lock first.
             if await self._apply.on_citus(conn) and not await inbox.parked_due(conn):
@@ -95,7 +95,7 @@ class Retries:
 
     async def _retry_dead_events(self) -> int:
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(self._idle_bound)
+            await conn.execute(self._tx_settings)
             if await self._apply.on_citus(conn) and not await dead_events.due(conn):
                 return 0
             claimed = await dead_events.claim(conn, limit=self._claim)

@@ -8,8 +8,10 @@ write the outcomes of finished attempts (a delivered one leaves the queue; every
 appended to the log), claim due deliveries (``FOR UPDATE SKIP LOCKED``) and record what it
 holds in its leases (``delivery_leases``; a claim writes no queue row).
 It is woken by ``LISTEN deliveries``, by its posters when the queue needs refilling or enough
-outcomes wait, with polling as a fallback. ``forward_concurrency`` posters (tasks that each
-send one request at a time) take claimed
+outcomes wait, with polling as a fallback; in a process whose consumers queue deliveries, by
+their ``kick`` after each commit: a round then starts at once (the consumers' batches are
+spaced already), and the NOTIFY of that commit, which names this forwarder, is skipped.
+``forward_concurrency`` posters (tasks that each send one request at a time) take claimed
 deliveries from a queue (up to a batch waits there, so a finished request's slot is refilled
 without a database round trip) and POST them. What an answer means is
 ``gateway.core.delivery_outcomes.decide``; signing is ``gateway.core.stdwebhooks``; both pure. The
@@ -61,6 +63,8 @@ HOUSEKEEPING_S = 0.5
 # Outcomes waiting to be written are written within this long, however few.
 FLUSH_S = 0.05
 STOP_GRACE_S = 5.0
+# Or, when longer, this many times the consumers' largest batch gap.
+FLUSH_GAPS = 1.5
 # A round on the forwarder's own connection gets as long as a pooled statement would
 # (command_timeout): a silent network must not hang the loop. A timed-out round is
 # cancelled, which terminates the connection and so rolls the round back.
@@ -101,8 +105,17 @@ class Forwarder:
         self.clock = clock or SystemClock()
         self.rand = rand
         self.wake = asyncio.Event()
+        # Set by ``kick``: consumers of this process committed deliveries.
+        self._kicked = asyncio.Event()
         # Names this forwarder's leases (a restarted one holds nothing of its predecessor's).
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        # What the transactions of the consumers that kick it name it by (deliveries.woken_by):
+        # the NOTIFY of their commits carries it, and is not a wake-up for this forwarder.
+        self.token = secrets.token_hex(8)
+        # Outcomes wait this long for a round: the consumers' batches are up to their gap
+        # apart, and the round each one wakes writes what waits (a round of their own would
+        # cost its fixed work, and hold the next batch's claim back by the round gap).
+        self._flush_s = max(FLUSH_S, FLUSH_GAPS * settings.consumer_batch_gap_ms / 1000)
         # Claimed deliveries waiting for a poster, and how many posters are posting one.
         self._queue: asyncio.Queue[deliveries.Claimed] = asyncio.Queue()
         self._busy = 0
@@ -110,7 +123,7 @@ class Forwarder:
         self._idle.set()
         self._posters: list[asyncio.Task[None]] = []
         self._done: list[Attempt] = []
-        self._flush: asyncio.TimerHandle | None = None  # wakes the loop FLUSH_S after an outcome
+        self._flush: asyncio.TimerHandle | None = None  # wakes the loop _flush_s after an outcome
         # Deliveries claimed and not yet recorded: its leases hold these (the rounds say so).
         self._held: set[deliveries.Ref] = set()
         # A round refills the queue when it is down to this; written outcomes wait for this many.
@@ -163,6 +176,19 @@ class Forwarder:
             conn, self._conn = self._conn, None
             with contextlib.suppress(Exception):
                 await conn.close(timeout=2)
+
+    def kick(self) -> None:
+        """Consumers of this process committed deliveries: a round now. Their batches are
+        spaced already (``GATEWAY_CONSUMER_BATCH_GAP_MS``): a round per batch claims what the
+        batch queued and writes the outcomes of the one before, and a round gap after it would
+        only add latency."""
+        self._kicked.set()
+        self.wake.set()
+
+    def _notified(self, payload: str) -> None:
+        """A NOTIFY deliveries; one naming this forwarder came from a commit that kicked it."""
+        if payload != self.token:
+            self.wake.set()
 
     @property
     def in_flight(self) -> int:
@@ -424,15 +450,15 @@ class Forwarder:
     def _finished(self, a: Attempt) -> None:
         """Keep an outcome for the next round, and wake the loop when a round is worth it: the
         queue needs refilling while a backlog is due, enough outcomes wait, or a conversation's
-        next delivery waits on this one. Otherwise the outcomes go with the next round a NOTIFY
-        calls for, or within FLUSH_S: a round per burst of finished requests (at a few hundred
-        webhooks a second, a burst per consumer commit) would cost the database a round's
-        fixed work for a handful of outcomes that nothing waits for."""
+        next delivery waits on this one. Otherwise the outcomes go with the next round a kick
+        or a NOTIFY calls for, or within ``_flush_s``: a round per burst of finished requests
+        (at a few hundred webhooks a second, a burst per consumer commit) would cost the
+        database a round's fixed work for a handful of outcomes that nothing waits for."""
         self._done.append(a)
         if self._refill_due or len(self._done) >= self._flush_at or a.claimed.ordered:
             self.wake.set()
         elif self._flush is None:
-            self._flush = asyncio.get_running_loop().call_later(FLUSH_S, self.wake.set)
+            self._flush = asyncio.get_running_loop().call_later(self._flush_s, self.wake.set)
 
     def _outcomes(self) -> tuple[list[deliveries.Result], list[tuple[int, bool, int]]]:
         """Finished attempts as rows to write, and per destination (any success, failures after
@@ -530,6 +556,7 @@ class Forwarder:
             while not stop.is_set():
                 beat()
                 self.wake.clear()
+                self._kicked.clear()
                 if not reserved:
                     self._spacing.started(clock())
                 reserved = False
@@ -548,13 +575,14 @@ class Forwarder:
                     continue  # a full claim and room for more: more may be due right now
                 if self.again:
                     continue
-                await wait_set(self.wake, min(poll_s, FLUSH_S) if self._done else poll_s)
-                if self._refill_due:
-                    continue  # what it claims is due already: nothing to gather
+                await wait_set(self.wake, min(poll_s, self._flush_s) if self._done else poll_s)
+                if self._refill_due or self._kicked.is_set():
+                    continue  # what it claims is due already, or was gathered by the consumers
                 reserved = True
                 delay = self._spacing.reserve(clock())
                 if delay > 0 and not stop.is_set():
-                    await asyncio.sleep(delay)  # at most the gap: a stop is seen right after
+                    # At most the gap (a stop is seen right after), or until a kick.
+                    await wait_set(self._kicked, delay)
         finally:
             beat.done()
             stopped.cancel()
@@ -596,4 +624,5 @@ class Forwarder:
         dsn = self.settings.database_url
         assert dsn
         opener = functools.partial(own_connection, dsn, self.settings.db_connect_timeout_s)
-        await listen(opener, deliveries.CHANNEL, self.wake.set, stop, liveness_s=self.settings.liveness_s)
+        liveness_s = self.settings.liveness_s
+        await listen(opener, deliveries.CHANNEL, self.wake.set, stop, self._notified, liveness_s=liveness_s)

@@ -106,11 +106,16 @@ class ForwarderWake:
     On one PostgreSQL the trigger ``deliveries_notify`` has said it in the consumer's own
     transaction; on Citus no trigger can (a worker's NOTIFY reaches no listener,
     sql/citus/layout.sql), so the consumer's process says it after the commit. Which one the
-    database is, is asked once. A lost wake costs the forwarders one poll."""
+    database is, is asked once. A lost wake costs the forwarders one poll. ``woken`` names the
+    local forwarder (``Forwarder.token``): the consumers' transactions carry it
+    (``deliveries.woken_by``), so that it skips the NOTIFY of a commit it was woken for."""
 
-    def __init__(self, pool: asyncpg.Pool, local: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, local: Callable[[], None] | None = None, woken: str = ""
+    ) -> None:
         self._pool = pool
         self._local = local
+        self.woken = woken
         self._citus: bool | None = None
         self._task: asyncio.Task[None] | None = None
         self._again = False
@@ -135,7 +140,7 @@ class ForwarderWake:
                         self._citus = (await citus_state(self._pool))[0]
                     if not self._citus:
                         return
-                    await deliveries.wake_forwarders(self._pool)
+                    await deliveries.wake_forwarders(self._pool, self.woken)
             except DB_ERRORS as exc:
                 held = _WARN.allow("forwarders", time.monotonic())
                 if held is not None:

@@ -84,8 +84,9 @@ def build(pool: asyncpg.Pool, settings: Settings, roles: Roles) -> Services:
     if roles.forwarder:
         out.forwarder = Forwarder(pool, settings)
     if roles.consumers:
-        local = out.forwarder.wake.set if out.forwarder is not None else None
-        out.consumers = ConsumerGroup(pool, settings, on_deliveries=ForwarderWake(pool, local))
+        f = out.forwarder
+        wake = ForwarderWake(pool) if f is None else ForwarderWake(pool, f.kick, f.token)
+        out.consumers = ConsumerGroup(pool, settings, on_deliveries=wake, woken=wake.woken)
     if roles.sender:
         out.sender = Sender(pool, settings)
     if roles:

@@ -6,6 +6,7 @@ appends events and queues their deliveries)."""
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,6 +20,9 @@ from gateway.store.db import Conn
 from gateway.store.sqlfiles import q
 
 CHANNEL = "deliveries"
+# The setting a transaction that queues deliveries names its process's forwarder in: the
+# payload of the NOTIFY its commit sends (sql/functions/deliveries_notify.sql).
+_WOKEN = re.compile(r"[0-9a-f]{1,32}")
 # A connection that can open a transaction (not a pool).
 Tx = asyncpg.Connection | PoolConnectionProxy
 
@@ -172,13 +176,22 @@ async def set_enabled(conn: Conn, *, name: str, enabled: bool) -> bool:
     """True if the destination exists. Enabling wakes the forwarders for its backlog."""
     found = await conn.fetchval(q("destination_set_enabled"), name, enabled) is not None
     if found and enabled:
-        await conn.execute(q("deliveries_notify"))
+        await conn.execute(q("deliveries_notify"), "")
     return found
 
 
-async def wake_forwarders(conn: Conn) -> None:
-    """NOTIFY deliveries (the forwarders LISTEN), from a statement of its own."""
-    await conn.execute(q("deliveries_notify"))
+def woken_by(token: str) -> str:
+    """The statement that names, for the rest of the caller's transaction, the forwarder its
+    process wakes itself after the commit (``token``: hex digits)."""
+    if not _WOKEN.fullmatch(token):
+        raise ValueError(f"a forwarder's token is 1 to 32 hex digits, not {token!r}")
+    return f"SET LOCAL gateway.forwarder = '{token}'"
+
+
+async def wake_forwarders(conn: Conn, woken: str = "") -> None:
+    """NOTIFY deliveries (the forwarders LISTEN), from a statement of its own; ``woken`` names
+    the forwarder the caller woke itself (it ignores this one)."""
+    await conn.execute(q("deliveries_notify"), woken)
 
 
 async def rotate_secret(conn: Conn, *, name: str, secret: str, grace_s: float) -> datetime | None:
@@ -340,7 +353,7 @@ async def replay(
             assert r is not None
             n, expired = r["replayed"], r["expired"]
         if n:
-            await conn.execute(q("deliveries_notify"))
+            await conn.execute(q("deliveries_notify"), "")
     return n, expired
 
 

@@ -214,7 +214,9 @@ SELECT (SELECT count(*) FROM ins) AS replayed,
        (SELECT count(*) FROM cand) - (SELECT count(*) FROM kept) AS expired;
 
 -- name: deliveries_notify
-SELECT pg_notify('deliveries', '');
+-- $1: the payload ('', or the forwarder the notifying process woke itself: see
+-- sql/functions/deliveries_notify.sql).
+SELECT pg_notify('deliveries', $1::text);
 
 -- name: deliveries_bodies_lock_shared
 -- Held while a statement refers to stored bodies again (a replay of delivered deliveries); the

@@ -15,12 +15,15 @@ from aiohttp import ClientConnectorError, ClientSession, TCPConnector
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from gateway.core.settings import Settings
+from gateway.inbound.consumer import Consumer
 from gateway.outbound.egress import GuardedResolver, RefusedAddress, warn_refused
 from gateway.outbound.forwarder import Forwarder
 from gateway.store import deliveries
 from gateway.testing.fake_receiver import FakeReceiver, Scripted
+from gateway.testing.payloads import message_obj, messages_payload, to_bytes
 from tests.support import deliveries as moved
 from tests.support.config import DESTINATION_SECRET
+from tests.support.consume import stage
 from tests.support.forward import (
     add,
     all_delivered,
@@ -498,6 +501,57 @@ async def test_deliveries_committed_within_the_gap_after_a_round_share_the_next_
     assert [n for n in claims if n] == [1, 5], claims
 
 
+async def test_a_kick_starts_a_round_at_once_and_the_notify_of_its_commit_wakes_nobody_else(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    # gateway serve's consumers kick the forwarder of their process after each commit that
+    # queued deliveries: their batches are spaced already, so the round starts without the
+    # round gap. Their transactions name that forwarder, and the NOTIFY of the commit, which
+    # names it, does not wake it (else a second round per batch).
+    gap_s = 1.5
+    await add(pool, "bot", receiver.url, ("message",))
+    tuned = fast(settings, forward_round_gap_ms=gap_s * 1000, **NO_POLL)
+    async with forwarding(pool, tuned) as [fw]:
+        claims = _counting_claims(fw)
+        kicking = Consumer(pool, settings, on_deliveries=fw.kick, woken=fw.token)
+        silent = Consumer(pool, settings, woken=fw.token)  # names it, kicks nobody
+
+        async def commit(consumer: Consumer, wamid: str) -> None:
+            await stage(pool, to_bytes(messages_payload(message_obj(wamid))))
+            assert await consumer.process_batch() == 1
+
+        await commit(kicking, "wamid.KICK0")
+        await until(lambda: _delivered(pool, 1), what="the first delivery")
+        started = time.monotonic()
+        await commit(kicking, "wamid.KICK1")  # within the gap of the first round: at once
+        await until(lambda: _posted(receiver, 2), timeout_s=gap_s, what="the kicked delivery")
+        assert time.monotonic() - started < gap_s / 2
+        # Its outcome waits for a round (written within the gap): then nothing is left to do.
+        await until(lambda: _delivered(pool, 2), timeout_s=3 * gap_s, what="its outcome")
+        rounds = len(claims)
+        await commit(silent, "wamid.KICK2")  # its NOTIFY names the forwarder: no round
+        await asyncio.sleep(2 * gap_s + fw._flush_s)
+        assert (await states(pool)).get("pending") == 1
+        assert [n for n in claims[rounds:] if n] == [], claims
+        await commit(kicking, "wamid.KICK3")  # the next kick's round claims both
+        await until(lambda: _delivered(pool, 4), timeout_s=gap_s, what="both deliveries")
+    assert [n for n in claims if n] == [1, 1, 2], claims
+
+
+async def test_a_notify_from_a_commit_that_names_no_forwarder_still_wakes_one(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    # Another process's consumers, a replay, an enabled destination: their NOTIFY names no
+    # forwarder (or another one), and every forwarder listening wakes for it.
+    await add(pool, "bot", receiver.url, ("message",))
+    async with forwarding(pool, fast(settings, **NO_POLL)) as [fw]:
+        other = Consumer(pool, settings, woken="0123abcd")  # another process's forwarder
+        await stage(pool, to_bytes(messages_payload(message_obj("wamid.OTHER0"))))
+        assert await other.process_batch() == 1
+        await until(lambda: _delivered(pool, 1), timeout_s=5, what="the delivery")
+        assert fw.token != "0123abcd"
+
+
 async def test_a_backlogs_refill_rounds_do_not_wait_for_the_gap(
     pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
 ) -> None:
@@ -517,6 +571,10 @@ async def test_a_backlogs_refill_rounds_do_not_wait_for_the_gap(
     took = time.monotonic() - started
     # Forty deliveries, four claimed a round: a gap before each refill took ten gaps (15 s).
     assert took < 2 * gap_s, (took, claims)
+
+
+async def _posted(receiver: FakeReceiver, n: int) -> bool:
+    return len(receiver.state.attempts) >= n
 
 
 async def _delivered(pool: asyncpg.Pool, n: int) -> bool:

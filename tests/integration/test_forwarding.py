@@ -315,7 +315,8 @@ async def test_gateway_serve_forwards_a_meta_webhook_end_to_end(
     assert running.forwarder is not None and running.consumers is not None
     # (and on a Citus coordinator NOTIFY from their process: gateway.outbound.wake.ForwarderWake)
     wakes = [c._on_deliveries for c in running.consumers.consumers]
-    assert all(isinstance(w, ForwarderWake) and w._local == running.forwarder.wake.set for w in wakes)
+    fw = running.forwarder
+    assert all(isinstance(w, ForwarderWake) and w._local == fw.kick and w.woken == fw.token for w in wakes)
     body = to_bytes(messages_payload(message_obj("wamid.E2E", "hello")))
     headers = {"Content-Type": "application/json", "X-Hub-Signature-256": sign_meta(body, META_SECRET)}
     for _ in range(2):  # Meta redelivers: still one delivery

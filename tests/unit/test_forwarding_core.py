@@ -24,6 +24,7 @@ from gateway.core.destinations import check_name, check_url, conversation_of, ki
 from gateway.core.envelope import envelope
 from gateway.core.parsing import parse
 from gateway.core.planning import StagedRow, plan_batch
+from gateway.store.deliveries import woken_by
 from gateway.testing.payloads import (
     contact_obj,
     message_obj,
@@ -446,3 +447,23 @@ def test_new_secrets_and_masks_per_format() -> None:
     assert destinations.mask_secret("meta", meta) == f"…{meta[-4:]}"
     assert destinations.mask_secret("meta", "short") == "…"  # a short secret shows nothing
     assert destinations.mask_secret("standard", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw") == "whsec_…LaSw"
+
+
+@pytest.mark.parametrize(
+    ("token", "statement"),
+    [
+        ("0123abcd", "SET LOCAL gateway.forwarder = '0123abcd'"),
+        ("f" * 32, f"SET LOCAL gateway.forwarder = '{'f' * 32}'"),
+        ("", None),  # names nothing
+        ("f" * 33, None),
+        ("ABCD", None),  # Forwarder.token is lower-case hex
+        ("ab'; DROP TABLE x; --", None),  # never spliced into the statement
+        ("ab cd", None),
+    ],
+)
+def test_the_statement_that_names_a_consumers_forwarder(token: str, statement: str | None) -> None:
+    if statement is None:
+        with pytest.raises(ValueError, match="hex digits"):
+            woken_by(token)
+    else:
+        assert woken_by(token) == statement
