@@ -64,6 +64,7 @@ class Retries:
                 return 0
             rows = await inbox.parked_claim(conn, limit=self._claim)
             done: list[int] = []
+            forwarded = False
             for i, row in enumerate(rows):
                 try:
                     async with conn.transaction():
@@ -84,10 +85,10 @@ class Retries:
                     )
                 else:
                     done.append(row.id)
-                    if forwards and self._on_deliveries is not None:
-                        self._on_deliveries()
+                    forwarded = forwarded or forwards
             if done:  # (on Citus inbox_parked is a reference table: a write locks it on every node)
                 await inbox.parked_done(conn, ids=done)
+        self._forwarded(forwarded)
         self._apply.claimed = []
         if rows:
             self._health.succeeded([r.id for r in rows])
@@ -120,8 +121,16 @@ class Retries:
                         error=describe(cause),
                     )
                 return len(claimed)
+        # Their events may have queued deliveries (not told apart here: a round finds out).
+        self._forwarded(True)
         self._health.succeeded()
         return len(claimed)
+
+    def _forwarded(self, forwarded: bool) -> None:
+        """After the commit: the forwarder of this process, which the transaction named (its
+        NOTIFY does not wake it), is woken here."""
+        if forwarded and self._on_deliveries is not None:
+            self._on_deliveries()
 
     async def _retry_items(self, conn: Conn, claimed: list[dead_events.Claimed]) -> None:
         done: list[int] = []

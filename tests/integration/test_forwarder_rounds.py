@@ -23,7 +23,7 @@ from gateway.testing.fake_receiver import FakeReceiver, Scripted
 from gateway.testing.payloads import message_obj, messages_payload, to_bytes
 from tests.support import deliveries as moved
 from tests.support.config import DESTINATION_SECRET
-from tests.support.consume import stage
+from tests.support.consume import read_all, stage
 from tests.support.forward import (
     add,
     all_delivered,
@@ -550,6 +550,28 @@ async def test_a_notify_from_a_commit_that_names_no_forwarder_still_wakes_one(
         assert await other.process_batch() == 1
         await until(lambda: _delivered(pool, 1), timeout_s=5, what="the delivery")
         assert fw.token != "0123abcd"
+
+
+async def test_a_retried_webhook_kicks_the_forwarder_after_its_commit(
+    pool: asyncpg.Pool, settings: Settings, receiver: FakeReceiver
+) -> None:
+    # The retries' transactions name the forwarder too (its NOTIFY does not wake it): they kick
+    # it once committed, not per webhook before the commit (a round then would find nothing,
+    # and no poll comes here).
+    await add(pool, "bot", receiver.url, ("message",))
+    inbox_id = await stage(pool, to_bytes(messages_payload(message_obj("wamid.PARKED"))))
+    await read_all(pool)  # its lane's cursor passed it: only the retry applies it
+    await pool.execute(
+        "INSERT INTO inbox_parked (inbox_id, received_at, source, delivery_id, body, state, attempts,"
+        " next_attempt_at) SELECT id, received_at, source, delivery_id, body, 'retry', 1,"
+        " clock_timestamp() - interval '1 second' FROM webhook_inbox WHERE id = $1",
+        inbox_id,
+    )
+    async with forwarding(pool, fast(settings, **NO_POLL)) as [fw]:
+        await asyncio.sleep(0.2)  # its first rounds (start, LISTEN up) are done
+        consumer = Consumer(pool, settings, on_deliveries=fw.kick, woken=fw.token)
+        assert await consumer.process_items() == 1
+        await until(lambda: _posted(receiver, 1), timeout_s=5, what="the retried webhook's delivery")
 
 
 async def test_a_backlogs_refill_rounds_do_not_wait_for_the_gap(
