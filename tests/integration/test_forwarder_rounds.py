@@ -533,8 +533,9 @@ async def test_a_kick_starts_a_round_at_once_and_the_notify_of_its_commit_wakes_
         await asyncio.sleep(2 * gap_s + fw._flush_s)
         assert (await states(pool)).get("pending") == 1
         assert [n for n in claims[rounds:] if n] == [], claims
-        await commit(kicking, "wamid.KICK3")  # the next kick's round claims both
-        await until(lambda: _delivered(pool, 4), timeout_s=gap_s, what="both deliveries")
+        await commit(kicking, "wamid.KICK3")  # the next kick's round claims both, at once
+        await until(lambda: _posted(receiver, 4), timeout_s=gap_s, what="both deliveries")
+        await until(lambda: _delivered(pool, 4), timeout_s=3 * gap_s, what="their outcomes")
     assert [n for n in claims if n] == [1, 1, 2], claims
 
 
@@ -545,6 +546,7 @@ async def test_a_notify_from_a_commit_that_names_no_forwarder_still_wakes_one(
     # forwarder (or another one), and every forwarder listening wakes for it.
     await add(pool, "bot", receiver.url, ("message",))
     async with forwarding(pool, fast(settings, **NO_POLL)) as [fw]:
+        await asyncio.sleep(0.5)  # its first rounds (start, LISTEN up) are done: only NOTIFY wakes it
         other = Consumer(pool, settings, woken="0123abcd")  # another process's forwarder
         await stage(pool, to_bytes(messages_payload(message_obj("wamid.OTHER0"))))
         assert await other.process_batch() == 1
