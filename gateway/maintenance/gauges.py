@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 GAUGE_CAP = 100_000
 # The longest a refresh may take (its counts stop at GAUGE_CAP rows: seconds at most).
 PASS_BOUND_S = 30.0
+# The gauges' session plans by index only, as their counts are meant to run. The lower bound
+# of inbox_unread() (the lanes' oldest done snapshot) is a sub-select the planner guesses a
+# third of the table from: it read today's whole inbox partition on every refresh instead of
+# the few rows past the cursors (28 ms a refresh at ~200 000 rows, and growing with the day).
+GAUGE_SESSION = "SET enable_seqscan = off"
 
 
 async def refresh_inbox(conn: Conn) -> None:
@@ -116,6 +121,7 @@ class GaugeLeader:
         if self._conn is None or self._conn.is_closed():
             self._conn = await connect(self.dsn, timeout=self.timeout_s)
             self.leading = False
+            await self._conn.execute(GAUGE_SESSION)
         if not self.leading:
             self.leading = await leader.try_lock(self._conn, lock_id=self.lock_id)
             if not self.leading:

@@ -16,6 +16,7 @@ import pytest
 from gateway.core.planning import StagedRow, plan_batch
 from gateway.core.settings import Settings
 from gateway.inbound.consumer import Consumer
+from gateway.maintenance.gauges import GAUGE_CAP, GAUGE_SESSION
 from gateway.store import deliveries, inbox
 from gateway.store.db import STATEMENT_CACHE_MAX_CHARS, init_connection
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
@@ -201,3 +202,26 @@ async def test_a_batch_of_webhooks_moved_aside_reads_them_a_bounded_number_of_ti
     reasons = await pool.fetch("SELECT last_error FROM inbox_parked ORDER BY inbox_id")
     assert [r[0].split(":")[0] for r in reasons[:2]] == ["UnknownShape", "NotJson"]
     assert max(read.values()) <= 20 * 1000, read
+
+
+async def test_the_inbox_depth_gauge_reads_the_rows_past_the_cursors_not_the_day(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    # inbox_unread()'s lower bound is a sub-select: planned with a guess of a third of the
+    # table, the depth gauge read today's whole partition on every refresh. The gauges'
+    # session plans by index (GAUGE_SESSION): it reads the few rows no cursor has passed.
+    n = 3000
+    bodies = [to_bytes(messages_payload(message_obj(f"wamid.G{i}"))) for i in range(n)]
+    await inbox.insert_batch(pool, sources=["meta"] * n, bodies=bodies, delivery_ids=[None] * n)
+    consumer = Consumer(pool, settings)
+    while await consumer.process_batch():
+        pass
+    late = [to_bytes(messages_payload(message_obj(f"wamid.GL{i}"))) for i in range(5)]
+    await inbox.insert_batch(pool, sources=["meta"] * 5, bodies=late, delivery_ids=[None] * 5)
+    await pool.execute("ANALYZE webhook_inbox")
+    async with pool.acquire() as conn:
+        await conn.execute(GAUGE_SESSION)
+        async with explained(conn) as read:
+            assert await inbox.depth(conn, cap=GAUGE_CAP) == 5
+    [rows] = read.values()  # the lanes (32) a few times, and the 5 rows
+    assert rows <= 300, read
