@@ -34,8 +34,8 @@ GAUGE_CAP = 100_000
 PASS_BOUND_S = 30.0
 # The gauges' session plans by index only, as their counts are meant to run. The lower bound
 # of inbox_unread() (the lanes' oldest done snapshot) is a sub-select the planner guesses a
-# third of the table from: it read today's whole inbox partition on every refresh instead of
-# the few rows past the cursors (28 ms a refresh at ~200 000 rows, and growing with the day).
+# third of the table from: planned on that guess, a refresh reads today's whole inbox partition
+# (28 ms at ~200 000 rows, growing with the day) instead of the few rows past the cursors.
 GAUGE_SESSION = "SET enable_seqscan = off"
 
 

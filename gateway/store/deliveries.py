@@ -20,8 +20,9 @@ from gateway.store.db import Conn
 from gateway.store.sqlfiles import q
 
 CHANNEL = "deliveries"
-# The setting a transaction that queues deliveries names its process's forwarder in: the
-# payload of the NOTIFY its commit sends (sql/functions/deliveries_notify.sql).
+# A forwarder's token, as a transaction that queues deliveries names its process's forwarder
+# in the setting gateway.forwarder (the payload of its commit's NOTIFY,
+# sql/functions/deliveries_notify.sql). Hex digits only: it is spliced into SET LOCAL.
 _WOKEN = re.compile(r"[0-9a-f]{1,32}")
 # A connection that can open a transaction (not a pool).
 Tx = asyncpg.Connection | PoolConnectionProxy
