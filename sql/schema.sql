@@ -637,7 +637,11 @@ BEGIN
         SELECT DISTINCT ON (outbox_id) outbox_id, wamid, status, rank, errors
         FROM hit WHERE outbox_id IS NOT NULL ORDER BY outbox_id, rank DESC
     ), locked AS (
-        SELECT o.id FROM outbox o JOIN best ON best.outbox_id = o.id ORDER BY o.id FOR UPDATE OF o
+        -- Only the rows the status changes (as in the batch statement, sql/queries/inbox.sql).
+        SELECT o.id FROM outbox o JOIN best ON best.outbox_id = o.id
+        WHERE o.state IN ('pending', 'sending', 'unknown', 'review') OR o.wamid IS NULL
+           OR best.rank > coalesce(array_position(ARRAY['sent', 'delivered', 'read', 'played', 'failed'], o.delivery_status), 0)
+        ORDER BY o.id FOR UPDATE OF o
     )
     UPDATE outbox o SET
         state = CASE WHEN o.state IN ('pending', 'sending', 'unknown', 'review') THEN 'accepted' ELSE o.state END,

@@ -386,7 +386,14 @@ WITH ev AS (
     WHERE outbox_id IS NOT NULL
     ORDER BY outbox_id, rank DESC
 ), locked AS (
-    SELECT o.id FROM outbox o JOIN best ON best.outbox_id = o.id ORDER BY o.id FOR UPDATE OF o
+    -- Only the rows the status changes: a report no further than the row's, for a send
+    -- accepted with its wamid (Meta's reports arrive out of order), would write a new row
+    -- version, or at least a row lock, for nothing. FOR UPDATE checks the condition again on
+    -- the row's latest version when another transaction changed it meanwhile.
+    SELECT o.id FROM outbox o JOIN best ON best.outbox_id = o.id
+    WHERE o.state IN ('pending', 'sending', 'unknown', 'review') OR o.wamid IS NULL
+       OR best.rank > delivery_rank(o.delivery_status)
+    ORDER BY o.id FOR UPDATE OF o
 ), upd AS (
     -- A status proves the provider accepted the send, whatever we thought: a row still
     -- pending/sending/unknown/review becomes accepted (so it is never sent again).

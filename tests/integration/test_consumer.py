@@ -225,6 +225,31 @@ async def test_statuses_out_of_order_only_move_forward(
     assert await pool.fetchval("SELECT count(*) FROM message_statuses") == len(set(arrivals))
 
 
+
+async def test_a_report_that_changes_nothing_leaves_the_send_untouched(
+    pool: asyncpg.Pool, settings: Settings
+) -> None:
+    # A report no further than the send's (Meta's arrive out of order) neither updates nor
+    # locks the outbox row: its version (xmin) and its last locker (xmax) stay as they were.
+    await add_outbox(pool, "cb-noop", state="accepted", wamid="wamid.NOOP")
+    await stage(pool, to_bytes(statuses_payload(status_obj("wamid.NOOP", "read", callback="cb-noop"))))
+    await drain(pool, settings)
+    version = (
+        "SELECT xmin::text AS xmin, xmax::text AS xmax, delivery_status FROM outbox WHERE callback_data = $1"
+    )
+    before = await pool.fetchrow(version, "cb-noop")
+    assert before is not None and before["delivery_status"] == "read"
+    for status in ("delivered", "sent", "read"):
+        await stage(pool, to_bytes(statuses_payload(status_obj("wamid.NOOP", status, callback="cb-noop"))))
+    await drain(pool, settings)
+    assert await pool.fetchrow(version, "cb-noop") == before
+    assert await pool.fetchval("SELECT count(*) FROM message_statuses") == 3
+    # A report that is further still moves it.
+    await stage(pool, to_bytes(statuses_payload(status_obj("wamid.NOOP", "played", callback="cb-noop"))))
+    await drain(pool, settings)
+    after = await pool.fetchrow(version, "cb-noop")
+    assert after is not None and after["delivery_status"] == "played" and after["xmin"] != before["xmin"]
+
 @pytest.mark.parametrize(
     ("state", "resent", "after"),
     [
