@@ -32,7 +32,7 @@ meets its key in the same partition, whatever the clock did in between. Everythi
 from __future__ import annotations
 
 from dataclasses import field
-from datetime import UTC, date, datetime
+from datetime import date
 from typing import Any, ClassVar
 
 from gateway.core.enums import Source
@@ -48,6 +48,9 @@ MAX_EVENTS_PER_PAYLOAD = 10_000
 
 # The day of keys with no usable event time (the one partition trimmed by DELETE).
 UNTIMED_DAY = date(1970, 1, 1)
+# A Unix time's UTC day is this ordinal plus its whole days (no time zone lookup per event).
+_EPOCH_ORDINAL = UNTIMED_DAY.toordinal()
+_DAY_S = 86_400
 
 
 class PayloadError(ValueError):
@@ -275,4 +278,4 @@ def event_day(ev: Event, source: str) -> date:
     """
     if source != Source.META or not isinstance(ev, InboundMessage | Status) or ev.timestamp is None:
         return UNTIMED_DAY
-    return datetime.fromtimestamp(ev.timestamp, UTC).date()
+    return date.fromordinal(_EPOCH_ORDINAL + ev.timestamp // _DAY_S)

@@ -111,7 +111,7 @@ def parse_items(source: str, body: bytes, delivery_id: str | None = None) -> lis
         items = [Item(0, (), "event", {"delivery_id": delivery_id}, (ev,), None, changed)]
     else:
         raise UnknownShape(f"unknown source {source!r}")
-    _bounded(sum(len(i.events) for i in items), "events")
+    _bounded(sum([len(i.events) for i in items]), "events")
     return items
 
 
@@ -173,9 +173,6 @@ def _req_str(obj: dict[str, Any], name: str, what: str) -> str:
     return value
 
 
-_UNIX = re.compile(r"[0-9]{1,11}")
-
-
 def _unix(value: Any) -> int | None:
     """Meta sends Unix seconds as a string; anything else is kept in the raw JSON only.
 
@@ -184,7 +181,8 @@ def _unix(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value if 0 <= value < 2**37 else None
-    if isinstance(value, str) and _UNIX.fullmatch(value):
+    # isdigit() on ASCII is exactly [0-9]: the check of a regex, at a fraction of its cost.
+    if isinstance(value, str) and 0 < len(value) <= 11 and value.isascii() and value.isdigit():
         return int(value)
     return None
 

@@ -59,6 +59,13 @@ def status(timestamp: object) -> dict[str, object]:
         ("meta", meta([msg(None)]), UNTIMED_DAY),
         ("meta", meta([msg("soon")]), UNTIMED_DAY),
         ("meta", meta([msg("²")]), UNTIMED_DAY),
+        ("meta", meta([msg("\u0661\u0662\u0663")]), UNTIMED_DAY),  # Arabic-Indic digits: isdigit(), not ASCII
+        ("meta", meta([msg("")]), UNTIMED_DAY),
+        ("meta", meta([msg("123456789012")]), UNTIMED_DAY),  # 12 digits: no Unix time we take
+        ("meta", meta([msg(" 1796669462")]), UNTIMED_DAY),
+        ("meta", meta([msg("+1796669462")]), UNTIMED_DAY),
+        ("meta", meta([msg("0")]), UNTIMED_DAY),  # the epoch is the untimed day itself
+        ("meta", meta([msg("86400")]), date(1970, 1, 2)),
         ("meta", meta(statuses=[{"id": "wamid.C", "status": "sent"}]), UNTIMED_DAY),
         # Account-level changes carry no event time.
         (
