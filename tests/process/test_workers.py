@@ -276,6 +276,71 @@ async def test_the_forwarder_in_the_services_process_delivers_and_survives_its_k
         await receiver.close()
 
 
+async def test_two_replicas_forward_what_either_stages_once_and_without_polling(
+    db_dsn: str, pool: asyncpg.Pool
+) -> None:
+    """Two `gateway serve` replicas on one database, each forwarding in its services process:
+    a replica's consumers kick their own forwarder and NOTIFY with its token, which the other
+    replica's forwarder wakes on. Webhooks posted to both, alternately, each reach the receiver
+    once, with the polls set to a minute (so only kicks and NOTIFYs can have moved them), and
+    every delivery is recorded delivered once."""
+    receiver = await started_receiver()
+    await add(pool, "crm", receiver.url, ("message",))
+    ports = [free_port(), free_port()]
+    bases = [f"http://127.0.0.1:{port}" for port in ports]
+    procs = [
+        spawn(
+            ["serve"],
+            {
+                "DATABASE_URL": db_dsn,
+                "GATEWAY_PORT": str(port),
+                "GATEWAY_META_APP_SECRETS": META_SECRET,
+                "GATEWAY_SERVE_SERVICES": "process",
+                "GATEWAY_SERVE_FORWARDER": "with-services",
+                "GATEWAY_RUN_SENDER": "false",
+                "GATEWAY_CONSUMER_POLL_MS": "60000",
+                "GATEWAY_FORWARD_POLL_MS": "60000",
+                "GATEWAY_FORWARD_ALLOW_PRIVATE": "1",
+            },
+        )
+        for port in ports
+    ]
+    try:
+        for base, proc in zip(bases, procs, strict=True):
+            await wait_healthy(base, proc)
+        # Both replicas' consumers hold lanes before the webhooks come (a member joins, the
+        # lanes are shared out at its next renewal).
+        await until(lambda: _members(pool, 2), GIVE_UP_S, "both replicas' consumers to hold lanes")
+        n = 60
+        async with aiohttp.ClientSession() as http:
+            for i in range(n):
+                body = meta_bytes(message_payload(f"wamid.R{i}"))
+                assert (await post_meta(http, bases[i % 2], body))[0] == 200
+        # Far below the minute's poll: only the wake-ups can have delivered them.
+        assert await receiver.wait_for(n, 20.0), len(receiver.state.processed)
+        await until(lambda: all_delivered(pool), what="every delivery recorded as delivered")
+        assert await states(pool) == {"delivered": n}
+        assert not receiver.state.duplicates and receiver.state.bad_signatures == 0
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        await receiver.close()
+
+
+async def _members(pool: asyncpg.Pool, n: int) -> bool:
+    """Whether ``n`` consumer processes each own some lane."""
+    owners = await pool.fetchval(
+        "SELECT count(DISTINCT owner) FROM inbox_lanes WHERE owner IS NOT NULL AND lease_until > now()"
+    )
+    return bool(owners >= n)
+
+
 async def test_a_stopped_worker_is_replaced_and_webhooks_keep_being_taken(db_dsn: str) -> None:
     """SIGSTOP one worker: it holds its listening socket and takes no request, so the parent,
     whose health check of it stops answering, kills it and starts another."""
