@@ -220,6 +220,22 @@ async def test_services_apart_from_the_http_worker(db_dsn: str, pool: asyncpg.Po
             kill_if_alive(c)
 
 
+def _forwarding_in_services(db_dsn: str, port: int, *, poll_ms: int) -> dict[str, str]:
+    """`gateway serve` on ``port`` forwarding in its services process (no sender), its
+    consumers and forwarder polling every ``poll_ms``."""
+    return {
+        "DATABASE_URL": db_dsn,
+        "GATEWAY_PORT": str(port),
+        "GATEWAY_META_APP_SECRETS": META_SECRET,
+        "GATEWAY_SERVE_SERVICES": "process",
+        "GATEWAY_SERVE_FORWARDER": "with-services",
+        "GATEWAY_RUN_SENDER": "false",
+        "GATEWAY_CONSUMER_POLL_MS": str(poll_ms),
+        "GATEWAY_FORWARD_POLL_MS": str(poll_ms),
+        "GATEWAY_FORWARD_ALLOW_PRIVATE": "1",
+    }
+
+
 async def test_the_forwarder_in_the_services_process_delivers_and_survives_its_kill(
     db_dsn: str, pool: asyncpg.Pool
 ) -> None:
@@ -230,18 +246,7 @@ async def test_the_forwarder_in_the_services_process_delivers_and_survives_its_k
     await add(pool, "crm", receiver.url, ("message",))
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = {
-        "DATABASE_URL": db_dsn,
-        "GATEWAY_PORT": str(port),
-        "GATEWAY_META_APP_SECRETS": META_SECRET,
-        "GATEWAY_SERVE_SERVICES": "process",
-        "GATEWAY_SERVE_FORWARDER": "with-services",
-        "GATEWAY_RUN_SENDER": "false",
-        "GATEWAY_CONSUMER_POLL_MS": "100",
-        "GATEWAY_FORWARD_POLL_MS": "100",
-        "GATEWAY_FORWARD_LEASE_S": "2",
-        "GATEWAY_FORWARD_ALLOW_PRIVATE": "1",
-    }
+    env = {**_forwarding_in_services(db_dsn, port, poll_ms=100), "GATEWAY_FORWARD_LEASE_S": "2"}
     proc = spawn(["serve"], env)
     kids: list[psutil.Process] = []
     try:
@@ -288,23 +293,7 @@ async def test_two_replicas_forward_what_either_stages_once_and_without_polling(
     await add(pool, "crm", receiver.url, ("message",))
     ports = [free_port(), free_port()]
     bases = [f"http://127.0.0.1:{port}" for port in ports]
-    procs = [
-        spawn(
-            ["serve"],
-            {
-                "DATABASE_URL": db_dsn,
-                "GATEWAY_PORT": str(port),
-                "GATEWAY_META_APP_SECRETS": META_SECRET,
-                "GATEWAY_SERVE_SERVICES": "process",
-                "GATEWAY_SERVE_FORWARDER": "with-services",
-                "GATEWAY_RUN_SENDER": "false",
-                "GATEWAY_CONSUMER_POLL_MS": "60000",
-                "GATEWAY_FORWARD_POLL_MS": "60000",
-                "GATEWAY_FORWARD_ALLOW_PRIVATE": "1",
-            },
-        )
-        for port in ports
-    ]
+    procs = [spawn(["serve"], _forwarding_in_services(db_dsn, port, poll_ms=60_000)) for port in ports]
     try:
         for base, proc in zip(bases, procs, strict=True):
             await wait_healthy(base, proc)
