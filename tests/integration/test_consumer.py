@@ -225,7 +225,6 @@ async def test_statuses_out_of_order_only_move_forward(
     assert await pool.fetchval("SELECT count(*) FROM message_statuses") == len(set(arrivals))
 
 
-
 async def test_a_report_that_changes_nothing_leaves_the_send_untouched(
     pool: asyncpg.Pool, settings: Settings
 ) -> None:
@@ -249,6 +248,7 @@ async def test_a_report_that_changes_nothing_leaves_the_send_untouched(
     await drain(pool, settings)
     after = await pool.fetchrow(version, "cb-noop")
     assert after is not None and after["delivery_status"] == "played" and after["xmin"] != before["xmin"]
+
 
 @pytest.mark.parametrize(
     ("state", "resent", "after"),

@@ -19,7 +19,7 @@ import pytest
 from gateway.core.events import InboundMessage, Status
 from gateway.core.parsing import parse
 from gateway.testing.payloads import message_obj, meta_payload, meta_value, status_obj, to_bytes
-from tests.support.consume import add_outbox, inbox_states
+from tests.support.consume import add_outbox, inbox_states, lanes_held_by
 from tests.support.handlers import TABLE
 
 pytestmark = pytest.mark.slow
@@ -195,7 +195,7 @@ async def test_sigstop_of_a_lane_owner_its_lanes_are_taken_over_and_it_doubles_n
     try:
         await wait_for(lambda: _ge(backends(pool, "stop-victim"), 2), "the victim to connect")
         # Both own lanes (the victim half of them) before it hangs.
-        await wait_for(lambda: _owners(pool, 2), "the lanes to be split between the two")
+        await wait_for(lambda: lanes_held_by(pool, 2), "the lanes to be split between the two")
         await pool.executemany(insert, [(b,) for b in bodies[:750]])
         await wait_for(lambda: holds_claimed_rows(pool, "stop-victim"), "the victim to be mid-batch")
         victim.send_signal(signal.SIGSTOP)
@@ -227,11 +227,6 @@ async def test_sigstop_of_a_lane_owner_its_lanes_are_taken_over_and_it_doubles_n
     assert await pool.fetchval("SELECT count(*) FROM message_statuses") == await pool.fetchval(
         "SELECT count(DISTINCT event_key) FROM message_statuses"
     )
-
-
-async def _owners(pool: asyncpg.Pool, n: int) -> bool:
-    owners = await pool.fetchval("SELECT count(DISTINCT owner) FROM inbox_lanes WHERE owner IS NOT NULL")
-    return bool(owners == n)
 
 
 async def diagnose(pool: asyncpg.Pool) -> str:

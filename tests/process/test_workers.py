@@ -17,6 +17,7 @@ import pytest
 from gateway.core.signature import sign_meta
 from gateway.testing.payloads import message_payload, meta_bytes
 from tests.support.config import META_SECRET
+from tests.support.consume import lanes_held_by
 from tests.support.forward import add, all_delivered, started_receiver, states, until
 from tests.support.http import post_meta
 from tests.support.procs import alive, free_port, kill_if_alive, spawn, wait_healthy
@@ -299,7 +300,7 @@ async def test_two_replicas_forward_what_either_stages_once_and_without_polling(
             await wait_healthy(base, proc)
         # Both replicas' consumers hold lanes before the webhooks come (a member joins, the
         # lanes are shared out at its next renewal).
-        await until(lambda: _members(pool, 2), GIVE_UP_S, "both replicas' consumers to hold lanes")
+        await until(lambda: lanes_held_by(pool, 2), GIVE_UP_S, "both replicas' consumers to hold lanes")
         n = 60
         async with aiohttp.ClientSession() as http:
             for i in range(n):
@@ -320,14 +321,6 @@ async def test_two_replicas_forward_what_either_stages_once_and_without_polling(
                 proc.kill()
                 proc.wait()
         await receiver.close()
-
-
-async def _members(pool: asyncpg.Pool, n: int) -> bool:
-    """Whether ``n`` consumer processes each own some lane."""
-    owners = await pool.fetchval(
-        "SELECT count(DISTINCT owner) FROM inbox_lanes WHERE owner IS NOT NULL AND lease_until > now()"
-    )
-    return bool(owners >= n)
 
 
 async def test_a_stopped_worker_is_replaced_and_webhooks_keep_being_taken(db_dsn: str) -> None:

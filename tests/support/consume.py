@@ -112,6 +112,14 @@ async def counts(pool: asyncpg.Pool) -> dict[str, int]:
     return out
 
 
+async def lanes_held_by(pool: asyncpg.Pool, n: int) -> bool:
+    """Whether exactly ``n`` consumer processes own lanes under a live lease."""
+    owners = await pool.fetchval(
+        "SELECT count(DISTINCT owner) FROM inbox_lanes WHERE owner IS NOT NULL AND lease_until > now()"
+    )
+    return bool(owners == n)
+
+
 async def inbox_states(pool: asyncpg.Pool) -> dict[str, int]:
     rows = await pool.fetch("SELECT state, count(*) AS n FROM inbox_row_states() GROUP BY state")
     return {r["state"]: r["n"] for r in rows}
