@@ -821,6 +821,20 @@ $$;
 
 
 --
+-- FUNCTION: inbox_pending_count(bigint)
+--
+
+CREATE FUNCTION public.inbox_pending_count(cap bigint) RETURNS bigint
+    LANGUAGE plpgsql STABLE
+    SET enable_seqscan TO 'off'
+    AS $$
+BEGIN
+    RETURN (SELECT count(*) FROM (SELECT 1 FROM inbox_unprocessed() u WHERE u.state = 'pending' LIMIT cap) x);
+END;
+$$;
+
+
+--
 -- FUNCTION: inbox_row_states(timestamp with time zone, timestamp with time zone)
 --
 
@@ -850,6 +864,20 @@ CREATE FUNCTION public.inbox_unprocessed() RETURNS TABLE(id bigint, received_at 
     UNION ALL
     SELECT p.inbox_id, p.received_at, CASE p.state WHEN 'retry' THEN 'pending' ELSE 'dead' END
     FROM inbox_parked p WHERE p.state IN ('retry', 'dead');
+$$;
+
+
+--
+-- FUNCTION: inbox_unprocessed_latest()
+--
+
+CREATE FUNCTION public.inbox_unprocessed_latest() RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE
+    SET enable_seqscan TO 'off'
+    AS $$
+BEGIN
+    RETURN (SELECT max(u.received_at) FROM inbox_unprocessed() u);
+END;
 $$;
 
 

@@ -32,10 +32,9 @@ log = logging.getLogger(__name__)
 GAUGE_CAP = 100_000
 # The longest a refresh may take (its counts stop at GAUGE_CAP rows: seconds at most).
 PASS_BOUND_S = 30.0
-# The gauges' session plans by index only, as their counts are meant to run. The lower bound
-# of inbox_unread() (the lanes' oldest done snapshot) is a sub-select the planner guesses a
-# third of the table from: planned on that guess, a refresh reads today's whole inbox partition
-# (28 ms at ~200 000 rows, growing with the day) instead of the few rows past the cursors.
+# The gauges' session plans by index only, as their counts are meant to run: on partial
+# indexes, stopped at the cap (the inbox's count sets this itself, inbox_pending_count: any
+# session that counts it must not read today's whole partition).
 GAUGE_SESSION = "SET enable_seqscan = off"
 
 

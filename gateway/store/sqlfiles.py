@@ -129,13 +129,19 @@ def missing() -> list[str]:
     return [name for name in FILES if not (root / name).is_file()]
 
 
+# The manifest's docstring, kept here: the command that regenerates the manifest writes over
+# it (the shell empties the file before this module could read it there).
+MANIFEST_DOC = """The files of ``sql/`` this code needs, checked before a process touches its database
+(``gateway.store.sqlfiles.missing``): an image or wheel built without one of them fails at
+start-up with the file's name instead of at its first query. A test keeps this list equal to the
+tree; after adding or removing a file under sql/, regenerate it with
+``python -m gateway.store.sqlfiles > gateway/store/sql_manifest.py``."""
+
+
 def manifest_source(files: list[str]) -> str:
     """The text of ``gateway/store/sql_manifest.py`` for ``files``."""
-    from gateway.store import sql_manifest
-
-    doc = (sql_manifest.__doc__ or "").strip()
     lines = "".join(f'    "{name}",\n' for name in files)
-    return f'"""{doc}"""\n\nFILES: tuple[str, ...] = (\n{lines})\n'
+    return f'"""{MANIFEST_DOC}"""\n\nFILES: tuple[str, ...] = (\n{lines})\n'
 
 
 if __name__ == "__main__":

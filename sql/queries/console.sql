@@ -357,7 +357,7 @@ SELECT
                            WHERE received_at >= now() - interval '60 seconds'
                              AND id > (SELECT max(id) FROM webhook_inbox) - $2
                            LIMIT $2) x) AS ingest_last_minute,
-    (SELECT count(*) FROM (SELECT 1 FROM inbox_unprocessed() WHERE state = 'pending' LIMIT $1) x) AS inbox_pending,
+    inbox_pending_count($1) AS inbox_pending,
     (SELECT coalesce(extract(epoch FROM clock_timestamp() - least(
                 inbox_oldest_unread(),
                 (SELECT min(next_attempt_at) FROM inbox_parked

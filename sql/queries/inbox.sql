@@ -602,9 +602,8 @@ WHERE p.inbox_id = ANY ($1::bigint[]) AND p.state = 'retry';
 
 -- name: inbox_depth
 -- Rows no cursor has read yet, and whole webhooks waiting for a retry, counted up to a cap
--- ($1): bounded work every scrape.
-SELECT (SELECT count(*) FROM (SELECT FROM inbox_unread() LIMIT $1) x)
-     + (SELECT count(*) FROM (SELECT FROM inbox_parked WHERE state = 'retry' LIMIT $1) y);
+-- ($1): bounded work every scrape, whatever the session (inbox_pending_count).
+SELECT inbox_pending_count($1);
 
 -- name: inbox_lag
 -- Age in seconds of the oldest webhook not processed yet (0 when none): the oldest unread row

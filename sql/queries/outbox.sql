@@ -356,7 +356,7 @@ RETURNING o.state;
 -- statement: on a Citus coordinator a statement that also reads the outbox runs whole on the
 -- outbox's worker, and inbox_unprocessed's reads of the inbox's shards from there are refused
 -- ("cannot execute a distributed query from a query on a shard").
-SELECT max(w.received_at) FROM inbox_unprocessed() w;
+SELECT inbox_unprocessed_latest();
 
 -- name: outbox_unprocessed_since
 -- Webhooks received since a row's creation ($1) that are not processed: (pending, dead), whole

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import asyncpg
@@ -16,8 +16,8 @@ import pytest
 from gateway.core.planning import StagedRow, plan_batch
 from gateway.core.settings import Settings
 from gateway.inbound.consumer import Consumer
-from gateway.maintenance.gauges import GAUGE_CAP, GAUGE_SESSION
-from gateway.store import deliveries, inbox
+from gateway.maintenance.gauges import GAUGE_CAP
+from gateway.store import console, deliveries, inbox, outbox
 from gateway.store.db import STATEMENT_CACHE_MAX_CHARS, init_connection
 from gateway.testing.payloads import message_obj, messages_payload, status_obj, statuses_payload, to_bytes
 from tests.support.consume import stage
@@ -204,12 +204,26 @@ async def test_a_batch_of_webhooks_moved_aside_reads_them_a_bounded_number_of_ti
     assert max(read.values()) <= 20 * 1000, read
 
 
-async def test_the_inbox_depth_gauge_reads_the_rows_past_the_cursors_not_the_day(
-    pool: asyncpg.Pool, settings: Settings
+# What counts or dates the webhooks not processed yet, each in any session (no planner setting).
+async def _overview_pending(conn: asyncpg.Connection) -> Any:
+    return (await console.overview(conn))["inbox_pending"]
+
+
+UNPROCESSED_READS: dict[str, Callable[[asyncpg.Connection], Awaitable[Any]]] = {
+    "the depth gauge": lambda conn: inbox.depth(conn, cap=GAUGE_CAP),
+    "the console's overview": _overview_pending,
+    "a release's newest unprocessed webhook": outbox.unprocessed_latest,
+}
+
+
+@pytest.mark.parametrize("name", list(UNPROCESSED_READS))
+async def test_what_counts_the_unprocessed_webhooks_reads_the_rows_past_the_cursors_not_the_day(
+    pool: asyncpg.Pool, settings: Settings, name: str
 ) -> None:
     # inbox_unread()'s lower bound is a sub-select: planned with a guess of a third of the
-    # table, the depth gauge read today's whole partition on every refresh. The gauges'
-    # session plans by index (GAUGE_SESSION): it reads the few rows no cursor has passed.
+    # table, a count or a max over it read today's whole partition (the gauge on every refresh,
+    # the console on every overview). Each plans by index whatever the caller's session: it
+    # reads the few rows no cursor has passed.
     n = 3000
     bodies = [to_bytes(messages_payload(message_obj(f"wamid.G{i}"))) for i in range(n)]
     await inbox.insert_batch(pool, sources=["meta"] * n, bodies=bodies, delivery_ids=[None] * n)
@@ -219,9 +233,11 @@ async def test_the_inbox_depth_gauge_reads_the_rows_past_the_cursors_not_the_day
     late = [to_bytes(messages_payload(message_obj(f"wamid.GL{i}"))) for i in range(5)]
     await inbox.insert_batch(pool, sources=["meta"] * 5, bodies=late, delivery_ids=[None] * 5)
     await pool.execute("ANALYZE webhook_inbox")
-    async with pool.acquire() as conn:
-        await conn.execute(GAUGE_SESSION)
-        async with explained(conn) as read:
-            assert await inbox.depth(conn, cap=GAUGE_CAP) == 5
-    [rows] = read.values()  # the lanes (32) a few times, and the 5 rows
-    assert rows <= 300, read
+    async with pool.acquire() as conn, explained(conn) as read:
+        found = await UNPROCESSED_READS[name](conn)
+    newest = await pool.fetchval("SELECT max(received_at) FROM webhook_inbox")  # a late row's
+    assert found == (newest if name == "a release's newest unprocessed webhook" else 5)
+    # The lanes (32) a few times and the 5 rows; the overview also counts the last minute's
+    # rows, here all of them (n + 5).
+    budget = 300 + (n + 5 if name == "the console's overview" else 0)
+    assert max(read.values()) <= budget, read
