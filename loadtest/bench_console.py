@@ -1,5 +1,5 @@
-"""bench-console: every console page's time with 1 M dead items, 10 M outbox rows and 10 M
-deliveries (the target: each page <= 200 ms).
+"""bench-console: every console page's time with 1 M dead items, 10 M outbox rows, 10 M
+deliveries and 2 M webhooks staged today (the target: each page <= 200 ms).
 
 The tables are filled server-side (generate_series), then a real `gateway console` process
 serves the pages and a logged-in client asks each one several times, first pages and pages
@@ -32,10 +32,11 @@ from loadtest.harness import contract, database, processes, report
 from loadtest.harness.sql import queries
 
 SQL = queries("console.sql")
-HELP = "every console page's time with 1 M dead items, 10 M outbox rows, 10 M deliveries"
+HELP = "every console page's time with 1 M dead items, 10 M outbox rows, 10 M deliveries, 2 M webhooks today"
 TARGET_MS = 200.0
 TOKEN = "bench-token-0123456789abcdef"
 CHUNK = 1_000_000
+GROUP_COMMIT = 100  # staged webhooks per transaction, about what the group commit writes at load
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +57,12 @@ class Timing:
         return self.median_ms <= TARGET_MS
 
 
-async def _chunks(conn: asyncpg.Connection, query: str, total: int, label: str) -> None:
+async def _chunks(
+    conn: asyncpg.Connection, query: str, total: int, label: str, chunk: int = CHUNK
+) -> None:
     started = time.monotonic()
-    for lo in range(1, total + 1, CHUNK):
-        hi = min(total, lo + CHUNK - 1)
+    for lo in range(1, total + 1, chunk):
+        hi = min(total, lo + chunk - 1)
         await conn.execute(SQL[query], lo, hi, total)
     print(f"  {label}: {total:,} rows in {time.monotonic() - started:.0f} s", flush=True)
 
@@ -76,6 +79,10 @@ async def fill(dsn: str, ns: argparse.Namespace) -> None:
         await conn.execute(SQL["console_fill_destinations"])
         await _chunks(conn, "console_fill_dead_events", ns.dead, "dead events")
         await _chunks(conn, "console_fill_inbox", ns.dead // 5, "staged webhooks (every 10th dead)")
+        if ns.inbox:
+            await _chunks(
+                conn, "console_fill_inbox_today", ns.inbox, "webhooks staged in the last hour", GROUP_COMMIT
+            )
         await conn.execute(SQL["console_fill_read"])
         await _chunks(conn, "console_fill_outbox", ns.outbox, "outbox")
         await _chunks(conn, "console_fill_deliveries", ns.deliveries, "deliveries")
@@ -194,7 +201,8 @@ async def serve_and_measure(dsn: str, rounds: int, log_dir: Path) -> tuple[list[
 async def bench(admin_dsn: str, ns: argparse.Namespace, run: contract.Run) -> str:
     async with scratch_database(admin_dsn, "bench_console") as dsn:
         print(
-            f"filling: {ns.dead:,} dead events, {ns.outbox:,} outbox rows, {ns.deliveries:,} deliveries",
+            f"filling: {ns.dead:,} dead events, {ns.outbox:,} outbox rows, {ns.deliveries:,} deliveries, "
+            f"{ns.inbox:,} webhooks staged today",
             flush=True,
         )
         await fill(dsn, ns)
@@ -217,6 +225,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dead", type=int, default=1_000_000, help="dead events (and as many inbound messages)")
     p.add_argument("--outbox", type=int, default=10_000_000, help="outbox rows")
     p.add_argument("--deliveries", type=int, default=10_000_000, help="deliveries")
+    p.add_argument(
+        "--inbox", type=int, default=2_000_000, help="webhooks staged today, all read by the consumers"
+    )
     p.add_argument("--rounds", type=int, default=7, help="timed requests per page")
 
 

@@ -49,6 +49,19 @@ WITH staged AS (
 INSERT INTO inbox_parked (inbox_id, received_at, source, body, state, attempts, last_error)
 SELECT id, received_at, source, body, 'dead', 1, 'body is not JSON' FROM staged WHERE id % 10 = 0;
 
+-- name: console_fill_inbox_today
+-- Webhooks staged over the last hour, all read by the consumers (console_fill_read): a busy
+-- day's partition, which no page may scan while the overview counts the few rows past the
+-- cursors. Run once per group commit's worth of rows, each its own transaction (the log's
+-- index and its statistics see as many transaction ids as a real day). ($3 as above: here
+-- the time axis spans the hour.)
+INSERT INTO webhook_inbox (source, body, received_at)
+SELECT 'meta', convert_to(format('{"object":"whatsapp_business_account","entry":[{"id":"waba-1","changes":[{"field":"messages","value":{"messaging_product":"whatsapp","metadata":{"display_phone_number":"15550001111","phone_number_id":"1111"},"contacts":[{"profile":{"name":"Customer %s"},"wa_id":"4915%s"}],"messages":[{"from":"4915%s","id":"wamid.T%s","timestamp":"%s","type":"text","text":{"body":"%s"}}]}}]}]}',
+                                 n, lpad((n % 2000003)::text, 8, '0'), lpad((n % 2000003)::text, 8, '0'),
+                                 lpad(n::text, 10, '0'), extract(epoch FROM now())::bigint, repeat('where is my order? ', 8)), 'UTF8'),
+       now() - interval '1 hour' + (n::float8 / $3) * interval '1 hour'
+FROM generate_series($1::bigint, $2::bigint) AS n;
+
 -- name: console_fill_read
 -- Every lane's cursor past every row staged so far, as consumers would have read them.
 UPDATE inbox_lanes SET done_snap = pg_current_snapshot(), win_snap = NULL, pos_txid = NULL,
