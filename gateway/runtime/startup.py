@@ -20,7 +20,7 @@ import asyncpg
 
 from gateway.core.backoff import backoff_delay
 from gateway.core.errors import one_line
-from gateway.store.db import MIGRATION_LOCK_ID, connect, latest_version, schema_version
+from gateway.store.db import MIGRATION_LOCK_ID, connect, functions_absent, latest_version, schema_version
 
 log = logging.getLogger("gateway")
 
@@ -106,6 +106,11 @@ async def _not_ready(dsn: str, want: int, connect_timeout_s: float) -> str | Non
         # take a sibling's for a running migration.
         if not await conn.fetchval("SELECT pg_try_advisory_lock_shared($1)", MIGRATION_LOCK_ID):
             return f"schema at version {have}, a migration still running"
+        # A release may add functions without a migration: its code calls them.
+        absent = await functions_absent(conn)
+        if absent:
+            more = f" and {len(absent) - 3} more" if len(absent) > 3 else ""
+            return f"schema at version {have} without the SQL functions {', '.join(absent[:3])}{more}"
         return None
     finally:
         await conn.close()  # also releases the lock, if taken

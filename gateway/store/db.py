@@ -299,6 +299,15 @@ async def _apply_functions(conn: asyncpg.Connection, sources: Iterable[Function]
     return applied
 
 
+async def functions_absent(conn: Conn) -> list[str]:
+    """This code's SQL functions (``sql/functions/``) never applied to this database, by name."""
+    try:
+        absent: list[str] = await conn.fetchval(q("schema_functions_absent"), [f.name for f in functions()])
+    except asyncpg.UndefinedTableError:  # no `gateway migrate` ever ran here
+        return [f.name for f in functions()]
+    return absent
+
+
 async def schema_version(conn: Conn) -> int:
     """The highest migration applied (0: none)."""
     v: int = await conn.fetchval(q("schema_migrations_version"))

@@ -3,6 +3,13 @@
 -- name: schema_migrations_version
 SELECT coalesce(max(version), 0) FROM schema_migrations;
 
+-- name: schema_functions_absent
+-- Which of these function sources ($1, names) `gateway migrate` has never applied here: code
+-- that adds a function runs only once it is there (a new replica at the same schema version
+-- would otherwise start before the migration that brings its functions).
+SELECT coalesce(array_agg(n ORDER BY n), '{}') FROM unnest($1::text[]) AS n
+WHERE NOT EXISTS (SELECT 1 FROM schema_functions f WHERE f.name = n);
+
 -- name: schema_readiness
 -- The schema's version, and whether this server takes writes: a standby (in recovery), or a
 -- primary set read-only, does not.

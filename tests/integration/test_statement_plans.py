@@ -204,11 +204,11 @@ async def test_a_batch_of_webhooks_moved_aside_reads_them_a_bounded_number_of_ti
     assert max(read.values()) <= 20 * 1000, read
 
 
-# What counts or dates the webhooks not processed yet, each in any session (no planner setting).
 async def _overview_pending(conn: asyncpg.Connection) -> Any:
     return (await console.overview(conn))["inbox_pending"]
 
 
+# What counts or dates the webhooks not processed yet, each in any session (no planner setting).
 UNPROCESSED_READS: dict[str, Callable[[asyncpg.Connection], Awaitable[Any]]] = {
     "the depth gauge": lambda conn: inbox.depth(conn, cap=GAUGE_CAP),
     "the console's overview": _overview_pending,
