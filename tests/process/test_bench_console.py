@@ -12,7 +12,8 @@ import sys
 def test_bench_console_asks_every_page(pg_admin_dsn: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env["DATABASE_URL"] = pg_admin_dsn
-    args = ["bench-console", "--dead", "3000", "--outbox", "5000", "--deliveries", "5000", "--rounds", "1"]
+    args = ["bench-console", "--dead", "3000", "--outbox", "5000", "--deliveries", "5000", "--inbox", "2000"]
+    args += ["--rounds", "1"]
     done = subprocess.run(
         [sys.executable, "-m", "loadtest", *args],
         env=env,
