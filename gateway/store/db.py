@@ -301,10 +301,11 @@ async def _apply_functions(conn: asyncpg.Connection, sources: Iterable[Function]
 
 async def functions_absent(conn: Conn) -> list[str]:
     """This code's SQL functions (``sql/functions/``) never applied to this database, by name."""
+    names = [f.name for f in functions()]
     try:
-        absent: list[str] = await conn.fetchval(q("schema_functions_absent"), [f.name for f in functions()])
+        absent: list[str] = await conn.fetchval(q("schema_functions_absent"), names)
     except asyncpg.UndefinedTableError:  # no `gateway migrate` ever ran here
-        return [f.name for f in functions()]
+        return names
     return absent
 
 
