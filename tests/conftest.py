@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import asyncpg
@@ -214,6 +215,13 @@ async def pool(db_dsn: str) -> AsyncIterator[asyncpg.Pool]:
     p = await create_pool(db_dsn, 1, 5)
     yield p
     await p.close()
+
+
+@pytest.fixture
+def today(db_dsn: str) -> date:
+    """Today in UTC, read once the test's database exists: the partitions ahead it came with were
+    made from the day it was made, so a run crossing midnight sees them from no later day."""
+    return datetime.now(UTC).date()
 
 
 @pytest.fixture

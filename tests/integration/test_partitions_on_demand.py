@@ -26,7 +26,6 @@ from tests.support.consume import drain
 from tests.support.forward import add, all_delivered, fast, forwarding, process_messages, until
 from tests.support.http import post_meta
 
-TODAY = datetime.now(UTC).date()
 OPERATOR = actions.Actor("tester", "cli")
 TIME_TABLES = ("webhook_inbox", "inbound_messages", "message_statuses", "account_errors", "account_updates")
 
@@ -41,12 +40,12 @@ async def detach_days(pool: asyncpg.Pool, table: str, days: list[date]) -> None:
 
 
 async def test_ingest_and_consumers_make_a_day_that_has_no_partition(
-    http: ClientSession, start_gateway: Any, settings: Settings, pool: asyncpg.Pool
+    http: ClientSession, start_gateway: Any, settings: Settings, pool: asyncpg.Pool, today: date
 ) -> None:
     """The job never ran: today has no partition anywhere. A webhook is still acknowledged only
     once stored, and processed."""
     for table in TIME_TABLES:
-        await detach_days(pool, table, [TODAY, TODAY + timedelta(days=1)])
+        await detach_days(pool, table, [today, today + timedelta(days=1)])
     gw = await start_gateway(settings)
     body = to_bytes(messages_payload(message_obj("wamid.NOPART")))
     assert (await post_meta(http, gw, body))[0] == 200
@@ -55,17 +54,17 @@ async def test_ingest_and_consumers_make_a_day_that_has_no_partition(
     assert await pool.fetchval("SELECT state FROM inbox_row_states()") == "done"
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages WHERE wamid = 'wamid.NOPART'") == 1
     for table in ("webhook_inbox", "inbound_messages"):
-        assert TODAY in await store.days(pool, table=table)
+        assert today in await store.days(pool, table=table)
 
 
 async def test_deliveries_make_a_day_that_has_no_partition(
-    settings: Settings, pool: asyncpg.Pool, receiver: FakeReceiver
+    settings: Settings, pool: asyncpg.Pool, receiver: FakeReceiver, today: date
 ) -> None:
     """The job never ran: today has no partition of the deliveries' events or of their log (a
     database a migration alone set up, which the job has not reached since). Events are still
     appended for the destination, delivered and their attempts logged."""
     for table in ("delivery_events", "delivery_log"):
-        await detach_days(pool, table, [TODAY, TODAY + timedelta(days=1)])
+        await detach_days(pool, table, [today, today + timedelta(days=1)])
     await add(pool, "crm", receiver.url, ("message",))
     keys = await process_messages(pool, settings, 3, prefix="wamid.DAY")
     assert await pool.fetchval("SELECT count(*) FROM delivery_queue") == len(keys)
@@ -74,17 +73,17 @@ async def test_deliveries_make_a_day_that_has_no_partition(
     assert len(receiver.state.processed) == len(keys)
     assert await pool.fetchval("SELECT count(*) FROM delivery_log WHERE outcome = 'delivered'") == len(keys)
     for table in ("delivery_events", "delivery_log"):
-        assert TODAY in await store.days(pool, table=table)
+        assert today in await store.days(pool, table=table)
 
 
 async def test_a_backfill_on_a_day_without_its_partition_writes_nothing_until_the_day_is_made(
-    settings: Settings, pool: asyncpg.Pool, receiver: FakeReceiver
+    settings: Settings, pool: asyncpg.Pool, receiver: FakeReceiver, today: date
 ) -> None:
     """An operator's backfill runs in its action's transaction, where a partition made on the
     spot would stay invisible to the consumers until it ends: on a day the job has not made
     yet it fails with PostgreSQL's error and writes nothing, and succeeds once the day exists."""
     keys = await process_messages(pool, settings, 2, prefix="wamid.BACK")
-    await detach_days(pool, "delivery_events", [TODAY, TODAY + timedelta(days=1)])
+    await detach_days(pool, "delivery_events", [today, today + timedelta(days=1)])
     await add(pool, "late", receiver.url, ("message",))
     now = await pool.fetchval("SELECT now()")
     window = {"destination": "late", "since": now - timedelta(hours=1), "until": now + timedelta(hours=1)}
@@ -108,10 +107,11 @@ async def test_a_forgotten_session_delays_neither_the_coming_partitions_nor_the_
     pool: asyncpg.Pool,
     db_dsn: str,
     monkeypatch: pytest.MonkeyPatch,
+    today: date,
 ) -> None:
     s = dataclasses.replace(settings, partitions_ahead_days=3)
-    old = TODAY - timedelta(days=60)
-    coming = [TODAY + timedelta(days=d) for d in (1, 2, 3)]
+    old = today - timedelta(days=60)
+    coming = [today + timedelta(days=d) for d in (1, 2, 3)]
     for table in (*TIME_TABLES, "processed_webhook_events"):
         async with pool.acquire() as conn:
             await store.ensure_day(conn, table=table, day=old)  # due for a drop
@@ -167,6 +167,7 @@ async def test_a_redelivery_after_midnight_meets_its_key(
     settings: Settings,
     hours_ahead: int,
     days_later: int,
+    today: date,
 ) -> None:
     """A status stamped ahead of our clock, then its redelivery consumed days later (after the
     job made more days): one history row, one key."""
@@ -177,7 +178,7 @@ async def test_a_redelivery_after_midnight_meets_its_key(
     await pool.execute("INSERT INTO webhook_inbox (source, body) VALUES ('meta', $1)", body)
     await drain(pool, settings)
     MovedClock.shift = timedelta(days=days_later)
-    await retention.run_once(pool, settings, today=TODAY + timedelta(days=days_later))
+    await retention.run_once(pool, settings, today=today + timedelta(days=days_later))
     await pool.execute("INSERT INTO webhook_inbox (source, body) VALUES ('meta', $1)", body)
     await drain(pool, settings)
     assert await pool.fetchval("SELECT count(*) FROM message_statuses WHERE wamid = 'wamid.AHEAD'") == 1
@@ -188,7 +189,7 @@ async def test_a_redelivery_after_midnight_meets_its_key(
 
 
 async def test_a_process_that_hangs_after_making_a_partition_holds_its_table_for_seconds_only(
-    pool: asyncpg.Pool, db_dsn: str
+    pool: asyncpg.Pool, db_dsn: str, today: date
 ) -> None:
     """A replica stopped (SIGSTOP, a paused VM) between making a partition and its COMMIT
     leaves a transaction idle that holds the default partition's lock (rows of the new day
@@ -199,7 +200,7 @@ async def test_a_process_that_hangs_after_making_a_partition_holds_its_table_for
     try:
         with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, ConnectionError)):
             async with hung.transaction():  # ensure_day's own transaction becomes a savepoint
-                day = TODAY + timedelta(days=40)
+                day = today + timedelta(days=40)
                 assert await store.ensure_day(hung, table="processed_webhook_events", day=day)
                 seen = pool.fetchval(
                     "SELECT count(*) FROM processed_webhook_events WHERE event_key = 'msg:wamid.HUNG'"

@@ -31,8 +31,6 @@ from tests.support.forward import until
 # made and dropped on each shard; the others check the same SQL's rules (horizons per table,
 # one replica at a time) at many times the cost there.
 
-TODAY = datetime.now(UTC).date()
-
 
 async def ensure_day(pool: asyncpg.Pool, table: str, day: date) -> None:
     async with pool.acquire() as conn:
@@ -88,9 +86,9 @@ async def redeliver(pool: asyncpg.Pool, body: bytes) -> inbox.Applied:
 
 @pytest.mark.citus
 async def test_a_redelivery_six_days_later_is_still_deduplicated(
-    pool: asyncpg.Pool, settings: Settings
+    pool: asyncpg.Pool, settings: Settings, today: date
 ) -> None:
-    ts = str(int(noon(TODAY).timestamp()))
+    ts = str(int(noon(today).timestamp()))
     body = to_bytes(
         messages_payload(
             {"from": "49", "id": "wamid.SIX", "timestamp": ts, "type": "text", "text": {"body": "x"}}
@@ -104,13 +102,13 @@ async def test_a_redelivery_six_days_later_is_still_deduplicated(
         await pool.fetchval(
             "SELECT event_day FROM processed_webhook_events WHERE event_key = 'msg:wamid.SIX'"
         )
-        == TODAY
+        == today
     )
 
     # Six days on: maintenance has run every day, then Meta redelivers both.
     s = replace(settings, dedup_retention_days=7, inbox_retention_days=30)
     for offset in range(1, 7):
-        await retention.run_once(pool, s, today=TODAY + timedelta(days=offset))
+        await retention.run_once(pool, s, today=today + timedelta(days=offset))
     for again in (body, status):
         later = await redeliver(pool, again)
         assert (later.fresh, later.messages_inserted, later.statuses_inserted) == (0, 0, 0)
@@ -120,10 +118,10 @@ async def test_a_redelivery_six_days_later_is_still_deduplicated(
 
 @pytest.mark.citus
 async def test_dropping_partitions_keeps_every_key_younger_than_the_window(
-    pool: asyncpg.Pool, settings: Settings
+    pool: asyncpg.Pool, settings: Settings, today: date
 ) -> None:
     s = replace(settings, dedup_retention_days=7, purge_batch=3)
-    days = [TODAY + timedelta(days=d) for d in range(-12, 2)]
+    days = [today + timedelta(days=d) for d in range(-12, 2)]
     for day in days:
         await ensure_day(pool, "processed_webhook_events", day)
     # Each processed on its event's day, as a consumer does.
@@ -144,11 +142,11 @@ async def test_dropping_partitions_keeps_every_key_younger_than_the_window(
         " UNION ALL SELECT 'new:' || n, $1, now() - interval '6 days', 's' FROM generate_series(1, 4) n",
         UNTIMED_DAY,
     )
-    report = await retention.run_once(pool, s, today=TODAY)
+    report = await retention.run_once(pool, s, today=today)
     assert report.ran
     # Keys of an event day >= today - 7 are consulted (plus a day of slack): kept.
     kept = {r[0] for r in await pool.fetch("SELECT DISTINCT event_day FROM processed_webhook_events")}
-    assert kept == {UNTIMED_DAY, days[0]} | {d for d in days if d >= TODAY - timedelta(days=8)}
+    assert kept == {UNTIMED_DAY, days[0]} | {d for d in days if d >= today - timedelta(days=8)}
     assert sorted(report.dropped) == [f"processed_webhook_events_p{d:%Y%m%d}" for d in days[:4]]
     assert await pool.fetchval(
         "SELECT array_agg(event_key) FROM processed_webhook_events_default WHERE event_day = $1", days[0]
@@ -159,7 +157,7 @@ async def test_dropping_partitions_keeps_every_key_younger_than_the_window(
     )
     assert report.purged["processed_webhook_events"] == 10
     # Partitions exist from the window's start to three days ahead, for every table.
-    want = [TODAY + timedelta(days=d) for d in range(-8, 4)]
+    want = [today + timedelta(days=d) for d in range(-8, 4)]
     assert await store.days(pool, table="processed_webhook_events") == want
     for table in (
         "webhook_inbox",
@@ -168,7 +166,7 @@ async def test_dropping_partitions_keeps_every_key_younger_than_the_window(
         "account_errors",
         "account_updates",
     ):
-        assert (await store.days(pool, table=table))[-4:] == [TODAY + timedelta(days=d) for d in range(4)]
+        assert (await store.days(pool, table=table))[-4:] == [today + timedelta(days=d) for d in range(4)]
     assert (
         REGISTRY.get_sample_value("gateway_partitions_dropped_total", {"table": "processed_webhook_events"})
         >= 4
@@ -178,9 +176,9 @@ async def test_dropping_partitions_keeps_every_key_younger_than_the_window(
 
 @pytest.mark.citus
 async def test_inbox_partitions_drop_done_rows_and_carry_the_rest(
-    pool: asyncpg.Pool, settings: Settings
+    pool: asyncpg.Pool, settings: Settings, today: date
 ) -> None:
-    old = TODAY - timedelta(days=9)
+    old = today - timedelta(days=9)
     await ensure_day(pool, "webhook_inbox", old)
     stage_at = "INSERT INTO webhook_inbox (source, body, received_at) VALUES ('meta', $1, $2) RETURNING id"
     ids = {"done": await pool.fetchval(stage_at, b"done", noon(old))}
@@ -188,7 +186,7 @@ async def test_inbox_partitions_drop_done_rows_and_carry_the_rest(
     ids["pending"] = await pool.fetchval(stage_at, b"pending", noon(old))
     ids["dead"] = await dead_row(pool, b"dead", received_at=noon(old))
     recent = await stage(pool, b"{}")
-    report = await retention.run_once(pool, replace(settings, inbox_retention_days=7), today=TODAY)
+    report = await retention.run_once(pool, replace(settings, inbox_retention_days=7), today=today)
     assert f"webhook_inbox_p{old:%Y%m%d}" in report.dropped
     assert report.carried == 1  # the unread row; the dead one's bytes are kept aside
     rows = await pool.fetch(
@@ -206,9 +204,9 @@ async def test_inbox_partitions_drop_done_rows_and_carry_the_rest(
 # plain one, which writers queue behind for up to its lock_timeout (docs/scaling.md, Retention on
 # the cluster).
 async def test_creating_and_dropping_partitions_never_blocks_writers(
-    pool: asyncpg.Pool, settings: Settings, db_dsn: str
+    pool: asyncpg.Pool, settings: Settings, db_dsn: str, today: date
 ) -> None:
-    old = TODAY - timedelta(days=9)
+    old = today - timedelta(days=9)
     await ensure_day(pool, "webhook_inbox", old)
     holder = await asyncpg.connect(db_dsn)
     try:
@@ -218,7 +216,7 @@ async def test_creating_and_dropping_partitions_never_blocks_writers(
         # A long transaction is open on the parent while the job attaches two new days to
         # every table and detaches an old one ...
         s = replace(settings, inbox_retention_days=7, partitions_ahead_days=5)
-        job = asyncio.create_task(retention.run_once(pool, s, today=TODAY))
+        job = asyncio.create_task(retention.run_once(pool, s, today=today))
 
         async def detach_waits() -> bool:
             n = await pool.fetchval(
@@ -243,30 +241,32 @@ async def test_creating_and_dropping_partitions_never_blocks_writers(
     finally:
         await holder.close()
     assert f"webhook_inbox_p{old:%Y%m%d}" in report.dropped
-    assert f"webhook_inbox_p{TODAY + timedelta(days=5):%Y%m%d}" in report.created
+    assert f"webhook_inbox_p{today + timedelta(days=5):%Y%m%d}" in report.created
     assert await pool.fetchval("SELECT count(*) FROM webhook_inbox") == 4
     assert await pool.fetchval("SELECT to_regclass($1)", f"webhook_inbox_p{old:%Y%m%d}") is None
 
 
-async def test_side_effect_tables_drop_by_their_own_horizon(pool: asyncpg.Pool, settings: Settings) -> None:
+async def test_side_effect_tables_drop_by_their_own_horizon(
+    pool: asyncpg.Pool, settings: Settings, today: date
+) -> None:
     for i in range(3):
         await stage(pool, to_bytes(messages_payload(message_obj(f"wamid.m{i}"))))
         await stage(pool, to_bytes(statuses_payload(status_obj(f"wamid.s{i}", "sent"))))
     await drain(pool, settings)
     s = replace(settings, status_retention_days=10, inbound_retention_days=20, dedup_retention_days=30)
     # Twelve days on, statuses (10 days) go, the feed (20 days) stays.
-    report = await retention.run_once(pool, s, today=TODAY + timedelta(days=12))
-    assert f"message_statuses_p{TODAY:%Y%m%d}" in report.dropped
-    assert f"inbound_messages_p{TODAY:%Y%m%d}" not in report.dropped
+    report = await retention.run_once(pool, s, today=today + timedelta(days=12))
+    assert f"message_statuses_p{today:%Y%m%d}" in report.dropped
+    assert f"inbound_messages_p{today:%Y%m%d}" not in report.dropped
     assert await pool.fetchval("SELECT count(*) FROM message_statuses") == 0
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 3
-    report = await retention.run_once(pool, s, today=TODAY + timedelta(days=21))
+    report = await retention.run_once(pool, s, today=today + timedelta(days=21))
     assert await pool.fetchval("SELECT count(*) FROM inbound_messages") == 0
 
 
 @pytest.mark.citus
 async def test_outbox_terminal_rows_and_reply_claims_are_bounded(
-    pool: asyncpg.Pool, settings: Settings
+    pool: asyncpg.Pool, settings: Settings, today: date
 ) -> None:
     for i, (state, age) in enumerate(
         [
@@ -295,14 +295,14 @@ async def test_outbox_terminal_rows_and_reply_claims_are_bounded(
     )
     finished = [("delivered", 20), ("failed", 20), ("pending", 20), ("delivered", 1)]
     for i, (state, age) in enumerate(finished):
-        at = noon(TODAY - timedelta(days=age))
+        at = noon(today - timedelta(days=age))
         await made_up(pool, destination_id=dest, key=f"e{i}", state=state, received_at=at)
     s = replace(settings, outbox_retention_days=30, delivery_retention_days=14, purge_batch=2)
-    report = await retention.run_once(pool, s, today=TODAY)
+    report = await retention.run_once(pool, s, today=today)
     assert report.purged["outbox"] == 3
     # Delivered ones go with their day; a failed or pending one's body moves on (a failed one
     # waits for an operator).
-    old = TODAY - timedelta(days=20)
+    old = today - timedelta(days=20)
     assert {f"delivery_log_p{old:%Y%m%d}", f"delivery_events_p{old:%Y%m%d}"} <= set(report.dropped)
     assert report.carried_events == 2
     assert report.purged["dead_events"] == 0
@@ -314,7 +314,9 @@ async def test_outbox_terminal_rows_and_reply_claims_are_bounded(
 
 
 @pytest.mark.citus
-async def test_event_fragments_go_with_the_raw_bodies(pool: asyncpg.Pool, settings: Settings) -> None:
+async def test_event_fragments_go_with_the_raw_bodies(
+    pool: asyncpg.Pool, settings: Settings, today: date
+) -> None:
     # Exact bytes of escaped events: 5 older than the inbox horizon, 2 younger.
     await pool.execute(
         "INSERT INTO event_fragments (event_key, subject, inbox_id, path, fragment, recorded_at)"
@@ -323,17 +325,17 @@ async def test_event_fragments_go_with_the_raw_bodies(pool: asyncpg.Pool, settin
         " FROM generate_series(1, 7) n"
     )
     s = replace(settings, inbox_retention_days=3, purge_batch=2)
-    report = await retention.run_once(pool, s, today=TODAY)
+    report = await retention.run_once(pool, s, today=today)
     assert report.purged["event_fragments"] == 5  # in batches of 2
     left = [r[0] for r in await pool.fetch("SELECT event_key FROM event_fragments ORDER BY 1")]
     assert left == ["msg:6", "msg:7"]
 
 
 async def test_two_replicas_at_once_do_the_work_once(
-    pool: asyncpg.Pool, settings: Settings, db_dsn: str
+    pool: asyncpg.Pool, settings: Settings, db_dsn: str, today: date
 ) -> None:
     s = replace(settings, dedup_retention_days=7)
-    far = TODAY + timedelta(days=40)  # every partition of "today" is missing, many are old
+    far = today + timedelta(days=40)  # every partition of "today" is missing, many are old
     pools = [pool, await create_pool(db_dsn, 1, 2), await create_pool(db_dsn, 1, 2)]
     try:
         reports = await asyncio.gather(*(retention.run_once(p, s, today=far) for p in pools))
