@@ -11,9 +11,11 @@ drains the same rows from the same starting state; the database is then checked 
 key once, every outbox row read) and events/s printed for both. The peer, PGQueuer
 (loadtest.harness.peer), drains as many no-op jobs with ``--peer-dequeuers`` queue managers at
 each of ``--peer-batches``; its best batch is the peer of the round. Targets, on the median of
-the rounds' ratios: the consumers >= 5x one transaction per event and >= 2x PGQueuer. The
-last round's consumer statements are printed from pg_stat_statements (calls per event, mean
-and total time, share).
+the rounds' ratios: the consumers >= 5x one transaction per event and >= 2x PGQueuer. Each
+strategy's CPU per event is printed beside its rate: this process's and, when the server runs
+on this machine, PostgreSQL's (its postmaster and backends, from /proc). The last round's
+consumer statements are printed from pg_stat_statements (calls per event, mean and total time,
+share).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import random
 import statistics
 import sys
@@ -37,6 +40,7 @@ from gateway.store.db import connect, create_pool, migrate
 from gateway.testing.scratch import scratch_database
 from loadtest.harness import consumers, contract, database, peer, pgstat, report
 from loadtest.harness.consumers import stage, workload
+from loadtest.harness.cpu import CpuMeter, tree
 from loadtest.harness.sql import queries
 
 BASELINE = queries("baseline.sql")
@@ -113,22 +117,29 @@ async def measure(
     outbox_rows: int,
     expect: dict[str, int],
     run: contract.Run,
+    meter: CpuMeter,
     statements: bool = False,
-) -> tuple[float, list[dict[str, Any]] | None]:
-    """Events/s of one strategy draining the staged rows; with ``statements``, the top
-    statements of the drain (pg_stat_statements; None when the server has not loaded it)."""
+) -> tuple[float, float, list[dict[str, Any]] | None]:
+    """Events/s of one strategy draining the staged rows and the CPU it took an event (``meter``'s
+    processes, in µs); with ``statements``, the top statements of the drain (pg_stat_statements;
+    None when the server has not loaded it)."""
     await stage(pool, bodies, outbox_rows)
     dsn = settings.database_url or ""
     counting = statements and await pgstat.reset(dsn)
+    meter.start()
     started = time.perf_counter()
     await runner(pool, settings)
     elapsed = time.perf_counter() - started
+    cpu = sum(meter.used().values()) / len(bodies) * 1e6
     top = await pgstat.top(dsn) if counting else None
     check = await consumers.check(pool)
     run.check(f"{name}: every event exactly once", check == expect, f"got {check}, want {expect}")
     rate = len(bodies) / elapsed
-    sys.stderr.write(f"{name:28} {len(bodies):>7} events in {elapsed:7.2f} s = {rate:>9,.0f} events/s\n")
-    return rate, top
+    sys.stderr.write(
+        f"{name:28} {len(bodies):>7} events in {elapsed:7.2f} s = {rate:>9,.0f} events/s, "
+        f"{cpu:6.1f} µs CPU each\n"
+    )
+    return rate, cpu, top
 
 
 async def bench(dsn: str, ns: argparse.Namespace, run: contract.Run) -> tuple[dict[str, Any], str]:
@@ -152,27 +163,46 @@ async def bench(dsn: str, ns: argparse.Namespace, run: contract.Run) -> tuple[di
     ]
     batches = [int(x) for x in ns.peer_batches.split(",") if x.strip()]
     rates: dict[str, list[float]] = {"naive": [], "consumers": [], **{f"pgqueuer b{b}": [] for b in batches}}
+    cpu: dict[str, list[float]] = {k: [] for k in rates}
     statements: list[dict[str, Any]] | None = None
     pool = await create_pool(dsn, 1, ns.concurrency + 2)
     try:
+        async with pool.acquire() as c:
+            postmaster = await database.local_postmaster(c)
+
+        def meter() -> CpuMeter:
+            return CpuMeter(0, None, groups=lambda: {"bench": [os.getpid()], "pg": postgres(postmaster)})
+
         for rnd in range(ns.rounds):
-            naive, _ = await measure(
-                "one event per transaction", run_naive, pool, settings, bodies, outbox_rows, expect, run
-            )
-            fast, top = await measure(
+            naive, naive_cpu, _ = await measure(
+                "one event per transaction", run_naive, pool, settings, bodies, outbox_rows, expect, run,
+                meter(),
+            )  # fmt: skip
+            fast, fast_cpu, top = await measure(
                 "set-based consumers", run_set_based, pool, settings, bodies, outbox_rows, expect, run,
-                statements=rnd == ns.rounds - 1,
+                meter(), statements=rnd == ns.rounds - 1,
             )  # fmt: skip
             rates["naive"].append(naive)
             rates["consumers"].append(fast)
+            cpu["naive"].append(naive_cpu)
+            cpu["consumers"].append(fast_cpu)
             statements = top or statements
             for b in batches:
-                rate = await peer.drain(dsn, len(bodies), b, ns.peer_dequeuers)
-                sys.stderr.write(f"PGQueuer, batch {b:<4} {len(bodies):>13} jobs = {rate:>9,.0f} jobs/s\n")
+                m = meter()
+                rate = await peer.drain(dsn, len(bodies), b, ns.peer_dequeuers, m)
+                used = sum(m.used().values()) / len(bodies) * 1e6
+                sys.stderr.write(
+                    f"PGQueuer, batch {b:<4} {len(bodies):>13} jobs = {rate:>9,.0f} jobs/s, "
+                    f"{used:6.1f} µs CPU each\n"
+                )
                 rates[f"pgqueuer b{b}"].append(rate)
+                cpu[f"pgqueuer b{b}"].append(used)
     finally:
         await pool.close()
-    best_peer = [max(r) for r in zip(*(rates[f"pgqueuer b{b}"] for b in batches), strict=True)]
+    # The round's best batch: its rate is the peer's, its CPU the peer's CPU.
+    best = [max((rates[f"pgqueuer b{b}"][i], b) for b in batches)[1] for i in range(ns.rounds)]
+    best_peer = [rates[f"pgqueuer b{b}"][i] for i, b in enumerate(best)]
+    best_peer_cpu = [cpu[f"pgqueuer b{b}"][i] for i, b in enumerate(best)]
     run.median(
         "consumers / one transaction per event", _ratios(rates["consumers"], rates["naive"]), 5.0, ">=", "x"
     )
@@ -183,15 +213,29 @@ async def bench(dsn: str, ns: argparse.Namespace, run: contract.Run) -> tuple[di
         ">=",
         "x",
     )
+    where = "this process and PostgreSQL" if postmaster else "this process only (PostgreSQL is elsewhere)"
     lines.append(report.table(
-        ("strategy", "median/s", "rounds/s"),
-        [(k, f"{statistics.median(v):,.0f}", " / ".join(f"{x:,.0f}" for x in v)) for k, v in rates.items()],
+        ("strategy", "median/s", "rounds/s", "CPU µs/event (median)"),
+        [(k, f"{statistics.median(v):,.0f}", " / ".join(f"{x:,.0f}" for x in v),
+          f"{statistics.median(cpu[k]):.1f}") for k, v in rates.items()],
     ))  # fmt: skip
+    peer_over_ours = statistics.median(_ratios(best_peer_cpu, cpu["consumers"]))
+    lines.append(
+        f"CPU per event, {where}: the consumers {statistics.median(cpu['consumers']):.1f} µs, PGQueuer's "
+        f"best batch of each round {statistics.median(best_peer_cpu):.1f} µs a no-op job; its CPU / the "
+        f"consumers' (median of the rounds) {peer_over_ours:.2f}x"
+    )
     if statements is None:
         lines.append("pg_stat_statements: not loaded on this server (an embedded one has it)")
     else:
         lines.append(pgstat.describe(statements, len(bodies), "event", " (the consumers, the last round)"))
-    return {"events": len(bodies), "rates": rates, "statements": statements}, "\n\n".join(lines)
+    figures = {"events": len(bodies), "rates": rates, "cpu_us_per_event": cpu, "statements": statements}
+    return figures, "\n\n".join(lines)
+
+
+def postgres(postmaster: int | None) -> list[int]:
+    """The local server's processes now (none when it is not on this machine)."""
+    return tree(postmaster) if postmaster else []
 
 
 def _ratios(a: list[float], b: list[float]) -> list[float]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import psutil
 
 from gateway.core.settings import Settings
 from gateway.maintenance.retention import partitioned
@@ -142,3 +143,26 @@ async def citus_database(cluster: citus.Cluster, name: str) -> str:
     finally:
         await conn.close()
     return dsn
+
+
+async def local_postmaster(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy) -> int | None:
+    """The pid of the postmaster serving ``conn`` when it runs on this machine (its backends'
+    CPU can then be read from /proc), else None."""
+    pid = await conn.fetchval("SELECT pg_backend_pid()")
+    try:
+        data_dir = await conn.fetchval("SELECT current_setting('data_directory')")
+    except asyncpg.PostgresError:  # a role that may not read the setting
+        return None
+    return _postmaster(pid, data_dir)
+
+
+def _postmaster(backend: int, data_dir: str) -> int | None:
+    """The backend's parent, if its working directory is the server's data directory: a
+    remote server's pids name unrelated processes here."""
+    try:
+        parent = psutil.Process(backend).parent()
+        if parent is None or Path(parent.cwd()).resolve() != Path(data_dir).resolve():
+            return None
+        return int(parent.pid)
+    except (psutil.Error, OSError):
+        return None

@@ -14,6 +14,7 @@ import asyncpg
 from pgqueuer import AsyncpgDriver, Job, Queries, QueueManager
 from pgqueuer.types import QueueExecutionMode
 
+from loadtest.harness.cpu import CpuMeter
 from loadtest.harness.sql import queries
 
 SQL = queries("baseline.sql")
@@ -31,8 +32,9 @@ async def install(dsn: str) -> None:
         await conn.close()
 
 
-async def drain(dsn: str, jobs: int, batch: int, dequeuers: int) -> float:
-    """Jobs per second to drain ``jobs`` no-op jobs (enqueued beforehand, not timed)."""
+async def drain(dsn: str, jobs: int, batch: int, dequeuers: int, meter: CpuMeter | None = None) -> float:
+    """Jobs per second to drain ``jobs`` no-op jobs (enqueued beforehand, not timed; ``meter``
+    is started when the drain is)."""
     conns = [await asyncpg.connect(dsn) for _ in range(dequeuers + 1)]
     try:
         await conns[0].execute(SQL["peer_reset"])
@@ -53,6 +55,8 @@ async def drain(dsn: str, jobs: int, batch: int, dequeuers: int) -> float:
             return qm
 
         managers = [manager(c) for c in conns[1:]]
+        if meter is not None:
+            meter.start()
         started = time.perf_counter()
         await asyncio.gather(
             *(

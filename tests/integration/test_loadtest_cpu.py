@@ -1,0 +1,29 @@
+"""The benchmarks' CPU accounting of PostgreSQL: the server's processes found from a
+connection, and the work of its backends charged to them."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from loadtest.harness import database
+from loadtest.harness.cpu import CpuMeter, tree
+
+
+async def test_the_work_of_a_local_servers_backends_is_charged_to_it(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        postmaster = await database.local_postmaster(conn)
+        backend = await conn.fetchval("SELECT pg_backend_pid()")
+        assert postmaster is not None and backend in tree(postmaster)
+        meter = CpuMeter(0, None, groups=lambda: {"postgres": tree(postmaster)})
+        meter.start()
+        await conn.fetchval("SELECT sum(x) FROM generate_series(1, 3000000) x")
+        assert meter.used()["postgres"] > 0.05
+
+
+async def test_a_server_whose_data_directory_is_not_its_backends_parents_is_not_measured(
+    pool: asyncpg.Pool,
+) -> None:
+    """As for a server on another machine, whose pids name unrelated processes here."""
+    backend = await pool.fetchval("SELECT pg_backend_pid()")
+    assert database._postmaster(backend, "/nonexistent/pgdata") is None
+    assert database._postmaster(2**22 + 1, "/") is None  # no such process
