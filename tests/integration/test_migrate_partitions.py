@@ -22,7 +22,6 @@ from tests.support.consume import drain, read_all, stage
 PARTITIONS = 7
 BEFORE = max(m.version for m in migrations() if m.version < PARTITIONS)
 LOG = 20  # 0020_inbox_log
-TODAY = datetime.now(UTC).date()
 TABLES = {
     "webhook_inbox": "id",
     "inbound_messages": "id",
@@ -64,7 +63,7 @@ def message_body(wamid: str, ts: datetime) -> bytes:
     return orjson.dumps(doc)
 
 
-async def fill(conn: asyncpg.Connection) -> list[bytes]:
+async def fill(conn: asyncpg.Connection, today: date) -> list[bytes]:
     """What the consumers of the previous schema wrote; returns redeliveries of it all."""
     redeliveries: list[bytes] = []
     # Staged rows over four days of receipt, in every state.
@@ -74,12 +73,12 @@ async def fill(conn: asyncpg.Connection) -> list[bytes]:
                 "INSERT INTO webhook_inbox (source, body, state, received_at) VALUES ('meta', $1, $2, $3)",
                 f"{state}-{d}".encode(),
                 state,
-                at(TODAY - timedelta(days=d)),
+                at(today - timedelta(days=d)),
             )
     inbox_id = await conn.fetchval("SELECT min(id) FROM webhook_inbox")
     # Meta messages from today back to six days ago (inside Meta's window), and many more.
     for i, d in enumerate([0, 1, 3, 6] * 50):
-        wamid, ts = f"wamid.M{i}", at(TODAY - timedelta(days=d), hour=i % 24)
+        wamid, ts = f"wamid.M{i}", at(today - timedelta(days=d), hour=i % 24)
         await conn.execute(
             "INSERT INTO inbound_messages (wamid, source, timestamp, message, inbox_id, received_at)"
             " VALUES ($1, 'meta', $2, '{}', $3, $2)",
@@ -95,7 +94,7 @@ async def fill(conn: asyncpg.Connection) -> list[bytes]:
         redeliveries.append(message_body(wamid, ts))
     # Meta statuses, one of them whose history row was purged since (its day is unknown).
     for i, d in enumerate([0, 2, 5]):
-        ts = at(TODAY - timedelta(days=d))
+        ts = at(today - timedelta(days=d))
         st = status_obj(f"wamid.S{i}", "delivered", timestamp=str(int(ts.timestamp())))
         key = f"status:wamid.S{i}:delivered:"
         await conn.execute("INSERT INTO processed_webhook_events (event_key) VALUES ($1)", key)
@@ -145,10 +144,12 @@ async def snapshot(conn: asyncpg.Connection) -> dict[str, list[dict[str, Any]]]:
 async def test_migrating_a_populated_database_keeps_every_row_and_key(
     old_db: str, settings: Settings
 ) -> None:
+    # Read when the test runs: the migrations place rows by the day they run on.
+    today = datetime.now(UTC).date()
     conn = await connect(old_db)
     try:
         await migrate(conn, upto=BEFORE)
-        redeliveries = await fill(conn)
+        redeliveries = await fill(conn, today)
         before = await snapshot(conn)
         # Up to the log (0020), which drops the staged rows' state columns (its own test:
         # test_migrate_inbox_log.py); then the rest.
@@ -170,7 +171,7 @@ async def test_migrating_a_populated_database_keeps_every_row_and_key(
         day = await conn.fetchval(
             "SELECT event_day FROM processed_webhook_events WHERE event_key = 'msg:wamid.M2'"
         )
-        assert day == TODAY - timedelta(days=3)
+        assert day == today - timedelta(days=3)
         # The status whose day is unknown is findable on every day a redelivery could compute.
         copies = await conn.fetchval(
             "SELECT count(*) FROM processed_webhook_events WHERE event_key = 'status:wamid.S2:delivered:'"
