@@ -55,8 +55,6 @@ async def _naive_one(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
         row = await conn.fetchrow(BASELINE["naive_claim_one"])
         if row is None:
             return False
-        if await conn.fetchval(BASELINE["naive_finished"], row["id"]):
-            return True
         for ev in parse(row["source"], bytes(row["body"]), row["delivery_id"]):
             day = event_day(ev, row["source"])
             subject = subject_of(ev.key)

@@ -98,7 +98,9 @@ async def stage(pool: asyncpg.Pool, bodies: list[bytes], outbox_rows: int) -> No
             await inbox.insert_batch(
                 conn, sources=["meta"] * len(chunk), bodies=chunk, delivery_ids=[None] * len(chunk)
             )
+        await conn.execute(BASELINE["naive_todo"])
         await conn.execute("VACUUM ANALYZE webhook_inbox")
+        await conn.execute("VACUUM ANALYZE bench_naive_todo")
         await conn.execute("VACUUM ANALYZE outbox")
 
 

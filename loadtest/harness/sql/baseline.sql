@@ -1,23 +1,27 @@
 -- The naive consumer the benchmark compares against: one inbox row per transaction, claimed
 -- with a row lock, and one round trip per statement per event. Same semantics as apply_batch
--- (exactly once, statuses only move the outbox forward), none of the batching. It records the
--- rows it finished in a table of its own (the log's rows are never updated).
+-- (exactly once, statuses only move the outbox forward), none of the batching. Its queue is
+-- a to-do list of the staged rows' ids (the log's rows are never updated), from which a claim
+-- deletes the row it takes; it records the rows it finished in a table of its own.
 
 -- name: naive_setup
 CREATE UNLOGGED TABLE IF NOT EXISTS bench_naive_done (id bigint PRIMARY KEY);
+CREATE UNLOGGED TABLE IF NOT EXISTS bench_naive_todo (id bigint PRIMARY KEY);
+
+-- name: naive_todo
+INSERT INTO bench_naive_todo (id) SELECT id FROM webhook_inbox;
 
 -- name: naive_claim_one
+-- The first row of the to-do list no other loop holds, deleted as it is claimed (a rollback
+-- puts it back): as a queue of one row per job claims, at a cost that does not grow with the
+-- rows already done.
+WITH claimed AS (
+    DELETE FROM bench_naive_todo t
+    WHERE t.id = (SELECT id FROM bench_naive_todo ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+    RETURNING t.id
+)
 SELECT w.id, w.source, w.body, w.delivery_id
-FROM webhook_inbox w
-WHERE NOT EXISTS (SELECT 1 FROM bench_naive_done d WHERE d.id = w.id)
-ORDER BY w.id
-LIMIT 1
-FOR UPDATE SKIP LOCKED;
-
--- name: naive_finished
--- Whether another naive loop finished row $1 after this one's claim took its snapshot (the
--- claim's NOT EXISTS saw the row unfinished, and its lock waited for that loop's COMMIT).
-SELECT EXISTS (SELECT 1 FROM bench_naive_done WHERE id = $1);
+FROM webhook_inbox w JOIN claimed c ON c.id = w.id;
 
 -- name: naive_claim_key
 INSERT INTO processed_webhook_events (event_key, inbox_id, event_day, subject) VALUES ($1, $2, $3, $4)
@@ -56,7 +60,7 @@ INSERT INTO bench_naive_done (id) VALUES ($1);
 
 -- name: bench_reset
 TRUNCATE webhook_inbox, processed_webhook_events, inbound_messages, message_statuses,
-         account_errors, account_updates, bench_naive_done;
+         account_errors, account_updates, bench_naive_done, bench_naive_todo;
 
 -- name: bench_reset_outbox
 UPDATE outbox SET state = 'sending', wamid = NULL, delivery_status = NULL, delivery_errors = NULL,
