@@ -3,7 +3,10 @@ connection, and the work of its backends charged to them."""
 
 from __future__ import annotations
 
+import uuid
+
 import asyncpg
+import pytest
 
 from loadtest.harness import database
 from loadtest.harness.cpu import CpuMeter, tree
@@ -27,3 +30,20 @@ async def test_a_server_whose_data_directory_is_not_its_backends_parents_is_not_
     backend = await pool.fetchval("SELECT pg_backend_pid()")
     assert database._postmaster(backend, "/nonexistent/pgdata") is None
     assert database._postmaster(2**22 + 1, "/") is None  # no such process
+
+
+async def test_a_role_that_may_not_read_the_data_directory_is_not_measured(
+    pool: asyncpg.Pool, db_dsn: str
+) -> None:
+    role = f"lt_plain_{uuid.uuid4().hex[:8]}"
+    await pool.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        conn = await asyncpg.connect(db_dsn, user=role)
+        try:
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.fetchval("SELECT current_setting('data_directory')")
+            assert await database.local_postmaster(conn) is None
+        finally:
+            await conn.close()
+    finally:
+        await pool.execute(f"DROP ROLE {role}")
