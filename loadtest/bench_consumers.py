@@ -128,7 +128,7 @@ async def measure(
     started = time.perf_counter()
     await runner(pool, settings)
     elapsed = time.perf_counter() - started
-    cpu = sum(meter.used().values()) / len(bodies) * 1e6
+    cpu = cpu_us(meter, len(bodies))
     top = await pgstat.top(dsn) if counting else None
     check = await consumers.check(pool)
     run.check(f"{name}: every event exactly once", check == expect, f"got {check}, want {expect}")
@@ -188,7 +188,7 @@ async def bench(dsn: str, ns: argparse.Namespace, run: contract.Run) -> tuple[di
             for b in batches:
                 m = meter()
                 rate = await peer.drain(dsn, len(bodies), b, ns.peer_dequeuers, m)
-                used = sum(m.used().values()) / len(bodies) * 1e6
+                used = cpu_us(m, len(bodies))
                 sys.stderr.write(
                     f"PGQueuer, batch {b:<4} {len(bodies):>13} jobs = {rate:>9,.0f} jobs/s, "
                     f"{used:6.1f} µs CPU each\n"
@@ -229,6 +229,11 @@ async def bench(dsn: str, ns: argparse.Namespace, run: contract.Run) -> tuple[di
         lines.append(pgstat.describe(statements, len(bodies), "event", " (the consumers, the last round)"))
     figures = {"events": len(bodies), "rates": rates, "cpu_us_per_event": cpu, "statements": statements}
     return figures, "\n\n".join(lines)
+
+
+def cpu_us(meter: CpuMeter, n: int) -> float:
+    """µs of CPU each of ``n`` events or jobs took: all ``meter``'s processes since its start."""
+    return sum(meter.used().values()) / n * 1e6
 
 
 def postgres(postmaster: int | None) -> list[int]:

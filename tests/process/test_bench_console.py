@@ -4,24 +4,13 @@ speed here: the figures come from a run at full size, docs/console.md.)"""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from tests.support.procs import run_loadtest
 
 
 def test_bench_console_asks_every_page(pg_admin_dsn: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    env["DATABASE_URL"] = pg_admin_dsn
     args = ["bench-console", "--dead", "3000", "--outbox", "5000", "--deliveries", "5000", "--inbox", "2000"]
     args += ["--rounds", "1"]
-    done = subprocess.run(
-        [sys.executable, "-m", "loadtest", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_loadtest(*args, database_url=pg_admin_dsn)
     assert "answered" not in done.stdout + done.stderr, done.stdout + done.stderr  # every page: 200
     lines = done.stdout.splitlines()
     summary = lines[-1]  # the verdict

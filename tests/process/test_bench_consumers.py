@@ -5,24 +5,14 @@ took. (It says nothing about speed here: the figures come from a full run, docs/
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.support.procs import run_loadtest
 
 
 def test_bench_consumers_drains_exactly_once_and_measures_cpu(pg_admin_dsn: str, tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    env["DATABASE_URL"] = pg_admin_dsn
     args = ["bench-consumers", "--events", "600", "--rounds", "1", "--results", str(tmp_path)]
-    done = subprocess.run(
-        [sys.executable, "-m", "loadtest", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_loadtest(*args, database_url=pg_admin_dsn)
     out = done.stdout + done.stderr
     [result] = [json.loads(p.read_text()) for p in tmp_path.glob("bench-consumers-*.json")]
     assert result["verdict"]["failed_checks"] == [], out[-3000:]

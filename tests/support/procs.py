@@ -1,6 +1,6 @@
 """Gateway commands as real subprocesses: long-running ones (``spawn``, ``wait_healthy``) and
 one-shot CLI calls (``gateway_cli``, ``gateway_ok``; ``run_cli`` with an environment of the
-test's own)."""
+test's own); a load-harness command to its end (``run_loadtest``)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ __all__ = [
     "gateway_ok",
     "kill_if_alive",
     "run_cli",
+    "run_loadtest",
     "spawn",
     "spawn_send",
     "wait_healthy",
@@ -96,6 +97,20 @@ def run_cli(*args: str, env: Mapping[str, str], timeout: float = 60) -> subproce
     return subprocess.run(
         [sys.executable, "-m", "gateway", *args],
         env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run_loadtest(*args: str, database_url: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m loadtest <args>`` to its end on ``database_url``'s server, with this
+    environment less its GATEWAY_ settings (the command's own defaults apply)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    return subprocess.run(
+        [sys.executable, "-m", "loadtest", *args],
+        env={**env, "DATABASE_URL": database_url},
         capture_output=True,
         text=True,
         timeout=timeout,
